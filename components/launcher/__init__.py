@@ -1,0 +1,1 @@
+"""PyTorchJob manifest rendering (pure) and the create-or-reattach runner."""

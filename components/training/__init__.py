@@ -1,0 +1,1 @@
+"""The elastic-DDP training runtime run by torchrun (``python -m components.training``)."""

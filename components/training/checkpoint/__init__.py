@@ -1,0 +1,1 @@
+"""Checkpoint storage protocol, local and S3 backends, and the checkpoint manager."""

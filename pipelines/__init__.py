@@ -1,0 +1,1 @@
+"""KFP pipelines built from trainflow components; compile with ``kfp dsl compile`` or ``trainflow compile``."""

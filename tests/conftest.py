@@ -1,0 +1,14 @@
+"""Shared fixtures. Server fixtures for each tier live next to the tests that use them;
+process management and free ports come from tests/support/processes.py."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"trainflow tests (CI={IN_CI})"

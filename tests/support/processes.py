@@ -1,0 +1,153 @@
+"""Start and stop real servers for tests: loopback only, free ports, stopped by PID.
+
+Every test tier that needs a real server (MinIO, Prometheus, Airflow, kube-apiserver, ...) starts
+it through :class:`ManagedProcess` so that:
+
+* it binds to 127.0.0.1 on a port chosen at run time (:func:`free_port`);
+* it runs in its own process group, so stopping it also stops the children it forked;
+* its output goes to a log file that is printed when readiness times out;
+* it is stopped by PID (SIGTERM, then SIGKILL after ``stop_timeout_s``) even when the test fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, then close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http_ok(url: str, *, timeout_s: float = 2.0, expect: Callable[[httpx.Response], bool] | None = None) -> bool:
+    """True when ``GET url`` answers 2xx (and ``expect(response)`` holds, if given)."""
+    try:
+        response = httpx.get(url, timeout=timeout_s)
+    except httpx.HTTPError:
+        return False
+    return response.is_success and (expect is None or expect(response))
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something accepts TCP connections on ``host:port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+class ManagedProcess:
+    """A background server process owned by a test.
+
+    Args:
+        name: label used in log file names and error messages.
+        argv: the command line.
+        log_dir: folder for ``<name>.log`` (stdout and stderr together).
+        env: extra environment variables (merged over ``os.environ``).
+        cwd: working directory.
+        ready: callable polled until it returns True; ``None`` means "started is ready".
+        ready_timeout_s: seconds to wait for ``ready`` before raising ``TimeoutError``.
+        stop_timeout_s: seconds between SIGTERM and SIGKILL when stopping.
+
+    Raises:
+        TimeoutError: from :meth:`start` if the process does not become ready in time.
+        RuntimeError: from :meth:`start` if the process exits before it is ready.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log_dir: Path,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        ready: Callable[[], bool] | None = None,
+        ready_timeout_s: float = 60.0,
+        stop_timeout_s: float = 15.0,
+    ) -> None:
+        self.name = name
+        self.argv = [str(a) for a in argv]
+        self.log_path = Path(log_dir) / f"{name}.log"
+        self.env = {**os.environ, **(env or {})}
+        self.cwd = cwd
+        self.ready = ready
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self.proc.pid
+
+    def start(self) -> ManagedProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.cwd,
+            start_new_session=True,  # own process group: stop() reaches forked children too
+        )
+        log.close()
+        deadline = time.monotonic() + self.ready_timeout_s
+        while self.ready is not None and not self.ready():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before it was ready:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"{self.name} not ready after {self.ready_timeout_s:.0f} s:\n{self.tail()}")
+            time.sleep(0.2)
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the whole process group."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, sig)
+
+    def stop(self) -> int | None:
+        """SIGTERM the process group, SIGKILL it after ``stop_timeout_s``; return the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        # Children that ignored SIGTERM after the leader exited still share the group id.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.proc.returncode
+
+    def tail(self, n_bytes: int = 4000) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except FileNotFoundError:
+            return "(no log)"
+        return data[-n_bytes:].decode(errors="replace")
+
+    def __enter__(self) -> ManagedProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
