@@ -9,6 +9,11 @@ import pytest
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
+pytest_plugins = [
+    "tests.support.kfp_server",
+    "tests.support.airflow",
+]
+
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"trainflow tests (CI={IN_CI})"

@@ -151,11 +151,17 @@ class RunExecutor:
 
     def _work(self, run_id: str, cancel: threading.Event) -> None:
         try:
-            with self._slots:
+            while not self._slots.acquire(timeout=0.2):  # PENDING until a slot frees up
+                if cancel.is_set():
+                    self._update(run_id, lambda r: set_state(r, "CANCELED"))
+                    return
+            try:
                 if cancel.is_set():
                     self._update(run_id, lambda r: set_state(r, "CANCELED"))
                     return
                 self._execute(run_id, cancel)
+            finally:
+                self._slots.release()
         except Exception as err:  # keep the server alive; report on the run
             log.exception("run %s crashed in the server", run_id)
             message = f"kfp-server error: {err}"
