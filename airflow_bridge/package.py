@@ -78,7 +78,7 @@ class PipelinePackage:
 
     @property
     def parameters(self) -> dict[str, PipelineParameter]:
-        """Root input parameters by name, in declaration order."""
+        """Root input parameters by name (in the order of the compiled file; kfp sorts them by name)."""
         decls = (self.pipeline_spec.get("root", {}).get("inputDefinitions", {}) or {}).get(
             "parameters", {}
         ) or {}

@@ -69,10 +69,13 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
 
 
 def _pipeline_parameters() -> list[PipelineParameter]:
+    """The compiled pipeline's parameters, in the documented order first (kfp sorts them by name)."""
     try:
-        return list(load_pipeline_package(PIPELINE_PACKAGE).parameters.values())
+        params = list(load_pipeline_package(PIPELINE_PACKAGE).parameters.values())
     except KfpPackageError:
         return FALLBACK_PARAMETERS
+    order = {p.name: i for i, p in enumerate(FALLBACK_PARAMETERS)}
+    return sorted(params, key=lambda p: (order.get(p.name, len(order)), p.name))
 
 
 def _param(p: PipelineParameter) -> Param:
