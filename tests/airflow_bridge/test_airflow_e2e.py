@@ -157,6 +157,8 @@ def test_killing_the_worker_and_retrying_leaves_one_kfp_run(
     assert [r["run_id"] for r in runs] == [first["run_id"]], "the retry submitted a second KFP run"
     assert runs[0]["state"] == "SUCCEEDED"
     log = airflow_cluster.task_log(dag_id, run_id, "train", 2)
-    assert f"reattaching to KFP run {first['run_id']}" in log or "already succeeded" in log
+    reattached = f"reattaching to KFP run {first['run_id']}" in log
+    assert reattached or "already succeeded" in log
+    print("retry", "reattached to the running KFP run" if reattached else "found the KFP run already SUCCEEDED")
     result = airflow_cluster.xcom(dag_id, run_id, "train", "return_value")
     assert result["run_id"] == first["run_id"]

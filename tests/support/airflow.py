@@ -278,3 +278,39 @@ def airflow_cluster(
         yield cluster
     finally:
         cluster.stop()
+
+
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1400,900",
+)
+
+
+@pytest.fixture()
+def chromium(tmp_path: Path) -> Iterator[Any]:
+    """Debian's headless Chromium driven by selenium through Debian's chromedriver (fresh profile)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not binary or not driver:
+        pytest.fail("chromium and chromium-driver are missing: run scripts/install-system-deps.sh")
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
+    browser = webdriver.Chrome(service=Service(driver, log_output=str(tmp_path / "chromedriver.log")), options=options)
+    browser.set_page_load_timeout(120)
+    try:
+        yield browser
+    finally:
+        browser.quit()
