@@ -44,7 +44,9 @@ def runs_for(kfp_server: KfpServer, dag_id: str, run_id: str, task_id: str = "tr
     return kfp_hook(kfp_server).find_runs(display_name_contains=marker)
 
 
-def wait_kfp_run(kfp_server: KfpServer, dag_id: str, run_id: str, states: set[str], timeout_s: float = 180) -> dict:
+def wait_kfp_run(
+    kfp_server: KfpServer, dag_id: str, run_id: str, states: set[str], timeout_s: float = 180
+) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
         runs = runs_for(kfp_server, dag_id, run_id)
@@ -71,7 +73,9 @@ def test_the_connection_form_is_registered(airflow_cluster: AirflowCluster) -> N
     kfp = next(h for h in hook_meta if h["connection_type"] == "kubeflow_pipelines")
     assert kfp["hook_name"] == "Kubeflow Pipelines"
     fields = kfp["extra_fields"]
-    assert {"ui_url", "namespace", "auth_mode", "sa_token_path", "verify_ssl", "ca_bundle_path"} <= set(fields)
+    assert {"ui_url", "namespace", "auth_mode", "sa_token_path", "verify_ssl", "ca_bundle_path"} <= set(
+        fields
+    )
     assert fields["auth_mode"]["schema"]["enum"] == ["none", "bearer_token", "sa_token_file"]
     assert kfp["standard_fields"]["host"]["title"] == "KFP API URL"
 
@@ -159,6 +163,8 @@ def test_killing_the_worker_and_retrying_leaves_one_kfp_run(
     log = airflow_cluster.task_log(dag_id, run_id, "train", 2)
     reattached = f"reattaching to KFP run {first['run_id']}" in log
     assert reattached or "already succeeded" in log
-    print("retry", "reattached to the running KFP run" if reattached else "found the KFP run already SUCCEEDED")
+    print(
+        "retry", "reattached to the running KFP run" if reattached else "found the KFP run already SUCCEEDED"
+    )
     result = airflow_cluster.xcom(dag_id, run_id, "train", "return_value")
     assert result["run_id"] == first["run_id"]

@@ -175,6 +175,7 @@ async def test_unreachable_api_is_an_error_event_not_an_exception() -> None:
     assert event["message"].startswith("KfpApiError: cannot reach the KFP API")
 
 
+@pytest.mark.slow
 async def test_trigger_reads_its_connection_from_airflow(monkeypatch, kfp_server) -> None:
     monkeypatch.setenv(
         "AIRFLOW_CONN_KFP_FROM_ENV", f'{{"conn_type": "kubeflow_pipelines", "host": "{kfp_server.url}"}}'

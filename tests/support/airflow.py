@@ -66,7 +66,9 @@ class AirflowCluster:
     def token(self) -> str:
         if self._token is None:
             # simple auth manager with all_admins: GET /auth/token hands out an admin JWT
-            self._token = httpx.get(f"{self.url}/auth/token", timeout=30).raise_for_status().json()["access_token"]
+            self._token = (
+                httpx.get(f"{self.url}/auth/token", timeout=30).raise_for_status().json()["access_token"]
+            )
         return self._token
 
     def api(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -86,7 +88,9 @@ class AirflowCluster:
                 return response.json()
             errors = self.api("GET", "/importErrors").json().get("import_errors", [])
             assert not errors, f"DAG import errors: {errors}"
-            assert time.monotonic() < deadline, f"DAG {dag_id} not parsed after {timeout_s} s:\n{self.tails()}"
+            assert time.monotonic() < deadline, (
+                f"DAG {dag_id} not parsed after {timeout_s} s:\n{self.tails()}"
+            )
             time.sleep(1)
 
     def trigger(self, dag_id: str, conf: dict[str, Any] | None = None) -> str:
@@ -100,17 +104,25 @@ class AirflowCluster:
     def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any]:
         return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}").raise_for_status().json()
 
-    def wait_dag_run(self, dag_id: str, run_id: str, states: set[str], timeout_s: float = 300) -> dict[str, Any]:
+    def wait_dag_run(
+        self, dag_id: str, run_id: str, states: set[str], timeout_s: float = 300
+    ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         while True:
             run = self.dag_run(dag_id, run_id)
             if run["state"] in states:
                 return run
-            assert time.monotonic() < deadline, f"DAG run {dag_id}/{run_id} still {run['state']}:\n{self.tails()}"
+            assert time.monotonic() < deadline, (
+                f"DAG run {dag_id}/{run_id} still {run['state']}:\n{self.tails()}"
+            )
             time.sleep(1)
 
     def task_instance(self, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
-        return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}").raise_for_status().json()
+        return (
+            self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}")
+            .raise_for_status()
+            .json()
+        )
 
     def wait_task(
         self, dag_id: str, run_id: str, task_id: str, states: set[str], timeout_s: float = 300
@@ -188,7 +200,9 @@ def listening_sockets(pids: set[int]) -> list[tuple[int, str]]:
 
 
 def _airflow_env(home: Path, port: int, kfp: KfpServer, pipelines: dict[str, Path]) -> dict[str, str]:
-    conn = json.dumps({"conn_type": "kubeflow_pipelines", "host": kfp.url, "extra": {"request_timeout_s": 30}})
+    conn = json.dumps(
+        {"conn_type": "kubeflow_pipelines", "host": kfp.url, "extra": {"request_timeout_s": 30}}
+    )
     return {
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(home / "dags"),
@@ -231,12 +245,23 @@ def start_airflow(home: Path, kfp: KfpServer, pipelines: dict[str, Path]) -> Air
     migrate = subprocess.run(
         [_airflow_bin(), "db", "migrate"], env=full_env, capture_output=True, text=True, timeout=600
     )
-    assert migrate.returncode == 0, f"airflow db migrate failed:\n{migrate.stdout[-3000:]}\n{migrate.stderr[-3000:]}"
+    assert migrate.returncode == 0, (
+        f"airflow db migrate failed:\n{migrate.stdout[-3000:]}\n{migrate.stderr[-3000:]}"
+    )
 
     cluster = AirflowCluster(home=home, url=f"http://127.0.0.1:{port}", env=env)
     logs = home / "process-logs"
     specs = {
-        "api-server": [_airflow_bin(), "api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        "api-server": [
+            _airflow_bin(),
+            "api-server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
         "scheduler": [_airflow_bin(), "scheduler", "--skip-serve-logs"],
         "dag-processor": [_airflow_bin(), "dag-processor"],
         "triggerer": [_airflow_bin(), "triggerer", "--skip-serve-logs"],
@@ -252,7 +277,9 @@ def start_airflow(home: Path, kfp: KfpServer, pipelines: dict[str, Path]) -> Air
             stop_timeout_s=20,
         ).start()
         for name in ("scheduler", "dag-processor", "triggerer"):
-            cluster.processes[name] = ManagedProcess(name, specs[name], log_dir=logs, env=env, stop_timeout_s=30).start()
+            cluster.processes[name] = ManagedProcess(
+                name, specs[name], log_dir=logs, env=env, stop_timeout_s=30
+            ).start()
         deadline = time.monotonic() + 240
         while True:
             health = httpx.get(f"{cluster.url}/api/v2/monitor/health", timeout=30).json()
@@ -308,7 +335,9 @@ def chromium(tmp_path: Path) -> Iterator[Any]:
     for flag in CHROMIUM_FLAGS:
         options.add_argument(flag)
     options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
-    browser = webdriver.Chrome(service=Service(driver, log_output=str(tmp_path / "chromedriver.log")), options=options)
+    browser = webdriver.Chrome(
+        service=Service(driver, log_output=str(tmp_path / "chromedriver.log")), options=options
+    )
     browser.set_page_load_timeout(120)
     try:
         yield browser
