@@ -10,7 +10,7 @@ export SSL_CERT_FILE ?= /etc/ssl/certs/ca-certificates.crt
 export UV_CACHE_DIR ?= $(HOME)/.cache/trainflow/uv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-12)
 
-.PHONY: all venv run test test-fast lint lock system-deps testbed bench clean help
+.PHONY: all venv run test test-fast lint lock system-deps testbed bench clean help kfp-server test-airflow
 all: help
 
 help:
@@ -20,6 +20,8 @@ help:
 	@echo "make lint       ruff + import-linter layering contracts"
 	@echo "make bench      benchmarks (checkpoint overhead, scheduler decision time)"
 	@echo "make lock       re-resolve requirements.lock from pyproject.toml"
+	@echo "make kfp-server the local KFP API server on 127.0.0.1:$(KFP_PORT) (kfp.local runs)"
+	@echo "make test-airflow  the Airflow bridge and local KFP server tests (real Airflow, Chromium)"
 
 venv: $(STAMP)
 
@@ -50,6 +52,14 @@ test-fast: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+
+KFP_PORT ?= 8888
+kfp-server: venv
+	$(BIN)/trainflow kfp-server --port $(KFP_PORT)
+
+test-airflow: venv system-deps
+	$(BIN)/python -m pytest -p no:cacheprovider tests/airflow_bridge tests/trainflow/test_kfp_server_units.py \
+	  tests/trainflow/test_kfp_server_api.py
 
 bench: venv
 	$(BIN)/python benchmarks/checkpoint_overhead.py
