@@ -175,7 +175,8 @@ class Trainer:
         self._sample_log = None
         if cfg.sample_log_dir:
             Path(cfg.sample_log_dir).mkdir(parents=True, exist_ok=True)
-            self._sample_log = Path(cfg.sample_log_dir, f"samples-{os.getpid()}-{time.time_ns()}.jsonl").open("a", buffering=1)
+            name = f"samples-{os.getpid()}-{time.time_ns()}.jsonl"
+            self._sample_log = Path(cfg.sample_log_dir, name).open("a", buffering=1)  # noqa: SIM115 - closed in train()
 
     # ------------------------------------------------------------------------------- set-up
     def _configure_runtime(self) -> None:
