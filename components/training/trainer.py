@@ -153,6 +153,7 @@ class Trainer:
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.optim.amp)
         rng.seed_all(cfg.seed * 1_000 + env.rank)  # per-rank streams (dropout) from here on
 
+        self.metrics = self._build_metrics()
         self.storage: CheckpointStorage = storage_for(join_uri(cfg.checkpoint.uri, cfg.checkpoint.job_key))
         self.storage.check()
         self.ckpt = CheckpointManager(
@@ -161,12 +162,12 @@ class Trainer:
             clock=clock,
             manifest_extra={"job_key": cfg.checkpoint.job_key, "dataset_fingerprint": info.fingerprint,
                             "model": cfg.model.name, "torch_version": torch.__version__},
+            on_event=lambda event: self.metrics.record(event),
         )
         self.schedule = SaveSchedule(interval_steps=cfg.checkpoint.interval_steps,
                                      interval_s=cfg.checkpoint.interval_s, clock=clock)
         self.faults = FaultInjector(at_step=cfg.fault_at_step, storage=self.storage, rank=env.rank,
                                     world_size=env.world_size)
-        self.metrics = self._build_metrics()
         self.state = TrainState()
         self.resumed_from: int | None = None
         self._stop_requested = False
@@ -335,11 +336,8 @@ class Trainer:
             self.schedule.mark(self.state.step)
         stall = time.perf_counter() - t0
         if self.env.is_main:
-            s = self.ckpt.stats
-            self.metrics.record({"event": "checkpoint", "step": self.state.step, "outcome": outcome, "reason": reason,
-                                 "stall_s": stall, "persist_s": s.last_persist_seconds,
-                                 "committed_total": s.committed, "failed_total": s.failed,
-                                 "skipped_total": s.skipped_in_flight})
+            self.metrics.record({"event": "checkpoint", "step": self.state.step, "outcome": outcome,
+                                 "reason": reason, "stall_s": stall})
         return stall
 
     def _load(self) -> None:
@@ -389,20 +387,24 @@ class Trainer:
         if self.env.is_main:
             self.ckpt.close()
             if self.cfg.model_output:
-                self.export_model(Path(self.cfg.model_output))
+                self.export_model(self.cfg.model_output)
             self.metrics.record({"event": "finished", "step": self.state.step, "final_loss": self._last_loss,
                                  "checkpoints_committed": self.ckpt.stats.committed,
                                  "checkpoint_stall_seconds_total": self.ckpt.stats.stall_seconds_total})
         dist_utils.barrier()
 
-    def export_model(self, out: Path) -> None:
-        """Write ``model.pt`` (state_dict) and ``model.json`` (how to rebuild it) into ``out``."""
-        out.mkdir(parents=True, exist_ok=True)
+    def export_model(self, out: str) -> None:
+        """Write ``model.pt`` (state_dict) and ``model.json`` (how to rebuild it) into ``out``
+        (a local folder or a storage URI such as ``s3://bucket/prefix/final-model``)."""
         info = self.dataset.info
-        torch.save(self.model.state_dict(), out / "model.pt")
-        (out / "model.json").write_text(json.dumps({
+        target = storage_for(out)
+        with target.open_write("model.pt") as f:
+            torch.save(self.model.state_dict(), f)
+        meta = {
             "format": "trainflow-model/1", "model": self.cfg.model.name, "channels": info.channels,
             "num_classes": info.num_classes, "classes": info.classes, "image_size": list(info.image_size),
             "mean": info.mean, "std": info.std, "dataset_fingerprint": info.fingerprint,
             "steps": self.state.step, "job_key": self.cfg.checkpoint.job_key,
-        }, indent=1))
+        }
+        with target.open_write("model.json") as f:
+            f.write(json.dumps(meta, indent=1).encode())
