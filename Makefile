@@ -19,6 +19,7 @@ help:
 	@echo "make test-fast  unit tests only (no servers)"
 	@echo "make lint       ruff + import-linter layering contracts"
 	@echo "make bench      benchmarks (checkpoint overhead, scheduler decision time)"
+	@echo "make testbed    build or reuse the test servers (MinIO; cached by version under ~/.cache/trainflow/)"
 	@echo "make lock       re-resolve requirements.lock from pyproject.toml"
 	@echo "make kfp-server the local KFP API server on 127.0.0.1:$(KFP_PORT) (kfp.local runs)"
 	@echo "make test-airflow  the Airflow bridge and local KFP server tests (real Airflow, Chromium)"
@@ -43,7 +44,7 @@ system-deps:
 run: venv
 	$(BIN)/trainflow run
 
-test: venv system-deps
+test: venv system-deps testbed
 	$(BIN)/python -m pytest -p no:cacheprovider tests
 
 test-fast: venv
@@ -52,6 +53,10 @@ test-fast: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+
+# Build (or reuse from ~/.cache/trainflow/) the servers the test tiers run: MinIO (S3) so far.
+testbed:
+	tests/testbed/build.sh minio >/dev/null
 
 KFP_PORT ?= 8888
 kfp-server: venv

@@ -7,12 +7,9 @@ import os
 
 import pytest
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
+pytest_plugins = ["tests.support.s3", "tests.support.training", "tests.support.kfp_server", "tests.support.airflow"]
 
-pytest_plugins = [
-    "tests.support.kfp_server",
-    "tests.support.airflow",
-]
+IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def pytest_report_header(config: pytest.Config) -> str:
