@@ -7,7 +7,12 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.support.s3", "tests.support.training", "tests.support.kfp_server", "tests.support.airflow"]
+pytest_plugins = [
+    "tests.support.s3",
+    "tests.support.training",
+    "tests.support.kfp_server",
+    "tests.support.airflow",
+]
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 

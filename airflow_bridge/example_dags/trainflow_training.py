@@ -35,17 +35,18 @@ PIPELINE_PACKAGE = os.environ.get("TRAINFLOW_TRAINING_PIPELINE") or str(
     Path(__file__).with_name("training_pipeline.yaml")
 )
 
-#: The training pipeline's parameters, used when the compiled YAML is not there yet.
+#: The training pipeline's main parameters (pipelines/training.py): the form order, and the form
+#: itself when the compiled YAML is not there yet.
 FALLBACK_PARAMETERS = [
     PipelineParameter(name="dataset_source", parameter_type="STRING", default="mnist"),
     PipelineParameter(name="model_name", parameter_type="STRING", default="small_cnn"),
-    PipelineParameter(name="epochs", parameter_type="NUMBER_INTEGER", default=2),
+    PipelineParameter(name="epochs", parameter_type="NUMBER_INTEGER", default=5),
     PipelineParameter(name="global_batch_size", parameter_type="NUMBER_INTEGER", default=64),
-    PipelineParameter(name="learning_rate", parameter_type="NUMBER_DOUBLE", default=0.01),
+    PipelineParameter(name="learning_rate", parameter_type="NUMBER_DOUBLE", default=0.05),
     PipelineParameter(name="min_workers", parameter_type="NUMBER_INTEGER", default=1),
-    PipelineParameter(name="max_workers", parameter_type="NUMBER_INTEGER", default=2),
+    PipelineParameter(name="max_workers", parameter_type="NUMBER_INTEGER", default=1),
     PipelineParameter(name="checkpoint_interval_steps", parameter_type="NUMBER_INTEGER", default=50),
-    PipelineParameter(name="checkpoint_interval_s", parameter_type="NUMBER_DOUBLE", default=60.0),
+    PipelineParameter(name="checkpoint_interval_s", parameter_type="NUMBER_DOUBLE", default=30.0),
     PipelineParameter(name="fault_at_step", parameter_type="NUMBER_INTEGER", default=-1),
     PipelineParameter(name="job_key", parameter_type="STRING", default=""),
     PipelineParameter(name="backend", parameter_type="STRING", default="local"),
@@ -65,6 +66,20 @@ CONSTRAINTS: dict[str, dict[str, Any]] = {
         "description": "Kill a worker at this step to test resume (-1 = never).",
     },
     "job_key": {"description": "Checkpoint identity; empty = derived from the Airflow task instance."},
+    "nproc_per_node": {"minimum": 1, "description": "Training processes per worker."},
+    "max_restarts": {"minimum": 0, "description": "torchrun restarts of the worker group."},
+    "keep_last_k": {"minimum": 1, "description": "Committed checkpoints kept."},
+    "test_fraction": {
+        "exclusiveMinimum": 0,
+        "exclusiveMaximum": 1,
+        "description": "Held-out share of the data.",
+    },
+    "gpus_per_worker": {"minimum": 0, "description": "GPUs per worker (PyTorchJob backend)."},
+    "min_accuracy_to_promote": {
+        "minimum": 0,
+        "maximum": 1,
+        "description": "Register only above this accuracy.",
+    },
 }
 
 

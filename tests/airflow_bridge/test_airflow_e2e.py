@@ -6,9 +6,10 @@ Shows, through Airflow's REST API as the UI uses it:
 
 * nothing the tests start listens on anything but 127.0.0.1 (``ss -ltnp``);
 * the provider's ``kubeflow_pipelines`` connection form is registered (entry point);
-* triggering ``trainflow_training`` with a conf ends with the DAG run succeeded, the KFP run
-  SUCCEEDED with the job key derived from the task instance, XCom holding run_id and url, and the
-  extra-link XCom set;
+* triggering ``trainflow_training`` (the real training pipeline compiled by ``trainflow compile``:
+  prepare -> elastic DDP training under torchrun -> evaluate -> register) with a conf ends with the
+  DAG run succeeded, the KFP run SUCCEEDED (all four tasks) with the job key derived from the task
+  instance, XCom holding run_id and url, and the extra-link XCom set;
 * a failing pipeline fails the task with the KFP error message;
 * marking the running task failed terminates the KFP run, in sync and in deferrable mode;
 * killing the Airflow worker mid-run (SIGKILL of the executor worker and the task process) and the
@@ -85,8 +86,10 @@ def test_trigger_trainflow_training_succeeds_with_run_id_and_url_in_xcom(
 ) -> None:
     dag = airflow_cluster.wait_for_dag("trainflow_training")
     assert dag["is_paused"] is False
-    run_id = airflow_cluster.trigger("trainflow_training", conf={"epochs": 3, "step_s": 0.2})
-    dag_run = airflow_cluster.wait_dag_run("trainflow_training", run_id, {"success", "failed"})
+    # the real training pipeline (prepare -> elastic DDP train under torchrun -> evaluate -> register), small
+    conf = {"epochs": 1, "dataset_source": "digits", "nproc_per_node": 1, "checkpoint_interval_steps": 5}
+    run_id = airflow_cluster.trigger("trainflow_training", conf=conf)
+    dag_run = airflow_cluster.wait_dag_run("trainflow_training", run_id, {"success", "failed"}, timeout_s=900)
     assert dag_run["state"] == "success", airflow_cluster.task_log("trainflow_training", run_id, "train", 1)
 
     result = airflow_cluster.xcom("trainflow_training", run_id, "train", "return_value")
@@ -96,7 +99,12 @@ def test_trigger_trainflow_training_succeeds_with_run_id_and_url_in_xcom(
     assert result == {"run_id": kfp_run["run_id"], "state": "SUCCEEDED", "url": url}
     assert airflow_cluster.xcom("trainflow_training", run_id, "train", KfpRunLink.XCOM_KEY) == url
     params = kfp_run["runtime_config"]["parameters"]
-    assert params["epochs"] == 3 and params["step_s"] == 0.2
+    assert params["epochs"] == 1 and params["dataset_source"] == "digits" and params["nproc_per_node"] == 1
+    tasks = {
+        t["display_name"]: t["state"]
+        for t in kfp_hook(kfp_server).get_run(kfp_run["run_id"])["run_details"]["task_details"]
+    }
+    assert tasks == dict.fromkeys(["prepare-dataset", "train", "evaluate", "register-model"], "SUCCEEDED")
     assert params["job_key"] == TaskIdentity("trainflow_training", run_id, "train").key
     ti = airflow_cluster.task_instance("trainflow_training", run_id, "train")
     assert ti["try_number"] == 1 and ti["operator"] == "KfpRunPipelineOperator"

@@ -1,6 +1,6 @@
 """The Airflow UI in headless Chromium (Debian's chromium + chromedriver, driven by selenium).
 
-While ``trainflow_training`` is deferred (waiting in the triggerer), the task instance page of the
+While a KfpRunPipelineOperator task (``kfp_deferred_training``) is deferred (waiting in the triggerer), the task instance page of the
 real Airflow 3.3 UI shows the "Kubeflow Pipelines run" extra link pointing at the KFP run; following
 it opens the run in the (local) KFP UI. The link is there before the task finishes because the
 operator pushes it right after submission.
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.airflow, pytest.mark.browser, pytest.mark.slow]
 def test_task_page_links_to_the_kfp_run_while_deferred(
     airflow_cluster: AirflowCluster, kfp_server: KfpServer, chromium
 ) -> None:
-    dag_id = "trainflow_training"
+    dag_id = "kfp_deferred_training"
     run_id = airflow_cluster.trigger(dag_id, conf={"epochs": 300, "step_s": 1.0})
     try:
         airflow_cluster.wait_task(dag_id, run_id, "train", {"deferred", "failed", "success"}, timeout_s=240)

@@ -22,20 +22,21 @@ def load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, package: Path | None):
     return bag.dags["trainflow_training"]
 
 
-def test_params_come_from_the_compiled_pipeline(tmp_path, monkeypatch, compiled_pipelines) -> None:
-    dag = load(tmp_path, monkeypatch, compiled_pipelines["training_pipeline"])
+def test_params_come_from_the_compiled_pipeline(tmp_path, monkeypatch, training_pipeline_package) -> None:
+    dag = load(tmp_path, monkeypatch, training_pipeline_package)
     params = dag.params
     names = list(params.keys())
-    assert names[:3] == ["dataset_source", "model_name", "epochs"] and "step_s" in names
+    assert names[:3] == ["dataset_source", "model_name", "epochs"]
+    assert {"nproc_per_node", "registered_model_name", "job_key"} <= set(
+        names
+    )  # everything the YAML declares
     epochs = params.get_param("epochs")
-    assert epochs.value == 2 and epochs.schema["type"] == "integer" and epochs.schema["minimum"] == 1
+    assert epochs.value == 5 and epochs.schema["type"] == "integer" and epochs.schema["minimum"] == 1
     assert params.get_param("fault_at_step").schema["minimum"] == -1
     assert params.get_param("learning_rate").schema["type"] == "number"
     task = dag.get_task("train")
     assert task.parameters["epochs"] == "{{ params['epochs'] }}"
-    assert task.deferrable is True and task.pipeline_package_path == str(
-        compiled_pipelines["training_pipeline"]
-    )
+    assert task.deferrable is True and task.pipeline_package_path == str(training_pipeline_package)
 
 
 def test_missing_package_falls_back_to_the_documented_parameters(tmp_path, monkeypatch) -> None:

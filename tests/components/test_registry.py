@@ -33,15 +33,23 @@ def model_dir(tmp_path):
 
 
 def test_register_list_current_rollback(registry, model_dir, tmp_path) -> None:
-    v1 = registry.register("mnist-classifier", model_dir, {"dataset_fingerprint": "abc", "metrics": {"test_accuracy": 0.97}})
+    v1 = registry.register(
+        "mnist-classifier", model_dir, {"dataset_fingerprint": "abc", "metrics": {"test_accuracy": 0.97}}
+    )
     (model_dir / "model.pt").write_bytes(b"better weights")
-    v2 = registry.register("mnist-classifier", model_dir, {"dataset_fingerprint": "abc", "metrics": {"test_accuracy": 0.98}})
+    v2 = registry.register(
+        "mnist-classifier", model_dir, {"dataset_fingerprint": "abc", "metrics": {"test_accuracy": 0.98}}
+    )
     assert (v1.version, v2.version) == (1, 2)
     assert [v.version for v in registry.versions("mnist-classifier")] == [1, 2]
     assert registry.current("mnist-classifier").version == 2
     assert registry.rollback("mnist-classifier", 1).version == 1
     assert registry.current("mnist-classifier").version == 1
-    assert [h["reason"] for h in registry.history("mnist-classifier")] == ["registered", "registered", "rollback"]
+    assert [h["reason"] for h in registry.history("mnist-classifier")] == [
+        "registered",
+        "registered",
+        "rollback",
+    ]
     out = registry.download("mnist-classifier", 1, tmp_path / "dl")
     assert (out / "model.pt").read_bytes() == b"weights"
     assert registry.get("mnist-classifier", 2).lineage["metrics"]["test_accuracy"] == 0.98
@@ -49,7 +57,9 @@ def test_register_list_current_rollback(registry, model_dir, tmp_path) -> None:
 
 def test_concurrent_registrations_get_distinct_versions(registry, model_dir) -> None:
     with ThreadPoolExecutor(4) as pool:
-        versions = list(pool.map(lambda _: registry.register("m", model_dir, {}, promote=False).version, range(4)))
+        versions = list(
+            pool.map(lambda _: registry.register("m", model_dir, {}, promote=False).version, range(4))
+        )
     assert sorted(versions) == [1, 2, 3, 4]
 
 

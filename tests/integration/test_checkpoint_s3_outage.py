@@ -28,26 +28,53 @@ def _wait(predicate, what: str, timeout_s: float = 300) -> None:
 
 def test_training_survives_s3_killed_mid_upload(s3_server, digits_dataset, make_job, monkeypatch) -> None:
     bucket = s3_server.make_bucket()
-    for k, v in {"AWS_ENDPOINT_URL_S3": s3_server.endpoint_url, "AWS_ACCESS_KEY_ID": s3_server.access_key,
-                 "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}.items():
+    for k, v in {
+        "AWS_ENDPOINT_URL_S3": s3_server.endpoint_url,
+        "AWS_ACCESS_KEY_ID": s3_server.access_key,
+        "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
+    }.items():
         monkeypatch.setenv(k, v)
-    job = make_job(digits_dataset, "s3job", "--model", "resnet18", "--epochs", "1", "--global-batch-size", "32",
-                   "--checkpoint-interval-steps", "4", "--checkpoint-interval-s", "1e9", "--throttle-step-s", "0.3",
-                   ckpt_root=f"s3://{bucket}/ckpt")
+    job = make_job(
+        digits_dataset,
+        "s3job",
+        "--model",
+        "resnet18",
+        "--epochs",
+        "1",
+        "--global-batch-size",
+        "32",
+        "--checkpoint-interval-steps",
+        "4",
+        "--checkpoint-interval-s",
+        "1e9",
+        "--throttle-step-s",
+        "0.3",
+        ckpt_root=f"s3://{bucket}/ckpt",
+    )
     agent = job.agent()
     try:
+
         def staged_not_committed() -> bool:
             recs = job.records()
             staged = [r["step"] for r in recs if r.get("event") == "checkpoint"]
-            done = {r["step"] for r in recs if r.get("event") in ("checkpoint_committed", "checkpoint_failed")}
+            done = {
+                r["step"] for r in recs if r.get("event") in ("checkpoint_committed", "checkpoint_failed")
+            }
             return any(s not in done for s in staged) and len(done) >= 1
+
         _wait(staged_not_committed, "a checkpoint upload in flight (after a first commit)")
         s3_server.stop(kill=True)  # the S3 server dies mid-upload
         down_at = max(r["step"] for r in job.records() if "loss" in r)
-        _wait(lambda: max(r["step"] for r in job.records() if "loss" in r) >= down_at + 8, "training to go on")
+        _wait(
+            lambda: max(r["step"] for r in job.records() if "loss" in r) >= down_at + 8, "training to go on"
+        )
         s3_server.start()
-        _wait(lambda: any(r.get("event") == "checkpoint_committed" and r["step"] > down_at for r in job.records()),
-              "a checkpoint committed after the outage")
+        _wait(
+            lambda: any(
+                r.get("event") == "checkpoint_committed" and r["step"] > down_at for r in job.records()
+            ),
+            "a checkpoint committed after the outage",
+        )
         assert agent.wait(600) == 0
     finally:
         if agent.proc.poll() is None:
@@ -59,10 +86,12 @@ def test_training_survives_s3_killed_mid_upload(s3_server, digits_dataset, make_
     assert "persist attempt 1 failed" in log and "retrying" in log  # backoff, logged as warnings
     records = job.records()
     assert any(r.get("event") == "checkpoint" and r.get("outcome") == "skipped" for r in records) or any(
-        r.get("event") == "checkpoint_failed" for r in records)
+        r.get("event") == "checkpoint_failed" for r in records
+    )
 
-    settings = S3Settings(endpoint_url=s3_server.endpoint_url, access_key=s3_server.access_key,
-                          secret_key=s3_server.secret_key)
+    settings = S3Settings(
+        endpoint_url=s3_server.endpoint_url, access_key=s3_server.access_key, secret_key=s3_server.secret_key
+    )
     storage = S3Storage(f"s3://{bucket}/ckpt/s3job", settings)
     mgr = CheckpointManager(storage)
     committed = mgr.committed_steps()

@@ -24,8 +24,22 @@ def _docs(path: Path) -> list[dict]:
 
 def test_compiles_with_kfp_cli(tmp_path) -> None:
     out = tmp_path / "training_pipeline.yaml"
-    subprocess.run([str(Path(sys.executable).parent / "kfp"), "dsl", "compile", "--py", str(REPO / "pipelines/training.py"),
-                    "--function", "training_pipeline", "--output", str(out)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            str(Path(sys.executable).parent / "kfp"),
+            "dsl",
+            "compile",
+            "--py",
+            str(REPO / "pipelines/training.py"),
+            "--function",
+            "training_pipeline",
+            "--output",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     spec = _docs(out)[0]
     assert spec["pipelineInfo"]["name"] == "training-pipeline"
     tasks = spec["root"]["dag"]["tasks"]
@@ -34,14 +48,27 @@ def test_compiles_with_kfp_cli(tmp_path) -> None:
     assert tasks["train"]["cachingOptions"] == {}  # caching off (enableCache false is omitted)
     assert tasks["train"]["dependentTasks"] == ["prepare-dataset"]
     params = spec["root"]["inputDefinitions"]["parameters"]
-    assert {"dataset_source", "epochs", "min_workers", "max_workers", "fault_at_step", "job_key", "backend",
-            "checkpoint_interval_steps", "checkpoint_interval_s"} <= set(params)
+    assert {
+        "dataset_source",
+        "epochs",
+        "min_workers",
+        "max_workers",
+        "fault_at_step",
+        "job_key",
+        "backend",
+        "checkpoint_interval_steps",
+        "checkpoint_interval_s",
+    } <= set(params)
     images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
     assert len(images) == 1 and images.pop().startswith("ghcr.io/trainflow/trainflow:")
 
     ours = tmp_path / "ours.yaml"
-    subprocess.run([sys.executable, "-m", "trainflow.cli", "compile", "--output", str(ours)], check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "trainflow.cli", "compile", "--output", str(ours)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     assert _docs(ours)[0]["root"] == spec["root"]
 
 
@@ -49,9 +76,28 @@ def test_compiles_with_kfp_cli(tmp_path) -> None:
 def test_runs_under_kfp_local_with_a_fault(tmp_path) -> None:
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "trainflow.cli", "run", "--output-dir", str(out), "--dataset", "digits",
-         "--epochs", "2", "--batch-size", "32", "--checkpoint-interval-steps", "10", "--fault-at-step", "25"],
-        capture_output=True, text=True, timeout=1200, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "trainflow.cli",
+            "run",
+            "--output-dir",
+            str(out),
+            "--dataset",
+            "digits",
+            "--epochs",
+            "2",
+            "--batch-size",
+            "32",
+            "--checkpoint-interval-steps",
+            "10",
+            "--fault-at-step",
+            "25",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "run-report.json").read_text())
@@ -71,9 +117,16 @@ def test_runs_under_kfp_local_with_a_fault(tmp_path) -> None:
     assert v1.lineage["metrics"]["test_accuracy"] == pytest.approx(report["test_accuracy"])
     assert registry.current("mnist-classifier").version == 1
 
-    confusion = [json.loads(p.read_text()) if p.suffix == ".json" else None for p in out.rglob("executor_output.json")]
+    confusion = [
+        json.loads(p.read_text()) if p.suffix == ".json" else None for p in out.rglob("executor_output.json")
+    ]
     assert confusion  # kfp.local wrote every task's executor output
-    matrices = [a for doc in confusion for arts in doc.get("artifacts", {}).values() for a in arts.get("artifacts", [])
-                if "confusionMatrix" in a.get("metadata", {})]
+    matrices = [
+        a
+        for doc in confusion
+        for arts in doc.get("artifacts", {}).values()
+        for a in arts.get("artifacts", [])
+        if "confusionMatrix" in a.get("metadata", {})
+    ]
     assert matrices and len(matrices[0]["metadata"]["confusionMatrix"]["rows"]) == 10
     assert "training steps" in proc.stdout and "trainflow run" in proc.stdout  # progress + summary table

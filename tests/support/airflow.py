@@ -4,7 +4,8 @@
 ``airflow standalone``, whose log servers bind to all interfaces:
 
 1. ``AIRFLOW_HOME`` in a temp folder; a dags folder holding the example DAG ``trainflow_training``
-   and the test DAGs of tests/airflow_bridge/dags/;
+   (reading the real ``training_pipeline`` compiled by ``trainflow compile``) and the test DAGs of
+   tests/airflow_bridge/dags/ (stand-in pipelines of controllable length);
 2. ``airflow db migrate`` (SQLite);
 3. ``airflow api-server --host 127.0.0.1 --port <free>``, ``airflow scheduler --skip-serve-logs``
    (LocalExecutor, ``parallelism=2``), ``airflow dag-processor``, ``airflow triggerer
@@ -199,7 +200,9 @@ def listening_sockets(pids: set[int]) -> list[tuple[int, str]]:
     return found
 
 
-def _airflow_env(home: Path, port: int, kfp: KfpServer, pipelines: dict[str, Path]) -> dict[str, str]:
+def _airflow_env(
+    home: Path, port: int, kfp: KfpServer, pipelines: dict[str, Path], training_pipeline: Path
+) -> dict[str, str]:
     conn = json.dumps(
         {"conn_type": "kubeflow_pipelines", "host": kfp.url, "extra": {"request_timeout_s": 30}}
     )
@@ -225,14 +228,16 @@ def _airflow_env(home: Path, port: int, kfp: KfpServer, pipelines: dict[str, Pat
         "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
         "AIRFLOW_CONN_KUBEFLOW_PIPELINES_DEFAULT": conn,
-        "TRAINFLOW_TRAINING_PIPELINE": str(pipelines["training_pipeline"]),
+        "TRAINFLOW_TRAINING_PIPELINE": str(training_pipeline),  # the real one, for trainflow_training
         "TRAINFLOW_TEST_PIPELINES": str(pipelines["training_pipeline"].parent),
         "NO_PROXY": "127.0.0.1,localhost",
         "no_proxy": "127.0.0.1,localhost",
     }
 
 
-def start_airflow(home: Path, kfp: KfpServer, pipelines: dict[str, Path]) -> AirflowCluster:
+def start_airflow(
+    home: Path, kfp: KfpServer, pipelines: dict[str, Path], training_pipeline: Path
+) -> AirflowCluster:
     """Migrate the DB and start the four components; raise with their logs if they do not come up."""
     dags = home / "dags"
     dags.mkdir(parents=True)
@@ -240,7 +245,7 @@ def start_airflow(home: Path, kfp: KfpServer, pipelines: dict[str, Path]) -> Air
     for dag_file in TEST_DAGS.glob("*.py"):
         shutil.copy(dag_file, dags / dag_file.name)
     port = free_port()
-    env = _airflow_env(home, port, kfp, pipelines)
+    env = _airflow_env(home, port, kfp, pipelines, training_pipeline)
     full_env = {**os.environ, **env}
     migrate = subprocess.run(
         [_airflow_bin(), "db", "migrate"], env=full_env, capture_output=True, text=True, timeout=600
@@ -298,9 +303,14 @@ def start_airflow(home: Path, kfp: KfpServer, pipelines: dict[str, Path]) -> Air
 
 @pytest.fixture(scope="session")
 def airflow_cluster(
-    tmp_path_factory: pytest.TempPathFactory, kfp_server: KfpServer, compiled_pipelines: dict[str, Path]
+    tmp_path_factory: pytest.TempPathFactory,
+    kfp_server: KfpServer,
+    compiled_pipelines: dict[str, Path],
+    training_pipeline_package: Path,
 ) -> Iterator[AirflowCluster]:
-    cluster = start_airflow(tmp_path_factory.mktemp("airflow_home"), kfp_server, compiled_pipelines)
+    cluster = start_airflow(
+        tmp_path_factory.mktemp("airflow_home"), kfp_server, compiled_pipelines, training_pipeline_package
+    )
     try:
         yield cluster
     finally:

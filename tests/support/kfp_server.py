@@ -5,8 +5,10 @@ Registered as a pytest plugin in tests/conftest.py. Fixtures:
 * ``compiled_pipelines`` (session): small pipelines compiled with kfp into a temp folder:
   ``tiny`` (adds numbers), ``failing`` (raises with a known message), ``slow`` (sleeps; prints
   its pid), ``platform`` (kfp-kubernetes multi-document YAML), and ``training_pipeline`` -- a
-  stand-in with the parameters of the real training pipeline (dataset_source ... backend) that
-  sleeps ``epochs * step_s`` seconds, used until ``trainflow compile`` produces the real one.
+  stand-in with the core parameters of the real training pipeline that sleeps
+  ``epochs * step_s`` seconds (for tests that need a run of a chosen length);
+* ``training_pipeline_package`` (session): the real ``training_pipeline``, compiled by
+  ``trainflow compile --output FILE`` as a user would.
 * ``kfp_server`` (session): one server on 127.0.0.1, a free port, data in a temp folder.
 * :func:`start_kfp_server`: start another one (e.g. with ``--auth-token``) inside a test.
 
@@ -16,6 +18,7 @@ The pipelines live in tests/support/kfp_pipelines.py (a module without
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -88,6 +91,15 @@ def start_kfp_server(
 @pytest.fixture(scope="session")
 def compiled_pipelines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return compile_pipelines(tmp_path_factory.mktemp("pipelines"))
+
+
+@pytest.fixture(scope="session")
+def training_pipeline_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("training_pipeline") / "training_pipeline.yaml"
+    cli = str(Path(sys.executable).with_name("trainflow"))
+    done = subprocess.run([cli, "compile", "--output", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and out.is_file(), f"trainflow compile failed:\n{done.stdout}\n{done.stderr}"
+    return out
 
 
 @pytest.fixture(scope="session")

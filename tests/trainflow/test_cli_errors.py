@@ -17,7 +17,11 @@ TRAINFLOW = [sys.executable, "-m", "trainflow.cli"]
 
 def _run(args: list[str], tmp_path: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*TRAINFLOW, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        [*TRAINFLOW, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
         env={**os.environ, "COLUMNS": "200", **(env or {})},
     )
 
@@ -29,7 +33,10 @@ def _run(args: list[str], tmp_path: Path, env: dict | None = None) -> subprocess
         (["run", "--lr", "-1"], "invalid hyper-parameter: lr must be a positive number, got -1.0"),
         (["run", "--epochs", "0"], "invalid hyper-parameter: epochs must be >= 1, got 0"),
         (["run", "--batch-size", "0"], "invalid hyper-parameter: global_batch_size must be >= 1, got 0"),
-        (["run", "--optimizer", "lion"], "invalid hyper-parameter: optimizer must be sgd or adamw, got 'lion'"),
+        (
+            ["run", "--optimizer", "lion"],
+            "invalid hyper-parameter: optimizer must be sgd or adamw, got 'lion'",
+        ),
         (["run", "--model", "vgg"], "invalid hyper-parameter: model must be one of"),
         (["run", "--workers", "0"], "workers must be >= 1, got 0"),
         (["run", "--checkpoint-uri", "gs://bucket/x"], "no checkpoint storage accepts 'gs://bucket/x'"),
@@ -45,26 +52,61 @@ def test_bad_input_is_one_line(tmp_path, args, message) -> None:
 
 
 def test_unreachable_s3_endpoint_at_start(tmp_path) -> None:
-    env = {"AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{free_port()}", "AWS_ACCESS_KEY_ID": "a",
-           "AWS_SECRET_ACCESS_KEY": "b"}
-    proc = _run(["run", "--checkpoint-uri", "s3://ckpt/jobs", "--output-dir", str(tmp_path / "out")], tmp_path, env)
+    env = {
+        "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{free_port()}",
+        "AWS_ACCESS_KEY_ID": "a",
+        "AWS_SECRET_ACCESS_KEY": "b",
+    }
+    proc = _run(
+        ["run", "--checkpoint-uri", "s3://ckpt/jobs", "--output-dir", str(tmp_path / "out")], tmp_path, env
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "S3 endpoint unreachable for s3://ckpt/jobs at http://127.0.0.1:" in proc.stderr
 
 
 def test_models_errors_are_one_line(tmp_path) -> None:
-    proc = _run(["models", "rollback", "mnist-classifier", "3", "--registry", str(tmp_path / "reg")], tmp_path)
+    proc = _run(
+        ["models", "rollback", "mnist-classifier", "3", "--registry", str(tmp_path / "reg")], tmp_path
+    )
     assert proc.returncode == 2 and "has no version 3" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_training_runtime_rejects_bad_config_before_starting(tmp_path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "components.training", "--dataset", str(tmp_path / "none"),
-                           "--checkpoint-uri", str(tmp_path / "c"), "--job-key", "k", "--lr", "0"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "components.training",
+            "--dataset",
+            str(tmp_path / "none"),
+            "--checkpoint-uri",
+            str(tmp_path / "c"),
+            "--job-key",
+            "k",
+            "--lr",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "invalid training config: lr must be a positive number, got 0.0" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "components.training", "--dataset", str(tmp_path / "none"),
-                           "--checkpoint-uri", str(tmp_path / "c"), "--job-key", "k"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "components.training",
+            "--dataset",
+            str(tmp_path / "none"),
+            "--checkpoint-uri",
+            str(tmp_path / "c"),
+            "--job-key",
+            "k",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"dataset folder {tmp_path / 'none'} does not exist" in proc.stderr

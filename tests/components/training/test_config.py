@@ -15,7 +15,11 @@ def _cfg(**kw) -> c.TrainConfig:
 
 
 def test_json_round_trip() -> None:
-    cfg = _cfg(epochs=4, optim={"lr": 0.1, "amp": "bf16"}, checkpoint={"uri": "s3://b/p", "job_key": "a/b", "interval_steps": 5})
+    cfg = _cfg(
+        epochs=4,
+        optim={"lr": 0.1, "amp": "bf16"},
+        checkpoint={"uri": "s3://b/p", "job_key": "a/b", "interval_steps": 5},
+    )
     again = c.TrainConfig.from_json(cfg.to_json())
     assert again == cfg and again.optim.lr == 0.1 and again.checkpoint.interval_steps == 5
 
@@ -49,8 +53,20 @@ def test_flags_override_config_file(tmp_path) -> None:
     f.write_text(_cfg(epochs=9).to_json())
     parser = argparse.ArgumentParser()
     c.add_arguments(parser)
-    cfg = c.from_args(parser.parse_args(["--config", str(f), "--lr", "0.2", "--checkpoint-interval-steps", "7",
-                                         "--deterministic", "false"]))
+    cfg = c.from_args(
+        parser.parse_args(
+            [
+                "--config",
+                str(f),
+                "--lr",
+                "0.2",
+                "--checkpoint-interval-steps",
+                "7",
+                "--deterministic",
+                "false",
+            ]
+        )
+    )
     assert (cfg.epochs, cfg.optim.lr, cfg.checkpoint.interval_steps, cfg.deterministic) == (9, 0.2, 7, False)
 
 

@@ -68,14 +68,22 @@ def test_image_folder_source(tmp_path) -> None:
         for i in range(10):
             Image.fromarray(rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)).save(root / cls / f"{i}.png")
     info = prepare(str(root), tmp_path / "p", test_fraction=0.2, image_size=16, channels=3)
-    assert info.kind == "imagefolder" and info.classes == ["cat", "dog"] and info.splits == {"train": 16, "test": 4}
+    assert (
+        info.kind == "imagefolder"
+        and info.classes == ["cat", "dog"]
+        and info.splits == {"train": 16, "test": 4}
+    )
     x, y = d.PreparedDataset(tmp_path / "p").split("test").fetch(torch.arange(4))
     assert x.shape == (4, 3, 16, 16) and sorted(y.tolist()) == [0, 0, 1, 1]
 
 
 @pytest.mark.parametrize(
     ("source", "message"),
-    [("/no/such/folder", "does not exist"), ("gs://b/p", "unsupported dataset source"), ("imagenet", "unknown dataset source")],
+    [
+        ("/no/such/folder", "does not exist"),
+        ("gs://b/p", "unsupported dataset source"),
+        ("imagenet", "unknown dataset source"),
+    ],
 )
 def test_bad_sources_are_one_line_errors(tmp_path, source, message) -> None:
     with pytest.raises(d.DatasetError, match=message):

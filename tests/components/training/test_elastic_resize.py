@@ -33,9 +33,22 @@ def _wait_for(job, predicate, what: str, timeout_s: float = 240) -> dict:
 
 def test_every_sample_once_across_2_1_2_workers(digits_dataset, make_job, tmp_path) -> None:
     samples = tmp_path / "samples"
-    job = make_job(digits_dataset, "elastic", "--epochs", "1", "--global-batch-size", "16",
-                   "--checkpoint-interval-steps", "5", "--checkpoint-interval-s", "1e9",
-                   "--throttle-step-s", "0.25", "--sample-log-dir", str(samples))
+    job = make_job(
+        digits_dataset,
+        "elastic",
+        "--epochs",
+        "1",
+        "--global-batch-size",
+        "16",
+        "--checkpoint-interval-steps",
+        "5",
+        "--checkpoint-interval-s",
+        "1e9",
+        "--throttle-step-s",
+        "0.25",
+        "--sample-log-dir",
+        str(samples),
+    )
     store = RendezvousStore()  # hosted here, so losing either agent does not lose the rendezvous
     endpoint = store.endpoint
     elastic = {"nproc_per_node": 1, "min_nodes": 1, "max_nodes": 2, "max_restarts": 5}
@@ -45,10 +58,15 @@ def test_every_sample_once_across_2_1_2_workers(digits_dataset, make_job, tmp_pa
     try:
         first = _wait_for(job, lambda r: r["world_size"] == 2 and r["step"] >= 8, "8 steps at world size 2")
         b.kill()  # node lost
-        shrunk = _wait_for(job, lambda r: r["world_size"] == 1 and r["step"] >= first["step"] + 5,
-                           "5 steps at world size 1")
+        shrunk = _wait_for(
+            job, lambda r: r["world_size"] == 1 and r["step"] >= first["step"] + 5, "5 steps at world size 1"
+        )
         b2 = job.agent(elastic, name="agent-b2", endpoint=endpoint)  # node added
-        _wait_for(job, lambda r: r["world_size"] == 2 and r["step"] > shrunk["step"], "training at world size 2 again")
+        _wait_for(
+            job,
+            lambda r: r["world_size"] == 2 and r["step"] > shrunk["step"],
+            "training at world size 2 again",
+        )
         assert a.wait(300) == 0
         assert b2.wait(60) == 0
     finally:
@@ -57,7 +75,9 @@ def test_every_sample_once_across_2_1_2_workers(digits_dataset, make_job, tmp_pa
                 agent.kill()
         store.close()
 
-    records = [json.loads(line) for f in samples.glob("*.jsonl") for line in f.read_text().splitlines() if line]
+    records = [
+        json.loads(line) for f in samples.glob("*.jsonl") for line in f.read_text().splitlines() if line
+    ]
     latest: dict[int, float] = {}
     for r in records:  # the last execution of each step wins
         latest[r["step"]] = max(latest.get(r["step"], 0.0), r["incarnation_started"])

@@ -21,7 +21,16 @@ from tests.support.training import state_dict_sha256
 
 pytestmark = pytest.mark.slow
 
-COMMON = ["--epochs", "2", "--global-batch-size", "32", "--checkpoint-interval-steps", "10", "--checkpoint-interval-s", "1e9"]
+COMMON = [
+    "--epochs",
+    "2",
+    "--global-batch-size",
+    "32",
+    "--checkpoint-interval-steps",
+    "10",
+    "--checkpoint-interval-s",
+    "1e9",
+]
 
 
 def test_killed_and_resumed_job_is_bit_exact(digits_dataset, make_job) -> None:
@@ -32,7 +41,9 @@ def test_killed_and_resumed_job_is_bit_exact(digits_dataset, make_job) -> None:
 
     clean_losses, faulty_losses = clean.final_losses(), faulty.final_losses()
     assert len(clean_losses) == 90 and clean_losses == faulty_losses
-    assert state_dict_sha256(clean.root / "model" / "model.pt") == state_dict_sha256(faulty.root / "model" / "model.pt")
+    assert state_dict_sha256(clean.root / "model" / "model.pt") == state_dict_sha256(
+        faulty.root / "model" / "model.pt"
+    )
 
     # The fault really happened, and the replayed steps (31..35) reproduced the first attempt's losses.
     resumes = [r for r in faulty.records() if r.get("event") == "resume"]
@@ -84,7 +95,9 @@ def test_corrupt_latest_checkpoint_falls_back_when_rerun(digits_dataset, make_jo
     assert job.agent(name="rerun").wait(300) == 0
     log = (job.root / "rerun.log").read_text()
     warnings = [line for line in log.splitlines() if "skipping checkpoint at step 90" in line]
-    assert len(warnings) == 1 and "SHA-256 mismatch" in warnings[0] and "trying the previous one" in warnings[0]
+    assert (
+        len(warnings) == 1 and "SHA-256 mismatch" in warnings[0] and "trying the previous one" in warnings[0]
+    )
     resumes = [r for r in job.records() if r.get("event") == "resume"]
     assert [r["resumed_from_step"] for r in resumes] == [80]
     assert job.final_losses()[90] == clean_final  # the redone steps are bit-exact too
