@@ -18,8 +18,12 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-app = typer.Typer(help="trainflow: resumable elastic PyTorch training pipelines.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
+app = typer.Typer(
+    help="trainflow: resumable elastic PyTorch training pipelines.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
 models_app = typer.Typer(help="The versioned model store (next to the checkpoints).", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
@@ -47,7 +51,9 @@ def version() -> None:
 
 @app.command("kfp-server")
 def kfp_server(
-    port: Annotated[int, typer.Option(help="TCP port (KFP's own API server uses 8888).")] = 8888,
+    port: Annotated[
+        int, typer.Option(min=1, max=65535, help="TCP port (KFP's own API server uses 8888).")
+    ] = 8888,
     host: Annotated[str, typer.Option(help="Address to bind; loopback by default.")] = "127.0.0.1",
     data_dir: Annotated[Path, typer.Option(help="State file and per-run folders.")] = Path("runs/kfp-server"),
     max_concurrent_runs: Annotated[int, typer.Option(min=1, help="Runs beyond this wait in PENDING.")] = 2,
@@ -58,19 +64,31 @@ def kfp_server(
     """Serve the KFP REST API v2beta1 locally and execute runs with kfp.local."""
     from trainflow.kfp_server import serve
 
-    serve(
-        host=host,
-        port=port,
-        data_dir=data_dir.resolve(),
-        max_concurrent_runs=max_concurrent_runs,
-        auth_token=auth_token or None,
-    )
+    try:
+        data_dir = data_dir.resolve()
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _fail(f"cannot use --data-dir {data_dir}: {e.strerror or e}") from None
+    try:
+        serve(
+            host=host,
+            port=port,
+            data_dir=data_dir,
+            max_concurrent_runs=max_concurrent_runs,
+            auth_token=auth_token or None,
+        )
+    except ValueError as e:  # an unreadable state file
+        raise _fail(str(e)) from None
 
 
 @app.command()
 def run(
-    output_dir: Annotated[Path | None, typer.Option(help="Output folder [default: ./runs/<timestamp>]")] = None,
-    dataset: Annotated[str, typer.Option(help="mnist | digits | synthetic-imagenet[:N] | a folder | s3://bucket/prefix")] = "mnist",
+    output_dir: Annotated[
+        Path | None, typer.Option(help="Output folder [default: ./runs/<timestamp>]")
+    ] = None,
+    dataset: Annotated[
+        str, typer.Option(help="mnist | digits | synthetic-imagenet[:N] | a folder | s3://bucket/prefix")
+    ] = "mnist",
     model: Annotated[str, typer.Option(help="small_cnn | resnet18")] = "small_cnn",
     epochs: Annotated[int, typer.Option(help="Passes over the training split")] = 5,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Global batch size (all ranks)")] = 64,
@@ -79,7 +97,9 @@ def run(
     seed: Annotated[int, typer.Option(help="Seed of weights, data order and RNG streams")] = 0,
     workers: Annotated[int, typer.Option(help="Training processes (DDP ranks)")] = 2,
     max_restarts: Annotated[int, typer.Option(help="torchrun worker-group restarts")] = 3,
-    checkpoint_uri: Annotated[str, typer.Option(help="Folder or s3://bucket/prefix [default: <output>/checkpoints]")] = "",
+    checkpoint_uri: Annotated[
+        str, typer.Option(help="Folder or s3://bucket/prefix [default: <output>/checkpoints]")
+    ] = "",
     checkpoint_interval_steps: Annotated[int, typer.Option(help="Checkpoint every N steps (0 = off)")] = 20,
     checkpoint_interval_s: Annotated[float, typer.Option(help="Checkpoint every N seconds (0 = off)")] = 30.0,
     keep_last_k: Annotated[int, typer.Option(help="Committed checkpoints kept")] = 3,
@@ -92,11 +112,23 @@ def run(
     from trainflow.local_run import run as run_pipeline
 
     opts = RunOptions(
-        output_dir=output_dir, dataset=dataset, model=model, epochs=epochs, global_batch_size=batch_size,
-        learning_rate=lr, optimizer=optimizer, seed=seed, workers=workers, max_restarts=max_restarts,
-        checkpoint_uri=checkpoint_uri, checkpoint_interval_steps=checkpoint_interval_steps,
-        checkpoint_interval_s=checkpoint_interval_s, keep_last_k=keep_last_k, fault_at_step=fault_at_step,
-        job_key=job_key, registered_model_name=model_name,
+        output_dir=output_dir,
+        dataset=dataset,
+        model=model,
+        epochs=epochs,
+        global_batch_size=batch_size,
+        learning_rate=lr,
+        optimizer=optimizer,
+        seed=seed,
+        workers=workers,
+        max_restarts=max_restarts,
+        checkpoint_uri=checkpoint_uri,
+        checkpoint_interval_steps=checkpoint_interval_steps,
+        checkpoint_interval_s=checkpoint_interval_s,
+        keep_last_k=keep_last_k,
+        fault_at_step=fault_at_step,
+        job_key=job_key,
+        registered_model_name=model_name,
     )
     console = Console()
     try:
@@ -153,15 +185,23 @@ def models_list(name: str, registry: RegistryOpt = "runs/latest/checkpoints/mode
         table.add_column(col)
     for v in versions:
         acc = v.lineage.get("metrics", {}).get("test_accuracy")
-        table.add_row(str(v.version), "*" if current and current.version == v.version else "", v.created_at[:19],
-                      "-" if acc is None else f"{acc:.4f}", v.lineage.get("dataset_fingerprint", "")[:12],
-                      v.lineage.get("job_key", ""))
+        table.add_row(
+            str(v.version),
+            "*" if current and current.version == v.version else "",
+            v.created_at[:19],
+            "-" if acc is None else f"{acc:.4f}",
+            v.lineage.get("dataset_fingerprint", "")[:12],
+            v.lineage.get("job_key", ""),
+        )
     Console().print(table)
 
 
 @models_app.command("show")
-def models_show(name: str, version: Annotated[int | None, typer.Argument()] = None,
-                registry: RegistryOpt = "runs/latest/checkpoints/models") -> None:
+def models_show(
+    name: str,
+    version: Annotated[int | None, typer.Argument()] = None,
+    registry: RegistryOpt = "runs/latest/checkpoints/models",
+) -> None:
     """Print one version (default: the current one) as JSON."""
     from dataclasses import asdict
 
@@ -178,7 +218,9 @@ def models_show(name: str, version: Annotated[int | None, typer.Argument()] = No
 
 
 @models_app.command("rollback")
-def models_rollback(name: str, version: int, registry: RegistryOpt = "runs/latest/checkpoints/models") -> None:
+def models_rollback(
+    name: str, version: int, registry: RegistryOpt = "runs/latest/checkpoints/models"
+) -> None:
     """Make an earlier version the current one."""
     from components.registry.store import RegistryError
 

@@ -160,3 +160,25 @@ def test_failure_message_names_the_task_and_its_exception(tmp_path) -> None:
 
 def test_last_exception_line_is_none_without_traceback() -> None:
     assert execute.last_exception_line(["all good", "ValueError-looking text"]) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--data-dir", "/proc/no-such-dir"], "trainflow: cannot use --data-dir /proc/no-such-dir"),
+        (["--data-dir", "{bad_state}"], "is not a kfp-server state file"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args: list[str], expected: str) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "state.json").write_text("{oops")
+    argv = [a.replace("{bad_state}", str(tmp_path)) for a in args]
+    cli = str(Path(sys.executable).with_name("trainflow"))
+    done = subprocess.run(
+        [cli, "kfp-server", "--port", "1", *argv], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert expected in done.stderr and "Traceback" not in done.stderr

@@ -96,7 +96,12 @@ class Store:
 
     # -- persistence -------------------------------------------------------------------------
     def _load(self, path: Path) -> None:
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+        except ValueError as err:
+            raise ValueError(
+                f"{path} is not a kfp-server state file ({err}); move it away to start empty"
+            ) from None
         for kind in KINDS:
             self._objects[kind] = data.get(kind, {})
         self._seq = data.get("seq", {})
