@@ -18,12 +18,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-app = typer.Typer(
-    help="trainflow: resumable elastic PyTorch training pipelines.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
+app = typer.Typer(help="trainflow: resumable elastic PyTorch training pipelines.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
 models_app = typer.Typer(help="The versioned model store (next to the checkpoints).", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
@@ -83,12 +79,8 @@ def kfp_server(
 
 @app.command()
 def run(
-    output_dir: Annotated[
-        Path | None, typer.Option(help="Output folder [default: ./runs/<timestamp>]")
-    ] = None,
-    dataset: Annotated[
-        str, typer.Option(help="mnist | digits | synthetic-imagenet[:N] | a folder | s3://bucket/prefix")
-    ] = "mnist",
+    output_dir: Annotated[Path | None, typer.Option(help="Output folder [default: ./runs/<timestamp>]")] = None,
+    dataset: Annotated[str, typer.Option(help="mnist | digits | synthetic-imagenet[:N] | a folder | s3://bucket/prefix")] = "mnist",
     model: Annotated[str, typer.Option(help="small_cnn | resnet18")] = "small_cnn",
     epochs: Annotated[int, typer.Option(help="Passes over the training split")] = 5,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Global batch size (all ranks)")] = 64,
@@ -97,9 +89,7 @@ def run(
     seed: Annotated[int, typer.Option(help="Seed of weights, data order and RNG streams")] = 0,
     workers: Annotated[int, typer.Option(help="Training processes (DDP ranks)")] = 2,
     max_restarts: Annotated[int, typer.Option(help="torchrun worker-group restarts")] = 3,
-    checkpoint_uri: Annotated[
-        str, typer.Option(help="Folder or s3://bucket/prefix [default: <output>/checkpoints]")
-    ] = "",
+    checkpoint_uri: Annotated[str, typer.Option(help="Folder or s3://bucket/prefix [default: <output>/checkpoints]")] = "",
     checkpoint_interval_steps: Annotated[int, typer.Option(help="Checkpoint every N steps (0 = off)")] = 20,
     checkpoint_interval_s: Annotated[float, typer.Option(help="Checkpoint every N seconds (0 = off)")] = 30.0,
     keep_last_k: Annotated[int, typer.Option(help="Committed checkpoints kept")] = 3,
@@ -112,23 +102,11 @@ def run(
     from trainflow.local_run import run as run_pipeline
 
     opts = RunOptions(
-        output_dir=output_dir,
-        dataset=dataset,
-        model=model,
-        epochs=epochs,
-        global_batch_size=batch_size,
-        learning_rate=lr,
-        optimizer=optimizer,
-        seed=seed,
-        workers=workers,
-        max_restarts=max_restarts,
-        checkpoint_uri=checkpoint_uri,
-        checkpoint_interval_steps=checkpoint_interval_steps,
-        checkpoint_interval_s=checkpoint_interval_s,
-        keep_last_k=keep_last_k,
-        fault_at_step=fault_at_step,
-        job_key=job_key,
-        registered_model_name=model_name,
+        output_dir=output_dir, dataset=dataset, model=model, epochs=epochs, global_batch_size=batch_size,
+        learning_rate=lr, optimizer=optimizer, seed=seed, workers=workers, max_restarts=max_restarts,
+        checkpoint_uri=checkpoint_uri, checkpoint_interval_steps=checkpoint_interval_steps,
+        checkpoint_interval_s=checkpoint_interval_s, keep_last_k=keep_last_k, fault_at_step=fault_at_step,
+        job_key=job_key, registered_model_name=model_name,
     )
     console = Console()
     try:
@@ -185,23 +163,15 @@ def models_list(name: str, registry: RegistryOpt = "runs/latest/checkpoints/mode
         table.add_column(col)
     for v in versions:
         acc = v.lineage.get("metrics", {}).get("test_accuracy")
-        table.add_row(
-            str(v.version),
-            "*" if current and current.version == v.version else "",
-            v.created_at[:19],
-            "-" if acc is None else f"{acc:.4f}",
-            v.lineage.get("dataset_fingerprint", "")[:12],
-            v.lineage.get("job_key", ""),
-        )
+        table.add_row(str(v.version), "*" if current and current.version == v.version else "", v.created_at[:19],
+                      "-" if acc is None else f"{acc:.4f}", v.lineage.get("dataset_fingerprint", "")[:12],
+                      v.lineage.get("job_key", ""))
     Console().print(table)
 
 
 @models_app.command("show")
-def models_show(
-    name: str,
-    version: Annotated[int | None, typer.Argument()] = None,
-    registry: RegistryOpt = "runs/latest/checkpoints/models",
-) -> None:
+def models_show(name: str, version: Annotated[int | None, typer.Argument()] = None,
+                registry: RegistryOpt = "runs/latest/checkpoints/models") -> None:
     """Print one version (default: the current one) as JSON."""
     from dataclasses import asdict
 
@@ -218,9 +188,7 @@ def models_show(
 
 
 @models_app.command("rollback")
-def models_rollback(
-    name: str, version: int, registry: RegistryOpt = "runs/latest/checkpoints/models"
-) -> None:
+def models_rollback(name: str, version: int, registry: RegistryOpt = "runs/latest/checkpoints/models") -> None:
     """Make an earlier version the current one."""
     from components.registry.store import RegistryError
 
