@@ -1,6 +1,7 @@
-"""A real Airflow 3.3 on 127.0.0.1 for tests, started once per session (registered in tests/conftest.py).
+"""A real Airflow 3.3 on 127.0.0.1 for tests, started once (registered in tests/conftest.py).
 
-``airflow_cluster`` (session fixture) does what a user would, piece by piece -- never
+``airflow_cluster`` (package fixture: started once for tests/airflow_bridge, stopped when that
+package is done so it does not idle through the other tiers) does what a user would, piece by piece -- never
 ``airflow standalone``, whose log servers bind to all interfaces:
 
 1. ``AIRFLOW_HOME`` in a temp folder; a dags folder holding the example DAG ``trainflow_training``
@@ -301,7 +302,7 @@ def start_airflow(
     return cluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def airflow_cluster(
     tmp_path_factory: pytest.TempPathFactory,
     kfp_server: KfpServer,
