@@ -14,9 +14,10 @@ SKIPPED       ``AirflowSkipException``
 (deadline)    the run is terminated, then :class:`KfpRunTimeoutError`
 ============  =====================================================================
 
-Killing the task (marking it failed or success, clearing it, ``execution_timeout``) terminates
-the KFP run by its persisted id: ``on_kill`` in sync mode, the trigger's ``on_kill`` (Airflow
->= 3.3) when deferred. Bad input (unknown parameter, unreadable package, refused credentials)
+Killing the task (marking it failed or success, clearing it; ``execution_timeout`` in sync mode)
+terminates the KFP run by its persisted id: ``on_kill`` in sync mode, the trigger's ``on_kill``
+(Airflow >= 3.3) when deferred. Airflow's trigger timeout does not call ``on_kill``; use
+``run_timeout_s`` for a deadline that stops the run in deferrable mode. Bad input (unknown parameter, unreadable package, refused credentials)
 fails the task at once without retries.
 
 No duplicate runs -- for one task instance ``(dag_id, run_id, task_id, map_index)``:
