@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -244,13 +243,3 @@ def task_details(run_id: str, events_path: Path) -> list[dict[str, Any]]:
         if state in ("SUCCEEDED", "FAILED"):
             task["end_time"] = at
     return list(tasks.values())
-
-
-def wait_for_state(store: Store, run_id: str, states: set[str], timeout_s: float) -> dict[str, Any]:
-    """Poll the store until the run is in one of ``states`` (used by the CLI and tests)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        run = store.get("runs", run_id, label="Run")
-        if run["state"] in states or time.monotonic() > deadline:
-            return run
-        time.sleep(0.1)

@@ -14,7 +14,7 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -243,7 +243,3 @@ def _decode_token(token: str | None) -> int:
         return int(json.loads(base64.urlsafe_b64decode(token.encode()))["offset"])
     except (ValueError, KeyError, TypeError) as err:
         raise invalid_argument(f"invalid page_token {token!r}") from err
-
-
-def first(items: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
-    return next(iter(items), None)
