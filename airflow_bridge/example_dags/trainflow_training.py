@@ -40,7 +40,7 @@ PIPELINE_PACKAGE = os.environ.get("TRAINFLOW_TRAINING_PIPELINE") or str(
 FALLBACK_PARAMETERS = [
     PipelineParameter(name="dataset_source", parameter_type="STRING", default="mnist"),
     PipelineParameter(name="model_name", parameter_type="STRING", default="small_cnn"),
-    PipelineParameter(name="epochs", parameter_type="NUMBER_INTEGER", default=5),
+    PipelineParameter(name="epochs", parameter_type="NUMBER_INTEGER", default=8),
     PipelineParameter(name="global_batch_size", parameter_type="NUMBER_INTEGER", default=64),
     PipelineParameter(name="learning_rate", parameter_type="NUMBER_DOUBLE", default=0.05),
     PipelineParameter(name="min_workers", parameter_type="NUMBER_INTEGER", default=1),

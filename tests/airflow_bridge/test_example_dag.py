@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from airflow_bridge.package import load_pipeline_package
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "airflow_bridge" / "example_dags" / "trainflow_training.py"
 
 
@@ -31,7 +33,9 @@ def test_params_come_from_the_compiled_pipeline(tmp_path, monkeypatch, training_
         names
     )  # everything the YAML declares
     epochs = params.get_param("epochs")
-    assert epochs.value == 5 and epochs.schema["type"] == "integer" and epochs.schema["minimum"] == 1
+    compiled_default = load_pipeline_package(training_pipeline_package).parameters["epochs"].default
+    assert epochs.value == compiled_default and isinstance(epochs.value, int)
+    assert epochs.schema["type"] == "integer" and epochs.schema["minimum"] == 1
     assert params.get_param("fault_at_step").schema["minimum"] == -1
     assert params.get_param("learning_rate").schema["type"] == "number"
     task = dag.get_task("train")
