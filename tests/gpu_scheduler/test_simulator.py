@@ -161,7 +161,7 @@ def test_engine_rejects_invalid_decisions_and_unknown_applications(toy_apps) -> 
 
     with pytest.raises(SimulationError, match="left 1 job"):
         Simulator([spec], toy_apps, Never(), SimConfig(nodes=1, max_time_s=600)).run()
-    with pytest.raises(SchedulerError, match="gpus-per-node must be 1..4"):
+    with pytest.raises(SchedulerError, match=r"gpus-per-node must be 1\.\.4"):
         SimConfig(gpus_per_node=8)
 
 
