@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+pytest_plugins = ["tests.support.s3", "tests.support.training"]
+
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
