@@ -78,6 +78,7 @@ def test_policies_lists_the_registry(tmp_path: Path) -> None:
     assert listed == sorted(["default", "elastic_fifo", "fifo", "fifo_backfill", "optimus", "round_robin", "tiresias"])
 
 
+@pytest.mark.slow
 def test_report_runs_a_reduced_matrix(tmp_path: Path, data: Path) -> None:
     out = tmp_path / "docs" / "report.md"
     proc = cli("report", "--out", str(out), "--data", str(data), "--policy", "tiresias", "--policy", "fifo",
