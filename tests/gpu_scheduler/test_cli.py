@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_scheduler.simulator.data import DataNotFound, find_pollux_dir
+from gpu_scheduler.simulator.data import find_pollux_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,10 +23,7 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def data() -> Path:
-    try:
-        return find_pollux_dir()
-    except DataNotFound as exc:
-        pytest.skip(f"Pollux trace data not present: {exc}")
+    return find_pollux_dir()  # ships with the package: missing data is a failure, not a skip
 
 
 def test_simulate_writes_result_json_and_a_plot(tmp_path: Path, data: Path) -> None:
