@@ -54,7 +54,7 @@ class AgentSpec:
     max_nodes: int = 1
     max_restarts: int = 3
     """Worker-group restarts after failures (membership changes do not count)."""
-    monitor_interval_s: float = 0.5
+    monitor_interval_s: float = 0.2
     last_call_timeout_s: float = 1.0
     join_timeout_s: float = 120.0
     rdzv_is_host: bool | None = None

@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -187,8 +188,15 @@ class Trainer:
         torch.set_num_threads(threads)
         if self.cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True, warn_only=True)
             torch.backends.cudnn.benchmark = False
+            if "torch._inductor" in sys.modules:
+                torch.use_deterministic_algorithms(True, warn_only=True)
+            else:
+                # The public call also configures Inductor, which imports torch._inductor and
+                # torch._dynamo: 3-4 s of every worker start (a fifth of a restart here). The trainer
+                # never compiles, so set the ATen flag alone (torch/__init__.py,
+                # use_deterministic_algorithms: inductor config + _C._set_deterministic_algorithms).
+                torch._C._set_deterministic_algorithms(True, warn_only=True)
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         o = self.cfg.optim
