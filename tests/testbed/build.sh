@@ -57,15 +57,13 @@ build_minio() {
 module_hash() { (cd "$1" && cat go.mod go.sum ./*.go 2>/dev/null | sha256sum | cut -c1-12); }
 
 build_controlplane() {
-  local out="$1" minor commit p c ld
+  local out="$1" minor p c ld
   log "building kube-apiserver, kube-scheduler, kubectl $KUBERNETES_VERSION and etcd $ETCD_VERSION (first use; ~10-15 min on 2 cores)"
   minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
-  commit="$(cd "$here/controlplane" && go mod download -json "k8s.io/kubernetes" |
-    sed -n 's/.*"Hash": "\([0-9a-f]*\)".*/\1/p' | head -1)"
+  # The release's version, as its own build (hack/lib/version.sh) stamps it into both packages.
   ld="-s -w"
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X $p.gitVersion=$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
-    ld+=" -X $p.gitTreeState=clean -X $p.gitCommit=${commit:-unknown}"
+    ld+=" -X $p.gitVersion=$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
   done
   (cd "$here/controlplane" && nice -n 10 go build -ldflags "$ld" -o "$out/testbed" .) >&2
   for c in kube-apiserver kube-scheduler etcd kubectl; do ln -s testbed "$out/$c"; done
