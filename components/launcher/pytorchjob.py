@@ -123,8 +123,12 @@ class PyTorchJobSpec:
         s3_secret_key_key: key of the secret access key in that Secret (KFP: ``secretkey``).
         s3_endpoint_url: S3 endpoint (``AWS_ENDPOINT_URL_S3``), e.g. ``http://minio.kubeflow:9000``.
         env: extra environment variables for the training containers.
-        restart_policy: worker restart policy; ``ExitCode`` retries only retryable exit codes
-            (128 and above, i.e. killed by a signal), ``OnFailure`` lets the kubelet restart.
+        restart_policy: worker restart policy. ``ExitCode`` (default): the operator recreates a
+            pod that died of a signal (exit code 128 and above: preemption, OOM kill) and fails the
+            job on any other non-zero exit — torchrun exits 1 once ``max_restarts`` are spent, so
+            the failure reaches KFP. ``OnFailure``: the kubelet restarts the container in place
+            and the job fails only past ``backoff_limit`` (never, if that is unset)
+            (training-operator v1.9 ``pkg/controller.v1/common/pod.go``, ``job.go``).
         clean_pod_policy: which pods the operator deletes when the job finishes.
         backoff_limit: retries of the whole job before it is marked Failed (``None``: operator default).
         rdzv_last_call_timeout_s: torchrun's rendezvous ``last_call_timeout`` in seconds.
@@ -155,7 +159,7 @@ class PyTorchJobSpec:
     s3_secret_key_key: str = "AWS_SECRET_ACCESS_KEY"
     s3_endpoint_url: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
-    restart_policy: RestartPolicy = "OnFailure"
+    restart_policy: RestartPolicy = "ExitCode"
     clean_pod_policy: CleanPodPolicy = "None"
     backoff_limit: int | None = None
     rdzv_last_call_timeout_s: int = 1

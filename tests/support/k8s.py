@@ -38,6 +38,7 @@ import fcntl
 import ipaddress
 import os
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -877,3 +878,31 @@ def kwok_gpu_nodes(k8s_testbed: KubeTestBed) -> Iterator[Callable[..., list[str]
 
     yield create
     k8s_testbed.delete_nodes(created)
+
+
+def main() -> None:
+    """Start the test bed by hand: ``python -m tests.support.k8s [--nodes N --gpus-per-node G]``."""
+    import argparse
+    import signal
+    import tempfile
+
+    parser = argparse.ArgumentParser(description="Run the trainflow Kubernetes test bed until Ctrl-C.")
+    parser.add_argument("--nodes", type=int, default=2, help="KWOK GPU nodes to create")
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    args = parser.parse_args()
+    with (
+        tempfile.TemporaryDirectory(prefix="trainflow-testbed-") as root,
+        KubeTestBed(root=Path(root), binaries=testbed_binaries()) as bed,
+    ):
+        bed.create_gpu_nodes(args.nodes, args.gpus_per_node, prefix="gpu")
+        print(f"test bed up in {bed.startup_s:.1f} s; logs in {bed.log_dir}")
+        print(f"export KUBECONFIG={bed.kubeconfig}")
+        print(f"alias kubectl={bed.binaries.kubectl}")
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        with contextlib.suppress(KeyboardInterrupt):
+            stop.wait()
+
+
+if __name__ == "__main__":
+    main()

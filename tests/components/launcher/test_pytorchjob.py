@@ -89,7 +89,7 @@ def test_manifest_has_elastic_policy_resources_env_and_labels() -> None:
     }
     assert m["spec"]["nprocPerNode"] == "8"
     worker = m["spec"]["pytorchReplicaSpecs"]["Worker"]
-    assert worker["replicas"] == 4 and worker["restartPolicy"] == "OnFailure"
+    assert worker["replicas"] == 4 and worker["restartPolicy"] == "ExitCode"
     assert set(m["spec"]["pytorchReplicaSpecs"]) == {"Worker"}
     template = worker["template"]
     assert template["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
