@@ -122,8 +122,9 @@ class RunnerSettings:
     Attributes:
         poll_interval_s: seconds between status reads.
         timeout_s: give up after this many seconds of waiting (``None``: wait as long as it runs).
-        cleanup: delete the job ``always`` when it ends or the launcher stops, only ``on-success``,
-            or ``never``.
+        cleanup: when the job ends, delete it ``always``, only ``on-success`` (a failed job is kept
+            for inspection), or ``never``; when the launcher is terminated or times out, the job is
+            deleted unless this is ``never``.
         recreate_failed: replace a Failed job found under the same name (a retried KFP task).
         max_consecutive_errors: API errors in a row tolerated while polling.
         delete_timeout_s: how long to wait for a replaced job to disappear.

@@ -401,7 +401,7 @@ class KubeTestBed:
         """Stop every started process by PID, newest first."""
         if self._client is not None:
             with contextlib.suppress(Exception):
-                self._client._client._client.close()
+                self._client.close()
             self._client = None
         while self._processes:
             self._processes.pop().stop()
