@@ -287,10 +287,28 @@ class PyTorchJobRunner:
             state, reason, message = done
             failures = self.pod_failures(ref) if state == "Failed" else ""
             return JobOutcome(ref, state, reason, message, created, failures), last_phase  # type: ignore[arg-type]
-        phase = _latest_condition(job)
+        phase = f"{_latest_condition(job) or 'waiting for the operator'}; {self.workers_summary(ref)}"
         if phase != last_phase:
-            log.info("PyTorchJob %s: %s", ref, phase or "waiting for the operator")
+            log.info("PyTorchJob %s: %s", ref, phase)
         return None, phase
+
+    def workers_summary(self, ref: JobRef) -> str:
+        """``workers: 2 Running, 1 Pending (0/4 nodes are available: ...)`` — why a job is not running yet."""
+        from lightkube.resources.core_v1 import Pod
+
+        counts: dict[str, int] = {}
+        reasons: set[str] = set()
+        try:
+            for pod in self.client.list(Pod, namespace=ref.namespace, labels={JOB_NAME_LABEL: ref.name}):
+                phase = (pod.status and pod.status.phase) or "Unknown"
+                counts[phase] = counts.get(phase, 0) + 1
+                for cond in (pod.status and pod.status.conditions) or []:
+                    if cond.type == "PodScheduled" and cond.status == "False" and cond.message:
+                        reasons.add(cond.message)
+        except Exception as err:  # a summary is best effort: never fail the wait over it
+            return f"workers: unknown ({err})"
+        text = ", ".join(f"{n} {phase}" for phase, n in sorted(counts.items())) or "none yet"
+        return f"workers: {text}" + (f" ({'; '.join(sorted(reasons))})" if reasons else "")
 
     def delete(self, ref: JobRef) -> bool:
         """Delete the job (its pods follow through ownerReferences); False if it was already gone."""

@@ -651,6 +651,7 @@ class KubeTestBed:
             from lightkube import Client
             from lightkube.config.kubeconfig import KubeConfig
 
+            warm_lightkube_decoders()
             self._client = Client(KubeConfig.from_file(self.kubeconfig), field_manager="trainflow-tests")
         return self._client
 
@@ -869,6 +870,50 @@ class KubeTestBed:
             namespace=namespace,
             patch_type=PatchType.MERGE,
         )
+
+
+def warm_lightkube_decoders() -> None:
+    """Build lightkube's msgspec decoders for the resource types tests use, on one thread.
+
+    lightkube (1.0, msgspec 0.22) builds a type's decoder and list model on its first decode; two
+    threads doing that first decode at once crashed the interpreter here (segmentation fault in
+    ``msgspec._utils.get_class_annotations`` while ``create_gpu_nodes`` created nodes from a thread
+    pool). Call this before decoding from several threads; it is idempotent and cheap.
+    """
+    import msgspec
+    from lightkube.core.decoders import decode_list, decode_object
+    from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
+    from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+    from lightkube.resources.apps_v1 import Deployment
+    from lightkube.resources.coordination_v1 import Lease
+    from lightkube.resources.core_v1 import (
+        ConfigMap,
+        Event,
+        Namespace,
+        Node,
+        Pod,
+        Secret,
+        Service,
+        ServiceAccount,
+    )
+
+    for model in (
+        Node,
+        Pod,
+        Namespace,
+        ServiceAccount,
+        Service,
+        Secret,
+        ConfigMap,
+        Event,
+        Lease,
+        Deployment,
+        CustomResourceDefinition,
+        ValidatingWebhookConfiguration,
+    ):
+        with contextlib.suppress(msgspec.ValidationError):
+            decode_object(b"{}", model)
+        decode_list(b'{"items": []}', model)
 
 
 def pytorchjob_resource() -> Any:
