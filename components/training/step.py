@@ -226,16 +226,17 @@ def run_train_step(req: TrainStepRequest, *, model_dir: Path, work_dir: Path) ->
 
 
 def _run_local(req: TrainStepRequest, cfg: TrainConfig, work_dir: Path) -> None:
-    from components.training.launch import AgentSpec, free_port, rdzv_id_for, run_agent
+    from components.training.launch import AgentSpec, RendezvousStore, rdzv_id_for, run_agent
 
-    spec = AgentSpec(
-        rdzv_id=rdzv_id_for(cfg.checkpoint.job_key), rdzv_endpoint=f"127.0.0.1:{free_port()}",
-        nproc_per_node=req.nproc_per_node, min_nodes=req.min_workers, max_nodes=req.max_workers,
-        max_restarts=req.max_restarts, env=req.extra_env,
-    )
     log_path = work_dir / "torchrun.log"
-    rc = run_agent(spec, ["--config", str(work_dir / "train-config.json")], log_path=log_path,
-                   on_line=lambda line: print(line, flush=True))
+    with RendezvousStore() as store:  # outlives any agent, so agents may join and leave
+        spec = AgentSpec(
+            rdzv_id=rdzv_id_for(cfg.checkpoint.job_key), rdzv_endpoint=store.endpoint, rdzv_is_host=False,
+            nproc_per_node=req.nproc_per_node, min_nodes=req.min_workers, max_nodes=req.max_workers,
+            max_restarts=req.max_restarts, env=req.extra_env,
+        )
+        rc = run_agent(spec, ["--config", str(work_dir / "train-config.json")], log_path=log_path,
+                       on_line=lambda line: print(line, flush=True))
     if rc != 0:
         raise TrainStepError(f"training failed (torchrun exit code {rc}): {_last_error(log_path)}")
 

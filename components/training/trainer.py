@@ -22,6 +22,7 @@ import math
 import os
 import signal
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,7 @@ class Trainer:
         self._last_loss = float("nan")
         self._pending_first_step_event = False
         self._sample_log = None
+        self.incarnation: dict[str, Any] = {"id": "", "started": 0.0}
         if cfg.sample_log_dir:
             Path(cfg.sample_log_dir).mkdir(parents=True, exist_ok=True)
             name = f"samples-{os.getpid()}-{time.time_ns()}.jsonl"
@@ -287,8 +289,10 @@ class Trainer:
         loss = float(agreed[0]) / n_global
         self._last_loss = loss
         if self._sample_log:
-            self._sample_log.write(json.dumps({"step": step, "epoch": epoch, "rank": self.env.rank,
-                                               "world_size": self.env.world_size, "ids": ids.tolist()}) + "\n")
+            self._sample_log.write(json.dumps({
+                "step": step, "epoch": epoch, "rank": self.env.rank, "world_size": self.env.world_size,
+                "incarnation": self.incarnation["id"], "incarnation_started": self.incarnation["started"],
+                "ids": ids.tolist()}) + "\n")
         stall = 0.0
         if float(agreed[3]) > 0:  # any rank got SIGTERM: everyone saves, then stops
             self._save(blocking=True, reason="preempted")
@@ -343,9 +347,14 @@ class Trainer:
     def _load(self) -> None:
         """Resume from the newest committed checkpoint that verifies (rank 0 chooses for everyone)."""
         loaded: LoadedCheckpoint | None = self.ckpt.load_latest() if self.env.is_main else None
-        step = dist_utils.broadcast_object(loaded.step if loaded else None)
+        # One id and start time per worker group ("incarnation"), shared by its ranks: audits use it to
+        # tell a step's final execution from executions rolled back by a restart.
+        step, self.incarnation = dist_utils.broadcast_object(
+            (loaded.step if loaded else None, {"id": uuid.uuid4().hex[:12], "started": time.time()})
+        )
         self.metrics.record({"event": "start", "world_size": self.env.world_size, "total_steps": self.total_steps,
-                             "restart_count": self.env.restart_count, "resume_step": step})
+                             "restart_count": self.env.restart_count, "resume_step": step,
+                             "incarnation": self.incarnation["id"]})
         if step is None:
             log.info("no checkpoint under %s: starting fresh", self.storage.uri) if self.env.is_main else None
             return

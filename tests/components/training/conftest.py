@@ -52,8 +52,10 @@ class Job:
         return self.root / "metrics.jsonl"
 
     def agent(self, spec_kw: dict | None = None, *, name: str = "agent", endpoint: str | None = None) -> Agent:
+        """Start a torchrun agent; with ``endpoint`` (a RendezvousStore's) it joins as a store client."""
         kw = {"nproc_per_node": 2, "min_nodes": 1, "max_nodes": 1, "max_restarts": 3, **(spec_kw or {})}
-        spec = AgentSpec(rdzv_id=rdzv_id_for(self.job_key), rdzv_endpoint=endpoint or f"127.0.0.1:{free_port()}", **kw)
+        spec = AgentSpec(rdzv_id=rdzv_id_for(self.job_key), rdzv_endpoint=endpoint or f"127.0.0.1:{free_port()}",
+                         rdzv_is_host=False if endpoint else None, **kw)
         return Agent(spec, self.args, log_path=self.root / f"{name}.log")
 
     def records(self) -> list[dict]:
