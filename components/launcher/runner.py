@@ -29,7 +29,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -366,7 +366,7 @@ class PyTorchJobRunner:
         if self.settings.cleanup == "always" or (
             self.settings.cleanup == "on-success" and outcome.state == "Succeeded"
         ):
-            outcome = JobOutcome(**{**asdict(outcome), "ref": ref, "deleted": self.delete(ref)})
+            outcome = replace(outcome, deleted=self.delete(ref))
         if output_path is not None:
             _write(output_path, outcome.to_json())
         if outcome.state == "Failed":
