@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from components.training.checkpoint.storage import CheckpointStorageError, storage_for
 from components.training.config import ConfigError
 from components.training.metrics import read_jsonl
 from components.training.step import TrainStepRequest, build_config
@@ -133,6 +134,12 @@ def validate(opts: RunOptions) -> None:
         build_config(request, job_key="validate", checkpoint_uri="validate", metrics_path=None, model_output=None)
     except ConfigError as e:
         raise RunInputError(f"invalid hyper-parameter: {e}") from e
+    for uri in (opts.checkpoint_uri, opts.registry_uri):
+        if uri:
+            try:
+                storage_for(uri).check()
+            except CheckpointStorageError as e:
+                raise RunInputError(str(e)) from e
 
 
 class _PipelineLog(io.TextIOBase):

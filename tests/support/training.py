@@ -1,4 +1,7 @@
-"""Fixtures for the training runtime's tests: prepared datasets and a torchrun job driver."""
+"""Training fixtures shared by every tier: prepared datasets and a driver for jobs under real torchrun agents.
+
+Registered in tests/conftest.py (``pytest_plugins``).
+"""
 
 from __future__ import annotations
 
