@@ -385,8 +385,9 @@ class KubeTestBed:
                 self._write_pki,
                 self._start_etcd,
                 self._start_apiserver,
+                self._start_scheduler_and_kwok,
                 self._bootstrap,
-                self._start_rest,
+                self._start_operator,
             ):
                 t0 = time.monotonic()
                 step()
@@ -588,8 +589,9 @@ class KubeTestBed:
             )
         )
 
-    def _start_rest(self) -> None:
-        scheduler = self._spawn(
+    def _start_scheduler_and_kwok(self) -> None:
+        """Spawn kube-scheduler and KWOK (they need no bootstrap objects); readiness is checked later."""
+        self._spawn(
             "kube-scheduler",
             [
                 self.binaries.testbed,
@@ -603,7 +605,7 @@ class KubeTestBed:
                 "--v=1",
             ],
         )
-        kwok = self._spawn(
+        self._spawn(
             "kwok",
             [
                 self.binaries.kwok,
@@ -620,6 +622,9 @@ class KubeTestBed:
             ],
             env={"HOME": str(self.root)},  # kwok reads ~/.kwok/kwok.yaml if present: keep it ours
         )
+
+    def _start_operator(self) -> None:
+        """Spawn the training operator (needs the CRD and its Secret), then wait for all three."""
         operator = self._spawn(
             "training-operator",
             [
@@ -635,10 +640,12 @@ class KubeTestBed:
             ],
             env={"KUBECONFIG": str(self.kubeconfig), "MY_POD_NAMESPACE": OPERATOR_NAMESPACE},
         )
+        procs = self.processes()
         self._wait_ready(
-            scheduler, lambda: _http_ok(f"https://127.0.0.1:{self._ports['scheduler']}/healthz", verify=False)
+            procs["kube-scheduler"],
+            lambda: _http_ok(f"https://127.0.0.1:{self._ports['scheduler']}/healthz", verify=False),
         )
-        self._wait_ready(kwok, lambda: _http_ok(f"http://127.0.0.1:{self._ports['kwok']}/healthz"))
+        self._wait_ready(procs["kwok"], lambda: _http_ok(f"http://127.0.0.1:{self._ports['kwok']}/healthz"))
         self._wait_ready(
             operator, lambda: _http_ok(f"http://127.0.0.1:{self._ports['operator_probe']}/readyz")
         )
