@@ -36,7 +36,7 @@ def training_pipeline(
     dataset_source: str = "mnist",
     test_fraction: float = 0.2,
     model_name: str = "small_cnn",
-    epochs: int = 5,
+    epochs: int = 8,
     global_batch_size: int = 64,
     learning_rate: float = 0.05,
     optimizer: str = "sgd",

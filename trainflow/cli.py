@@ -49,7 +49,7 @@ def run(
     output_dir: Annotated[Path | None, typer.Option(help="Output folder [default: ./runs/<timestamp>]")] = None,
     dataset: Annotated[str, typer.Option(help="mnist | digits | synthetic-imagenet[:N] | a folder | s3://bucket/prefix")] = "mnist",
     model: Annotated[str, typer.Option(help="small_cnn | resnet18")] = "small_cnn",
-    epochs: Annotated[int, typer.Option(help="Passes over the training split")] = 5,
+    epochs: Annotated[int, typer.Option(help="Passes over the training split")] = 8,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Global batch size (all ranks)")] = 64,
     lr: Annotated[float, typer.Option(help="Peak learning rate")] = 0.05,
     optimizer: Annotated[str, typer.Option(help="sgd | adamw")] = "sgd",

@@ -54,7 +54,7 @@ class RunOptions:
     output_dir: Path | None = None
     dataset: str = "mnist"
     model: str = "small_cnn"
-    epochs: int = 5
+    epochs: int = 8
     global_batch_size: int = 64
     learning_rate: float = 0.05
     optimizer: str = "sgd"
@@ -184,20 +184,30 @@ class _PipelineLog(io.TextIOBase):
 
 
 class _Display:
-    """The live progress display: pipeline stage, training steps, loss, throughput, resumes."""
+    """Progress: pipeline stage, training steps, loss, throughput, world size, resumes.
+
+    On a terminal a live rich progress display; elsewhere (CI logs, pipes) plain lines: one per stage
+    change and one per tenth of training.
+    """
 
     def __init__(self, console: Console, metrics_path: Path) -> None:
         self.console = console
         self.metrics_path = metrics_path
+        self.live = console.is_terminal
         self.progress = Progress(
-            TextColumn("{task.description:<26}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(), console=console, transient=False,
+            TextColumn("{task.description:<16}"), BarColumn(bar_width=30), MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False,
         )
         self.stage_task = self.progress.add_task("pipeline", total=len(STAGES), info="starting")
         self.train_task = self.progress.add_task("training steps", total=None, info="", visible=False)
         self.failed_task: str | None = None
+        self._printed_decile = -1
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, daemon=True)
+
+    def _line(self, text: str) -> None:
+        self.console.print(text, highlight=False, soft_wrap=True)
 
     def on_task(self, name: str, status: str) -> None:
         if status == "running":
@@ -210,26 +220,37 @@ class _Display:
         else:
             self.failed_task = name
             self.progress.update(self.stage_task, info=f"{name} {status}")
+        if not self.live:
+            self._line(f"[{time.strftime('%H:%M:%S')}] task {name}: {status}")
 
     def _follow(self) -> None:
         while not self._stop.wait(0.5):
             self.refresh()
 
     def refresh(self) -> None:
-        records = read_jsonl(self.metrics_path)
-        steps = [r for r in records if "loss" in r and "step" in r]
-        starts = [r for r in records if r.get("event") == "start"]
-        resumes = [r for r in records if r.get("event") == "resume"]
-        if starts:
-            self.progress.update(self.train_task, total=starts[-1].get("total_steps"))
-        if steps:
+        with self._lock:
+            records = read_jsonl(self.metrics_path)
+            steps = [r for r in records if "loss" in r and "step" in r]
+            starts = [r for r in records if r.get("event") == "start"]
+            resumes = [r for r in records if r.get("event") == "resume"]
+            total = starts[-1].get("total_steps") if starts else None
+            if total:
+                self.progress.update(self.train_task, total=total)
+            if not steps:
+                return
             last = steps[-1]
             info = (f"epoch {last['epoch']}  loss {last['loss']:.4f}  {last['samples_per_s']:.0f} samples/s  "
                     f"world {last['world_size']}" + (f"  resumes {len(resumes)}" if resumes else ""))
             self.progress.update(self.train_task, completed=last["step"], info=info)
+            if not self.live and total:
+                decile = 10 * last["step"] // total
+                if decile > self._printed_decile:
+                    self._printed_decile = decile
+                    self._line(f"[{time.strftime('%H:%M:%S')}] step {last['step']}/{total}  {info}")
 
     def __enter__(self) -> _Display:
-        self.progress.start()
+        if self.live:
+            self.progress.start()
         self._thread.start()
         return self
 
@@ -237,7 +258,8 @@ class _Display:
         self._stop.set()
         self._thread.join(timeout=2)
         self.refresh()
-        self.progress.stop()
+        if self.live:
+            self.progress.stop()
 
 
 def _output_dir(opts: RunOptions) -> Path:

@@ -76,4 +76,5 @@ def test_runs_under_kfp_local_with_a_fault(tmp_path) -> None:
     matrices = [a for doc in confusion for arts in doc.get("artifacts", {}).values() for a in arts.get("artifacts", [])
                 if "confusionMatrix" in a.get("metadata", {})]
     assert matrices and len(matrices[0]["metadata"]["confusionMatrix"]["rows"]) == 10
-    assert "training steps" in proc.stdout and "trainflow run" in proc.stdout  # progress + summary table
+    assert "task train: success" in proc.stdout and "step 90/90" in proc.stdout  # progress lines (not a terminal)
+    assert "trainflow run" in proc.stdout and "test accuracy" in proc.stdout  # the summary table
