@@ -52,6 +52,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.support.lifetime import die_with_parent
 from tests.support.processes import ManagedProcess, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -456,6 +457,7 @@ class KubeTestBed:
     def _spawn(
         self, name: str, argv: Sequence[str | Path], *, env: dict[str, str] | None = None
     ) -> ManagedProcess:
+        argv = [*die_with_parent(), *argv]
         proc = ManagedProcess(name, argv, log_dir=self.log_dir, env=env, cwd=self.root, ready=None).start()
         self._processes.append(proc)
         return proc
