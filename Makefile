@@ -19,7 +19,7 @@ help:
 	@echo "make test-fast  unit tests only (no servers)"
 	@echo "make lint       ruff + import-linter layering contracts"
 	@echo "make bench      benchmarks (checkpoint overhead, scheduler decision time)"
-	@echo "make testbed    build or reuse the test servers (MinIO; cached by version under ~/.cache/trainflow/)"
+	@echo "make testbed    build or reuse the test servers (MinIO, Kubernetes control plane, KWOK, training operator; cached under ~/.cache/trainflow/)"
 	@echo "make lock       re-resolve requirements.lock from pyproject.toml"
 	@echo "make scheduler-report  rerun every scheduler policy on the Pollux workloads, rewrite docs/scheduler-report.md"
 	@echo "make scheduler-bench   time one scheduling decision per policy (160 jobs/64 GPUs, 5,000 jobs/4,096 GPUs)"
@@ -56,9 +56,10 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-# Build (or reuse from ~/.cache/trainflow/) the servers the test tiers run: MinIO (S3) so far.
+# Build (or reuse from ~/.cache/trainflow/) the servers the test tiers run: MinIO (S3), and
+# etcd, kube-apiserver, kube-scheduler, kubectl, KWOK and the training operator (docs/testbed.md).
 testbed:
-	tests/testbed/build.sh minio >/dev/null
+	tests/testbed/build.sh minio k8s >/dev/null
 
 KFP_PORT ?= 8888
 kfp-server: venv

@@ -12,6 +12,7 @@ pytest_plugins = [
     "tests.support.training",
     "tests.support.kfp_server",
     "tests.support.airflow",
+    "tests.support.k8s",
 ]
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
