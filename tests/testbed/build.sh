@@ -9,6 +9,8 @@
 #                                                          ~/.cache/trainflow/testbed/controlplane/<k8s>-<hash>/
 #   KUBE_APISERVER_BIN, KUBE_SCHEDULER_BIN, ETCD_BIN, KUBECTL_BIN   symlinks to TESTBED_BIN
 #   KWOK_BIN, TRAINING_OPERATOR_BIN, PYTORCHJOB_CRD       ~/.cache/trainflow/testbed/tools/<versions>-<hash>/
+#                         (TRAINING_OPERATOR_BIN: tools/cmd/training-operator, the operator's packages
+#                          behind a main whose servers all listen on 127.0.0.1)
 #
 # Each part is built at most once per version (and per hash of its wrapper module's files); a lock
 # keeps concurrent callers (several pytest sessions, make testbed) from building it twice. Builds
@@ -60,7 +62,10 @@ build_minio() {
   GOFLAGS=-trimpath GOBIN="$1" nice -n 10 go install -ldflags "-s -w" "github.com/minio/minio@$MINIO_VERSION" >&2
 }
 
-module_hash() { (cd "$1" && find . -maxdepth 1 \( -name go.mod -o -name go.sum -o -name '*.go' \) | sort | xargs cat | sha256sum | cut -c1-12); }
+# Hash of a wrapper module's go.mod, go.sum and Go sources, cmd/ subfolders included (editing any
+# of them rebuilds that part). Same file order and bytes as before cmd/ existed, so the control
+# plane's cache key did not move.
+module_hash() { (cd "$1" && find . \( -name go.mod -o -name go.sum -o -name '*.go' \) -type f | sort | xargs cat | sha256sum | cut -c1-12); }
 
 build_controlplane() {
   local out="$1" minor p c ld
@@ -78,9 +83,9 @@ build_controlplane() {
 build_tools() {
   local out="$1" dir
   log "building kwok $KWOK_VERSION and training-operator $TRAINING_OPERATOR_VERSION (first use; ~4-6 min on 2 cores)"
+  # ./cmd/training-operator: our loopback-only main around the operator's packages (see its doc).
   (cd "$here/tools" && nice -n 10 go build -ldflags "-s -w" -o "$out/" \
-    sigs.k8s.io/kwok/cmd/kwok github.com/kubeflow/training-operator/cmd/training-operator.v1) >&2
-  mv "$out/training-operator.v1" "$out/training-operator"
+    sigs.k8s.io/kwok/cmd/kwok ./cmd/training-operator) >&2
   dir="$(cd "$here/tools" && go mod download -json github.com/kubeflow/training-operator |
     sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
   cp "$dir/manifests/base/crds/kubeflow.org_pytorchjobs.yaml" "$out/"
