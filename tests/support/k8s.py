@@ -8,8 +8,13 @@ Register with ``pytest_plugins = ["tests.support.k8s"]`` (tests/conftest.py does
   ``tests/testbed/kwok-stages.yaml``: bound pods become Running; a pod annotated
   ``kwok.trainflow.dev/outcome: Succeeded|Failed`` terminates (exit code from
   ``kwok.trainflow.dev/exit-code``, delay from ``kwok.trainflow.dev/delay``);
-* the Kubeflow training operator v1 (``--enable-scheme=pytorchjob``) with its validating webhook
-  registered, and the PyTorchJob CRD installed server-side.
+* the Kubeflow training operator v1 (PyTorchJob only) with its validating webhook registered, and
+  the PyTorchJob CRD installed server-side. The binary is ``tests/testbed/tools/cmd/training-operator``:
+  the operator's own packages behind a main of ours whose webhook, metrics and probe servers listen
+  on 127.0.0.1 (upstream's webhook listens on all interfaces). ``TRAINFLOW_TRAINING_OPERATOR_BIN``
+  runs another binary with the same flags (e.g. the stock ``training-operator.v1``).
+
+Every server listens on 127.0.0.1 only (``tests/integration/test_loopback_only.py`` checks it).
 
 No kube-controller-manager (it would double the build): there is no garbage collector, namespace
 controller or service-account controller. :meth:`KubeTestBed.create_namespace` therefore creates the
@@ -70,8 +75,9 @@ DELAY_ANNOTATION = "kwok.trainflow.dev/delay"
 #: Label on every node the test bed creates.
 TESTBED_NODE_LABEL = "trainflow.dev/testbed-node"
 
-# The training operator's cert rotator only checks that its serving cert exists, in a directory
-# hard-coded in its pkg/cert/cert.go (v1.9.4); every test bed on the machine shares these files.
+# The training operator's cert rotator (its pkg/cert, which our main uses) only checks that the
+# serving cert exists, in a directory hard-coded in pkg/cert/cert.go (v1.9.4); every test bed on the
+# machine shares these files.
 OPERATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
 OPERATOR_NAMESPACE = "kubeflow"
 OPERATOR_WEBHOOK_SECRET = "training-operator-webhook-cert"
@@ -98,6 +104,9 @@ class TestBedBinaries:
 def testbed_binaries() -> TestBedBinaries:
     """Build (first use) or reuse the test bed's binaries.
 
+    ``TRAINFLOW_TRAINING_OPERATOR_BIN``, if set, replaces the training operator (it gets the same
+    flags: upstream's names, which our wrapper keeps).
+
     Raises:
         RuntimeError: the build failed; its last output is in the message.
     """
@@ -109,10 +118,16 @@ def testbed_binaries() -> TestBedBinaries:
             f"building the Kubernetes test bed failed ({BUILD_SCRIPT} k8s):\n{result.stderr[-4000:]}"
         )
     paths = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    operator = Path(paths["TRAINING_OPERATOR_BIN"])
+    override = os.environ.get("TRAINFLOW_TRAINING_OPERATOR_BIN")
+    if override:
+        operator = Path(override)
+        if not os.access(operator, os.X_OK):
+            raise RuntimeError(f"TRAINFLOW_TRAINING_OPERATOR_BIN={override} is not an executable file")
     return TestBedBinaries(
         testbed=Path(paths["TESTBED_BIN"]),
         kwok=Path(paths["KWOK_BIN"]),
-        training_operator=Path(paths["TRAINING_OPERATOR_BIN"]),
+        training_operator=operator,
         pytorchjob_crd=Path(paths["PYTORCHJOB_CRD"]),
     )
 
@@ -422,6 +437,15 @@ class KubeTestBed:
         """The running component processes by name (etcd, kube-apiserver, ...)."""
         return {p.name: p for p in self._processes}
 
+    @property
+    def ports(self) -> dict[str, int]:
+        """TCP ports on 127.0.0.1 by role, chosen at creation.
+
+        Roles: ``etcd``, ``etcd_peer``, ``apiserver``, ``scheduler``, ``kwok`` (KWOK's server),
+        ``webhook``, ``operator_metrics`` and ``operator_probe`` (the training operator's).
+        """
+        return dict(self._ports)
+
     # -- pieces -------------------------------------------------------------------------------
 
     def _write_pki(self) -> None:
@@ -634,8 +658,7 @@ class KubeTestBed:
                 "--enable-scheme=pytorchjob",
                 f"--metrics-bind-address=127.0.0.1:{self._ports['operator_metrics']}",
                 f"--health-probe-bind-address=127.0.0.1:{self._ports['operator_probe']}",
-                f"--webhook-server-port={self._ports['webhook']}",
-                "--leader-elect=false",
+                f"--webhook-server-port={self._ports['webhook']}",  # host: 127.0.0.1, fixed in our main
                 "--controller-threads=4",
                 "--kube-api-qps=200",
                 "--kube-api-burst=400",
