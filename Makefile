@@ -19,6 +19,7 @@ help:
 	@echo "make test-fast  unit tests only (no servers)"
 	@echo "make lint       ruff + import-linter layering contracts"
 	@echo "make bench      benchmarks (checkpoint overhead, scheduler decision time)"
+	@echo "make testbed    build or reuse the test servers (MinIO; cached by version under ~/.cache/trainflow/)"
 	@echo "make lock       re-resolve requirements.lock from pyproject.toml"
 
 venv: $(STAMP)
@@ -41,7 +42,7 @@ system-deps:
 run: venv
 	$(BIN)/trainflow run
 
-test: venv system-deps
+test: venv system-deps testbed
 	$(BIN)/python -m pytest -p no:cacheprovider tests
 
 test-fast: venv
@@ -50,6 +51,10 @@ test-fast: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+
+# Build (or reuse from ~/.cache/trainflow/) the servers the test tiers run: MinIO (S3) so far.
+testbed:
+	tests/testbed/build.sh minio >/dev/null
 
 bench: venv
 	$(BIN)/python benchmarks/checkpoint_overhead.py

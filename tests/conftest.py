@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+pytest_plugins = ["tests.support.s3", "tests.support.k8s"]
+
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 

@@ -1,0 +1,95 @@
+"""``python -m components.launcher`` — run one training task as a PyTorchJob and wait for it.
+
+Usage::
+
+    python -m components.launcher --spec spec.json [--output job.json] [--poll-interval-s 10]
+        [--timeout-s SECONDS] [--cleanup always|on-success|never] [--keep-failed]
+
+``spec.json`` holds the keyword arguments of :class:`~components.launcher.pytorchjob.PyTorchJobSpec`
+(``-`` reads standard input). The Kubernetes client is configured from ``KUBECONFIG`` or, inside a
+pod, from its service account. Exit codes: 0 succeeded, 1 the job failed (the operator's reason is
+printed), 2 bad input, 3 another launcher error, 143 terminated by SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from components.launcher.pytorchjob import InvalidSpecError, PyTorchJobSpec
+from components.launcher.runner import (
+    LauncherError,
+    LaunchTerminated,
+    PyTorchJobFailed,
+    PyTorchJobRunner,
+    RunnerSettings,
+)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m components.launcher", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--spec", required=True, help="JSON file with the PyTorchJobSpec fields ('-': stdin)")
+    parser.add_argument(
+        "--output", type=Path, help="write the job's namespace/name/uid and outcome here (JSON)"
+    )
+    parser.add_argument("--poll-interval-s", type=float, default=10.0)
+    parser.add_argument("--timeout-s", type=float, default=None)
+    parser.add_argument("--cleanup", choices=["always", "on-success", "never"], default="on-success")
+    parser.add_argument(
+        "--keep-failed", action="store_true", help="reattach to a Failed job instead of replacing it"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        text = sys.stdin.read() if args.spec == "-" else Path(args.spec).read_text()
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise InvalidSpecError("the spec must be a JSON object")
+        spec = PyTorchJobSpec(**data)
+        settings = RunnerSettings(
+            poll_interval_s=args.poll_interval_s,
+            timeout_s=args.timeout_s,
+            cleanup=args.cleanup,
+            recreate_failed=not args.keep_failed,
+        )
+    except (OSError, json.JSONDecodeError, TypeError, ValueError) as err:
+        print(f"launcher: bad input: {err}", file=sys.stderr)
+        return 2
+
+    from lightkube import Client
+
+    try:
+        client = Client(field_manager="trainflow-launcher")
+    except Exception as err:  # lightkube's ConfigError and file errors: say it in one line
+        print(
+            f"launcher: no usable Kubernetes configuration (KUBECONFIG or in-cluster): {err}", file=sys.stderr
+        )
+        return 3
+    runner = PyTorchJobRunner(client, settings)
+    try:
+        with runner.terminate_on_sigterm():
+            outcome = runner.run(spec, output_path=args.output)
+    except PyTorchJobFailed as err:
+        print(f"launcher: {err}", file=sys.stderr)
+        return 1
+    except LaunchTerminated as err:
+        print(f"launcher: {err}", file=sys.stderr)
+        return 143
+    except LauncherError as err:
+        print(f"launcher: {err}", file=sys.stderr)
+        return 3
+    print(outcome.to_json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""Render the PyTorchJob (``kubeflow.org/v1``) that runs one elastic training task — pure.
+
+:func:`render_pytorchjob` turns a validated :class:`PyTorchJobSpec` into the manifest as a plain
+``dict``; nothing here talks to Kubernetes (the runner in :mod:`components.launcher.runner` does).
+
+The job runs Worker replicas only (elastic training has no Master): every worker container runs
+``torchrun -m components.training <training_args>``, and the Kubeflow training operator fills in
+torchrun's settings as ``PET_*`` environment variables from ``elasticPolicy`` and ``nprocPerNode``
+(``PET_NNODES=min:max``, ``PET_RDZV_BACKEND``, ``PET_RDZV_ENDPOINT``, ``PET_RDZV_CONF``,
+``PET_MAX_RESTARTS``, ``PET_NPROC_PER_NODE``: training-operator v1.9
+``pkg/controller.v1/pytorch/elastic.go`` and ``envvar.go``; torchrun reads ``PET_<FLAG>`` as the
+default of ``--<flag>``).
+
+Choices and their sources:
+
+* the job name is a DNS-1035 label (the operator's validating webhook requires it, and it names the
+  pods and Services ``<job>-worker-<i>``), derived from the KFP run id and task name, so a retried
+  launcher finds the job its earlier attempt created;
+* ``spec.nprocPerNode`` rather than the deprecated ``elasticPolicy.nProcPerNode`` (the v1.9 webhook
+  warns on the latter and rejects both together);
+* ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: elastic restarts on torch 2.13 reuse a stale rendezvous
+  store otherwise (measured in this project, see DESIGN.md §4); ``rdzvConf last_call_timeout``
+  avoids torchrun's 30 s wait for late joiners at every start with ``--nnodes=min:max``;
+* ``sidecar.istio.io/inject: "false"``: an Istio sidecar never exits, so a finished worker pod would
+  never complete on Kubeflow platforms that inject sidecars;
+* label ``trainflow.dev/managed: "true"`` on the job and its pods: the GPU scheduler resizes only
+  jobs carrying it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+API_VERSION = "kubeflow.org/v1"
+KIND = "PyTorchJob"
+#: The operator's default container name for PyTorchJob replicas (webhook-enforced).
+CONTAINER_NAME = "pytorch"
+#: Label the GPU scheduler uses to find the jobs it may resize.
+MANAGED_LABEL = "trainflow.dev/managed"
+RUN_ID_LABEL = "trainflow.dev/kfp-run-id"
+TASK_LABEL = "trainflow.dev/kfp-task"
+RUN_ID_ANNOTATION = "trainflow.dev/kfp-run-id"
+TASK_ANNOTATION = "trainflow.dev/kfp-task-name"
+ISTIO_INJECT_ANNOTATION = "sidecar.istio.io/inject"
+#: Environment variable carrying the checkpoint URI into the training containers.
+CHECKPOINT_URI_ENV = "TRAINFLOW_CHECKPOINT_URI"
+GPU_RESOURCE = "nvidia.com/gpu"
+#: Longest job name rendered: leaves room for ``-worker-<index>`` within a 63-character label.
+MAX_NAME_LEN = 48
+_HASH_LEN = 10
+
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[KMGTPE]i?|[munkMGTPE])?$")
+_RESERVED_ENV = frozenset({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", CHECKPOINT_URI_ENV})
+
+RestartPolicy = Literal["OnFailure", "ExitCode", "Never", "Always"]
+CleanPodPolicy = Literal["None", "Running", "All"]
+
+
+class InvalidSpecError(ValueError):
+    """A :class:`PyTorchJobSpec` field is out of range or malformed (the message names it)."""
+
+
+def job_name(run_id: str, task_name: str) -> str:
+    """Deterministic PyTorchJob name for one task of one KFP run.
+
+    ``<slug of task name>-<10 hex of sha256(run_id/task_name)>``, at most :data:`MAX_NAME_LEN`
+    characters, a DNS-1035 label (lower-case letters, digits and ``-``, starting with a letter).
+
+    Raises:
+        InvalidSpecError: ``run_id`` or ``task_name`` is empty.
+    """
+    if not run_id or not task_name:
+        raise InvalidSpecError(f"run_id and task_name must be non-empty, got {run_id!r} and {task_name!r}")
+    digest = hashlib.sha256(f"{run_id}/{task_name}".encode()).hexdigest()[:_HASH_LEN]
+    slug = re.sub(r"[^a-z0-9]+", "-", task_name.lower()).strip("-")
+    if not slug or not slug[0].isalpha():
+        slug = f"job-{slug}".rstrip("-")
+    slug = slug[: MAX_NAME_LEN - _HASH_LEN - 1].rstrip("-")
+    return f"{slug}-{digest}"
+
+
+def _label_value(value: str) -> str:
+    """``value`` if it is a valid label value, else a 63-char-safe hash-suffixed form of it."""
+    if len(value) <= 63 and _LABEL_VALUE.match(value):
+        return value
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", value).strip("-_.")[:52].strip("-_.")
+    return f"{cleaned}-{hashlib.sha256(value.encode()).hexdigest()[:10]}".lstrip("-")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PyTorchJobSpec:
+    """Everything that decides the PyTorchJob of one training task (validated on creation).
+
+    Attributes:
+        run_id: KFP run id (any string; hashed into the name, kept whole in an annotation).
+        task_name: KFP task name (slugged into the name).
+        namespace: Kubernetes namespace of the job (DNS-1123 label).
+        image: container image holding trainflow (``components.training``).
+        training_args: arguments after ``torchrun -m components.training`` (opaque here).
+        min_replicas: fewest worker pods training may continue with (``elasticPolicy.minReplicas``).
+        max_replicas: most worker pods (``elasticPolicy.maxReplicas``).
+        replicas: worker pods created at start (default ``max_replicas``); the GPU scheduler may
+            change it later within ``[min_replicas, max_replicas]``.
+        nproc_per_node: training processes per worker pod (usually its GPU count).
+        max_restarts: torchrun's restarts of the worker group before the job fails.
+        gpus_per_worker: ``nvidia.com/gpu`` limit per worker pod (0: CPU training).
+        cpu: CPU request per worker (Kubernetes quantity, e.g. ``"4"`` or ``"500m"``), or ``None``.
+        memory: memory request and limit per worker (e.g. ``"16Gi"``), or ``None``.
+        checkpoint_uri: where training checkpoints (``s3://bucket/prefix`` or a path); exported as
+            ``TRAINFLOW_CHECKPOINT_URI``.
+        s3_secret_name: Secret holding S3 credentials, read with ``secretKeyRef`` into
+            ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``; ``None`` for none.
+        s3_access_key_key: key of the access key id in that Secret (KFP's own
+            ``mlpipeline-minio-artifact`` Secret uses ``accesskey``).
+        s3_secret_key_key: key of the secret access key in that Secret (KFP: ``secretkey``).
+        s3_endpoint_url: S3 endpoint (``AWS_ENDPOINT_URL_S3``), e.g. ``http://minio.kubeflow:9000``.
+        env: extra environment variables for the training containers.
+        restart_policy: worker restart policy. ``ExitCode`` (default): the operator recreates a
+            pod that died of a signal (exit code 128 and above: preemption, OOM kill) and fails the
+            job on any other non-zero exit — torchrun exits 1 once ``max_restarts`` are spent, so
+            the failure reaches KFP. ``OnFailure``: the kubelet restarts the container in place
+            and the job fails only past ``backoff_limit`` (never, if that is unset)
+            (training-operator v1.9 ``pkg/controller.v1/common/pod.go``, ``job.go``).
+        clean_pod_policy: which pods the operator deletes when the job finishes.
+        backoff_limit: retries of the whole job before it is marked Failed (``None``: operator default).
+        rdzv_last_call_timeout_s: torchrun's rendezvous ``last_call_timeout`` in seconds.
+        service_account_name: ServiceAccount of the worker pods (``None``: the namespace default).
+        image_pull_policy: ``IfNotPresent``, ``Always`` or ``Never``.
+        node_selector: node labels the worker pods require.
+        tolerations: pod tolerations (e.g. for ``nvidia.com/gpu`` taints), as Kubernetes dicts.
+        labels: extra labels on the job and its pods.
+        pod_annotations: extra annotations on the worker pods.
+    """
+
+    run_id: str
+    task_name: str
+    namespace: str
+    image: str
+    training_args: Sequence[str] = ()
+    min_replicas: int = 1
+    max_replicas: int = 1
+    replicas: int | None = None
+    nproc_per_node: int = 1
+    max_restarts: int = 3
+    gpus_per_worker: int = 0
+    cpu: str | None = "1"
+    memory: str | None = "4Gi"
+    checkpoint_uri: str | None = None
+    s3_secret_name: str | None = None
+    s3_access_key_key: str = "AWS_ACCESS_KEY_ID"
+    s3_secret_key_key: str = "AWS_SECRET_ACCESS_KEY"
+    s3_endpoint_url: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    restart_policy: RestartPolicy = "ExitCode"
+    clean_pod_policy: CleanPodPolicy = "None"
+    backoff_limit: int | None = None
+    rdzv_last_call_timeout_s: int = 1
+    service_account_name: str | None = None
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: Sequence[Mapping[str, Any]] = ()
+    labels: Mapping[str, str] = field(default_factory=dict)
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Freeze containers so the spec is a value (hashable fields, no aliasing with the caller).
+        object.__setattr__(self, "training_args", tuple(str(a) for a in self.training_args))
+        object.__setattr__(self, "tolerations", tuple(MappingProxyType(dict(t)) for t in self.tolerations))
+        for name in ("env", "node_selector", "labels", "pod_annotations"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+        self._validate()
+
+    def _validate(self) -> None:
+        def fail(field_name: str, problem: str) -> None:
+            raise InvalidSpecError(f"PyTorchJobSpec.{field_name}: {problem}")
+
+        job_name(self.run_id, self.task_name)  # raises on empty ids
+        if len(self.namespace) > 63 or not re.match(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", self.namespace):
+            fail("namespace", f"{self.namespace!r} is not a DNS-1123 label")
+        if not self.image.strip():
+            fail("image", "must be non-empty")
+        for name in ("min_replicas", "max_replicas", "nproc_per_node"):
+            if getattr(self, name) < 1:
+                fail(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.min_replicas > self.max_replicas:
+            fail("min_replicas", f"{self.min_replicas} exceeds max_replicas {self.max_replicas}")
+        if self.replicas is not None and not self.min_replicas <= self.replicas <= self.max_replicas:
+            fail("replicas", f"{self.replicas} is outside [{self.min_replicas}, {self.max_replicas}]")
+        for name in ("max_restarts", "gpus_per_worker"):
+            if getattr(self, name) < 0:
+                fail(name, f"must be >= 0, got {getattr(self, name)}")
+        if self.backoff_limit is not None and self.backoff_limit < 0:
+            fail("backoff_limit", f"must be >= 0, got {self.backoff_limit}")
+        if self.rdzv_last_call_timeout_s < 0:
+            fail("rdzv_last_call_timeout_s", f"must be >= 0, got {self.rdzv_last_call_timeout_s}")
+        for name in ("cpu", "memory"):
+            value = getattr(self, name)
+            if value is not None and not _QUANTITY.match(value):
+                fail(name, f"{value!r} is not a Kubernetes quantity (e.g. '4', '500m', '16Gi')")
+        if self.restart_policy not in ("OnFailure", "ExitCode", "Never", "Always"):
+            fail("restart_policy", f"{self.restart_policy!r} is not OnFailure, ExitCode, Never or Always")
+        if self.clean_pod_policy not in ("None", "Running", "All"):
+            fail("clean_pod_policy", f"{self.clean_pod_policy!r} is not None, Running or All")
+        if self.image_pull_policy not in ("IfNotPresent", "Always", "Never"):
+            fail("image_pull_policy", f"{self.image_pull_policy!r} is not IfNotPresent, Always or Never")
+        for key in self.env:
+            if not _ENV_NAME.match(key):
+                fail("env", f"{key!r} is not a valid environment variable name")
+            if key in _RESERVED_ENV:
+                fail("env", f"{key} is set by the launcher; use the matching field instead")
+        if self.s3_secret_name is not None and not re.match(
+            r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$", self.s3_secret_name
+        ):
+            fail("s3_secret_name", f"{self.s3_secret_name!r} is not a valid Secret name")
+        if self.s3_endpoint_url is not None and not re.match(r"^https?://[^/\s]+", self.s3_endpoint_url):
+            fail("s3_endpoint_url", f"{self.s3_endpoint_url!r} is not an http(s) URL")
+        for key, value in self.labels.items():
+            if not _LABEL_VALUE.match(value) or len(value) > 63:
+                fail("labels", f"value {value!r} of {key!r} is not a valid label value")
+
+    @property
+    def name(self) -> str:
+        """The job name (see :func:`job_name`)."""
+        return job_name(self.run_id, self.task_name)
+
+    @property
+    def initial_replicas(self) -> int:
+        return self.max_replicas if self.replicas is None else self.replicas
+
+
+def job_labels(spec: PyTorchJobSpec) -> dict[str, str]:
+    """Labels on the job and its pods: trainflow's own plus ``spec.labels``."""
+    return {
+        **spec.labels,
+        MANAGED_LABEL: "true",
+        "app.kubernetes.io/managed-by": "trainflow",
+        RUN_ID_LABEL: _label_value(spec.run_id),
+        TASK_LABEL: _label_value(spec.task_name),
+    }
+
+
+def _env(spec: PyTorchJobSpec) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"}]
+    if spec.checkpoint_uri:
+        env.append({"name": CHECKPOINT_URI_ENV, "value": spec.checkpoint_uri})
+    if spec.s3_endpoint_url:
+        env.append({"name": "AWS_ENDPOINT_URL_S3", "value": spec.s3_endpoint_url})
+    if spec.s3_secret_name:
+        for var, key in (
+            ("AWS_ACCESS_KEY_ID", spec.s3_access_key_key),
+            ("AWS_SECRET_ACCESS_KEY", spec.s3_secret_key_key),
+        ):
+            env.append(
+                {"name": var, "valueFrom": {"secretKeyRef": {"name": spec.s3_secret_name, "key": key}}}
+            )
+    env.extend({"name": k, "value": v} for k, v in sorted(spec.env.items()))
+    return env
+
+
+def _resources(spec: PyTorchJobSpec) -> dict[str, dict[str, str]]:
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if spec.cpu is not None:
+        requests["cpu"] = spec.cpu
+    if spec.memory is not None:
+        requests["memory"] = limits["memory"] = spec.memory
+    if spec.gpus_per_worker:
+        # Extended resources: the request must equal the limit (it defaults to it).
+        limits[GPU_RESOURCE] = str(spec.gpus_per_worker)
+    out: dict[str, dict[str, str]] = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def render_pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
+    """The ``kubeflow.org/v1`` PyTorchJob manifest for ``spec`` (a new dict on every call)."""
+    labels = job_labels(spec)
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["torchrun", "-m", "components.training", *spec.training_args],
+        "env": _env(spec),
+    }
+    resources = _resources(spec)
+    if resources:
+        container["resources"] = resources
+    pod_spec: dict[str, Any] = {"containers": [container]}
+    if spec.service_account_name:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
+    run_policy: dict[str, Any] = {"cleanPodPolicy": spec.clean_pod_policy}
+    if spec.backoff_limit is not None:
+        run_policy["backoffLimit"] = spec.backoff_limit
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {
+            "name": spec.name,
+            "namespace": spec.namespace,
+            "labels": labels,
+            "annotations": {RUN_ID_ANNOTATION: spec.run_id, TASK_ANNOTATION: spec.task_name},
+        },
+        "spec": {
+            "runPolicy": run_policy,
+            "nprocPerNode": str(spec.nproc_per_node),
+            "elasticPolicy": {
+                "minReplicas": spec.min_replicas,
+                "maxReplicas": spec.max_replicas,
+                "rdzvBackend": "c10d",
+                "maxRestarts": spec.max_restarts,
+                "rdzvConf": [{"key": "last_call_timeout", "value": str(spec.rdzv_last_call_timeout_s)}],
+            },
+            "pytorchReplicaSpecs": {
+                "Worker": {
+                    "replicas": spec.initial_replicas,
+                    "restartPolicy": spec.restart_policy,
+                    "template": {
+                        "metadata": {
+                            "labels": dict(labels),
+                            "annotations": {**spec.pod_annotations, ISTIO_INJECT_ANNOTATION: "false"},
+                        },
+                        "spec": pod_spec,
+                    },
+                }
+            },
+        },
+    }

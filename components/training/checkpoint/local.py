@@ -1,0 +1,129 @@
+"""Checkpoint storage in a local folder (a disk, an NFS/PVC mount).
+
+Writes go to a hidden temp file beside the target, are fsync'ed, then renamed into place, and the
+folder is fsync'ed so the rename survives a crash (the same commit as
+``torch/distributed/checkpoint/filesystem.py``'s ``.metadata.tmp`` → ``.metadata``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from components.training.checkpoint.storage import (
+    CheckpointStorageError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    validate_key,
+)
+
+_TMP_MARK = ".tmp-"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalStorage:
+    """:class:`~components.training.checkpoint.storage.CheckpointStorage` over a local folder.
+
+    Args:
+        uri: a folder path or ``file://`` URI; created on first write.
+    """
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.root = Path(uri.removeprefix("file://")).expanduser()
+
+    @classmethod
+    def accepts(cls, uri: str) -> bool:
+        return uri.startswith("file://") or "://" not in uri
+
+    def _path(self, key: str) -> Path:
+        return self.root / validate_key(key)
+
+    def check(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f".probe{_TMP_MARK}{uuid.uuid4().hex}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise CheckpointStorageError(f"checkpoint folder {self.root} is not writable: {e}") from e
+
+    @contextlib.contextmanager
+    def open_write(self, key: str, *, create_only: bool = False) -> Iterator[BinaryIO]:
+        target = self._path(key)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise CheckpointStorageError(f"cannot create {target.parent}: {e}") from e
+        if create_only and target.exists():
+            raise ObjectExistsError(f"{target} already exists")
+        tmp = target.with_name(f".{target.name}{_TMP_MARK}{uuid.uuid4().hex}")
+        try:
+            with tmp.open("wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            if create_only:
+                try:
+                    os.link(tmp, target)  # fails with EEXIST if another writer won
+                except FileExistsError as e:
+                    raise ObjectExistsError(f"{target} already exists") from e
+            else:
+                os.replace(tmp, target)
+            _fsync_dir(target.parent)
+        except OSError as e:
+            raise CheckpointStorageError(f"writing {target} failed: {e}") from e
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def open_read(self, key: str) -> Iterator[BinaryIO]:
+        path = self._path(key)
+        try:
+            f = path.open("rb")
+        except FileNotFoundError as e:
+            raise ObjectNotFoundError(f"{path} does not exist") from e
+        except OSError as e:
+            raise CheckpointStorageError(f"reading {path} failed: {e}") from e
+        with f:
+            yield f
+
+    def list(self, prefix: str = "") -> list[str]:
+        if not self.root.is_dir():
+            return []
+        keys = []
+        for dirpath, _dirnames, filenames in os.walk(self.root):
+            rel_dir = os.path.relpath(dirpath, self.root)
+            for name in filenames:
+                if _TMP_MARK in name and name.startswith("."):
+                    continue
+                key = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
+                if key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        parents = set()
+        for key in keys:
+            path = self._path(key)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as e:
+                raise CheckpointStorageError(f"deleting {path} failed: {e}") from e
+            parents.add(path.parent)
+        for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):  # not empty, or already gone
+                while parent != self.root and not any(parent.iterdir()):
+                    parent.rmdir()
+                    parent = parent.parent

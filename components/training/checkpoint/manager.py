@@ -1,0 +1,433 @@
+"""Two-phase, verified, retained checkpoints over a :class:`CheckpointStorage`.
+
+Saving has two phases (CheckFreq, Mohan et al., FAST'21; ``torch.distributed.checkpoint.async_save``):
+
+1. **stage** (blocking, short): every tensor of the state tree is copied into CPU buffers that are
+   reused from save to save; non-tensor leaves are deep-copied. On CUDA the copies run on a side
+   stream into pinned memory and :meth:`CheckpointManager.wait_for_staging` — called by the trainer
+   right before ``optimizer.step()`` — keeps the weights from changing until the copies are done.
+   On CPU the copy is synchronous, so the weights cannot change while it runs.
+2. **persist** (background thread): ``torch.save`` of the staged tree into ``state.pt`` while hashing
+   it, then ``MANIFEST.json`` (sizes + SHA-256 of every file) written **last**; then retention.
+   A failing persist is retried with exponential backoff (tenacity); training never waits for it.
+
+At most one save is in flight: a periodic save that comes due while the previous persist still runs
+is skipped (logged and counted), so a slow or unreachable store never stalls training. Blocking saves
+(the final one, and the one made on SIGTERM) wait for the in-flight persist first.
+
+Loading walks committed checkpoints newest first; a checkpoint whose manifest is unreadable, or whose
+files are missing, truncated or fail their SHA-256, is skipped with a warning and the previous one is
+used. Retention keeps the newest ``keep_last_k`` committed checkpoints; deleting removes the manifest
+first, so a half-deleted checkpoint is never seen as committed.
+
+Call order, per rank (the trainer does this; see ``components.training.trainer``):
+
+* every rank: ``load_step(step)`` for the step rank 0 chose with ``latest_committed_step()`` /
+  ``load_latest()``;
+* rank 0 only (the single writer): ``save(...)``, ``wait_for_staging()`` before each
+  ``optimizer.step()``, ``close()`` at exit. Per-rank state (RNG) is gathered to rank 0 by the
+  trainer before ``save``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, BinaryIO
+
+import torch
+from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from components.training.checkpoint import layout
+from components.training.checkpoint.storage import (
+    CheckpointStorage,
+    CheckpointStorageError,
+    read_bytes,
+    write_bytes,
+)
+
+log = logging.getLogger("trainflow.checkpoint")
+
+
+class CheckpointCorruptError(RuntimeError):
+    """A checkpoint's manifest or files are missing, unreadable or fail their checksum."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedCheckpoint:
+    step: int
+    state: dict[str, Any]
+    """The tree given to :meth:`CheckpointManager.save`, with CPU tensors."""
+    manifest: dict[str, Any]
+    load_seconds: float
+
+
+@dataclass(slots=True)
+class CheckpointStats:
+    """Counters the trainer exports as metrics (units in names)."""
+
+    committed: int = 0
+    skipped_in_flight: int = 0
+    failed: int = 0
+    stall_seconds_total: float = 0.0
+    last_stall_seconds: float = 0.0
+    last_persist_seconds: float = 0.0
+    persist_seconds_total: float = 0.0
+    last_committed_step: int | None = None
+    last_size_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """How a failed persist is retried (exponential backoff, ``wait = min(max_wait_s, base_s * 2**n)``)."""
+
+    attempts: int = 5
+    base_s: float = 1.0
+    max_wait_s: float = 30.0
+
+
+class _HashingWriter:
+    """A write-only file wrapper that counts bytes and SHA-256s them on the way through."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self.sha256 = hashlib.sha256()
+        self.size_bytes = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        n = self._f.write(data)
+        self.sha256.update(data)
+        self.size_bytes += len(data)
+        return n if n is not None else len(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def _verify(f: BinaryIO, *, size_bytes: int, sha256: str, what: str) -> None:
+    h = hashlib.sha256()
+    n = 0
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
+        n += len(chunk)
+    if n != size_bytes:
+        raise CheckpointCorruptError(f"{what}: {n} bytes, manifest says {size_bytes}")
+    if h.hexdigest() != sha256:
+        raise CheckpointCorruptError(f"{what}: SHA-256 mismatch")
+    f.seek(0)
+
+
+class _Stager:
+    """Copies a state tree into reusable CPU buffers (pinned + side stream when tensors are on CUDA)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple, torch.Tensor] = {}
+        self._stream: Any = None
+
+    def stage(self, tree: Any) -> tuple[Any, Any]:
+        """Return ``(staged_tree, cuda_event_or_None)``; the event fires when all copies are done."""
+        on_cuda = torch.cuda.is_available() and _any_cuda(tree)
+        if not on_cuda:
+            return self._copy(tree, (), non_blocking=False), None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        self._stream.wait_stream(torch.cuda.current_stream())  # weights written by the last step
+        with torch.cuda.stream(self._stream):
+            staged = self._copy(tree, (), non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return staged, event
+
+    def _copy(self, obj: Any, path: tuple, *, non_blocking: bool) -> Any:
+        if isinstance(obj, torch.Tensor):
+            src = obj.detach()
+            buf = self._buffers.get(path)
+            if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
+                buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=src.is_cuda)
+                self._buffers[path] = buf
+            buf.copy_(src, non_blocking=non_blocking)
+            return buf
+        if isinstance(obj, dict):
+            return {k: self._copy(v, (*path, k), non_blocking=non_blocking) for k, v in obj.items()}
+        if isinstance(obj, list | tuple):
+            items = [self._copy(v, (*path, i), non_blocking=non_blocking) for i, v in enumerate(obj)]
+            return type(obj)(items) if isinstance(obj, list) else tuple(items)
+        return copy.deepcopy(obj)
+
+
+def _any_cuda(obj: Any) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return obj.is_cuda
+    if isinstance(obj, dict):
+        return any(_any_cuda(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return any(_any_cuda(v) for v in obj)
+    return False
+
+
+@dataclass(slots=True)
+class _InFlight:
+    step: int
+    future: Future
+    started_s: float
+    extra: dict = field(default_factory=dict)
+
+
+class CheckpointManager:
+    """Saves, verifies, loads and retains checkpoints of one training job.
+
+    Args:
+        storage: where this job's checkpoints live (already scoped to the job key).
+        keep_last_k: committed checkpoints kept (>= 1).
+        retry: how a failed persist is retried.
+        clock: monotonic seconds; injectable for tests.
+        manifest_extra: constant fields copied into every manifest (job key, versions, ...).
+
+    Raises:
+        ValueError: ``keep_last_k < 1``.
+    """
+
+    def __init__(
+        self,
+        storage: CheckpointStorage,
+        *,
+        keep_last_k: int = 3,
+        retry: RetryPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        manifest_extra: dict[str, Any] | None = None,
+    ) -> None:
+        if keep_last_k < 1:
+            raise ValueError(f"keep_last_k must be >= 1, got {keep_last_k}")
+        self.storage = storage
+        self.keep_last_k = keep_last_k
+        self.retry = retry or RetryPolicy()
+        self.clock = clock
+        self.manifest_extra = dict(manifest_extra or {})
+        self.stats = CheckpointStats()
+        self._stager = _Stager()
+        self._staging_event: Any = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-persist")
+        self._in_flight: _InFlight | None = None
+        self._lock = threading.Lock()
+
+    # ----------------------------------------------------------------- discovery and loading
+    def committed_steps(self) -> list[int]:
+        """Steps whose manifest exists, newest first (manifests are not validated here)."""
+        steps = {
+            layout.parse_step(k)
+            for k in self.storage.list("step-")
+            if k.endswith("/" + layout.MANIFEST_NAME)
+        }
+        return sorted((s for s in steps if s is not None), reverse=True)
+
+    def load_step(self, step: int, *, map_location: str | torch.device = "cpu") -> LoadedCheckpoint:
+        """Load and verify one checkpoint.
+
+        Raises:
+            CheckpointCorruptError: manifest unreadable/invalid, a file missing, truncated, or
+                failing its SHA-256, or ``torch.load`` failing.
+            CheckpointStorageError: the storage itself failed (unreachable, permission, ...).
+        """
+        t0 = self.clock()
+        prefix = layout.step_prefix(step)
+        try:
+            manifest = layout.validate_manifest(json.loads(read_bytes(self.storage, layout.manifest_key(step))))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CheckpointCorruptError(f"{prefix}: bad manifest: {e}") from e
+        if manifest["step"] != step:
+            raise CheckpointCorruptError(f"{prefix}: manifest is for step {manifest['step']}")
+        state = None
+        for name, meta in manifest["files"].items():
+            key = f"{prefix}/{name}"
+            try:
+                with self.storage.open_read(key) as f:
+                    _verify(f, size_bytes=meta["size_bytes"], sha256=meta["sha256"], what=key)
+                    if name == layout.STATE_NAME:
+                        state = torch.load(f, map_location=map_location, weights_only=True)
+            except CheckpointCorruptError:
+                raise
+            except CheckpointStorageError as e:
+                if "does not exist" in str(e):
+                    raise CheckpointCorruptError(f"{key} is missing") from e
+                raise
+            except Exception as e:  # torch.load / pickle errors on a file that passed its checksum
+                raise CheckpointCorruptError(f"{key}: cannot be loaded: {e}") from e
+        if not isinstance(state, dict):
+            raise CheckpointCorruptError(f"{prefix}: {layout.STATE_NAME} holds no state dict")
+        return LoadedCheckpoint(step=step, state=state, manifest=manifest, load_seconds=self.clock() - t0)
+
+    def load_latest(self, *, map_location: str | torch.device = "cpu") -> LoadedCheckpoint | None:
+        """The newest checkpoint that verifies, or ``None`` if there is none.
+
+        Corrupt or partial checkpoints are skipped with a warning naming the reason.
+        """
+        for step in self.committed_steps():
+            try:
+                return self.load_step(step, map_location=map_location)
+            except CheckpointCorruptError as e:
+                log.warning("skipping checkpoint at step %d: %s; trying the previous one", step, e)
+        return None
+
+    # ----------------------------------------------------------------------------- saving
+    def save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        *,
+        blocking: bool = False,
+        manifest_fields: dict[str, Any] | None = None,
+    ) -> str:
+        """Stage ``state`` and persist it in the background (or synchronously if ``blocking``).
+
+        Args:
+            step: the global step the state belongs to (completed steps).
+            state: a tree of dicts/lists/tuples with tensors and picklable-with-``weights_only`` leaves.
+            blocking: wait for the in-flight persist, then persist this one before returning.
+            manifest_fields: extra JSON fields for this checkpoint's manifest (epoch, world size...).
+
+        Returns:
+            ``"staged"`` (persisting in the background), ``"committed"`` / ``"failed"`` (blocking),
+            or ``"skipped"`` (a previous persist is still in flight).
+        """
+        t0 = self.clock()
+        if self._in_flight is not None and not self._in_flight.future.done():
+            if not blocking:
+                self.stats.skipped_in_flight += 1
+                log.warning(
+                    "checkpoint at step %d skipped: the save of step %d is still persisting",
+                    step,
+                    self._in_flight.step,
+                )
+                return "skipped"
+            self.wait()
+        staged, event = self._stager.stage(state)
+        self._staging_event = event
+        fields = {**self.manifest_extra, **(manifest_fields or {})}
+        future = self._executor.submit(self._persist, step, staged, event, fields)
+        self._in_flight = _InFlight(step=step, future=future, started_s=t0)
+        stall = self.clock() - t0
+        if blocking:
+            future.result()
+            stall = self.clock() - t0
+        self.stats.last_stall_seconds = stall
+        self.stats.stall_seconds_total += stall
+        if not blocking:
+            return "staged"
+        return "committed" if self.stats.last_committed_step == step else "failed"
+
+    def wait_for_staging(self) -> None:
+        """Gate before ``optimizer.step()``: the staging copies must have read the weights."""
+        if self._staging_event is not None:
+            torch.cuda.current_stream().wait_event(self._staging_event)
+            self._staging_event = None
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait for the in-flight persist; ``False`` if it is still running after ``timeout_s``."""
+        inflight = self._in_flight
+        if inflight is None:
+            return True
+        try:
+            inflight.future.result(timeout=timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Wait for the in-flight persist (up to ``timeout_s``) and stop the persist thread."""
+        self.wait(timeout_s)
+        self._executor.shutdown(wait=timeout_s is None, cancel_futures=False)
+
+    def _persist(self, step: int, staged: Any, event: Any, fields: dict[str, Any]) -> None:
+        if event is not None:
+            event.synchronize()
+        t0 = self.clock()
+        prefix = layout.step_prefix(step)
+        try:
+            for attempt in Retrying(
+                stop=stop_after_attempt(self.retry.attempts),
+                wait=wait_exponential(multiplier=self.retry.base_s, max=self.retry.max_wait_s),
+                retry=retry_if_exception_type(CheckpointStorageError),
+                before_sleep=lambda rs: log.warning(
+                    "checkpoint at step %d: persist attempt %d failed (%s); retrying",
+                    step,
+                    rs.attempt_number,
+                    rs.outcome.exception() if rs.outcome else "?",
+                ),
+                reraise=True,
+            ):
+                with attempt:
+                    size = self._write(step, prefix, staged, fields)
+        except (CheckpointStorageError, RetryError) as e:
+            with self._lock:
+                self.stats.failed += 1
+            log.warning("checkpoint at step %d NOT saved after %d attempts: %s", step, self.retry.attempts, e)
+            return
+        except Exception:  # a bug, not a storage hiccup: never kill the persist thread silently
+            with self._lock:
+                self.stats.failed += 1
+            log.exception("checkpoint at step %d NOT saved: unexpected error", step)
+            return
+        persist_s = self.clock() - t0
+        with self._lock:
+            self.stats.committed += 1
+            self.stats.last_committed_step = step
+            self.stats.last_persist_seconds = persist_s
+            self.stats.persist_seconds_total += persist_s
+            self.stats.last_size_bytes = size
+        log.info("checkpoint at step %d committed (%.1f MB in %.2f s)", step, size / 1e6, persist_s)
+        self._apply_retention()
+
+    def _write(self, step: int, prefix: str, staged: Any, fields: dict[str, Any]) -> int:
+        with self.storage.open_write(f"{prefix}/{layout.STATE_NAME}") as f:
+            writer = _HashingWriter(f)
+            torch.save(staged, writer)  # type: ignore[arg-type]
+        manifest = {
+            **fields,
+            "format": layout.FORMAT,
+            "step": step,
+            "created_at": datetime.now(UTC).isoformat(),
+            "files": {layout.STATE_NAME: {"size_bytes": writer.size_bytes, "sha256": writer.sha256.hexdigest()}},
+        }
+        write_bytes(self.storage, layout.manifest_key(step), json.dumps(manifest, indent=1).encode())
+        return writer.size_bytes
+
+    def _apply_retention(self) -> None:
+        try:
+            keys = self.storage.list("step-")
+            by_step: dict[int, list[str]] = {}
+            for k in keys:
+                s = layout.parse_step(k)
+                if s is not None:
+                    by_step.setdefault(s, []).append(k)
+            committed = sorted(
+                (s for s, ks in by_step.items() if any(k.endswith("/" + layout.MANIFEST_NAME) for k in ks)),
+                reverse=True,
+            )
+            keep = set(committed[: self.keep_last_k])
+            newest = committed[0] if committed else -1
+            for s, ks in sorted(by_step.items()):
+                # Old committed checkpoints beyond k, and uncommitted leftovers older than the newest
+                # commit (a crashed persist). Newer uncommitted steps may still be in flight: left alone.
+                if s in keep or s >= newest:
+                    continue
+                manifest = [k for k in ks if k.endswith("/" + layout.MANIFEST_NAME)]
+                self.storage.delete(manifest)  # un-commit first
+                self.storage.delete([k for k in ks if k not in manifest])
+        except CheckpointStorageError as e:
+            log.warning("checkpoint retention skipped: %s", e)
+
+
+def state_bytes(state: dict[str, Any]) -> bytes:
+    """Serialize a state tree the way checkpoints do (for tests and hashing)."""
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()

@@ -1,0 +1,236 @@
+"""Checkpoint storage on any S3 endpoint (AWS S3, MinIO, SeaweedFS, Ceph RGW) through boto3.
+
+Visibility is atomic per object: S3 shows an object only once its PUT or CompleteMultipartUpload
+returns, so a writer killed mid-upload leaves nothing visible (an unfinished multipart upload is
+aborted by boto3 on error and otherwise expires through the bucket's lifecycle rules).
+``create_only`` uses a conditional PUT (``If-None-Match: *``), supported by AWS S3 since 2024 and by
+MinIO since RELEASE.2023-02 (minio/minio#16551).
+
+Endpoint and credentials (first found wins):
+
+1. environment: ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` (endpoint), ``AWS_ACCESS_KEY_ID``,
+   ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``;
+2. a mounted Kubernetes Secret: the folder in ``TRAINFLOW_S3_SECRET_DIR`` holding files named like the
+   variables above, or KFP's ``accesskey`` / ``secretkey`` (the ``mlpipeline-minio-artifact`` layout),
+   plus optional ``endpoint``;
+3. boto3's own chain (instance profile, IRSA web identity, ``~/.aws``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from components.training.checkpoint.storage import (
+    CheckpointStorageError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    validate_key,
+)
+
+_SPOOL_MAX_BYTES = 64 * 1024 * 1024
+_MULTIPART_THRESHOLD_BYTES = 64 * 1024 * 1024
+_MULTIPART_CHUNK_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class S3Settings:
+    """Connection settings for an S3 endpoint."""
+
+    endpoint_url: str | None = None
+    """``http(s)://host:port``; ``None`` means AWS's regional endpoint."""
+    access_key: str | None = None
+    secret_key: str | None = None
+    session_token: str | None = None
+    region: str = "us-east-1"
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+    max_attempts: int = 3
+    """botocore's own retries per request (the checkpoint manager retries whole saves on top)."""
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> S3Settings:
+        """Settings from the environment, then from a mounted Secret folder (see module docstring)."""
+        env = dict(os.environ if environ is None else environ)
+        secret_dir = env.get("TRAINFLOW_S3_SECRET_DIR")
+        if secret_dir:
+            for name, value in _read_secret_dir(Path(secret_dir)).items():
+                env.setdefault(name, value)
+        return cls(
+            endpoint_url=env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
+            access_key=env.get("AWS_ACCESS_KEY_ID") or None,
+            secret_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
+            session_token=env.get("AWS_SESSION_TOKEN") or None,
+            region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+        )
+
+
+_SECRET_ALIASES = {
+    "accesskey": "AWS_ACCESS_KEY_ID",
+    "secretkey": "AWS_SECRET_ACCESS_KEY",
+    "endpoint": "AWS_ENDPOINT_URL_S3",
+    "region": "AWS_REGION",
+}
+
+
+def _read_secret_dir(path: Path) -> dict[str, str]:
+    if not path.is_dir():
+        raise CheckpointStorageError(f"TRAINFLOW_S3_SECRET_DIR={path} is not a folder")
+    out = {}
+    for item in path.iterdir():
+        if item.is_file() and not item.name.startswith("."):
+            out[_SECRET_ALIASES.get(item.name, item.name)] = item.read_text().strip()
+    return out
+
+
+def parse_s3_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` → ``("bucket", "a/b")``. Raises ``ValueError`` without a bucket."""
+    rest = uri.removeprefix("s3://")
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise ValueError(f"S3 URI {uri!r} has no bucket (expected s3://BUCKET/PREFIX)")
+    return bucket, prefix.strip("/")
+
+
+class S3Storage:
+    """:class:`~components.training.checkpoint.storage.CheckpointStorage` on an S3 bucket prefix.
+
+    Args:
+        uri: ``s3://bucket[/prefix]``.
+        settings: endpoint and credentials; default :meth:`S3Settings.from_env`.
+    """
+
+    def __init__(self, uri: str, settings: S3Settings | None = None) -> None:
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
+
+        self.uri = uri
+        self.bucket, self.prefix = parse_s3_uri(uri)
+        self.settings = settings or S3Settings.from_env()
+        s = self.settings
+        self._client = boto3.client(
+            "s3",
+            endpoint_url=s.endpoint_url,
+            aws_access_key_id=s.access_key,
+            aws_secret_access_key=s.secret_key,
+            aws_session_token=s.session_token,
+            region_name=s.region,
+            config=Config(
+                connect_timeout=s.connect_timeout_s,
+                read_timeout=s.read_timeout_s,
+                retries={"max_attempts": s.max_attempts, "mode": "standard"},
+                s3={"addressing_style": "path"},  # MinIO and most on-prem endpoints
+                # botocore >= 1.36 adds CRC checksums to every request by default, which several
+                # S3-compatible servers reject; send them only where the API requires one.
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+            ),
+        )
+        self._transfer = TransferConfig(
+            multipart_threshold=_MULTIPART_THRESHOLD_BYTES,
+            multipart_chunksize=_MULTIPART_CHUNK_BYTES,
+            max_concurrency=4,
+        )
+
+    @classmethod
+    def accepts(cls, uri: str) -> bool:
+        return uri.startswith("s3://")
+
+    def _key(self, key: str) -> str:
+        validate_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _where(self) -> str:
+        return f"{self.uri} at {self.settings.endpoint_url or 'AWS S3'}"
+
+    def _error(self, action: str, e: Exception) -> CheckpointStorageError:
+        return CheckpointStorageError(f"{action} {self._where()} failed: {_describe(e)}")
+
+    def check(self) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            if code in ("404", "NoSuchBucket"):
+                raise CheckpointStorageError(f"S3 bucket {self.bucket!r} does not exist ({self._where()})") from e
+            if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+                raise CheckpointStorageError(f"S3 credentials rejected for {self._where()}: {code}") from e
+            raise self._error("checking", e) from e
+        except BotoCoreError as e:
+            raise CheckpointStorageError(f"S3 endpoint unreachable for {self._where()}: {_describe(e)}") from e
+
+    @contextlib.contextmanager
+    def open_write(self, key: str, *, create_only: bool = False) -> Iterator[BinaryIO]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        full_key = self._key(key)
+        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_MAX_BYTES) as spool:
+            yield spool  # type: ignore[misc]
+            spool.seek(0)
+            try:
+                if create_only:
+                    self._client.put_object(Bucket=self.bucket, Key=full_key, Body=spool.read(), IfNoneMatch="*")
+                else:
+                    self._client.upload_fileobj(spool, self.bucket, full_key, Config=self._transfer)
+            except ClientError as e:
+                code = e.response.get("Error", {}).get("Code", "")
+                if create_only and code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                    raise ObjectExistsError(f"s3://{self.bucket}/{full_key} already exists") from e
+                raise self._error(f"writing {key} to", e) from e
+            except (BotoCoreError, OSError) as e:
+                raise self._error(f"writing {key} to", e) from e
+
+    @contextlib.contextmanager
+    def open_read(self, key: str) -> Iterator[BinaryIO]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        full_key = self._key(key)
+        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_MAX_BYTES) as spool:
+            try:
+                self._client.download_fileobj(self.bucket, full_key, spool, Config=self._transfer)
+            except ClientError as e:
+                code = e.response.get("Error", {}).get("Code", "")
+                if code in ("404", "NoSuchKey"):
+                    raise ObjectNotFoundError(f"s3://{self.bucket}/{full_key} does not exist") from e
+                raise self._error(f"reading {key} from", e) from e
+            except (BotoCoreError, OSError) as e:
+                raise self._error(f"reading {key} from", e) from e
+            spool.seek(0)
+            yield spool  # type: ignore[misc]
+
+    def list(self, prefix: str = "") -> list[str]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        root = f"{self.prefix}/" if self.prefix else ""
+        keys = []
+        try:
+            for page in self._client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=root + prefix
+            ):
+                keys.extend(obj["Key"][len(root) :] for obj in page.get("Contents", []))
+        except (BotoCoreError, ClientError) as e:
+            raise self._error("listing", e) from e
+        return sorted(keys)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        full = [{"Key": self._key(k)} for k in keys]
+        try:
+            for i in range(0, len(full), 1000):  # DeleteObjects takes at most 1,000 keys
+                self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": full[i : i + 1000], "Quiet": True})
+        except (BotoCoreError, ClientError) as e:
+            raise self._error("deleting from", e) from e
+
+
+def _describe(e: Exception) -> str:
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return text[:300]

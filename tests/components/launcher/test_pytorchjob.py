@@ -1,0 +1,201 @@
+"""The PyTorchJob renderer: names, validation and the manifest's fields (pure, no cluster)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from components.launcher.pytorchjob import (
+    MAX_NAME_LEN,
+    InvalidSpecError,
+    PyTorchJobSpec,
+    job_name,
+    render_pytorchjob,
+)
+
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def spec(**overrides: object) -> PyTorchJobSpec:
+    base: dict[str, object] = {
+        "run_id": "3f2a9c1e-1b7d-4e0a-9d57-0c8e2b1f6a42",
+        "task_name": "train",
+        "namespace": "team-a",
+        "image": "registry.example/trainflow:0.1.0",
+        "training_args": ["--epochs", "3"],
+        "min_replicas": 2,
+        "max_replicas": 4,
+        "nproc_per_node": 8,
+        "gpus_per_worker": 8,
+        "checkpoint_uri": "s3://ckpt/run-1",
+        "s3_secret_name": "minio-credentials",
+        "s3_endpoint_url": "http://minio.kubeflow:9000",
+    }
+    base.update(overrides)
+    return PyTorchJobSpec(**base)  # type: ignore[arg-type]
+
+
+def container(manifest: dict) -> dict:
+    return manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize(
+    ("run_id", "task"),
+    [
+        ("run-1", "train"),
+        (
+            "3f2a9c1e-1b7d-4e0a-9d57-0c8e2b1f6a42",
+            "Train Model (ResNet-50) on ImageNet with a very long task name",
+        ),
+        ("r", "123-starts-with-digit"),
+        ("r", "___"),
+        ("r", "ünïcode-tâsk"),
+    ],
+)
+def test_job_name_is_a_short_dns1035_label_and_deterministic(run_id: str, task: str) -> None:
+    name = job_name(run_id, task)
+    assert DNS1035.match(name), name
+    assert len(name) <= MAX_NAME_LEN
+    assert len(f"{name}-worker-999") <= 63
+    assert job_name(run_id, task) == name
+
+
+def test_job_name_differs_per_run_and_task() -> None:
+    names = {job_name(r, t) for r in ("run-1", "run-2") for t in ("train", "train-2")}
+    assert len(names) == 4
+    assert job_name("run-1", "Train").startswith("train-")
+
+
+def test_empty_ids_are_rejected() -> None:
+    with pytest.raises(InvalidSpecError, match="non-empty"):
+        job_name("", "train")
+
+
+def test_manifest_has_elastic_policy_resources_env_and_labels() -> None:
+    s = spec()
+    m = render_pytorchjob(s)
+    assert m["apiVersion"] == "kubeflow.org/v1" and m["kind"] == "PyTorchJob"
+    assert m["metadata"]["name"] == s.name and m["metadata"]["namespace"] == "team-a"
+    assert m["metadata"]["labels"]["trainflow.dev/managed"] == "true"
+    assert m["metadata"]["annotations"]["trainflow.dev/kfp-run-id"] == s.run_id
+    assert m["spec"]["elasticPolicy"] == {
+        "minReplicas": 2,
+        "maxReplicas": 4,
+        "rdzvBackend": "c10d",
+        "maxRestarts": 3,
+        "rdzvConf": [{"key": "last_call_timeout", "value": "1"}],
+    }
+    assert m["spec"]["nprocPerNode"] == "8"
+    worker = m["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert worker["replicas"] == 4 and worker["restartPolicy"] == "ExitCode"
+    assert set(m["spec"]["pytorchReplicaSpecs"]) == {"Worker"}
+    template = worker["template"]
+    assert template["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+    assert template["metadata"]["labels"]["trainflow.dev/managed"] == "true"
+    c = container(m)
+    assert c["name"] == "pytorch"
+    assert c["command"] == ["torchrun", "-m", "components.training", "--epochs", "3"]
+    assert c["resources"] == {
+        "requests": {"cpu": "1", "memory": "4Gi"},
+        "limits": {"memory": "4Gi", "nvidia.com/gpu": "8"},
+    }
+    env = {e["name"]: e for e in c["env"]}
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]["value"] == "1"
+    assert env["TRAINFLOW_CHECKPOINT_URI"]["value"] == "s3://ckpt/run-1"
+    assert env["AWS_ENDPOINT_URL_S3"]["value"] == "http://minio.kubeflow:9000"
+    assert env["AWS_ACCESS_KEY_ID"]["valueFrom"] == {
+        "secretKeyRef": {"name": "minio-credentials", "key": "AWS_ACCESS_KEY_ID"}
+    }
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "AWS_SECRET_ACCESS_KEY"
+
+
+def test_kfp_secret_layout_and_cpu_only_job() -> None:
+    m = render_pytorchjob(
+        spec(gpus_per_worker=0, s3_access_key_key="accesskey", s3_secret_key_key="secretkey", replicas=2)
+    )
+    c = container(m)
+    assert "nvidia.com/gpu" not in c["resources"]["limits"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]["key"] == "accesskey"
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "secretkey"
+    assert m["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+
+
+def test_no_secret_no_endpoint_no_checkpoint_means_no_such_env() -> None:
+    c = container(render_pytorchjob(spec(s3_secret_name=None, s3_endpoint_url=None, checkpoint_uri=None)))
+    assert [e["name"] for e in c["env"]] == ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]
+
+
+def test_render_returns_fresh_dicts_and_spec_is_frozen() -> None:
+    s = spec(env={"A": "1"}, labels={"team": "vision"})
+    first = render_pytorchjob(s)
+    first["metadata"]["labels"]["team"] = "changed"
+    assert render_pytorchjob(s)["metadata"]["labels"]["team"] == "vision"
+    with pytest.raises(AttributeError):
+        s.image = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        s.env["B"] = "2"  # type: ignore[index]
+
+
+def test_user_labels_cannot_override_trainflow_labels() -> None:
+    m = render_pytorchjob(spec(labels={"trainflow.dev/managed": "false"}))
+    assert m["metadata"]["labels"]["trainflow.dev/managed"] == "true"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"min_replicas": 0}, "min_replicas: must be >= 1"),
+        ({"min_replicas": 5, "max_replicas": 4}, "exceeds max_replicas"),
+        ({"replicas": 1}, r"outside \[2, 4\]"),
+        ({"nproc_per_node": 0}, "nproc_per_node"),
+        ({"gpus_per_worker": -1}, "gpus_per_worker"),
+        ({"namespace": "Team_A"}, "DNS-1123"),
+        ({"image": " "}, "image"),
+        ({"cpu": "four"}, "quantity"),
+        ({"memory": "16GB"}, "quantity"),
+        ({"restart_policy": "Sometimes"}, "restart_policy"),
+        ({"env": {"TRAINFLOW_CHECKPOINT_URI": "x"}}, "set by the launcher"),
+        ({"env": {"1BAD=": "x"}}, "environment variable"),
+        ({"s3_endpoint_url": "minio:9000"}, "http"),
+        ({"labels": {"k": "not a label value"}}, "label value"),
+    ],
+)
+def test_invalid_specs_get_one_line_errors(overrides: dict, message: str) -> None:
+    with pytest.raises(InvalidSpecError, match=message) as err:
+        spec(**overrides)
+    assert "\n" not in str(err.value)
+
+
+def test_example_manifest_is_what_the_renderer_produces() -> None:
+    import yaml
+
+    example = yaml.safe_load(
+        (Path(__file__).resolve().parents[3] / "manifests" / "examples" / "pytorchjob.yaml").read_text()
+    )
+    rendered = render_pytorchjob(
+        PyTorchJobSpec(
+            run_id="example-run",
+            task_name="train",
+            namespace="trainflow",
+            image="ghcr.io/trainflow/trainflow:0.1.0",
+            training_args=["--dataset", "mnist", "--epochs", "5"],
+            min_replicas=1,
+            max_replicas=4,
+            gpus_per_worker=1,
+            cpu="4",
+            memory="16Gi",
+            checkpoint_uri="s3://trainflow-checkpoints/example-run/train",
+            s3_secret_name="trainflow-s3-credentials",
+            s3_endpoint_url="http://trainflow-minio:9000",
+        )
+    )
+    assert example == rendered
+
+
+def test_job_and_pod_labels_are_separate_dicts() -> None:
+    m = render_pytorchjob(spec())
+    m["metadata"]["labels"]["x"] = "y"
+    assert "x" not in m["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["labels"]

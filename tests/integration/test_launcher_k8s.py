@@ -1,0 +1,268 @@
+"""The launcher against the real control plane: kube-scheduler binds its PyTorchJob's worker pods to
+KWOK GPU nodes, KWOK finishes or fails them, and the launcher reports, reattaches and cleans up.
+
+Issue 5, integration test (1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.launcher.pytorchjob import PyTorchJobSpec
+from components.launcher.runner import (
+    JOB_NAME_LABEL,
+    PyTorchJobFailed,
+    PyTorchJobRunner,
+    RunnerSettings,
+    pytorchjob_resource,
+)
+from tests.support.k8s import (
+    DELAY_ANNOTATION,
+    EXIT_CODE_ANNOTATION,
+    OUTCOME_ANNOTATION,
+    KubeTestBed,
+    wait_until,
+)
+
+pytestmark = pytest.mark.k8s
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_spec(namespace: str, pool: str, **overrides: Any) -> PyTorchJobSpec:
+    fields: dict[str, Any] = {
+        "run_id": f"run-{namespace}",
+        "task_name": "train",
+        "namespace": namespace,
+        "image": "trainflow:test",
+        "training_args": ["--epochs", "1"],
+        "min_replicas": 1,
+        "max_replicas": 2,
+        "nproc_per_node": 8,
+        "gpus_per_worker": 8,
+        "checkpoint_uri": "s3://ckpt/run",
+        "node_selector": {"pool": pool},
+    }
+    fields.update(overrides)
+    return PyTorchJobSpec(**fields)
+
+
+def worker_pods(client: Any, namespace: str, job: str) -> list[Any]:
+    from lightkube.resources.core_v1 import Pod
+
+    return list(client.list(Pod, namespace=namespace, labels={JOB_NAME_LABEL: job}))
+
+
+def running_pods(client: Any, namespace: str, job: str, count: int) -> list[Any] | None:
+    pods = [p for p in worker_pods(client, namespace, job) if p.status and p.status.phase == "Running"]
+    return pods if len(pods) == count else None
+
+
+def test_workers_are_bound_to_gpu_nodes_and_success_is_reported(
+    k8s_testbed: KubeTestBed, k8s_namespace: str, kwok_gpu_nodes: Any, tmp_path: Path
+) -> None:
+    client = k8s_testbed.client()
+    nodes = kwok_gpu_nodes(2, 8, labels={"pool": k8s_namespace})
+    spec = make_spec(
+        k8s_namespace,
+        k8s_namespace,
+        pod_annotations={OUTCOME_ANNOTATION: "Succeeded", DELAY_ANNOTATION: "4s"},
+    )
+    runner = PyTorchJobRunner(
+        client, RunnerSettings(poll_interval_s=0.5, timeout_s=120, cleanup="on-success")
+    )
+    output = tmp_path / "job.json"
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(runner.run, spec, output_path=output)
+        pods = wait_until(
+            lambda: running_pods(client, k8s_namespace, spec.name, 2), timeout_s=60, what="2 Running workers"
+        )
+        # The real kube-scheduler placed one 8-GPU worker on each 8-GPU node.
+        assert sorted(p.spec.nodeName for p in pods) == sorted(nodes)
+        for pod in pods:
+            assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "8"
+            assert pod.metadata.annotations["sidecar.istio.io/inject"] == "false"
+            assert pod.metadata.labels["trainflow.dev/managed"] == "true"
+            env = {e.name for e in pod.spec.containers[0].env}
+            # The operator turned elasticPolicy into torchrun's PET_* settings.
+            assert {"PET_NNODES", "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_NPROC_PER_NODE"} <= env
+            assert {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "TRAINFLOW_CHECKPOINT_URI"} <= env
+        outcome = future.result(timeout=120)
+    assert outcome.state == "Succeeded"
+    assert outcome.created is True
+    assert outcome.deleted is True
+    written = json.loads(output.read_text())
+    assert (written["namespace"], written["name"], written["state"]) == (
+        k8s_namespace,
+        spec.name,
+        "Succeeded",
+    )
+    assert written["uid"] == outcome.ref.uid
+    assert not list(client.list(pytorchjob_resource(), namespace=k8s_namespace))
+
+
+def test_failed_workers_fail_the_launch_with_the_operators_reason(
+    k8s_testbed: KubeTestBed, k8s_namespace: str, kwok_gpu_nodes: Any
+) -> None:
+    client = k8s_testbed.client()
+    kwok_gpu_nodes(1, 8, labels={"pool": k8s_namespace})
+    spec = make_spec(
+        k8s_namespace,
+        k8s_namespace,
+        max_replicas=1,
+        pod_annotations={OUTCOME_ANNOTATION: "Failed", EXIT_CODE_ANNOTATION: "3", DELAY_ANNOTATION: "2s"},
+    )
+    runner = PyTorchJobRunner(
+        client, RunnerSettings(poll_interval_s=0.5, timeout_s=120, cleanup="on-success")
+    )
+    with pytest.raises(PyTorchJobFailed) as failed:
+        runner.run(spec)
+    outcome = failed.value.outcome
+    assert outcome.state == "Failed"
+    assert outcome.reason == "PyTorchJobFailed"
+    assert spec.name in outcome.message and "failed" in outcome.message
+    assert "exit 3" in outcome.pod_failures
+    assert "exit 3" in str(failed.value)
+    # on-success clean-up keeps a failed job for inspection.
+    assert (
+        client.get(pytorchjob_resource(), spec.name, namespace=k8s_namespace).metadata.uid == outcome.ref.uid
+    )
+
+
+def _launch(k8s_testbed: KubeTestBed, spec_file: Path, output: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "KUBECONFIG": str(k8s_testbed.kubeconfig), "PYTHONPATH": str(REPO_ROOT)}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "components.launcher",
+            "--spec",
+            str(spec_file),
+            "--output",
+            str(output),
+            "--poll-interval-s",
+            "0.5",
+            "--timeout-s",
+            "180",
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _spec_file(tmp_path: Path, spec: PyTorchJobSpec) -> Path:
+    fields = {
+        "run_id": spec.run_id,
+        "task_name": spec.task_name,
+        "namespace": spec.namespace,
+        "image": spec.image,
+        "min_replicas": spec.min_replicas,
+        "max_replicas": spec.max_replicas,
+        "nproc_per_node": spec.nproc_per_node,
+        "gpus_per_worker": spec.gpus_per_worker,
+        "node_selector": dict(spec.node_selector),
+        "training_args": list(spec.training_args),
+    }
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(fields))
+    return path
+
+
+def _written(output: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(output.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def test_restarted_launcher_reattaches_instead_of_creating_a_second_job(
+    k8s_testbed: KubeTestBed, k8s_namespace: str, kwok_gpu_nodes: Any, tmp_path: Path
+) -> None:
+    client = k8s_testbed.client()
+    kwok_gpu_nodes(1, 8, labels={"pool": k8s_namespace})
+    spec = make_spec(k8s_namespace, k8s_namespace, max_replicas=1)  # workers run until told otherwise
+    spec_file, output = _spec_file(tmp_path, spec), tmp_path / "job.json"
+
+    first = _launch(k8s_testbed, spec_file, output)
+    try:
+        created = wait_until(lambda: _written(output), timeout_s=60, what="the first launcher's output")
+        assert created["created"] is True
+        wait_until(
+            lambda: running_pods(client, k8s_namespace, spec.name, 1), timeout_s=60, what="a Running worker"
+        )
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the launcher pod dies without cleaning up
+        first.wait(timeout=10)
+    output.unlink()
+
+    second = _launch(k8s_testbed, spec_file, output)
+    try:
+        again = wait_until(lambda: _written(output), timeout_s=60, what="the second launcher's output")
+        assert again["created"] is False
+        assert again["uid"] == created["uid"]
+        jobs = list(client.list(pytorchjob_resource(), namespace=k8s_namespace))
+        assert [j.metadata.uid for j in jobs] == [created["uid"]]
+        (pod,) = worker_pods(client, k8s_namespace, spec.name)
+        k8s_testbed.set_pod_outcome(k8s_namespace, pod.metadata.name, "Succeeded")
+        stdout, stderr = second.communicate(timeout=60)
+    finally:
+        if second.poll() is None:
+            os.killpg(second.pid, signal.SIGKILL)
+    assert second.returncode == 0, stderr
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert (result["state"], result["uid"], result["created"]) == ("Succeeded", created["uid"], False)
+
+
+def test_sigterm_stops_the_launcher_and_deletes_the_job(
+    k8s_testbed: KubeTestBed, k8s_namespace: str, kwok_gpu_nodes: Any, tmp_path: Path
+) -> None:
+    client = k8s_testbed.client()
+    kwok_gpu_nodes(1, 8, labels={"pool": k8s_namespace})
+    spec = make_spec(k8s_namespace, k8s_namespace, max_replicas=1)
+    output = tmp_path / "job.json"
+    launcher = _launch(k8s_testbed, _spec_file(tmp_path, spec), output)
+    try:
+        wait_until(lambda: _written(output), timeout_s=60, what="the launcher's output")
+        wait_until(
+            lambda: running_pods(client, k8s_namespace, spec.name, 1), timeout_s=60, what="a Running worker"
+        )
+        started = time.monotonic()
+        launcher.send_signal(signal.SIGTERM)  # KFP terminated the run
+        _, stderr = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 143, stderr
+    assert "terminated" in stderr
+    assert time.monotonic() - started < 10
+    assert not list(client.list(pytorchjob_resource(), namespace=k8s_namespace))
+
+
+def test_operator_webhook_rejects_an_invalid_pytorchjob(k8s_testbed: KubeTestBed, k8s_namespace: str) -> None:
+    from lightkube.core.exceptions import ApiError
+
+    from components.launcher.pytorchjob import render_pytorchjob
+
+    manifest = render_pytorchjob(make_spec(k8s_namespace, "none"))
+    manifest["metadata"]["name"] = (
+        "bad.name"  # a valid object name, but not the DNS-1035 label the operator needs
+    )
+    resource = pytorchjob_resource()
+    with pytest.raises(ApiError) as rejected:
+        k8s_testbed.client().create(resource.from_dict(manifest))
+    assert "admission webhook" in rejected.value.status.message
+    assert "metadata.name" in rejected.value.status.message

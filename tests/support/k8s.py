@@ -1,0 +1,908 @@
+"""A real Kubernetes control plane for tests, run as local processes on 127.0.0.1.
+
+Register with ``pytest_plugins = ["tests.support.k8s"]`` (tests/conftest.py does). What runs:
+
+* etcd, kube-apiserver (RBAC, admission as upstream's defaults) and kube-scheduler — upstream
+  code built from the Go module proxy by ``tests/testbed/build.sh k8s`` (one multi-call binary);
+* KWOK, playing the kubelet of fake nodes (``kwok.x-k8s.io/node: fake``) with the Stages in
+  ``tests/testbed/kwok-stages.yaml``: bound pods become Running; a pod annotated
+  ``kwok.trainflow.dev/outcome: Succeeded|Failed`` terminates (exit code from
+  ``kwok.trainflow.dev/exit-code``, delay from ``kwok.trainflow.dev/delay``);
+* the Kubeflow training operator v1 (``--enable-scheme=pytorchjob``) with its validating webhook
+  registered, and the PyTorchJob CRD installed server-side.
+
+No kube-controller-manager (it would double the build): there is no garbage collector, namespace
+controller or service-account controller. :meth:`KubeTestBed.create_namespace` therefore creates the
+``default`` ServiceAccount itself, and :meth:`KubeTestBed.cleanup_namespace` deletes PyTorchJobs and
+then their pods (ownerReferences are not followed). Namespaces are never deleted (they would stay
+Terminating).
+
+Fixtures:
+
+* ``k8s_testbed`` (session): a started :class:`KubeTestBed` (kubeconfig, ``client()``,
+  ``kubectl()``, GPU node helpers); stopped by PID at session end.
+* ``k8s_client`` (session): a lightkube ``Client`` with cluster-admin rights.
+* ``k8s_namespace`` (function): a fresh namespace with a ``default`` ServiceAccount, cleaned after.
+* ``kwok_gpu_nodes`` (function): ``create(count, gpus_per_node=8, **kw) -> list[str]`` making KWOK
+  GPU nodes that are deleted after the test.
+
+The build takes ~15-25 minutes on 2 cores the first time and is cached by version under
+``~/.cache/trainflow/testbed/``; a warm start takes about 10-20 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import ipaddress
+import os
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.support.processes import ManagedProcess, free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TESTBED_DIR = REPO_ROOT / "tests" / "testbed"
+BUILD_SCRIPT = TESTBED_DIR / "build.sh"
+KWOK_STAGES = TESTBED_DIR / "kwok-stages.yaml"
+BUILD_TIMEOUT_S = 60 * 60
+
+#: The annotation KWOK manages nodes by (``--manage-nodes-with-annotation-selector``).
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+#: Pod annotations read by the KWOK stages of the test bed.
+OUTCOME_ANNOTATION = "kwok.trainflow.dev/outcome"
+EXIT_CODE_ANNOTATION = "kwok.trainflow.dev/exit-code"
+DELAY_ANNOTATION = "kwok.trainflow.dev/delay"
+#: Label on every node the test bed creates.
+TESTBED_NODE_LABEL = "trainflow.dev/testbed-node"
+
+# The training operator's cert rotator only checks that its serving cert exists, in a directory
+# hard-coded in its pkg/cert/cert.go (v1.9.4); every test bed on the machine shares these files.
+OPERATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+OPERATOR_NAMESPACE = "kubeflow"
+OPERATOR_WEBHOOK_SECRET = "training-operator-webhook-cert"
+WEBHOOK_NAME = "trainflow-testbed.validator.pytorchjob.kubeflow.org"
+
+
+# --------------------------------------------------------------------------------------- binaries
+
+
+@dataclass(frozen=True)
+class TestBedBinaries:
+    """Paths of the built test-bed programs (see ``tests/testbed/build.sh``)."""
+
+    testbed: Path  # multi-call: kube-apiserver, kube-scheduler, etcd, kubectl
+    kwok: Path
+    training_operator: Path
+    pytorchjob_crd: Path
+
+    @property
+    def kubectl(self) -> Path:
+        return self.testbed.parent / "kubectl"
+
+
+def testbed_binaries() -> TestBedBinaries:
+    """Build (first use) or reuse the test bed's binaries.
+
+    Raises:
+        RuntimeError: the build failed; its last output is in the message.
+    """
+    result = subprocess.run(
+        [str(BUILD_SCRIPT), "k8s"], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"building the Kubernetes test bed failed ({BUILD_SCRIPT} k8s):\n{result.stderr[-4000:]}"
+        )
+    paths = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    return TestBedBinaries(
+        testbed=Path(paths["TESTBED_BIN"]),
+        kwok=Path(paths["KWOK_BIN"]),
+        training_operator=Path(paths["TRAINING_OPERATOR_BIN"]),
+        pytorchjob_crd=Path(paths["PYTORCHJOB_CRD"]),
+    )
+
+
+# -------------------------------------------------------------------------------------------- PKI
+
+
+def _pem_write(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    tmp.chmod(0o600)
+    os.replace(tmp, path)
+    return path
+
+
+@dataclass
+class _CertificateAuthority:
+    """A throw-away CA issuing the test bed's serving and client certificates (cryptography)."""
+
+    key: Any
+    cert: Any
+
+    @classmethod
+    def create(cls, common_name: str) -> _CertificateAuthority:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+        now = dt.datetime.now(dt.UTC)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=365))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(key, hashes.SHA256())
+        )
+        return cls(key=key, cert=cert)
+
+    def issue(
+        self, common_name: str, *, organization: str | None = None, server_names: Sequence[str] = ()
+    ) -> tuple[bytes, bytes]:
+        """Return ``(cert_pem, key_pem)``: a server cert if ``server_names`` is given, else a client cert."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+        if organization:
+            attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+        now = dt.datetime.now(dt.UTC)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name(attrs))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(days=365))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        )
+        if server_names:
+            sans: list[x509.GeneralName] = []
+            for value in server_names:
+                try:
+                    sans.append(x509.IPAddress(ipaddress.ip_address(value)))
+                except ValueError:
+                    sans.append(x509.DNSName(value))
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            usage = [ExtendedKeyUsageOID.SERVER_AUTH]
+        else:
+            usage = [ExtendedKeyUsageOID.CLIENT_AUTH]
+        cert = builder.add_extension(x509.ExtendedKeyUsage(usage), critical=False).sign(
+            self.key, hashes.SHA256()
+        )
+        return (
+            cert.public_bytes(serialization.Encoding.PEM),
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            ),
+        )
+
+    def cert_pem(self) -> bytes:
+        from cryptography.hazmat.primitives import serialization
+
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _service_account_keys() -> tuple[bytes, bytes]:
+    """RSA key pair (private PEM, public PEM) for signing service-account tokens."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    return (
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ),
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ),
+    )
+
+
+def _operator_serving_cert() -> bytes:
+    """Ensure the training operator's shared serving cert (IP SAN 127.0.0.1) exists; return it (PEM).
+
+    The directory is fixed by the operator, so concurrent test beds on one machine share one
+    self-signed pair, created once under a file lock and reused while valid for a day more.
+    """
+    from cryptography import x509
+
+    OPERATOR_CERT_DIR.mkdir(parents=True, exist_ok=True)
+    crt, key = OPERATOR_CERT_DIR / "tls.crt", OPERATOR_CERT_DIR / "tls.key"
+    with (OPERATOR_CERT_DIR.parent / ".trainflow.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            cert = x509.load_pem_x509_certificate(crt.read_bytes())
+            fresh = cert.not_valid_after_utc > dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+            if fresh and key.exists() and cert.issuer == cert.subject:
+                return crt.read_bytes()
+        ca = _CertificateAuthority.create("trainflow-testbed-webhook")
+        # Self-signed serving cert: the CA itself carries the SANs, so it is also the caBundle.
+        cert_pem, key_pem = _self_signed_server(ca)
+        _pem_write(key, key_pem)
+        _pem_write(crt, cert_pem)
+        return cert_pem
+
+
+def _self_signed_server(ca: _CertificateAuthority) -> tuple[bytes, bytes]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca.cert.subject)
+        .issuer_name(ca.cert.subject)
+        .public_key(ca.key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=365))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca.key, hashes.SHA256())
+    )
+    key_pem = ca.key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+# -------------------------------------------------------------------------------------- test bed
+
+
+def _kubeconfig(server: str, ca_file: Path, cert_file: Path, key_file: Path, user: str) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {"name": "testbed", "cluster": {"server": server, "certificate-authority": str(ca_file)}}
+            ],
+            "users": [
+                {"name": user, "user": {"client-certificate": str(cert_file), "client-key": str(key_file)}}
+            ],
+            "contexts": [{"name": "testbed", "context": {"cluster": "testbed", "user": user}}],
+            "current-context": "testbed",
+        }
+    )
+
+
+def wait_until(predicate: Callable[[], Any], *, timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
+    """Poll ``predicate`` until it returns a truthy value; return that value.
+
+    Raises:
+        TimeoutError: ``what`` did not happen within ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+@dataclass
+class KubeTestBed:
+    """etcd + kube-apiserver + kube-scheduler + KWOK + training operator on 127.0.0.1.
+
+    Attributes:
+        root: working folder (certificates, kubeconfigs, etcd data, logs).
+        binaries: the built programs.
+        kubeconfig: path of a cluster-admin kubeconfig (user ``trainflow-admin``, group
+            ``system:masters``).
+        server: the API server URL, ``https://127.0.0.1:PORT``.
+    """
+
+    root: Path
+    binaries: TestBedBinaries
+    ready_timeout_s: float = 90.0
+    kubeconfig: Path = field(init=False)
+    server: str = field(init=False)
+    _ports: dict[str, int] = field(init=False, default_factory=dict)
+    _processes: list[ManagedProcess] = field(init=False, default_factory=list)
+    _client: Any = field(init=False, default=None)
+    startup_s: float = field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        for name in (
+            "etcd",
+            "etcd_peer",
+            "apiserver",
+            "scheduler",
+            "kwok",
+            "operator_metrics",
+            "operator_probe",
+            "webhook",
+        ):
+            self._ports[name] = free_port()
+        self.server = f"https://127.0.0.1:{self._ports['apiserver']}"
+        self.kubeconfig = self.root / "admin.kubeconfig"
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def start(self) -> KubeTestBed:
+        """Start every component and install the cluster's fixtures; return once all are ready.
+
+        Raises:
+            TimeoutError, RuntimeError: a component did not become ready (its log tail is in the
+                message); everything already started is stopped first.
+        """
+        started = time.monotonic()
+        try:
+            self._write_pki()
+            self._start_etcd()
+            self._start_apiserver()
+            self._bootstrap()
+            self._start_rest()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - started
+        return self
+
+    def stop(self) -> None:
+        """Stop every started process by PID, newest first."""
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client._client._client.close()
+            self._client = None
+        while self._processes:
+            self._processes.pop().stop()
+
+    def __enter__(self) -> KubeTestBed:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "logs"
+
+    def processes(self) -> dict[str, ManagedProcess]:
+        """The running component processes by name (etcd, kube-apiserver, ...)."""
+        return {p.name: p for p in self._processes}
+
+    # -- pieces -------------------------------------------------------------------------------
+
+    def _write_pki(self) -> None:
+        pki = self.root / "pki"
+        ca = _CertificateAuthority.create("trainflow-testbed-ca")
+        _pem_write(pki / "ca.crt", ca.cert_pem())
+        crt, key = ca.issue(
+            "kube-apiserver",
+            server_names=[
+                "127.0.0.1",
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "10.96.0.1",
+            ],
+        )
+        _pem_write(pki / "apiserver.crt", crt)
+        _pem_write(pki / "apiserver.key", key)
+        for user, org in (("trainflow-admin", "system:masters"), ("system:kube-scheduler", None)):
+            crt, key = ca.issue(user, organization=org)
+            stem = user.replace(":", "-")
+            _pem_write(pki / f"{stem}.crt", crt)
+            _pem_write(pki / f"{stem}.key", key)
+            text = _kubeconfig(self.server, pki / "ca.crt", pki / f"{stem}.crt", pki / f"{stem}.key", user)
+            (self.root / f"{stem}.kubeconfig").write_text(text)
+        (self.root / "trainflow-admin.kubeconfig").rename(self.kubeconfig)
+        sa_key, sa_pub = _service_account_keys()
+        _pem_write(pki / "sa.key", sa_key)
+        _pem_write(pki / "sa.pub", sa_pub)
+        self._webhook_ca = _operator_serving_cert()
+
+    def _spawn(
+        self, name: str, argv: Sequence[str | Path], *, env: dict[str, str] | None = None
+    ) -> ManagedProcess:
+        proc = ManagedProcess(name, argv, log_dir=self.log_dir, env=env, cwd=self.root, ready=None).start()
+        self._processes.append(proc)
+        return proc
+
+    def _wait_ready(self, proc: ManagedProcess, probe: Callable[[], bool]) -> None:
+        def check() -> bool:
+            if not proc.alive():
+                raise RuntimeError(
+                    f"{proc.name} exited with {proc.proc.returncode if proc.proc else '?'}:\n{proc.tail()}"
+                )
+            return probe()
+
+        try:
+            wait_until(check, timeout_s=self.ready_timeout_s, what=f"{proc.name} to be ready", interval_s=0.1)
+        except TimeoutError as err:
+            raise TimeoutError(f"{err}\n{proc.tail()}") from None
+
+    def _start_etcd(self) -> None:
+        p, peer = self._ports["etcd"], self._ports["etcd_peer"]
+        proc = self._spawn(
+            "etcd",
+            [
+                self.binaries.testbed,
+                "etcd",
+                "--name=testbed",
+                f"--data-dir={self.root / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{p}",
+                f"--advertise-client-urls=http://127.0.0.1:{p}",
+                f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                f"--initial-cluster=testbed=http://127.0.0.1:{peer}",
+                "--unsafe-no-fsync",  # test data: durability across machine crashes is not needed
+                "--log-level=warn",
+            ],
+        )
+        self._wait_ready(proc, lambda: _http_ok(f"http://127.0.0.1:{p}/health"))
+
+    def _start_apiserver(self) -> None:
+        pki = self.root / "pki"
+        proc = self._spawn(
+            "kube-apiserver",
+            [
+                self.binaries.testbed,
+                "kube-apiserver",
+                f"--etcd-servers=http://127.0.0.1:{self._ports['etcd']}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self._ports['apiserver']}",
+                f"--cert-dir={self.root / 'apiserver'}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                "--authorization-mode=RBAC",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--endpoint-reconciler-type=none",
+                "--allow-privileged=true",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        self._wait_ready(proc, lambda: self._api_ok("/readyz"))
+
+    def _api_ok(self, path: str) -> bool:
+        pki = self.root / "pki"
+        try:
+            response = httpx.get(
+                self.server + path,
+                verify=str(pki / "ca.crt"),
+                cert=(str(pki / "trainflow-admin.crt"), str(pki / "trainflow-admin.key")),
+                timeout=2.0,
+            )
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    def _bootstrap(self) -> None:
+        from lightkube import codecs
+        from lightkube.models.admissionregistration_v1 import (
+            RuleWithOperations,
+            ValidatingWebhook,
+            WebhookClientConfig,
+        )
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
+        from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+        from lightkube.resources.core_v1 import Secret
+
+        client = self.client()
+        self.create_namespace(OPERATOR_NAMESPACE)
+        self.create_namespace("default")
+        client.create(Secret(metadata=ObjectMeta(name=OPERATOR_WEBHOOK_SECRET, namespace=OPERATOR_NAMESPACE)))
+        for obj in codecs.load_all_yaml(self.binaries.pytorchjob_crd.read_text()):
+            client.apply(obj, field_manager="trainflow-testbed", force=True)
+        crd_name = "pytorchjobs.kubeflow.org"
+
+        def established() -> bool:
+            crd = client.get(CustomResourceDefinition, crd_name)
+            return any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
+
+        wait_until(established, timeout_s=30, what=f"CRD {crd_name} to be Established")
+        import base64
+
+        client.create(
+            ValidatingWebhookConfiguration(
+                metadata=ObjectMeta(name=WEBHOOK_NAME),
+                webhooks=[
+                    ValidatingWebhook(
+                        name=WEBHOOK_NAME,
+                        admissionReviewVersions=["v1"],
+                        sideEffects="None",
+                        failurePolicy="Fail",
+                        timeoutSeconds=10,
+                        clientConfig=WebhookClientConfig(
+                            url=f"https://127.0.0.1:{self._ports['webhook']}/validate-kubeflow-org-v1-pytorchjob",
+                            caBundle=base64.b64encode(self._webhook_ca).decode(),
+                        ),
+                        rules=[
+                            RuleWithOperations(
+                                apiGroups=["kubeflow.org"],
+                                apiVersions=["v1"],
+                                operations=["CREATE", "UPDATE"],
+                                resources=["pytorchjobs"],
+                            )
+                        ],
+                    )
+                ],
+            )
+        )
+
+    def _start_rest(self) -> None:
+        scheduler = self._spawn(
+            "kube-scheduler",
+            [
+                self.binaries.testbed,
+                "kube-scheduler",
+                f"--kubeconfig={self.root / 'system-kube-scheduler.kubeconfig'}",
+                f"--authentication-kubeconfig={self.root / 'system-kube-scheduler.kubeconfig'}",
+                f"--authorization-kubeconfig={self.root / 'system-kube-scheduler.kubeconfig'}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self._ports['scheduler']}",
+                "--leader-elect=false",
+                "--v=1",
+            ],
+        )
+        kwok = self._spawn(
+            "kwok",
+            [
+                self.binaries.kwok,
+                f"--kubeconfig={self.kubeconfig}",
+                f"--config={KWOK_STAGES}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+                "--manage-nodes-with-label-selector=",
+                "--manage-single-node=",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=10.0.0.1",
+                "--node-lease-duration-seconds=40",
+                f"--server-address=127.0.0.1:{self._ports['kwok']}",
+            ],
+            env={"HOME": str(self.root)},  # kwok reads ~/.kwok/kwok.yaml if present: keep it ours
+        )
+        operator = self._spawn(
+            "training-operator",
+            [
+                self.binaries.training_operator,
+                "--enable-scheme=pytorchjob",
+                f"--metrics-bind-address=127.0.0.1:{self._ports['operator_metrics']}",
+                f"--health-probe-bind-address=127.0.0.1:{self._ports['operator_probe']}",
+                f"--webhook-server-port={self._ports['webhook']}",
+                "--leader-elect=false",
+                "--controller-threads=4",
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+            ],
+            env={"KUBECONFIG": str(self.kubeconfig), "MY_POD_NAMESPACE": OPERATOR_NAMESPACE},
+        )
+        self._wait_ready(
+            scheduler, lambda: _http_ok(f"https://127.0.0.1:{self._ports['scheduler']}/healthz", verify=False)
+        )
+        self._wait_ready(kwok, lambda: _http_ok(f"http://127.0.0.1:{self._ports['kwok']}/healthz"))
+        self._wait_ready(
+            operator, lambda: _http_ok(f"http://127.0.0.1:{self._ports['operator_probe']}/readyz")
+        )
+
+    # -- API helpers --------------------------------------------------------------------------
+
+    def client(self) -> Any:
+        """The shared cluster-admin lightkube ``Client`` (created on first use)."""
+        if self._client is None:
+            from lightkube import Client
+            from lightkube.config.kubeconfig import KubeConfig
+
+            self._client = Client(KubeConfig.from_file(self.kubeconfig), field_manager="trainflow-tests")
+        return self._client
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None, timeout_s: float = 120.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the test bed's own kubectl (same version as the API server) against it.
+
+        Raises:
+            subprocess.CalledProcessError: non-zero exit with ``check`` (stderr in ``.stderr``).
+        """
+        return subprocess.run(
+            [str(self.binaries.kubectl), f"--kubeconfig={self.kubeconfig}", *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=check,
+        )
+
+    def create_namespace(self, name: str, *, labels: dict[str, str] | None = None) -> str:
+        """Create (or reuse) a namespace and its ``default`` ServiceAccount; return its name."""
+        from lightkube.core.exceptions import ApiError
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.core_v1 import Namespace, ServiceAccount
+
+        client = self.client()
+        for obj in (
+            Namespace(metadata=ObjectMeta(name=name, labels=labels)),
+            ServiceAccount(metadata=ObjectMeta(name="default", namespace=name)),
+        ):
+            try:
+                client.create(obj)
+            except ApiError as err:
+                if err.status.code != 409:
+                    raise
+        return name
+
+    def cleanup_namespace(self, name: str, *, timeout_s: float = 60.0) -> None:
+        """Delete the PyTorchJobs, pods and services in ``name`` (no garbage collector here)."""
+        from lightkube.resources.core_v1 import Pod, Service
+
+        client = self.client()
+        pytorchjob = pytorchjob_resource()
+        for job in client.list(pytorchjob, namespace=name):
+            with contextlib.suppress(Exception):
+                client.delete(pytorchjob, job.metadata.name, namespace=name)
+        for res in (Pod, Service):
+            for obj in client.list(res, namespace=name):
+                with contextlib.suppress(Exception):
+                    client.delete(res, obj.metadata.name, namespace=name, grace_period=0)
+        wait_until(
+            lambda: (
+                not list(client.list(Pod, namespace=name))
+                and not list(client.list(pytorchjob, namespace=name))
+            ),
+            timeout_s=timeout_s,
+            what=f"namespace {name} to be empty",
+        )
+
+    def create_gpu_nodes(
+        self,
+        count: int,
+        gpus_per_node: int = 8,
+        *,
+        prefix: str | None = None,
+        cpu: str = "96",
+        memory: str = "1Ti",
+        pods: int = 110,
+        labels: dict[str, str] | None = None,
+        wait_ready: bool = True,
+        parallelism: int = 8,
+    ) -> list[str]:
+        """Create ``count`` KWOK nodes, each with ``nvidia.com/gpu: gpus_per_node``.
+
+        Args:
+            count: number of nodes.
+            gpus_per_node: ``nvidia.com/gpu`` capacity and allocatable per node.
+            prefix: node-name prefix (default ``gpu-<random>``); names are ``<prefix>-<index>``.
+            cpu, memory, pods: the other capacities (Kubernetes quantities).
+            labels: extra node labels (``trainflow.dev/testbed-node: "true"`` is always set).
+            wait_ready: wait until KWOK has marked every node Ready.
+            parallelism: concurrent create requests.
+
+        Returns:
+            The node names.
+        """
+        from lightkube.models.core_v1 import NodeSpec, NodeStatus
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.core_v1 import Node
+
+        if count < 0 or gpus_per_node < 0:
+            raise ValueError(f"count and gpus_per_node must be >= 0, got {count} and {gpus_per_node}")
+        prefix = prefix or f"gpu-{uuid.uuid4().hex[:6]}"
+        capacity = {"cpu": cpu, "memory": memory, "pods": str(pods), "nvidia.com/gpu": str(gpus_per_node)}
+        client = self.client()
+        names = [f"{prefix}-{i}" for i in range(count)]
+
+        def create(name: str) -> None:
+            client.create(
+                Node(
+                    metadata=ObjectMeta(
+                        name=name,
+                        annotations={KWOK_NODE_ANNOTATION: "fake"},
+                        labels={
+                            TESTBED_NODE_LABEL: "true",
+                            "kubernetes.io/hostname": name,
+                            "kubernetes.io/os": "linux",
+                            "kubernetes.io/arch": "amd64",
+                            "type": "kwok",
+                            **(labels or {}),
+                        },
+                    ),
+                    spec=NodeSpec(),
+                    status=NodeStatus(capacity=capacity, allocatable=capacity),
+                )
+            )
+
+        with ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
+            list(pool.map(create, names))
+        if wait_ready and names:
+            wanted = set(names)
+
+            def all_ready() -> bool:
+                ready = {
+                    n.metadata.name
+                    for n in client.list(Node, labels={TESTBED_NODE_LABEL: "true"})
+                    if any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
+                }
+                return wanted <= ready
+
+            wait_until(all_ready, timeout_s=max(30.0, count * 0.5), what=f"{count} KWOK nodes to be Ready")
+        return names
+
+    def delete_nodes(self, names: Sequence[str], *, parallelism: int = 8) -> None:
+        """Delete nodes (their pods are not evicted: there is no node lifecycle controller)."""
+        from lightkube.resources.core_v1 import Node
+
+        client = self.client()
+
+        def delete(name: str) -> None:
+            with contextlib.suppress(Exception):
+                client.delete(Node, name)
+
+        with ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
+            list(pool.map(delete, names))
+
+    def set_pod_outcome(
+        self,
+        namespace: str,
+        pod: str,
+        outcome: str,
+        *,
+        exit_code: int | None = None,
+        delay: str | None = None,
+    ) -> None:
+        """Make a running pod terminate through KWOK: ``outcome`` is ``"Succeeded"`` or ``"Failed"``.
+
+        Raises:
+            ValueError: unknown outcome.
+        """
+        from lightkube.resources.core_v1 import Pod
+
+        if outcome not in ("Succeeded", "Failed"):
+            raise ValueError(f"outcome must be 'Succeeded' or 'Failed', got {outcome!r}")
+        annotations = {OUTCOME_ANNOTATION: outcome}
+        if exit_code is not None:
+            annotations[EXIT_CODE_ANNOTATION] = str(exit_code)
+        if delay is not None:
+            annotations[DELAY_ANNOTATION] = delay
+        from lightkube.types import PatchType
+
+        self.client().patch(
+            Pod,
+            pod,
+            {"metadata": {"annotations": annotations}},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+
+
+def pytorchjob_resource() -> Any:
+    """The lightkube generic resource class for ``kubeflow.org/v1`` PyTorchJob."""
+    from lightkube.generic_resource import create_namespaced_resource
+
+    return create_namespaced_resource("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs")
+
+
+def _http_ok(url: str, *, verify: bool = True) -> bool:
+    try:
+        return httpx.get(url, timeout=2.0, verify=verify).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+# --------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def k8s_testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeTestBed]:
+    """The Kubernetes test bed, started once per session and stopped by PID at the end."""
+    bed = KubeTestBed(root=tmp_path_factory.mktemp("k8s"), binaries=testbed_binaries())
+    bed.start()
+    try:
+        yield bed
+    finally:
+        bed.stop()
+
+
+@pytest.fixture(scope="session")
+def k8s_client(k8s_testbed: KubeTestBed) -> Any:
+    """A cluster-admin lightkube ``Client`` for the test bed."""
+    return k8s_testbed.client()
+
+
+@pytest.fixture
+def k8s_namespace(k8s_testbed: KubeTestBed, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace (with a ``default`` ServiceAccount); its jobs and pods are deleted after."""
+    base = "".join(c if c.isalnum() else "-" for c in request.node.name.lower()).strip("-")[:40].strip("-")
+    name = k8s_testbed.create_namespace(f"{base}-{uuid.uuid4().hex[:6]}")
+    yield name
+    k8s_testbed.cleanup_namespace(name)
+
+
+@pytest.fixture
+def kwok_gpu_nodes(k8s_testbed: KubeTestBed) -> Iterator[Callable[..., list[str]]]:
+    """Factory ``create(count, gpus_per_node=8, **kw) -> names`` of KWOK GPU nodes, deleted after the test."""
+    created: list[str] = []
+
+    def create(count: int, gpus_per_node: int = 8, **kwargs: Any) -> list[str]:
+        names = k8s_testbed.create_gpu_nodes(count, gpus_per_node, **kwargs)
+        created.extend(names)
+        return names
+
+    yield create
+    k8s_testbed.delete_nodes(created)
+
+
+def main() -> None:
+    """Start the test bed by hand: ``python -m tests.support.k8s [--nodes N --gpus-per-node G]``."""
+    import argparse
+    import signal
+    import tempfile
+
+    parser = argparse.ArgumentParser(description="Run the trainflow Kubernetes test bed until Ctrl-C.")
+    parser.add_argument("--nodes", type=int, default=2, help="KWOK GPU nodes to create")
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    args = parser.parse_args()
+    with (
+        tempfile.TemporaryDirectory(prefix="trainflow-testbed-") as root,
+        KubeTestBed(root=Path(root), binaries=testbed_binaries()) as bed,
+    ):
+        bed.create_gpu_nodes(args.nodes, args.gpus_per_node, prefix="gpu")
+        print(f"test bed up in {bed.startup_s:.1f} s; logs in {bed.log_dir}")
+        print(f"export KUBECONFIG={bed.kubeconfig}")
+        print(f"alias kubectl={bed.binaries.kubectl}")
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        with contextlib.suppress(KeyboardInterrupt):
+            stop.wait()
+
+
+if __name__ == "__main__":
+    main()

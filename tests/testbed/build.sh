@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Build (or reuse) the test bed's servers from the Go module proxy, pinned in versions.env.
+#
+#   tests/testbed/build.sh [minio] [k8s]      (no argument: both)
+#
+# Prints NAME=PATH lines (shell- and Python-parsable) for what was asked:
+#   MINIO_BIN             MinIO server                     ~/.cache/trainflow/minio/<version>/
+#   TESTBED_BIN           multi-call kube-apiserver/kube-scheduler/etcd/kubectl
+#                                                          ~/.cache/trainflow/testbed/controlplane/<k8s>-<hash>/
+#   KUBE_APISERVER_BIN, KUBE_SCHEDULER_BIN, ETCD_BIN, KUBECTL_BIN   symlinks to TESTBED_BIN
+#   KWOK_BIN, TRAINING_OPERATOR_BIN, PYTORCHJOB_CRD       ~/.cache/trainflow/testbed/tools/<versions>-<hash>/
+#
+# Each part is built at most once per version (and per hash of its wrapper module's files); a lock
+# keeps concurrent callers (several pytest sessions, make testbed) from building it twice. Builds
+# run under `nice -n 10` (shared machines). The wrapper modules' go.sum files are committed, so
+# nothing needs a checksum-database lookup. Progress goes to stderr; stdout has only NAME=PATH.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=versions.env
+source "$here/versions.env"
+cache_root="${TRAINFLOW_CACHE:-$HOME/.cache/trainflow}"
+export CGO_ENABLED=0 GOWORK=off GOTOOLCHAIN=local
+export GOFLAGS="-mod=readonly -trimpath"
+
+log() { echo "testbed/build: $*" >&2; }
+
+need_go() {
+  command -v go >/dev/null || { log "'go' not found: Go >= 1.26 is needed to build the test bed"; exit 2; }
+}
+
+# locked DIR CHECK_FILE FUNCTION: run FUNCTION TMPDIR under DIR/.lock unless DIR/CHECK_FILE exists,
+# then move everything from TMPDIR into DIR (so a killed build never leaves a half-written binary).
+locked() {
+  local dir="$1" check="$2" fn="$3"
+  [ -e "$dir/$check" ] && return 0
+  need_go
+  mkdir -p "$dir"
+  exec 9>"$dir/.lock"
+  flock 9
+  if [ ! -e "$dir/$check" ]; then
+    local tmp start
+    tmp="$(mktemp -d "$dir/.build.XXXXXX")"
+    start=$(date +%s)
+    if ! "$fn" "$tmp"; then rm -rf "$tmp"; exec 9>&-; return 1; fi
+    mv "$tmp"/* "$dir/"
+    rm -rf "$tmp"
+    log "$fn done in $(( $(date +%s) - start )) s -> $dir"
+  fi
+  exec 9>&-
+}
+
+build_minio() {
+  log "building github.com/minio/minio@$MINIO_VERSION (first use; 5-10 min on 2 cores, cached afterwards)"
+  GOFLAGS=-trimpath GOBIN="$1" nice -n 10 go install -ldflags "-s -w" "github.com/minio/minio@$MINIO_VERSION" >&2
+}
+
+module_hash() { (cd "$1" && cat go.mod go.sum ./*.go 2>/dev/null | sha256sum | cut -c1-12); }
+
+build_controlplane() {
+  local out="$1" minor p c ld
+  log "building kube-apiserver, kube-scheduler, kubectl $KUBERNETES_VERSION and etcd $ETCD_VERSION (first use; ~10-15 min on 2 cores)"
+  minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
+  # The release's version, as its own build (hack/lib/version.sh) stamps it into both packages.
+  ld="-s -w"
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $p.gitVersion=$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+  done
+  (cd "$here/controlplane" && nice -n 10 go build -ldflags "$ld" -o "$out/testbed" .) >&2
+  for c in kube-apiserver kube-scheduler etcd kubectl; do ln -s testbed "$out/$c"; done
+}
+
+build_tools() {
+  local out="$1" dir
+  log "building kwok $KWOK_VERSION and training-operator $TRAINING_OPERATOR_VERSION (first use; ~4-6 min on 2 cores)"
+  (cd "$here/tools" && nice -n 10 go build -ldflags "-s -w" -o "$out/" \
+    sigs.k8s.io/kwok/cmd/kwok github.com/kubeflow/training-operator/cmd/training-operator.v1) >&2
+  mv "$out/training-operator.v1" "$out/training-operator"
+  dir="$(cd "$here/tools" && go mod download -json github.com/kubeflow/training-operator |
+    sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  cp "$dir/manifests/base/crds/kubeflow.org_pytorchjobs.yaml" "$out/"
+  chmod u+w "$out/kubeflow.org_pytorchjobs.yaml"
+}
+
+want_minio=0 want_k8s=0
+[ $# -eq 0 ] && set -- minio k8s
+for part in "$@"; do
+  case "$part" in
+    minio) want_minio=1 ;;
+    k8s) want_k8s=1 ;;
+    *) log "unknown part '$part' (want: minio, k8s)"; exit 2 ;;
+  esac
+done
+
+if [ $want_minio = 1 ]; then
+  d="$cache_root/minio/$MINIO_VERSION"
+  locked "$d" minio build_minio
+  echo "MINIO_BIN=$d/minio"
+fi
+if [ $want_k8s = 1 ]; then
+  d="$cache_root/testbed/controlplane/$KUBERNETES_VERSION-$(module_hash "$here/controlplane")"
+  locked "$d" testbed build_controlplane
+  echo "TESTBED_BIN=$d/testbed"
+  echo "KUBE_APISERVER_BIN=$d/kube-apiserver"
+  echo "KUBE_SCHEDULER_BIN=$d/kube-scheduler"
+  echo "ETCD_BIN=$d/etcd"
+  echo "KUBECTL_BIN=$d/kubectl"
+  d="$cache_root/testbed/tools/kwok-$KWOK_VERSION-to-$TRAINING_OPERATOR_VERSION-$(module_hash "$here/tools")"
+  locked "$d" kubeflow.org_pytorchjobs.yaml build_tools
+  echo "KWOK_BIN=$d/kwok"
+  echo "TRAINING_OPERATOR_BIN=$d/training-operator"
+  echo "PYTORCHJOB_CRD=$d/kubeflow.org_pytorchjobs.yaml"
+fi
