@@ -1,0 +1,172 @@
+"""Launch the training runtime under a local ``torchrun`` elastic agent (the ``local`` backend).
+
+One call starts one agent (one "node") with ``nproc_per_node`` workers. The agent joins a c10d
+rendezvous on ``rdzv_endpoint`` with ``--nnodes=MIN:MAX``, so more agents — on this machine or
+others — can join the same job up to ``max_nodes`` (elastic scale-up), and the job carries on with
+at least ``min_nodes`` when one leaves (scale-down).
+
+Settings that make restarts reliable on torch 2.13 (../shared/DESIGN.md §4, pytorch#135712):
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a fresh store per worker group, so restarted workers never
+read a dead peer's address) and ``last_call_timeout=1`` (no 30 s wait per start with ``--nnodes=1:N``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def rdzv_id_for(job_key: str) -> str:
+    """A rendezvous id derived from the job key (stable, short, safe for any key)."""
+    return "tf-" + hashlib.sha256(job_key.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AgentSpec:
+    """One torchrun elastic agent."""
+
+    rdzv_id: str
+    rdzv_endpoint: str
+    """``host:port`` of the c10d rendezvous store (the first agent to arrive hosts it)."""
+    nproc_per_node: int = 1
+    min_nodes: int = 1
+    max_nodes: int = 1
+    max_restarts: int = 3
+    """Worker-group restarts after failures (membership changes do not count)."""
+    monitor_interval_s: float = 0.5
+    last_call_timeout_s: float = 1.0
+    join_timeout_s: float = 120.0
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_nodes <= self.max_nodes:
+            raise ValueError(f"need 1 <= min_nodes <= max_nodes, got {self.min_nodes}:{self.max_nodes}")
+        if self.nproc_per_node < 1:
+            raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+
+
+def torchrun_argv(spec: AgentSpec, training_args: Sequence[str], *, python: str = sys.executable) -> list[str]:
+    """The command line of one agent running ``-m components.training <training_args>``."""
+    return [
+        python, "-m", "torch.distributed.run",
+        f"--nnodes={spec.min_nodes}:{spec.max_nodes}",
+        f"--nproc-per-node={spec.nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={spec.rdzv_endpoint}",
+        f"--rdzv-id={spec.rdzv_id}",
+        f"--rdzv-conf=last_call_timeout={spec.last_call_timeout_s:g},join_timeout={spec.join_timeout_s:g}",
+        f"--max-restarts={spec.max_restarts}",
+        f"--monitor-interval={spec.monitor_interval_s:g}",
+        "--local-addr=127.0.0.1",
+        "-m", "components.training",
+        *training_args,
+    ]
+
+
+def torchrun_env(spec: AgentSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env.update({
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", "lo"),  # local runs stay on loopback
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.nproc_per_node))),
+    })
+    env.update(spec.env)
+    return env
+
+
+class Agent:
+    """A running torchrun agent in its own process group; its output goes to ``log_path``.
+
+    ``on_line`` (optional) is called with each output line (from a reader thread).
+    """
+
+    def __init__(self, spec: AgentSpec, training_args: Sequence[str], *, log_path: Path,
+                 on_line: Callable[[str], None] | None = None, python: str = sys.executable) -> None:
+        self.spec = spec
+        self.argv = torchrun_argv(spec, training_args, python=python)
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log: IO[str] = self.log_path.open("a", buffering=1)
+        self.proc = subprocess.Popen(
+            self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+            env=torchrun_env(spec), start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._pump, args=(on_line,), daemon=True)
+        self._reader.start()
+
+    def _pump(self, on_line: Callable[[str], None] | None) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._log.write(line)
+            if on_line:
+                on_line(line.rstrip("\n"))
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        rc = self.proc.wait(timeout=timeout_s)
+        self._reader.join(timeout=5)
+        self._log.close()
+        return rc
+
+    def signal(self, sig: int, *, whole_group: bool = True) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            if whole_group:
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
+
+    def terminate(self, grace_s: float = 30.0) -> int:
+        """SIGTERM the agent (it forwards to its workers, which save and exit), SIGKILL after ``grace_s``."""
+        if self.proc.poll() is None:
+            self.signal(signal.SIGTERM, whole_group=False)
+            try:
+                return self.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+        return self.wait(10)
+
+    def kill(self) -> int:
+        """SIGKILL the agent and its workers at once (a node lost)."""
+        self.signal(signal.SIGKILL)
+        return self.wait(10)
+
+
+def run_agent(spec: AgentSpec, training_args: Sequence[str], *, log_path: Path,
+              on_line: Callable[[str], None] | None = None) -> int:
+    """Run one agent to completion; SIGTERM/SIGINT to this process are forwarded to it (KFP terminate)."""
+    agent = Agent(spec, training_args, log_path=log_path, on_line=on_line)
+    forwarded = {}
+
+    def forward(signum: int, frame: object) -> None:
+        agent.signal(signal.SIGTERM, whole_group=False)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(ValueError):  # not the main thread
+            forwarded[sig] = signal.signal(sig, forward)
+    try:
+        return agent.wait()
+    finally:
+        for sig, handler in forwarded.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,125 @@
+"""Per-step training metrics: a JSONL file and a Prometheus ``/metrics`` endpoint, on rank 0.
+
+JSONL records are one JSON object per line. Step records carry ``step``, ``epoch``, ``loss``,
+``samples_per_s``, ``world_size``, ``lr``, ``ckpt_stall_s`` and ``time`` (Unix seconds); event
+records carry ``event`` (``start``, ``resume``, ``first_step_after_resume``, ``checkpoint``,
+``preempted``, ``finished``).
+
+Prometheus metrics (all prefixed ``trainflow_``, labelled with ``job_key``) — the GPU scheduler reads
+``trainflow_samples_per_second`` to learn each job's throughput at its current world size.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class MetricsSink(Protocol):
+    def record(self, rec: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NullSink:
+    """Used on ranks other than 0 and when metrics are off."""
+
+    def record(self, rec: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlSink:
+    """Appends one JSON line per record and flushes it (a reader can tail the file)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = self.path.open("a", buffering=1)
+        self._lock = threading.Lock()
+
+    def record(self, rec: dict[str, Any]) -> None:
+        line = json.dumps({"time": time.time(), **rec})
+        with self._lock:
+            self._f.write(line + "\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class PrometheusSink:
+    """Serves ``/metrics`` on ``addr:port`` from a private registry (prometheus_client)."""
+
+    def __init__(self, *, port: int, addr: str, job_key: str) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+        self.registry = CollectorRegistry()
+        lbl = ["job_key"]
+        g = lambda name, doc: Gauge(name, doc, lbl, registry=self.registry).labels(job_key)  # noqa: E731
+        c = lambda name, doc: Counter(name, doc, lbl, registry=self.registry).labels(job_key)  # noqa: E731
+        self.step = g("trainflow_step", "Completed optimizer steps.")
+        self.epoch = g("trainflow_epoch", "Current epoch (0-based).")
+        self.loss = g("trainflow_loss", "Training loss of the last step (global mean).")
+        self.samples_per_s = g("trainflow_samples_per_second", "Training throughput of the last step, all ranks.")
+        self.world_size = g("trainflow_world_size", "Ranks in the current worker group.")
+        self.stall_s = g("trainflow_checkpoint_stall_seconds", "Blocking time of the last checkpoint save.")
+        self.persist_s = g("trainflow_checkpoint_persist_seconds", "Background persist time of the last checkpoint.")
+        self.committed = c("trainflow_checkpoints_committed", "Checkpoints committed.")
+        self.resumes = c("trainflow_resumes", "Starts that resumed from a checkpoint.")
+        self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
+        self._committed_seen = 0
+
+    def record(self, rec: dict[str, Any]) -> None:
+        if "step" in rec and "loss" in rec:
+            self.step.set(rec["step"])
+            self.epoch.set(rec["epoch"])
+            self.loss.set(rec["loss"])
+            self.samples_per_s.set(rec["samples_per_s"])
+            self.world_size.set(rec["world_size"])
+        if rec.get("event") == "checkpoint":
+            self.stall_s.set(rec.get("stall_s", 0.0))
+            if rec.get("persist_s") is not None:
+                self.persist_s.set(rec["persist_s"])
+            committed = int(rec.get("committed_total", 0))
+            if committed > self._committed_seen:
+                self.committed.inc(committed - self._committed_seen)
+                self._committed_seen = committed
+        if rec.get("event") == "resume":
+            self.resumes.inc()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class FanOut:
+    def __init__(self, sinks: list[MetricsSink]) -> None:
+        self.sinks = sinks
+
+    def record(self, rec: dict[str, Any]) -> None:
+        for s in self.sinks:
+            s.record(rec)
+
+    def close(self) -> None:
+        for s in self.sinks:
+            s.close()
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a metrics file (a torn last line, from a killed writer, is ignored)."""
+    out = []
+    try:
+        with Path(path).open() as fh:
+            for line in fh:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    except FileNotFoundError:
+        return []
+    return out

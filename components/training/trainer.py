@@ -1,0 +1,408 @@
+"""The elastic-DDP trainer: ``train()`` = load ▶ loop(step, after_step) ▶ close.
+
+Every start loads the newest committed checkpoint under the job key, so the same command is safe
+after any restart (torchrun restarting workers, a pod restart, a KFP or Airflow retry). Saved state:
+model, optimizer, LR scheduler, grad scaler, step/epoch/data position, and every rank's RNG streams.
+
+One tiny all-reduce per step carries ``[loss_sum, correct, save_due, stop_requested]`` so that every
+rank agrees on the reported global loss, on *when* to checkpoint (rank 0's clock decides time-based
+saves) and on stopping after SIGTERM; a disagreement between ranks is impossible by construction.
+
+Bit-exact resume (same world size, CPU or 2 GPUs): data order is a pure function of
+(seed, epoch, position) (``components.training.data``), RNG states are restored per rank, kernels are
+deterministic (``torch.use_deterministic_algorithms``), and saving never consumes randomness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from components.training import data as datamod
+from components.training import distributed as dist_utils
+from components.training import rng
+from components.training.checkpoint.manager import CheckpointManager, LoadedCheckpoint
+from components.training.checkpoint.storage import CheckpointStorage, join_uri, storage_for
+from components.training.config import TrainConfig
+from components.training.distributed import DistEnv
+from components.training.faults import FaultInjector
+from components.training.metrics import FanOut, JsonlSink, MetricsSink, NullSink, PrometheusSink
+from components.training.model import build_model
+
+log = logging.getLogger("trainflow.trainer")
+
+EXIT_PREEMPTED = 143
+"""Exit code after a SIGTERM save: retryable under the training operator's ExitCode policy."""
+
+
+class Preempted(Exception):
+    """SIGTERM was received; a final checkpoint was saved."""
+
+
+@dataclass(slots=True)
+class TrainState:
+    """Where training is. ``samples_in_epoch`` is the global data position (see ``data``)."""
+
+    step: int = 0
+    epoch: int = 0
+    samples_in_epoch: int = 0
+
+    def advance(self, n_global: int, num_samples: int) -> None:
+        self.step += 1
+        self.samples_in_epoch += n_global
+        if self.samples_in_epoch >= num_samples:
+            self.epoch += 1
+            self.samples_in_epoch = 0
+
+
+class SaveSchedule:
+    """Whether a periodic checkpoint is due, by steps and/or seconds since the last one (rank 0)."""
+
+    def __init__(self, *, interval_steps: int | None, interval_s: float | None, clock: Any = time.monotonic) -> None:
+        self.interval_steps = interval_steps
+        self.interval_s = interval_s
+        self.clock = clock
+        self.last_step = 0
+        self.last_time = clock()
+
+    def due(self, step: int) -> bool:
+        by_steps = self.interval_steps is not None and step - self.last_step >= self.interval_steps
+        by_time = self.interval_s is not None and self.clock() - self.last_time >= self.interval_s
+        return by_steps or by_time
+
+    def mark(self, step: int) -> None:
+        self.last_step = step
+        self.last_time = self.clock()
+
+
+@dataclass(frozen=True, slots=True)
+class TrainResult:
+    steps: int
+    epochs_completed: int
+    final_loss: float
+    resumed_from_step: int | None
+    checkpoints_committed: int
+    checkpoint_stall_seconds_total: float
+    train_seconds: float
+
+
+def _lr_lambda(total_steps: int, warmup_steps: int, schedule: str):
+    def f(step: int) -> float:
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return f
+
+
+class Trainer:
+    """Owns one rank's training job. Build with a validated :class:`TrainConfig`.
+
+    Raises (from ``__init__``):
+        DatasetError: the dataset folder is missing or invalid.
+        CheckpointStorageError: the checkpoint storage is unreachable or unwritable.
+    """
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, *, clock: Any = time.monotonic) -> None:
+        self.cfg = cfg
+        self.env = env
+        self.clock = clock
+        self.device = env.device()
+        self._configure_runtime()
+
+        self.dataset = datamod.PreparedDataset(cfg.data.path)
+        self.train_split = self.dataset.split("train")
+        self.num_samples = len(self.train_split)
+        info = self.dataset.info
+        self.steps_per_epoch = datamod.steps_per_epoch(self.num_samples, cfg.data.global_batch_size)
+        self.total_steps = cfg.epochs * self.steps_per_epoch
+        if cfg.max_steps is not None:
+            self.total_steps = min(self.total_steps, cfg.max_steps)
+
+        rng.seed_all(cfg.seed)  # identical initial weights on every rank
+        self.model = build_model(
+            cfg.model.name, in_channels=info.channels, num_classes=info.num_classes, image_size=info.image_size
+        ).to(self.device)
+        self.dist_active = dist_utils.active()
+        self.net: nn.Module = (
+            DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            if self.dist_active
+            else self.model
+        )
+        self.optimizer = self._build_optimizer()
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, _lr_lambda(self.total_steps, cfg.optim.warmup_steps, cfg.optim.lr_schedule)
+        )
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.optim.amp == "fp16")
+        self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.optim.amp)
+        rng.seed_all(cfg.seed * 1_000 + env.rank)  # per-rank streams (dropout) from here on
+
+        self.storage: CheckpointStorage = storage_for(join_uri(cfg.checkpoint.uri, cfg.checkpoint.job_key))
+        self.storage.check()
+        self.ckpt = CheckpointManager(
+            self.storage,
+            keep_last_k=cfg.checkpoint.keep_last_k,
+            clock=clock,
+            manifest_extra={"job_key": cfg.checkpoint.job_key, "dataset_fingerprint": info.fingerprint,
+                            "model": cfg.model.name, "torch_version": torch.__version__},
+        )
+        self.schedule = SaveSchedule(interval_steps=cfg.checkpoint.interval_steps,
+                                     interval_s=cfg.checkpoint.interval_s, clock=clock)
+        self.faults = FaultInjector(at_step=cfg.fault_at_step, storage=self.storage, rank=env.rank,
+                                    world_size=env.world_size)
+        self.metrics = self._build_metrics()
+        self.state = TrainState()
+        self.resumed_from: int | None = None
+        self._stop_requested = False
+        self._last_loss = float("nan")
+        self._pending_first_step_event = False
+        self._sample_log = None
+        if cfg.sample_log_dir:
+            Path(cfg.sample_log_dir).mkdir(parents=True, exist_ok=True)
+            name = f"samples-{os.getpid()}-{time.time_ns()}.jsonl"
+            self._sample_log = Path(cfg.sample_log_dir, name).open("a", buffering=1)  # noqa: SIM115 - closed in train()
+
+    # ------------------------------------------------------------------------------- set-up
+    def _configure_runtime(self) -> None:
+        threads = self.cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // max(1, self.env.local_world_size))
+        torch.set_num_threads(threads)
+        if self.cfg.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True, warn_only=True)
+            torch.backends.cudnn.benchmark = False
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        o = self.cfg.optim
+        if o.optimizer == "adamw":
+            return torch.optim.AdamW(self.model.parameters(), lr=o.lr, weight_decay=o.weight_decay)
+        return torch.optim.SGD(self.model.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+
+    def _build_metrics(self) -> MetricsSink:
+        if not self.env.is_main:
+            return NullSink()
+        sinks: list[MetricsSink] = []
+        if self.cfg.metrics_path:
+            sinks.append(JsonlSink(self.cfg.metrics_path))
+        if self.cfg.metrics_port:
+            sinks.append(PrometheusSink(port=self.cfg.metrics_port, addr=self.cfg.metrics_addr,
+                                        job_key=self.cfg.checkpoint.job_key))
+        return FanOut(sinks)
+
+    # --------------------------------------------------------------------------------- loop
+    def train(self) -> TrainResult:
+        """Run to the last step (or until SIGTERM: save, then raise :class:`Preempted`)."""
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        t0 = self.clock()
+        try:
+            self._load()
+            while self.state.step < self.total_steps:
+                self._run_epoch()
+            self._close()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            self.metrics.close()
+            if self._sample_log:
+                self._sample_log.close()
+        return TrainResult(
+            steps=self.state.step,
+            epochs_completed=self.state.epoch,
+            final_loss=self._last_loss,
+            resumed_from_step=self.resumed_from,
+            checkpoints_committed=self.ckpt.stats.committed,
+            checkpoint_stall_seconds_total=self.ckpt.stats.stall_seconds_total,
+            train_seconds=self.clock() - t0,
+        )
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._stop_requested = True
+
+    def _run_epoch(self) -> None:
+        cfg = self.cfg
+        epoch = self.state.epoch
+        perm = datamod.epoch_permutation(self.num_samples, cfg.seed, epoch)
+        batches = datamod.iter_local_batches(
+            self.train_split, perm=perm, start=self.state.samples_in_epoch,
+            global_batch_size=cfg.data.global_batch_size, rank=self.env.rank, world_size=self.env.world_size,
+            loader_workers=cfg.data.loader_workers, loader_seed=cfg.seed * 1_000_003 + epoch,
+        )
+        for x, y, ids, n_global in batches:
+            t_start = time.perf_counter()
+            loss_sum, correct = self._step(x, y, n_global)
+            self._after_step(loss_sum, correct, ids, n_global, t_start, epoch)
+            if self.state.step >= self.total_steps or self.state.epoch != epoch:
+                break
+
+    def _step(self, x: torch.Tensor, y: torch.Tensor, n_global: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step. The local loss is scaled so DDP's gradient average equals the gradient
+        of the mean loss over the whole global batch, however unevenly it is split over ranks."""
+        x = x.to(self.device, non_blocking=True)
+        y = y.to(self.device, non_blocking=True)
+        self.net.train()
+        autocast = (
+            torch.autocast(self.device.type, dtype=self.autocast_dtype)
+            if self.autocast_dtype is not None else contextlib.nullcontext()
+        )
+        with autocast:
+            logits = self.net(x)
+            per_sample = F.cross_entropy(logits.float(), y, reduction="none")
+            loss = per_sample.sum() * (self.env.world_size / n_global)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        if self.cfg.optim.grad_clip_norm is not None:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip_norm)
+        self.ckpt.wait_for_staging()  # the weights must not change while a snapshot reads them
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        return per_sample.detach().sum().double(), (logits.detach().argmax(1) == y).sum().double()
+
+    def _after_step(self, loss_sum, correct, ids, n_global, t_start, epoch) -> None:
+        self.state.advance(n_global, self.num_samples)
+        step = self.state.step
+        save_due = 1.0 if self.env.is_main and self.schedule.due(step) else 0.0
+        agreed = torch.stack([loss_sum.cpu(), correct.cpu(), torch.tensor(save_due, dtype=torch.float64),
+                              torch.tensor(1.0 if self._stop_requested else 0.0, dtype=torch.float64)])
+        if self.dist_active and self.device.type == "cuda":
+            agreed = dist_utils.all_reduce_sum(agreed.to(self.device)).cpu()
+        else:
+            dist_utils.all_reduce_sum(agreed)
+        loss = float(agreed[0]) / n_global
+        self._last_loss = loss
+        if self._sample_log:
+            self._sample_log.write(json.dumps({"step": step, "epoch": epoch, "rank": self.env.rank,
+                                               "world_size": self.env.world_size, "ids": ids.tolist()}) + "\n")
+        stall = 0.0
+        if float(agreed[3]) > 0:  # any rank got SIGTERM: everyone saves, then stops
+            self._save(blocking=True, reason="preempted")
+            self.metrics.record({"event": "preempted", "step": step})
+            raise Preempted(f"SIGTERM received; checkpoint saved at step {step}")
+        if float(agreed[2]) > 0 and step < self.total_steps:
+            stall = self._save(blocking=False, reason="periodic")
+        dt = time.perf_counter() - t_start
+        rec = {"step": step, "epoch": epoch, "loss": loss, "accuracy": float(agreed[1]) / n_global,
+               "samples_per_s": n_global / dt if dt > 0 else 0.0, "step_seconds": dt,
+               "world_size": self.env.world_size, "lr": self.scheduler.get_last_lr()[0], "ckpt_stall_s": stall}
+        self.metrics.record(rec)
+        if self._pending_first_step_event:
+            self._pending_first_step_event = False
+            self.metrics.record({"event": "first_step_after_resume", "step": step})
+        if self.env.is_main and (step % self.cfg.log_every_steps == 0 or step == self.total_steps):
+            log.info("step %d/%d epoch %d loss %.4f %.0f samples/s world %d", step, self.total_steps, epoch, loss,
+                     rec["samples_per_s"], self.env.world_size)
+        self.faults.maybe_fire(step)
+        if self.cfg.throttle_step_s:
+            time.sleep(self.cfg.throttle_step_s)
+
+    # ------------------------------------------------------------------------ checkpointing
+    def _training_state(self, rng_by_rank: list[dict]) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "lr_scheduler": self.scheduler.state_dict(),
+            "grad_scaler": self.scaler.state_dict(),
+            "train_state": {**asdict(self.state), "world_size": self.env.world_size, "seed": self.cfg.seed},
+            "rng": {"world_size": self.env.world_size, "ranks": rng_by_rank},
+        }
+
+    def _save(self, *, blocking: bool, reason: str) -> float:
+        """Checkpoint at the current step on every rank's behalf; returns the blocking seconds."""
+        t0 = time.perf_counter()
+        rng_by_rank = dist_utils.gather_objects(rng.capture())  # all ranks take part
+        outcome = None
+        if self.env.is_main:
+            outcome = self.ckpt.save(
+                self.state.step, self._training_state(rng_by_rank), blocking=blocking,
+                manifest_fields={"epoch": self.state.epoch, "samples_in_epoch": self.state.samples_in_epoch,
+                                 "world_size": self.env.world_size, "reason": reason},
+            )
+            self.schedule.mark(self.state.step)
+        stall = time.perf_counter() - t0
+        if self.env.is_main:
+            s = self.ckpt.stats
+            self.metrics.record({"event": "checkpoint", "step": self.state.step, "outcome": outcome, "reason": reason,
+                                 "stall_s": stall, "persist_s": s.last_persist_seconds,
+                                 "committed_total": s.committed, "failed_total": s.failed,
+                                 "skipped_total": s.skipped_in_flight})
+        return stall
+
+    def _load(self) -> None:
+        """Resume from the newest committed checkpoint that verifies (rank 0 chooses for everyone)."""
+        loaded: LoadedCheckpoint | None = self.ckpt.load_latest() if self.env.is_main else None
+        step = dist_utils.broadcast_object(loaded.step if loaded else None)
+        self.metrics.record({"event": "start", "world_size": self.env.world_size, "total_steps": self.total_steps,
+                             "restart_count": self.env.restart_count, "resume_step": step})
+        if step is None:
+            log.info("no checkpoint under %s: starting fresh", self.storage.uri) if self.env.is_main else None
+            return
+        if loaded is None:
+            loaded = self.ckpt.load_step(step)
+        st = loaded.state
+        self.model.load_state_dict(st["model"])
+        self.optimizer.load_state_dict(st["optimizer"])
+        self.scheduler.load_state_dict(st["lr_scheduler"])
+        self.scaler.load_state_dict(st["grad_scaler"])
+        ts = st["train_state"]
+        self.state = TrainState(step=ts["step"], epoch=ts["epoch"], samples_in_epoch=ts["samples_in_epoch"])
+        saved_world = st["rng"]["world_size"]
+        if saved_world == self.env.world_size:
+            rng.restore(st["rng"]["ranks"][self.env.rank])
+        else:
+            rng.seed_all(self.cfg.seed * 1_000_003 + self.state.step * 1_000 + self.env.rank)
+            if self.env.is_main:
+                log.warning("world size changed %d -> %d: data continues exactly-once from sample %d of epoch %d; "
+                            "RNG streams re-derived (not a bit-exact resume)", saved_world, self.env.world_size,
+                            self.state.samples_in_epoch, self.state.epoch)
+        self.schedule.mark(self.state.step)
+        self.resumed_from = self.state.step
+        self._pending_first_step_event = True
+        self.metrics.record({"event": "resume", "resumed_from_step": self.state.step, "epoch": self.state.epoch,
+                             "world_size": self.env.world_size, "saved_world_size": saved_world,
+                             "restart_count": self.env.restart_count, "load_seconds": loaded.load_seconds})
+        if self.env.is_main:
+            log.info("resumed from step %d (epoch %d, sample %d) in %.2f s", self.state.step, self.state.epoch,
+                     self.state.samples_in_epoch, loaded.load_seconds)
+
+    # -------------------------------------------------------------------------------- close
+    def _close(self) -> None:
+        if self.cfg.checkpoint.save_final and self.ckpt.stats.last_committed_step != self.state.step:
+            existing = self.ckpt.committed_steps() if self.env.is_main else []
+            need = dist_utils.broadcast_object(self.state.step not in existing)
+            if need:
+                self._save(blocking=True, reason="final")
+        if self.env.is_main:
+            self.ckpt.close()
+            if self.cfg.model_output:
+                self.export_model(Path(self.cfg.model_output))
+            self.metrics.record({"event": "finished", "step": self.state.step, "final_loss": self._last_loss,
+                                 "checkpoints_committed": self.ckpt.stats.committed,
+                                 "checkpoint_stall_seconds_total": self.ckpt.stats.stall_seconds_total})
+        dist_utils.barrier()
+
+    def export_model(self, out: Path) -> None:
+        """Write ``model.pt`` (state_dict) and ``model.json`` (how to rebuild it) into ``out``."""
+        out.mkdir(parents=True, exist_ok=True)
+        info = self.dataset.info
+        torch.save(self.model.state_dict(), out / "model.pt")
+        (out / "model.json").write_text(json.dumps({
+            "format": "trainflow-model/1", "model": self.cfg.model.name, "channels": info.channels,
+            "num_classes": info.num_classes, "classes": info.classes, "image_size": list(info.image_size),
+            "mean": info.mean, "std": info.std, "dataset_fingerprint": info.fingerprint,
+            "steps": self.state.step, "job_key": self.cfg.checkpoint.job_key,
+        }, indent=1))

@@ -1,0 +1,83 @@
+"""Fixtures for the training runtime's tests: prepared datasets and a torchrun job driver."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from components.training.launch import Agent, AgentSpec, free_port, rdzv_id_for
+from components.training.metrics import read_jsonl
+from components.training.sources import prepare
+
+
+@pytest.fixture(scope="session")
+def digits_dataset(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("datasets") / "digits"
+    prepare("digits", out, test_fraction=0.2, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def mnist_dataset(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("datasets") / "mnist"
+    prepare("mnist", out, test_fraction=0.2, seed=0)
+    return out
+
+
+def state_dict_sha256(path: Path) -> str:
+    """SHA-256 over a saved state_dict's names, dtypes, shapes and raw tensor bytes."""
+    sd = torch.load(path, map_location="cpu", weights_only=True)
+    h = hashlib.sha256()
+    for name in sorted(sd):
+        t = sd[name].contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+@dataclass
+class Job:
+    """One training job driven through real torchrun agents."""
+
+    root: Path
+    job_key: str
+    args: list[str]
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    def agent(self, spec_kw: dict | None = None, *, name: str = "agent", endpoint: str | None = None) -> Agent:
+        kw = {"nproc_per_node": 2, "min_nodes": 1, "max_nodes": 1, "max_restarts": 3, **(spec_kw or {})}
+        spec = AgentSpec(rdzv_id=rdzv_id_for(self.job_key), rdzv_endpoint=endpoint or f"127.0.0.1:{free_port()}", **kw)
+        return Agent(spec, self.args, log_path=self.root / f"{name}.log")
+
+    def records(self) -> list[dict]:
+        return read_jsonl(self.metrics_path)
+
+    def final_losses(self) -> dict[int, str]:
+        """step -> loss.hex() of the LAST record of each step (replays overwrite)."""
+        out = {}
+        for r in self.records():
+            if "loss" in r and "step" in r:
+                out[r["step"]] = float(r["loss"]).hex()
+        return out
+
+
+@pytest.fixture
+def make_job(tmp_path):
+    def make(dataset: Path, job_key: str, *extra: str, ckpt_root: Path | None = None) -> Job:
+        root = tmp_path / job_key
+        root.mkdir()
+        args = [
+            "--dataset", str(dataset), "--checkpoint-uri", str(ckpt_root or tmp_path / "ckpt"), "--job-key", job_key,
+            "--metrics-path", str(root / "metrics.jsonl"), "--model-output", str(root / "model"),
+            "--threads-per-rank", "1", "--log-every-steps", "10", *extra,
+        ]
+        return Job(root=root, job_key=job_key, args=args)
+
+    return make
