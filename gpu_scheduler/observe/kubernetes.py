@@ -520,7 +520,8 @@ class KubernetesObserver:
 
     Args:
         connector: the cluster connection.
-        namespace: watch PyTorchJobs and pods in one namespace only (None: all).
+        namespace: manage PyTorchJobs of one namespace only (None: all). Pods are watched in
+            every namespace either way.
         managed_selector: label selector of managed PyTorchJobs.
         configmap: ``(namespace, name)`` of the policy ConfigMap to watch, or None.
         on_configmap_change: called when that ConfigMap changes (e.g. to wake the loop).
@@ -542,8 +543,10 @@ class KubernetesObserver:
         self.nodes: Informer[NodeState] = Informer(
             connector, Node, node_state, name="nodes", watch_timeout_s=watch_timeout_s
         )
+        # Pods of every namespace: GPUs held by other workloads must be counted even when only
+        # one namespace's jobs are managed.
         self.pods: Informer[PodState] = Informer(
-            connector, Pod, pod_state, name="pods", namespace=namespace,
+            connector, Pod, pod_state, name="pods",
             fields={"status.phase": _not_in(("Succeeded", "Failed"))}, watch_timeout_s=watch_timeout_s,
         )
         self.jobs: Informer[PyTorchJobState] = Informer(
