@@ -37,6 +37,7 @@ import datetime as dt
 import fcntl
 import ipaddress
 import os
+import ssl
 import subprocess
 import threading
 import time
@@ -349,7 +350,9 @@ class KubeTestBed:
     _ports: dict[str, int] = field(init=False, default_factory=dict)
     _processes: list[ManagedProcess] = field(init=False, default_factory=list)
     _client: Any = field(init=False, default=None)
+    _ssl: ssl.SSLContext | None = field(init=False, default=None, repr=False)
     startup_s: float = field(init=False, default=0.0)
+    startup_steps_s: dict[str, float] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -378,11 +381,16 @@ class KubeTestBed:
         """
         started = time.monotonic()
         try:
-            self._write_pki()
-            self._start_etcd()
-            self._start_apiserver()
-            self._bootstrap()
-            self._start_rest()
+            for step in (
+                self._write_pki,
+                self._start_etcd,
+                self._start_apiserver,
+                self._bootstrap,
+                self._start_rest,
+            ):
+                t0 = time.monotonic()
+                step()
+                self.startup_steps_s[step.__name__.lstrip("_")] = round(time.monotonic() - t0, 2)
         except BaseException:
             self.stop()
             raise
@@ -513,14 +521,13 @@ class KubeTestBed:
         self._wait_ready(proc, lambda: self._api_ok("/readyz"))
 
     def _api_ok(self, path: str) -> bool:
-        pki = self.root / "pki"
+        """True when the API server answers ``GET path`` with 200 to the admin's client cert."""
+        if self._ssl is None:
+            pki = self.root / "pki"
+            self._ssl = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+            self._ssl.load_cert_chain(str(pki / "trainflow-admin.crt"), str(pki / "trainflow-admin.key"))
         try:
-            response = httpx.get(
-                self.server + path,
-                verify=str(pki / "ca.crt"),
-                cert=(str(pki / "trainflow-admin.crt"), str(pki / "trainflow-admin.key")),
-                timeout=2.0,
-            )
+            response = httpx.get(self.server + path, verify=self._ssl, timeout=2.0)
         except httpx.HTTPError:
             return False
         return response.status_code == 200
@@ -776,6 +783,45 @@ class KubeTestBed:
             wait_until(all_ready, timeout_s=max(30.0, count * 0.5), what=f"{count} KWOK nodes to be Ready")
         return names
 
+    def create_pytorchjobs(
+        self,
+        namespace: str,
+        count: int,
+        *,
+        prefix: str = "job",
+        parallelism: int = 8,
+        **spec_fields: Any,
+    ) -> list[str]:
+        """Create ``count`` PyTorchJobs rendered by the launcher (``components.launcher``).
+
+        Args:
+            namespace: where (create it first with :meth:`create_namespace`).
+            count: how many; task names are ``<prefix>-<index>``.
+            prefix: task-name prefix.
+            parallelism: concurrent create requests.
+            **spec_fields: :class:`~components.launcher.pytorchjob.PyTorchJobSpec` fields
+                (``min_replicas``, ``max_replicas``, ``gpus_per_worker``, ``pod_annotations``, ...);
+                ``image`` defaults to ``trainflow:test`` and ``run_id`` to ``bench``.
+
+        Returns:
+            The job names.
+        """
+        from components.launcher.pytorchjob import PyTorchJobSpec, render_pytorchjob
+
+        resource = pytorchjob_resource()
+        client = self.client()
+        fields = {"run_id": "bench", "image": "trainflow:test", **spec_fields}
+        specs = [
+            PyTorchJobSpec(task_name=f"{prefix}-{i}", namespace=namespace, **fields) for i in range(count)
+        ]
+
+        def create(spec: Any) -> str:
+            client.create(resource.from_dict(render_pytorchjob(spec)))
+            return spec.name
+
+        with ThreadPoolExecutor(max_workers=max(1, parallelism)) as pool:
+            return list(pool.map(create, specs))
+
     def delete_nodes(self, names: Sequence[str], *, parallelism: int = 8) -> None:
         """Delete nodes (their pods are not evicted: there is no node lifecycle controller)."""
         from lightkube.resources.core_v1 import Node
@@ -840,11 +886,21 @@ def _http_ok(url: str, *, verify: bool = True) -> bool:
 # --------------------------------------------------------------------------------------- fixtures
 
 
+_SUMMARY: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Report the test bed's start-up time at the end of the run (it is measured, not asserted)."""
+    for line in _SUMMARY:
+        terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def k8s_testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeTestBed]:
     """The Kubernetes test bed, started once per session and stopped by PID at the end."""
     bed = KubeTestBed(root=tmp_path_factory.mktemp("k8s"), binaries=testbed_binaries())
     bed.start()
+    _SUMMARY.append(f"k8s test bed started in {bed.startup_s:.1f} s {bed.startup_steps_s}")
     try:
         yield bed
     finally:

@@ -30,6 +30,7 @@ need_go() {
 
 # locked DIR CHECK_FILE FUNCTION: run FUNCTION TMPDIR under DIR/.lock unless DIR/CHECK_FILE exists,
 # then move everything from TMPDIR into DIR (so a killed build never leaves a half-written binary).
+# FUNCTION runs in a subshell with errexit on (bash would ignore it inside an `if` condition).
 locked() {
   local dir="$1" check="$2" fn="$3"
   [ -e "$dir/$check" ] && return 0
@@ -41,7 +42,12 @@ locked() {
     local tmp start
     tmp="$(mktemp -d "$dir/.build.XXXXXX")"
     start=$(date +%s)
-    if ! "$fn" "$tmp"; then rm -rf "$tmp"; exec 9>&-; return 1; fi
+    local rc=0
+    set +e
+    (set -e; "$fn" "$tmp")
+    rc=$?
+    set -e
+    if [ "$rc" -ne 0 ]; then rm -rf "$tmp"; exec 9>&-; log "$fn failed ($rc)"; return "$rc"; fi
     mv "$tmp"/* "$dir/"
     rm -rf "$tmp"
     log "$fn done in $(( $(date +%s) - start )) s -> $dir"
@@ -54,7 +60,7 @@ build_minio() {
   GOFLAGS=-trimpath GOBIN="$1" nice -n 10 go install -ldflags "-s -w" "github.com/minio/minio@$MINIO_VERSION" >&2
 }
 
-module_hash() { (cd "$1" && cat go.mod go.sum ./*.go 2>/dev/null | sha256sum | cut -c1-12); }
+module_hash() { (cd "$1" && find . -maxdepth 1 \( -name go.mod -o -name go.sum -o -name '*.go' \) | sort | xargs cat | sha256sum | cut -c1-12); }
 
 build_controlplane() {
   local out="$1" minor p c ld
