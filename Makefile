@@ -19,7 +19,7 @@ help:
 	@echo "make test-fast  unit tests only (no servers)"
 	@echo "make lint       ruff + import-linter layering contracts"
 	@echo "make bench      benchmarks (checkpoint overhead, scheduler decision time)"
-	@echo "make testbed    build or reuse the test servers (MinIO; cached by version under ~/.cache/trainflow/)"
+	@echo "make testbed    build or reuse the test servers (MinIO, Kubernetes control plane, KWOK, training operator; cached under ~/.cache/trainflow/)"
 	@echo "make lock       re-resolve requirements.lock from pyproject.toml"
 
 venv: $(STAMP)
@@ -52,9 +52,10 @@ lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-# Build (or reuse from ~/.cache/trainflow/) the servers the test tiers run: MinIO (S3) so far.
+# Build (or reuse from ~/.cache/trainflow/) the servers the test tiers run: MinIO (S3), and
+# etcd, kube-apiserver, kube-scheduler, kubectl, KWOK and the training operator (docs/testbed.md).
 testbed:
-	tests/testbed/build.sh minio >/dev/null
+	tests/testbed/build.sh minio k8s >/dev/null
 
 bench: venv
 	$(BIN)/python benchmarks/checkpoint_overhead.py

@@ -514,6 +514,8 @@ class KubeTestBed:
                 "--service-cluster-ip-range=10.96.0.0/16",
                 "--endpoint-reconciler-type=none",
                 "--allow-privileged=true",
+                # No node-lifecycle controller removes the not-ready taint this plugin puts on new nodes.
+                "--disable-admission-plugins=TaintNodesByCondition",
                 "--profiling=false",
                 "--v=1",
             ],
