@@ -216,6 +216,9 @@ class TickReport:
         api_requests: Kubernetes API requests sent during the tick (all clients).
         measurements: new throughput measurements ``{job: (unit, workers, value)}``.
         policy_switched: the policy changed at this tick.
+        jobs: active managed jobs observed.
+        phases_s: wall time per phase (``observe_kubernetes``, ``observe_prometheus``,
+            ``snapshot``, ``decide``, ``plan``, ``apply``).
     """
 
     at_s: float
@@ -230,6 +233,7 @@ class TickReport:
     measurements: Mapping[str, tuple[str, int, float]] = field(default_factory=dict)
     policy_switched: bool = False
     jobs: int = 0
+    phases_s: dict[str, float] = field(default_factory=dict)
 
     def applied(self) -> list[ApplyResult]:
         return [r for r in self.results if r.ok]
@@ -314,6 +318,15 @@ class Controller:
         log.log(level, "no change this tick", extra={"reason": reason, "policy": report.policy})
 
     def _tick(self, now_s: float, report: TickReport) -> None:
+        phases = report.phases_s
+        mark = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal mark
+            now = time.perf_counter()
+            phases[name] = phases.get(name, 0.0) + now - mark
+            mark = now
+
         if self._leader is not None and not self._leader.is_leader():
             self._skip(report, "not the leader", level=logging.DEBUG)
             return
@@ -329,16 +342,20 @@ class Controller:
         self.ledger.advance(view, now_s)
         memos = {k: self.ledger.memo(k, jv.job.memo, now_s) for k, jv in view.jobs.items()}
         safety = plan_safety(view.jobs, now_s, self.plan_settings, memos=memos)
+        lap("observe_kubernetes")
         try:
             metrics = self._prometheus.observe(now_s)
         except PrometheusUnavailable as exc:
+            lap("observe_prometheus")
             if self._metrics is not None:
                 self._metrics.metrics_up.set(0)
             report.actions = list(safety)
             report.results = self._actuator.apply(safety) if safety else []
+            lap("apply")
             self._skip(report, f"keeping every job as it is: {exc}")
             self._log_results(report)
             return
+        lap("observe_prometheus")
         if self._metrics is not None:
             self._metrics.metrics_up.set(1)
         report.measurements = self.ledger.record(view, metrics, now_s)
@@ -346,20 +363,26 @@ class Controller:
         build = build_snapshot(view, metrics, self.ledger, now_s, skip={a.job: a.reason for a in safety})
         report.excluded = dict(build.excluded)
         self._log_exclusions(build.excluded)
+        lap("snapshot")
         try:
             decision = policy.decide(build.snapshot, now_s)
             decision.validate(build.snapshot)
         except (InvalidDecision, SchedulerError, ValueError, KeyError, TypeError) as exc:
+            lap("decide")
             report.actions = list(safety)
             report.results = self._actuator.apply(safety) if safety else []
+            lap("apply")
             self._skip(report, f"policy {policy.name!r} failed, keeping every job as it is: "
                                f"{type(exc).__name__}: {exc}", level=logging.ERROR)
             self._log_results(report)
             return
+        lap("decide")
         report.decision = decision
         actions = plan_decision(decision, build.snapshot, view.jobs, now_s, self.plan_settings, memos=memos)
         report.actions = [*safety, *actions]
+        lap("plan")
         report.results = self._actuator.apply(report.actions) if report.actions else []
+        lap("apply")
         self._log_results(report)
 
     # -- reporting ------------------------------------------------------------------------------
