@@ -1,7 +1,8 @@
 """``python -m gpu_scheduler``: the GPU scheduler's command line.
 
-Subcommands: ``run`` (the live controller, :mod:`gpu_scheduler.cli_run`); the simulator adds its
-own. Bad input ends with a one-line error and exit code 2.
+Subcommands: ``simulate``, ``report``, ``policies`` (:mod:`gpu_scheduler.cli_simulate`) and ``run``,
+the live controller (:mod:`gpu_scheduler.cli_run`). Bad input ends with a one-line error and exit
+code 2.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import typer
 
 from gpu_scheduler.cli_run import run_command
+from gpu_scheduler.cli_simulate import policies_command, report_command, simulate_command
 
 app = typer.Typer(
     help="trainflow GPU scheduler: resize elastic PyTorchJobs with pluggable pure policies.",
@@ -23,6 +25,9 @@ def _root() -> None:
     """trainflow GPU scheduler."""
 
 
+app.command("simulate")(simulate_command)
+app.command("report")(report_command)
+app.command("policies")(policies_command)
 app.command("run")(run_command)
 
 

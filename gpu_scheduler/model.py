@@ -62,9 +62,12 @@ class InvalidDecision(SchedulerError):
     ``problems`` lists every broken invariant, one line each; ``str()`` joins them.
     """
 
-    def __init__(self, problems: Iterable[str]) -> None:
-        self.problems: tuple[str, ...] = tuple(problems)
+    def __init__(self, problems: Iterable[str] | str) -> None:
+        self.problems: tuple[str, ...] = (problems,) if isinstance(problems, str) else tuple(problems)
         super().__init__("; ".join(self.problems))
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.problems,))
 
 
 def _frozen_mapping(value: Mapping | None) -> Mapping:

@@ -19,3 +19,6 @@ __all__ = [
     "parse_params",
     "register",
 ]
+
+# Register the built-in policies.
+from gpu_scheduler.policies import default, fifo, optimus, round_robin, tiresias  # noqa: F401

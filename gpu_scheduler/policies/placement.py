@@ -262,6 +262,51 @@ class FreeGpus:
             drop -= n
         return Placement.of((node, c) for (node, _), c in zip(current.shares, counts, strict=True))
 
+    def place_compact(self, workers: int, gpus_per_worker: int, node_gpus: int) -> Placement | None:
+        """Place ``workers`` on the fewest nodes possible, or not at all.
+
+        With ``node_gpus`` GPUs per node, a job needs ``ceil(workers / (node_gpus // gpus_per_worker))``
+        nodes. A job that fits on one node goes to the fullest node that holds it (best fit); a
+        larger one takes completely free nodes for its full chunks and best-fits the remainder.
+
+        Returns:
+            The placement (GPUs taken), or None (nothing taken) if no compact placement exists now.
+        """
+        per_node = max(node_gpus // gpus_per_worker, 1)
+        if workers <= 0:
+            return Placement()
+        if workers <= per_node:
+            i = self._smallest_fitting(workers * gpus_per_worker)
+            if i is None:
+                return None
+            shares: dict[str, int] = {}
+            self._take(shares, i, workers, gpus_per_worker)
+            return Placement.of(shares)
+        full, rest = divmod(workers, per_node)
+        chosen: list[int] = []
+        whole = per_node * gpus_per_worker
+        for free in range(self._cap, whole - 1, -1):
+            heap = self._buckets[free] if free < len(self._buckets) else []
+            for i in sorted(heap):
+                if self._free[i] == free and i not in chosen:
+                    chosen.append(i)
+                    if len(chosen) == full:
+                        break
+            if len(chosen) == full:
+                break
+        if len(chosen) < full:
+            return None
+        shares = {}
+        for i in chosen:
+            self._take(shares, i, per_node, gpus_per_worker)
+        if rest:
+            i = self._smallest_fitting(rest * gpus_per_worker)
+            if i is None:
+                self.release(Placement.of(shares), gpus_per_worker)
+                return None
+            self._take(shares, i, rest, gpus_per_worker)
+        return Placement.of(shares)
+
     def fits(self, placement: Placement, gpus_per_worker: int) -> bool:
         """True if ``placement`` could be held now without over-committing a node."""
         return all(self._free[self._pos[node]] >= w * gpus_per_worker for node, w in placement)

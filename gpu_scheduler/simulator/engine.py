@@ -1,0 +1,362 @@
+"""The discrete-time cluster simulator: one policy, one workload, measured job models.
+
+Each round (``interval_s``, 60 s by default, as in the Pollux study):
+
+1. every running job trains for ``interval_s`` seconds on its placement: the first
+   ``restart_cost_s`` seconds after any (re)allocation make no progress (30 s, the Pollux
+   artifact's ``rescale_time``); then progress accrues at statistical-efficiency-adjusted
+   throughput (:mod:`gpu_scheduler.simulator.jobmodel`); epoch boundaries are resolved to whole
+   seconds and a job finishes when it reaches its last epoch's progress;
+2. the clock advances; jobs submitted by then and not finished form the :class:`ClusterSnapshot`
+   — built only from what the live controller can observe (worker bounds, placement, attained
+   GPU-seconds, samples/s measured at the worker counts the job has run at, restarts, times);
+3. the policy decides; the decision is validated (capacity, bounds) and applied: every job whose
+   placement changes pays the restart cost.
+
+A job submitted at time ``t`` is therefore first seen at the first round boundary ``>= t``, and
+its JCT is ``finish - submit``. The run ends when every job has finished.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gpu_scheduler.model import ClusterSnapshot, Job, Node, Outcome, Placement, SchedulerError
+from gpu_scheduler.policies.base import Policy
+from gpu_scheduler.simulator.jobmodel import Application, StepConfig
+from gpu_scheduler.simulator.workload import WorkloadJob
+
+__all__ = ["JobRecord", "SimConfig", "SimResult", "SimulationError", "Simulator"]
+
+
+class SimulationError(SchedulerError):
+    """The simulation cannot continue (unknown application, a policy that never finishes jobs)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimConfig:
+    """Cluster and timing of a simulation.
+
+    Attributes:
+        nodes: Number of identical nodes.
+        gpus_per_node: GPUs per node (the measured models cover 1–4).
+        interval_s: Seconds between scheduling rounds.
+        restart_cost_s: Seconds without progress after each (re)allocation.
+        max_time_s: Give up (SimulationError) if jobs are still unfinished at this time.
+        validate: Validate every decision (capacity, bounds); costs a little time.
+    """
+
+    nodes: int = 16
+    gpus_per_node: int = 4
+    interval_s: int = 60
+    restart_cost_s: int = 30
+    max_time_s: float = 60 * 86400.0
+    validate: bool = True
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise SimulationError(f"--nodes must be >= 1, got {self.nodes}")
+        if not 1 <= self.gpus_per_node <= 4:
+            raise SimulationError(f"--gpus-per-node must be 1..4 (the measured job models cover up to 4 GPUs "
+                                  f"per node), got {self.gpus_per_node}")
+        if self.interval_s < 1 or int(self.interval_s) != self.interval_s:
+            raise SimulationError(f"--interval-s must be a whole number of seconds >= 1, got {self.interval_s}")
+        if self.restart_cost_s < 0:
+            raise SimulationError(f"restart cost must be >= 0, got {self.restart_cost_s}")
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass
+class JobRecord:
+    """What happened to one job (the per-job part of result.json).
+
+    Attributes:
+        name, application, batch_size, requested_workers, max_workers: from the workload.
+        submit_time_s: Submission time.
+        start_time_s: First round in which it held GPUs (None if never).
+        finish_time_s: Completion time (None if unfinished).
+        restarts: Re-allocations after the first start.
+        attained_service_gpu_s: GPU-seconds held.
+        allocations: ``(time_s, workers, placement)`` at every change (placement as
+            ``"node-0:4,node-3:2"``, ``"-"`` for none).
+    """
+
+    name: str
+    application: str
+    batch_size: int
+    requested_workers: int
+    max_workers: int
+    submit_time_s: float
+    start_time_s: float | None = None
+    finish_time_s: float | None = None
+    restarts: int = 0
+    attained_service_gpu_s: float = 0.0
+    allocations: list[tuple[float, int, str]] = field(default_factory=list)
+
+    @property
+    def jct_s(self) -> float | None:
+        """Job completion time (finish − submit)."""
+        return None if self.finish_time_s is None else self.finish_time_s - self.submit_time_s
+
+    @property
+    def queueing_delay_s(self) -> float | None:
+        """First start − submit."""
+        return None if self.start_time_s is None else self.start_time_s - self.submit_time_s
+
+
+@dataclass
+class SimResult:
+    """Outcome of a run: per-job records, GPUs in use per round, and run facts."""
+
+    policy: str
+    config: SimConfig
+    jobs: list[JobRecord]
+    gpus_in_use: list[tuple[float, int]]
+    rounds: int
+    decide_wall_s: float
+    wall_s: float
+
+
+class _SimJob:
+    """Mutable state of one simulated job."""
+
+    __slots__ = (
+        "annotations",
+        "app",
+        "attained",
+        "cfg",
+        "completion",
+        "epoch",
+        "first_start",
+        "max_workers",
+        "oracle_tp",
+        "per_node",
+        "placement",
+        "placement_since",
+        "progress",
+        "record",
+        "requested",
+        "restart_left",
+        "restarts",
+        "spec",
+        "throughput",
+        "throughput_view",
+    )
+
+    def __init__(self, spec: WorkloadJob, app: Application, cluster_gpus: int) -> None:
+        self.spec = spec
+        self.app = app
+        self.max_workers = app.max_workers(spec.batch_size, cluster_gpus)
+        self.requested = max(1, min(spec.requested_workers, self.max_workers))
+        self.placement = Placement()
+        self.per_node: tuple[int, ...] = ()
+        self.cfg: StepConfig | None = None
+        self.progress = 0.0
+        self.epoch = 0
+        self.restart_left = 0.0
+        self.completion: float | None = None
+        self.attained = 0.0
+        self.restarts: int | None = None  # None until the first start
+        self.first_start: float | None = None
+        self.placement_since: float | None = None
+        self.throughput: dict[int, float] = {}
+        self.throughput_view: Mapping[int, float] = MappingProxyType({})
+        self.oracle_tp: Mapping[int, float] | None = None
+        self.annotations: dict[str, str] = {}
+        self.record = JobRecord(name=spec.name, application=spec.application, batch_size=spec.batch_size,
+                                requested_workers=spec.requested_workers, max_workers=self.max_workers,
+                                submit_time_s=spec.submit_time_s)
+
+    # ---------------------------------------------------------------- training
+
+    def advance(self, start_s: float, seconds: float) -> None:
+        """Train for ``seconds`` from ``start_s`` on the current placement."""
+        if not self.per_node or self.completion is not None:
+            return
+        gpus = self.placement.workers
+        delay = min(self.restart_left, seconds)
+        self.attained += delay * gpus
+        self.restart_left -= delay
+        seconds -= delay
+        elapsed = start_s + delay
+        app, cfg = self.app, self.cfg
+        assert cfg is not None
+        total = app.optimizer_step_time(self.per_node, cfg)
+        workers = self.placement.workers
+        measured = cfg.batch_size / total
+        if self.throughput.get(workers) != measured and seconds > 0:
+            self.throughput[workers] = measured
+            self.throughput_view = MappingProxyType(dict(self.throughput))
+        while seconds > 0:
+            rate = app.efficiency_gain(cfg.batch_size, self.epoch) / total  # progress per second
+            target = app.progress_target(self.epoch + 1)
+            if self.progress + rate * seconds < target:
+                self.progress += rate * seconds
+                self.attained += seconds * gpus
+                return
+            # The epoch ends inside this interval (resolved to whole seconds).
+            delta = round((target - self.progress) / rate)
+            self.epoch += 1
+            self.progress = target
+            self.attained += delta * gpus
+            elapsed += delta
+            seconds -= delta
+            if self.epoch >= app.max_epochs:
+                self.completion = elapsed
+                return
+
+    def reallocate(self, placement: Placement, now_s: float, restart_cost_s: float) -> None:
+        """Move to ``placement`` (empty = release GPUs) at ``now_s``."""
+        self.placement = placement
+        self.per_node = tuple(w for _, w in placement)
+        self.placement_since = now_s if placement else None
+        self.record.allocations.append((now_s, placement.workers, str(placement)))
+        if not placement:
+            self.cfg = None
+            return
+        self.cfg = self.app.step_config(self.spec.batch_size, placement.workers)
+        self.restart_left = restart_cost_s
+        if self.restarts is None:
+            self.restarts = 0
+            self.first_start = now_s
+            self.record.start_time_s = now_s
+        else:
+            self.restarts += 1
+
+    # ---------------------------------------------------------------- oracle knowledge
+
+    def oracle_throughput(self, gpus_per_node: int) -> Mapping[int, float]:
+        """True samples/s for every worker count at a compact placement (full nodes first)."""
+        if self.oracle_tp is None:
+            curve = {}
+            for n in range(1, self.max_workers + 1):
+                per_node = (gpus_per_node,) * (n // gpus_per_node) + ((n % gpus_per_node,) if n % gpus_per_node else ())
+                curve[n] = self.app.throughput(per_node, self.app.step_config(self.spec.batch_size, n))
+            self.oracle_tp = MappingProxyType(curve)
+        return self.oracle_tp
+
+    def oracle_remaining_samples(self) -> float:
+        """Samples left at the job's batch size: measured optimizer steps from the end of the
+        current epoch to the end of training (Optimus+Oracle's remaining-iterations estimate,
+        Peng et al., EuroSys'18 §4, with perfect knowledge)."""
+        app, b = self.app, self.spec.batch_size
+        last = app.max_epochs - 1
+        if last <= self.epoch:
+            return float(b)
+        steps = app.iterations_after(b, last) - app.iterations_after(b, self.epoch)
+        return max(steps, 1.0) * b
+
+
+class Simulator:
+    """Runs one policy over one workload (see the module docstring).
+
+    Args:
+        workload: Jobs (see :func:`~gpu_scheduler.simulator.workload.read_workload`).
+        applications: Measured models by application name.
+        policy: The policy to run; if ``policy.uses_oracle`` the snapshot carries the true
+            throughput curve and remaining samples of every job.
+        config: Cluster and timing.
+
+    Raises:
+        SimulationError: if a job names an application without a model.
+    """
+
+    def __init__(self, workload: Sequence[WorkloadJob], applications: Mapping[str, Application],
+                 policy: Policy, config: SimConfig | None = None) -> None:
+        self.config = config or SimConfig()
+        self.policy = policy
+        self.oracle = bool(getattr(policy, "uses_oracle", False))
+        missing = sorted({j.application for j in workload} - set(applications))
+        if missing:
+            raise SimulationError(f"no measured model for application(s) {', '.join(missing)}")
+        gpus = self.config.total_gpus
+        self.jobs = [_SimJob(spec, applications[spec.application], gpus) for spec in workload]
+        self.nodes = tuple(Node(name=f"node-{i}", gpus=self.config.gpus_per_node) for i in range(self.config.nodes))
+        self.now_s = 0.0
+
+    def _view(self, job: _SimJob) -> Job:
+        spec = job.spec
+        return Job(
+            name=spec.name,
+            submit_time_s=spec.submit_time_s,
+            max_workers=job.max_workers,
+            min_workers=1,
+            requested_workers=job.requested,
+            gpus_per_worker=1,
+            placement=job.placement,
+            attained_service_gpu_s=job.attained,
+            throughput=job.oracle_throughput(self.config.gpus_per_node) if self.oracle else job.throughput_view,
+            restarts=job.restarts or 0,
+            first_start_s=job.first_start,
+            placement_since_s=job.placement_since,
+            global_batch_size=spec.batch_size,
+            remaining_samples=job.oracle_remaining_samples() if self.oracle else None,
+            annotations=job.annotations,
+        )
+
+    def snapshot(self) -> tuple[ClusterSnapshot, list[_SimJob]]:
+        """The cluster as the policy sees it now, and the matching simulated jobs."""
+        active = [j for j in self.jobs if j.spec.submit_time_s <= self.now_s and j.completion is None]
+        snap = ClusterSnapshot(nodes=self.nodes, jobs=tuple(self._view(j) for j in active), taken_at_s=self.now_s)
+        return snap, active
+
+    def run(self) -> SimResult:
+        """Simulate until every job has finished.
+
+        Raises:
+            SimulationError: if jobs are unfinished at ``config.max_time_s``.
+            InvalidDecision: if the policy returns a decision that breaks an invariant.
+        """
+        cfg = self.config
+        started = time.perf_counter()
+        decide_s = 0.0
+        rounds = 0
+        gpus_in_use: list[tuple[float, int]] = []
+        unfinished = len(self.jobs)
+        while unfinished:
+            for job in self.jobs:
+                job.advance(self.now_s, cfg.interval_s)
+            self.now_s += cfg.interval_s
+            for job in self.jobs:
+                if job.completion is not None and job.record.finish_time_s is None:
+                    job.record.finish_time_s = job.completion
+                    job.record.restarts = job.restarts or 0
+                    job.record.attained_service_gpu_s = job.attained
+                    unfinished -= 1
+            if self.now_s > cfg.max_time_s:
+                raise SimulationError(f"policy {self.policy.name!r} left {unfinished} job(s) unfinished after "
+                                      f"{cfg.max_time_s:.0f} simulated seconds")
+            snap, active = self.snapshot()
+            if not active:
+                gpus_in_use.append((self.now_s, 0))
+                continue
+            t0 = time.perf_counter()
+            decision = self.policy.decide(snap, self.now_s)
+            decide_s += time.perf_counter() - t0
+            rounds += 1
+            if cfg.validate:
+                decision.validate(snap)
+            for job in active:
+                jd = decision[job.spec.name]
+                if jd.annotations:
+                    for k, v in jd.annotations.items():
+                        if v:
+                            job.annotations[k] = v
+                        else:
+                            job.annotations.pop(k, None)
+                if jd.outcome in (Outcome.KEEP, Outcome.WAIT):
+                    continue
+                job.reallocate(jd.placement, self.now_s, cfg.restart_cost_s)
+            gpus_in_use.append((self.now_s, sum(j.placement.workers for j in active)))
+        for job in self.jobs:
+            job.record.restarts = job.restarts or 0
+            job.record.attained_service_gpu_s = job.attained
+        return SimResult(policy=self.policy.name, config=cfg, jobs=[j.record for j in self.jobs],
+                         gpus_in_use=gpus_in_use, rounds=rounds, decide_wall_s=decide_s,
+                         wall_s=time.perf_counter() - started)

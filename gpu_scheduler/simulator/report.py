@@ -1,0 +1,281 @@
+"""The side-by-side benchmark: every policy on the 8 Pollux workloads at 0.5x–2.0x load.
+
+``python -m gpu_scheduler report`` (``make scheduler-report``) runs the matrix in parallel
+processes, then writes:
+
+* ``docs/scheduler-report.md`` — tables (all policies, the published numbers beside them), the
+  fidelity check against the published Tiresias and Optimus+Oracle results, the issue's
+  "Done when" checks with their measured values, and the plots;
+* ``docs/scheduler/*.png`` — JCT CDF (all jobs of the 8 workloads pooled) and GPUs in use over
+  time (workload 6, the Pollux testbed workload) per load; average JCT against load;
+* ``docs/scheduler-report.json`` — every run's summary, for other tools.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpu_scheduler.simulator import simulate_file
+from gpu_scheduler.simulator.engine import SimConfig
+from gpu_scheduler.simulator.published import PUBLISHED_AVG_JCT_S, PUBLISHED_SUMMARY_1X, published_mean
+
+__all__ = ["DEFAULT_POLICIES", "LOADS", "ReportSpec", "run_report"]
+
+#: Display order: seeds, anchors, ours.
+DEFAULT_POLICIES = ("fifo", "fifo_backfill", "round_robin", "elastic_fifo", "tiresias", "optimus", "default")
+LOADS = ("1.0", "0.5", "1.5", "2.0")
+PLOT_WORKLOAD = 6
+METRICS = ("avg_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s", "avg_queueing_delay_s", "gpu_allocation",
+           "restarts_per_job")
+
+
+@dataclass(frozen=True)
+class ReportSpec:
+    """What to run and where to write.
+
+    Attributes:
+        data_dir: The Pollux data folder (``workloads*/`` and ``traces/``).
+        out: Markdown report path; plots go to ``<out dir>/scheduler/``, JSON next to it.
+        policies: Policy names (registry), in display order.
+        loads: Load variants (``"1.0"`` = ``workloads/``, others ``workloads-<load>/``).
+        workloads: Workload numbers.
+        processes: Worker processes (default: CPU count).
+    """
+
+    data_dir: Path
+    out: Path
+    policies: Sequence[str] = DEFAULT_POLICIES
+    loads: Sequence[str] = LOADS
+    workloads: Sequence[int] = tuple(range(1, 9))
+    processes: int | None = None
+
+
+def _workload_path(data_dir: Path, load: str, number: int) -> Path:
+    folder = "workloads" if load == "1.0" else f"workloads-{load}"
+    return data_dir / folder / f"workload-{number}.csv"
+
+
+def _run_one(task: tuple[str, str, int, str]) -> dict[str, Any]:
+    policy, load, number, path = task
+    doc = simulate_file(Path(path), policy, config=SimConfig())
+    keep_usage = number == PLOT_WORKLOAD
+    return {
+        "policy": policy,
+        "load": load,
+        "workload": number,
+        "summary": doc["summary"],
+        "jcts": [j["jct_s"] for j in doc["jobs"]],
+        "gpus_in_use": doc["gpus_in_use"] if keep_usage else None,
+    }
+
+
+def _fmt(v: float | None, unit: str = "") -> str:
+    if v is None:
+        return "–"
+    if unit == "frac":
+        return f"{v:.2f}"
+    if unit == "x":
+        return f"{v:.2f}"
+    return f"{v:,.0f}"
+
+
+def run_report(spec: ReportSpec, log=print) -> dict[str, Any]:
+    """Run the matrix and write the report files. Returns the aggregate dictionary.
+
+    Raises:
+        SchedulerError: if a workload or the measured models are missing, or a run fails.
+    """
+    tasks = [(p, load, n, str(_workload_path(spec.data_dir, load, n)))
+             for load in spec.loads for p in spec.policies for n in spec.workloads]
+    started = time.perf_counter()
+    processes = spec.processes or os.cpu_count() or 1
+    log(f"running {len(tasks)} simulations on {processes} process(es)")
+    if processes == 1:
+        runs = [_run_one(t) for t in tasks]
+    else:
+        with ProcessPoolExecutor(max_workers=processes) as pool:
+            runs = list(pool.map(_run_one, tasks, chunksize=1))
+    wall = time.perf_counter() - started
+    log(f"done in {wall:.0f} s")
+
+    agg: dict[str, Any] = {"wall_s": wall, "runs": [], "mean": {}}
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        by.setdefault((r["policy"], r["load"]), []).append(r)
+        agg["runs"].append({k: r[k] for k in ("policy", "load", "workload", "summary")})
+    for (policy, load), rs in by.items():
+        mean = {m: float(np.mean([r["summary"][m] for r in rs])) for m in METRICS}
+        mean["sim_wall_s"] = float(np.mean([r["summary"]["sim_wall_s"] for r in rs]))
+        mean["avg_decide_ms"] = float(np.mean([r["summary"]["avg_decide_ms"] for r in rs]))
+        agg["mean"].setdefault(load, {})[policy] = mean
+
+    plot_dir = spec.out.parent / "scheduler"
+    _plots(spec, by, plot_dir)
+    spec.out.parent.mkdir(parents=True, exist_ok=True)
+    spec.out.write_text(_markdown(spec, agg, by, plot_dir))
+    json_path = spec.out.with_suffix(".json")
+    json_path.write_text(json.dumps(agg, indent=1) + "\n")
+    log(f"wrote {spec.out}, {json_path} and plots in {plot_dir}")
+    return agg
+
+
+def _plots(spec: ReportSpec, by: dict, plot_dir: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from gpu_scheduler.simulator.plots import plot_jct_and_usage
+
+    for load in spec.loads:
+        jcts = {p: [j for r in by.get((p, load), []) for j in r["jcts"]] for p in spec.policies}
+        usage = {}
+        for p in spec.policies:
+            for r in by.get((p, load), []):
+                if r["gpus_in_use"] is not None:
+                    usage[p] = [tuple(x) for x in r["gpus_in_use"]]
+        plot_jct_and_usage(jcts, usage, plot_dir / f"jct-cdf-and-usage-{load}x.png", total_gpus=64,
+                           title=f"{load}x load: JCT CDF (8 workloads pooled), GPUs in use (workload {PLOT_WORKLOAD})")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    loads = sorted(spec.loads, key=float)
+    for p in spec.policies:
+        ys = [np.mean([r["summary"]["avg_jct_s"] for r in by.get((p, load), [])]) for load in loads]
+        ax.plot([float(x) for x in loads], ys, marker="o", label=p)
+    for p, style in (("pollux", ":"), ("tiresias", "--"), ("optimus", "-.")):
+        ys = [published_mean(p, load) for load in loads]
+        ax.plot([float(x) for x in loads], ys, linestyle=style, color="black", alpha=0.6,
+                label=f"{p} (published)")
+    ax.set_yscale("log")
+    ax.set_xlabel("relative job load")
+    ax.set_ylabel("average JCT (s, log scale)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("Average JCT vs load (mean of 8 workloads)")
+    fig.tight_layout()
+    fig.savefig(plot_dir / "avg-jct-vs-load.png", dpi=110)
+    plt.close(fig)
+
+
+def _markdown(spec: ReportSpec, agg: dict, by: dict, plot_dir: Path) -> str:
+    rel = os.path.relpath(plot_dir, spec.out.parent)
+    mean = agg["mean"]
+    lines = [
+        "# GPU scheduler benchmark report",
+        "",
+        "Generated by `make scheduler-report` (`python -m gpu_scheduler report`); do not edit by hand.",
+        f"Simulator: 16 nodes × 4 GPUs, 60 s rounds, 30 s restart cost; {len(spec.workloads)} Pollux "
+        f"workloads per load; {len(agg['runs'])} runs in {agg['wall_s']:.0f} s of wall time.",
+        "Published numbers: petuum/adaptdl@osdi21-artifact `simulator/results-jobload` (see "
+        "`gpu_scheduler/simulator/published.py`). Metric definitions: `gpu_scheduler/simulator/results.py`.",
+        "",
+    ]
+    if "1.0" in mean:
+        lines += ["## All policies at 1.0x load (means over the workloads)", "",
+                  "| policy | avg JCT (s) | p50 (s) | p99 (s) | makespan (s) | avg queueing (s) | GPU alloc. |"
+                  " restarts/job | published avg JCT (s) | sim wall (s) | decide (ms) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for p in spec.policies:
+            m = mean["1.0"].get(p)
+            if m is None:
+                continue
+            lines.append(
+                f"| `{p}` | {_fmt(m['avg_jct_s'])} | {_fmt(m['p50_jct_s'])} | {_fmt(m['p99_jct_s'])} | "
+                f"{_fmt(m['makespan_s'])} | {_fmt(m['avg_queueing_delay_s'])} | {_fmt(m['gpu_allocation'], 'frac')} | "
+                f"{_fmt(m['restarts_per_job'], 'x')} | {_fmt(published_mean(p))} | {m['sim_wall_s']:.1f} | "
+                f"{m['avg_decide_ms']:.2f} |")
+        for p, s in PUBLISHED_SUMMARY_1X.items():
+            if p in spec.policies:
+                continue
+            lines.append(f"| {p} (published) | {_fmt(s['avg_jct_s'])} | – | {_fmt(s['p99_jct_s'])} | "
+                         f"{_fmt(s['makespan_s'])} | – | – | – | {_fmt(s['avg_jct_s'])} | – | – |")
+        lines += ["", f"![JCT CDF and GPUs in use, 1.0x]({rel}/jct-cdf-and-usage-1.0x.png)", ""]
+
+    lines += ["## Average JCT by load (s, mean over the workloads)", "",
+              "| policy | " + " | ".join(f"{load}x" for load in sorted(spec.loads, key=float)) + " |",
+              "|---|" + "---:|" * len(spec.loads)]
+    for p in spec.policies:
+        cells = []
+        for load in sorted(spec.loads, key=float):
+            m = mean.get(load, {}).get(p)
+            pub = published_mean(p, load)
+            cell = _fmt(m["avg_jct_s"]) if m else "–"
+            if pub is not None:
+                cell += f" (published {_fmt(pub)})"
+            cells.append(cell)
+        lines.append(f"| `{p}` | " + " | ".join(cells) + " |")
+    lines.append("| pollux (published) | " + " | ".join(
+        _fmt(published_mean("pollux", load)) for load in sorted(spec.loads, key=float)) + " |")
+    lines += ["", f"![Average JCT vs load]({rel}/avg-jct-vs-load.png)", ""]
+    for load in sorted(spec.loads, key=float):
+        if load != "1.0":
+            lines.append(f"![JCT CDF and GPUs in use, {load}x]({rel}/jct-cdf-and-usage-{load}x.png)")
+    lines.append("")
+
+    lines += _fidelity(spec, by)
+    lines += _done_when(spec, mean, by)
+    return "\n".join(lines) + "\n"
+
+
+def _fidelity(spec: ReportSpec, by: dict) -> list[str]:
+    out = ["## Fidelity: our harness against the published anchors (1.0x)", "",
+           "| workload | " + " | ".join(
+               f"{p} ours | {p} published | Δ" for p in ("tiresias", "optimus") if p in spec.policies) + " |",
+           "|---|" + "---:|---:|---:|" * sum(p in spec.policies for p in ("tiresias", "optimus"))]
+    for n in spec.workloads:
+        cells = []
+        for p in ("tiresias", "optimus"):
+            if p not in spec.policies:
+                continue
+            ours = next((r["summary"]["avg_jct_s"] for r in by.get((p, "1.0"), []) if r["workload"] == n), None)
+            pub = PUBLISHED_AVG_JCT_S[p]["1.0"].get(n)
+            delta = f"{100 * (ours - pub) / pub:+.1f} %" if ours is not None and pub else "–"
+            cells += [_fmt(ours), _fmt(pub), delta]
+        out.append(f"| {n} | " + " | ".join(cells) + " |")
+    out.append("")
+    return out
+
+
+def _done_when(spec: ReportSpec, mean: dict, by: dict) -> list[str]:
+    rows = []
+
+    def avg(p: str, load: str = "1.0", metric: str = "avg_jct_s") -> float | None:
+        m = mean.get(load, {}).get(p)
+        return None if m is None else m[metric]
+
+    def check(label: str, ok: bool | None, measured: str) -> None:
+        status = "–" if ok is None else ("met" if ok else "NOT met")
+        rows.append(f"| {label} | {measured} | {status} |")
+
+    t = avg("tiresias")
+    if t is not None:
+        check("Tiresias mean within ±5 % of 4038 s", abs(t - 4038) <= 0.05 * 4038, f"{t:,.0f} s ({100 * (t - 4038) / 4038:+.1f} %)")
+    per = {r["workload"]: r["summary"]["avg_jct_s"] for r in by.get(("tiresias", "1.0"), [])}
+    devs = [(n, 100 * (v - PUBLISHED_AVG_JCT_S["tiresias"]["1.0"][n]) / PUBLISHED_AVG_JCT_S["tiresias"]["1.0"][n])
+            for n, v in per.items() if n in PUBLISHED_AVG_JCT_S["tiresias"]["1.0"]]
+    if devs:
+        worst = max(devs, key=lambda nv: abs(nv[1]))
+        check("Tiresias within ±10 % on each workload", all(abs(v) <= 10 for _, v in devs),
+              f"worst: workload {worst[0]} {worst[1]:+.1f} %")
+    o = avg("optimus")
+    if o is not None:
+        check("Optimus-style mean within ±10 % of 5682 s", abs(o - 5682) <= 0.10 * 5682,
+              f"{o:,.0f} s ({100 * (o - 5682) / 5682:+.1f} %)")
+    d = avg("default")
+    if d is not None:
+        check("default mean JCT ≤ 3000 s (goal: < 2751 s, Pollux)", d <= 3000, f"{d:,.0f} s")
+        ms = avg("default", metric="makespan_s")
+        check("default mean makespan ≤ 67,000 s", ms is not None and ms <= 67000, f"{ms:,.0f} s")
+        for load in ("0.5", "1.5", "2.0"):
+            if load not in mean:
+                continue
+            best = min(mean[load].items(), key=lambda kv: kv[1]["avg_jct_s"])
+            check(f"default has the lowest mean JCT at {load}x", best[0] == "default",
+                  f"default {avg('default', load):,.0f} s; best {best[0]} {best[1]['avg_jct_s']:,.0f} s")
+    return ["## The issue's \"Done when\" checks (measured by this run)", "",
+            "| check | measured | status |", "|---|---|---|", *rows, ""]
