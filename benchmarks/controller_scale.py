@@ -25,7 +25,6 @@ import json
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -66,6 +65,8 @@ def measure(runtime: Any, ticks: int, pause_s: float) -> dict[str, Any]:
     writes: list[int] = []
     watches: list[int] = []
     actions: list[int] = []
+    excluded: list[int] = []
+    outcomes: dict[str, int] = {}
     phases: dict[str, list[float]] = {}
     jobs = 0
     for _ in range(ticks):
@@ -79,6 +80,9 @@ def measure(runtime: Any, ticks: int, pause_s: float) -> dict[str, Any]:
         reads.append(sum(delta.get(m, 0) for m in READS) - watch_delta)
         writes.append(sum(delta.get(m, 0) for m in WRITES))
         actions.append(len(report.actions))
+        excluded.append(len(report.excluded))
+        for d in report.decision or ():
+            outcomes[d.outcome.value] = outcomes.get(d.outcome.value, 0) + 1
         jobs = report.jobs
         for name, seconds in report.phases_s.items():
             phases.setdefault(name, []).append(seconds)
@@ -97,6 +101,8 @@ def measure(runtime: Any, ticks: int, pause_s: float) -> dict[str, Any]:
         "writes_per_tick_mean": statistics.fmean(writes),
         "writes_per_tick_max": max(writes),
         "actions_per_tick_mean": statistics.fmean(actions),
+        "left_out_per_tick_mean": statistics.fmean(excluded),
+        "outcomes": outcomes,
         "phase_mean_s": {k: statistics.fmean(v) for k, v in phases.items()},
     }
 

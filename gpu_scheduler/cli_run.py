@@ -55,6 +55,10 @@ def run_command(
     dry_run: Annotated[bool, typer.Option(
         help="Send every write with dryRun=All: validated by the API server, never persisted.")] = False,
     events: Annotated[bool, typer.Option(help="Record a Kubernetes Event per action.")] = True,
+    max_concurrent_writes: Annotated[int, typer.Option(
+        help="Actions on different jobs sent to the API server at the same time.")] = 8,
+    max_actions_per_tick: Annotated[int, typer.Option(
+        help="Most policy actions applied per tick, GPU releases first (0: no cap).")] = 100,
     leader_election: Annotated[bool, typer.Option(help="Act only while holding the Lease.")] = True,
     lease_name: Annotated[str, typer.Option(help="Name of the leader-election Lease.")] = "trainflow-gpu-scheduler",
     metrics_addr: Annotated[str, typer.Option(help="Address of the /metrics server.")] = "0.0.0.0",
@@ -100,6 +104,8 @@ def run_command(
             replicas_via=replicas_via.value,
             dry_run=dry_run,
             record_events=events,
+            max_concurrent_writes=max_concurrent_writes,
+            max_actions_per_tick=max_actions_per_tick,
             leader_election=leader_election,
             lease_name=lease_name,
             metrics_addr=metrics_addr,

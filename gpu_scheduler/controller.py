@@ -219,6 +219,7 @@ class TickReport:
         jobs: active managed jobs observed.
         phases_s: wall time per phase (``observe_kubernetes``, ``observe_prometheus``,
             ``snapshot``, ``decide``, ``plan``, ``apply``).
+        deferred: jobs whose planned action was put off to a later tick (the per-tick cap).
     """
 
     at_s: float
@@ -234,6 +235,7 @@ class TickReport:
     policy_switched: bool = False
     jobs: int = 0
     phases_s: dict[str, float] = field(default_factory=dict)
+    deferred: list[str] = field(default_factory=list)
 
     def applied(self) -> list[ApplyResult]:
         return [r for r in self.results if r.ok]
@@ -250,6 +252,7 @@ class TickReport:
             "failed": len(self.results) - len(self.applied()),
             "duration_s": round(self.duration_s, 4),
             "api_requests": self.api_requests,
+            "deferred": len(self.deferred),
         }
 
 
@@ -266,6 +269,10 @@ class Controller:
         leader: leadership (None: always act).
         metrics: the controller's own Prometheus metrics (None: not recorded).
         api_requests: returns the running count of Kubernetes API requests (for per-tick deltas).
+        max_actions_per_tick: cap on the decision's actions applied per tick (0: no cap). Actions
+            that free GPUs go first; claims are applied only after every release fits under the
+            cap; the rest waits for the next tick, when the policy decides again. Safety actions
+            (rollbacks, confirmations) are never capped.
     """
 
     def __init__(
@@ -280,6 +287,7 @@ class Controller:
         leader: LeaderPort | None = None,
         metrics: ControllerMetrics | None = None,
         api_requests: Callable[[], int] = lambda: 0,
+        max_actions_per_tick: int = 0,
     ) -> None:
         self._cluster = cluster
         self._prometheus = prometheus
@@ -290,6 +298,7 @@ class Controller:
         self._leader = leader
         self._metrics = metrics
         self._api_requests = api_requests
+        self.max_actions_per_tick = max_actions_per_tick
         self.ledger = Ledger()
         self._excluded_logged: dict[str, str] = {}
         self.ticks = 0
@@ -379,11 +388,29 @@ class Controller:
         lap("decide")
         report.decision = decision
         actions = plan_decision(decision, build.snapshot, view.jobs, now_s, self.plan_settings, memos=memos)
+        actions, deferred = self._cap(actions)
+        report.deferred = [a.job for a in deferred]
+        if deferred:
+            log.info("actions deferred to the next tick", extra={"deferred": len(deferred),
+                                                                 "cap": self.max_actions_per_tick})
         report.actions = [*safety, *actions]
         lap("plan")
         report.results = self._actuator.apply(report.actions) if report.actions else []
         lap("apply")
         self._log_results(report)
+
+    def _cap(self, actions: Iterable[Action]) -> tuple[list[Action], list[Action]]:
+        actions = list(actions)
+        cap = self.max_actions_per_tick
+        if not cap or len(actions) <= cap:
+            return actions, []
+        releases = [a for a in actions if a.kind.releases_gpus]
+        others = [a for a in actions if not a.kind.releases_gpus]
+        kept = releases[:cap]
+        if len(releases) <= cap:
+            kept += others[: cap - len(releases)]
+        kept_ids = {id(a) for a in kept}
+        return kept, [a for a in actions if id(a) not in kept_ids]
 
     # -- reporting ------------------------------------------------------------------------------
 
@@ -490,7 +517,7 @@ def build_runtime(settings: ControllerSettings, *, clock: Callable[[], float] = 
         settings.prometheus_url, window_s=settings.metrics_window_s, timeout_s=settings.prometheus_timeout_s
     )
     actuator = Actuator(connector.client(), dry_run=settings.dry_run, record_events=settings.record_events,
-                        reporting_instance=settings.identity)
+                        reporting_instance=settings.identity, max_concurrency=settings.max_concurrent_writes)
     leader = None
     if settings.leader_election:
         leader = LeaderElector(
@@ -503,6 +530,7 @@ def build_runtime(settings: ControllerSettings, *, clock: Callable[[], float] = 
         plan_settings=PlanSettings(pending_timeout_s=settings.pending_timeout_s,
                                    rollback_hold_s=settings.rollback_hold_s, replicas_via=settings.replicas_via),
         leader=leader, metrics=metrics, api_requests=lambda: counts.total,
+        max_actions_per_tick=settings.max_actions_per_tick,
     )
     return Runtime(controller=controller, settings=settings, observer=observer, prometheus=prometheus,
                    leader=leader, metrics=metrics, wake=wake, connector=connector)

@@ -129,6 +129,9 @@ class ControllerSettings:
         replicas_via: ``merge`` (merge patch of the job) or ``scale`` (scale subresource).
         dry_run: every write is sent with ``dryRun=All`` (validated, never persisted).
         record_events: create a Kubernetes Event per action.
+        max_concurrent_writes: actions on different jobs sent at the same time.
+        max_actions_per_tick: most policy actions applied per tick (0: no cap); the rest waits
+            for the next tick (GPU-releasing actions first).
         leader_election: hold a Lease before acting.
         lease_name: the Lease's name.
         lease_duration_s, renew_deadline_s, retry_period_s: leader-election timing.
@@ -157,6 +160,8 @@ class ControllerSettings:
     replicas_via: Literal["merge", "scale"] = "merge"
     dry_run: bool = False
     record_events: bool = True
+    max_concurrent_writes: int = 8
+    max_actions_per_tick: int = 100
     leader_election: bool = True
     lease_name: str = "trainflow-gpu-scheduler"
     lease_duration_s: float = 15.0
@@ -184,6 +189,10 @@ class ControllerSettings:
             fail("replicas_via", f"must be 'merge' or 'scale', got {self.replicas_via!r}")
         if not 0 < self.retry_period_s < self.renew_deadline_s < self.lease_duration_s:
             fail("lease timing", "need 0 < retry_period_s < renew_deadline_s < lease_duration_s")
+        if self.max_actions_per_tick < 0:
+            fail("max_actions_per_tick", f"must be >= 0, got {self.max_actions_per_tick}")
+        if self.max_concurrent_writes < 1:
+            fail("max_concurrent_writes", f"must be >= 1, got {self.max_concurrent_writes}")
         if not 0 <= self.metrics_port < 65536:
             fail("metrics_port", f"must be in 0..65535, got {self.metrics_port}")
         if self.log_format not in ("json", "text"):

@@ -2,7 +2,10 @@
 
 Every PATCH carries the controller's field manager (``trainflow-gpu-scheduler``) and, in dry-run
 mode, ``dryRun=All``: the API server validates and admits the change (webhooks included) but
-persists nothing. Errors never escape: each action ends with an :class:`ApplyResult` whose status
+persists nothing. A merge patch refused with 409 Conflict (its ``resourceVersion`` is stale) is
+re-checked against a fresh GET: if the fields in its guard still hold, it is resent once with the
+fresh ``resourceVersion``. Actions on different jobs are sent concurrently (``max_concurrency``),
+GPU-releasing ones first, then the rest; one job's patches stay in order. Errors never escape: each action ends with an :class:`ApplyResult` whose status
 names what happened (``conflict`` for a 409 from a stale ``resourceVersion``, ``not_found`` for a
 job deleted meanwhile, ``invalid`` for a 422 from validation, ``error`` for anything else, e.g.
 the API server being unreachable), and the caller logs it.
@@ -13,12 +16,14 @@ PyTorchJob) records it; ``kubectl describe pytorchjob`` shows them.
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import logging
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import httpx2
 from lightkube import Client
@@ -64,6 +69,15 @@ class ApplyResult:
         return self.status in ("applied", "dry_run")
 
 
+def _dig(doc: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = doc
+    for key in path:
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(key)
+    return node
+
+
 def _status_of(exc: Exception) -> Status:
     if isinstance(exc, ApiError):
         code = exc.status.code
@@ -80,6 +94,7 @@ class Actuator:
         field_manager: recorded as the manager of the fields the controller sets.
         record_events: create a Kubernetes Event per successful action.
         reporting_instance: ``reportingInstance`` of the Events (default: the host name).
+        max_concurrency: actions on different jobs sent at the same time.
     """
 
     def __init__(
@@ -90,7 +105,11 @@ class Actuator:
         field_manager: str = FIELD_MANAGER,
         record_events: bool = True,
         reporting_instance: str | None = None,
+        max_concurrency: int = 8,
     ) -> None:
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        self.max_concurrency = max_concurrency
         self._client = client
         self.dry_run = dry_run
         self.field_manager = field_manager
@@ -98,25 +117,62 @@ class Actuator:
         self.reporting_instance = reporting_instance or socket.gethostname()
 
     def apply(self, actions: Iterable[Action]) -> list[ApplyResult]:
-        """Apply actions, GPU-releasing ones first; never raises."""
-        return [self._apply_one(a) for a in order_actions(actions)]
+        """Apply actions: GPU-releasing ones first, then the others (each group concurrently, at most
+        ``max_concurrency`` at a time). Never raises; results are in the order applied."""
+        ordered = order_actions(actions)
+        release = [a for a in ordered if a.kind.releases_gpus]
+        rest = [a for a in ordered if not a.kind.releases_gpus]
+        results: list[ApplyResult] = []
+        for group in (release, rest):
+            if len(group) <= 1 or self.max_concurrency == 1:
+                results.extend(self._apply_one(a) for a in group)
+                continue
+            with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(group)),
+                                    thread_name_prefix="apply") as pool:
+                results.extend(pool.map(self._apply_one, group))
+        return results
 
-    def _send(self, patch: Patch) -> None:
+    def _send(self, patch: Patch, body: Any | None = None) -> None:
         resource = PyTorchJob.Scale if patch.subresource == "scale" else PyTorchJob
         self._client.patch(
             resource,
             patch.name,
-            patch.body,
+            patch.body if body is None else body,
             namespace=patch.namespace,
             patch_type=_PATCH_TYPES[patch.patch_type],
             field_manager=self.field_manager,
             dry_run=self.dry_run,
         )
 
+    def _retry_on_conflict(self, patch: Patch) -> str | None:
+        """After a 409: resend with the fresh resourceVersion if the guard still holds.
+
+        Returns None if resent successfully, else why not (raises the API's error if the resend
+        itself fails)."""
+        if not patch.guard or patch.patch_type != "merge" or patch.subresource:
+            return "the job changed since it was observed"
+        fresh = self._client.get(PyTorchJob, patch.name, namespace=patch.namespace)
+        doc = fresh.to_dict() if hasattr(fresh, "to_dict") else dict(fresh)
+        for path, expected in patch.guard:
+            actual = _dig(doc, path)
+            if actual != expected and not (expected is None and actual is False):
+                return f"{'.'.join(path)} changed since it was observed ({expected!r} -> {actual!r})"
+        body = copy.deepcopy(dict(patch.body))
+        body.setdefault("metadata", {})["resourceVersion"] = (doc.get("metadata") or {}).get("resourceVersion")
+        self._send(patch, body)
+        return None
+
     def _apply_one(self, action: Action) -> ApplyResult:
         for patch in action.patches:
             try:
-                self._send(patch)
+                try:
+                    self._send(patch)
+                except ApiError as exc:
+                    if exc.status.code != 409:
+                        raise
+                    why = self._retry_on_conflict(patch)
+                    if why is not None:
+                        return ApplyResult(action=action, status="conflict", message=why)
             except (ApiError, httpx2.HTTPError, OSError) as exc:
                 status = _status_of(exc)
                 message = exc.status.message if isinstance(exc, ApiError) else f"{type(exc).__name__}: {exc}"

@@ -12,9 +12,12 @@ How a PyTorchJob (``kubeflow.org/v1``, training-operator v1.9) is changed:
   controller's annotations, in one atomic request) or, with ``replicas_via="scale"``, through the
   ``scale`` subresource (the CRD declares ``specReplicasPath`` = that field). A strategic-merge
   patch is never used: the API server rejects it on custom resources.
-* **Optimistic concurrency**: merge patches carry the observed ``metadata.resourceVersion``; if the
-  job changed since it was observed, the API server answers 409 Conflict and the action is
-  dropped for this tick (the next tick sees the new state).
+* **Optimistic concurrency**: merge patches carry the observed ``metadata.resourceVersion`` and a
+  *guard*: the values of the fields the decision was made from (``Worker.replicas``,
+  ``runPolicy.suspend``). On 409 Conflict the applier re-reads the job; if only other fields moved
+  (the operator updates the status all the time) it resends with the fresh resourceVersion, else
+  the action is dropped for this tick (the next tick sees the new state) — client-go's
+  ``RetryOnConflict`` with a semantic check.
 * **Queue / preempt / resume**: ``spec.runPolicy.suspend`` (the operator deletes the pods while
   suspended and recreates them on resume). The controller marks the jobs it suspends and only ever
   resumes those.
@@ -127,6 +130,8 @@ class Patch:
         patch_type: ``"merge"`` (``application/merge-patch+json``) or ``"json"``
             (``application/json-patch+json``).
         subresource: ``""`` (the job) or ``"scale"``.
+        guard: ``(path, value)`` pairs the job must still have for the patch to be resent after
+            a 409 Conflict (paths are key tuples into the job's JSON; an absent field reads None).
     """
 
     namespace: str
@@ -134,6 +139,7 @@ class Patch:
     body: Any
     patch_type: Literal["merge", "json"] = "merge"
     subresource: Literal["", "scale"] = ""
+    guard: tuple[tuple[tuple[str, ...], Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -204,10 +210,19 @@ def _merge_patch(
         body["spec"] = spec
     patches = []
     if spec or annotations:
-        patches.append(Patch(namespace=job.namespace, name=job.name, body=body))
+        patches.append(Patch(namespace=job.namespace, name=job.name, body=body, guard=_guard(view)))
     if scale is not None:
         patches.append(scale)
     return tuple(patches)
+
+
+def _guard(view: JobView) -> tuple[tuple[tuple[str, ...], Any], ...]:
+    """The fields a decision about ``view`` depends on, with their observed values."""
+    job = view.job
+    return (
+        (("spec", "pytorchReplicaSpecs", "Worker", "replicas"), job.spec_workers),
+        (("spec", "runPolicy", "suspend"), job.suspended or None),
+    )
 
 
 def _policy_annotation_changes(view: JobView, wanted: Mapping[str, str]) -> dict[str, str | None]:
@@ -378,7 +393,8 @@ def _reshape_step(view: JobView, memo: JobMemo, now_s: float, settings: PlanSett
         )
     if view.pods or view.terminating_workers:
         return None  # wait for the operator to delete the pods
-    # Pods gone: patch the template (JSON patch, guarded by resourceVersion), then resume.
+    # Pods gone: patch the template (a JSON patch that first tests the job is still suspended),
+    # then resume.
     resources = json.loads(json.dumps(dict(job.gpu_container_resources)))
     limits = dict(resources.get("limits") or {})
     limits[GPU_RESOURCE] = str(gpw)
@@ -386,9 +402,7 @@ def _reshape_step(view: JobView, memo: JobMemo, now_s: float, settings: PlanSett
     if GPU_RESOURCE in (resources.get("requests") or {}):
         resources["requests"] = {**resources["requests"], GPU_RESOURCE: str(gpw)}
     base = "/spec/pytorchReplicaSpecs/Worker/template/spec/containers"
-    ops: list[dict[str, Any]] = []
-    if job.resource_version:
-        ops.append({"op": "test", "path": "/metadata/resourceVersion", "value": job.resource_version})
+    ops: list[dict[str, Any]] = [{"op": "test", "path": "/spec/runPolicy/suspend", "value": True}]
     ops.append({"op": "add", "path": f"{base}/{job.gpu_container}/resources", "value": resources})
     if job.nproc_per_node is not None and job.nproc_per_node == job.gpus_per_worker:
         ops.append({"op": "replace", "path": "/spec/nprocPerNode", "value": str(gpw)})

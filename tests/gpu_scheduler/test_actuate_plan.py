@@ -60,6 +60,8 @@ def test_scale_up_is_one_merge_patch_with_replicas_watch_and_resource_version() 
     assert patch.body["spec"] == {"pytorchReplicaSpecs": {"Worker": {"replicas": 4}}}
     meta = patch.body["metadata"]
     assert meta["resourceVersion"] == "7"
+    assert dict(patch.guard) == {("spec", "pytorchReplicaSpecs", "Worker", "replicas"): 2,
+                                 ("spec", "runPolicy", "suspend"): None}
     assert json.loads(meta["annotations"][SCALE_UP]) == {"from": 2, "to": 4, "at": T0}
     assert meta["annotations"][ANNOTATION_PREFIX + "requested-workers"] == "2"
     assert meta["annotations"][ANNOTATION_PREFIX + "restarts"] == "1"
@@ -180,7 +182,7 @@ def test_gpus_per_worker_change_goes_suspend_then_patch_then_resume() -> None:
     template, resume = a.patches
     assert template.patch_type == "json"
     ops = template.body
-    assert ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "9"}
+    assert ops[0] == {"op": "test", "path": "/spec/runPolicy/suspend", "value": True}
     assert ops[1]["path"] == "/spec/pytorchReplicaSpecs/Worker/template/spec/containers/1/resources"
     assert ops[1]["value"]["limits"] == {"nvidia.com/gpu": "2", "memory": "4Gi"}
     assert ops[2] == {"op": "replace", "path": "/spec/nprocPerNode", "value": "2"}

@@ -13,6 +13,7 @@ maximum), ``test-shrink`` (at its minimum), ``test-keep`` (no change).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -291,23 +292,35 @@ def test_scale_subresource_and_optimistic_concurrency(live: Live, kwok_gpu_nodes
     assert [(r.action.kind, r.status) for r in report.results] == [(ActionKind.SCALE_UP, "applied")]
     assert [p.subresource for p in report.results[0].action.patches] == ["", "scale"]
     assert live.replicas(name) == 4
-    # A plan made from a stale observation is refused (409) instead of overwriting a newer change.
-    view = runtime.observer.state()
-    stale = next(j for j in view.jobs if j.name == name)
-    live.client.patch(pytorchjob_resource(), name, {"metadata": {"labels": {"touched": "yes"}}},
-                      namespace=live.namespace, patch_type=PatchType.MERGE)
+    # Plans made from a stale observation: resent after an unrelated change (as the operator's
+    # status updates are), refused when a field the decision depends on changed.
     from gpu_scheduler.kube import JobView
     from gpu_scheduler.model import ClusterSnapshot, Decision, Job, Node, Placement
 
     key = f"{live.namespace}/{name}"
-    snap = ClusterSnapshot(nodes=(Node(name="x", gpus=8),), jobs=(
-        Job(name=key, submit_time_s=0, max_workers=4, placement=Placement.of({"x": 4})),), taken_at_s=0)
-    decision = Decision.from_placements(snap, {key: Placement.of({"x": 2})}, policy="t", now_s=0)
-    actions = plan_decision(decision, snap, {key: JobView(job=stale, placement=Placement.of({"x": 4}))}, 0,
-                            PlanSettings())
     client = KubeConnector(live.bed.kubeconfig).client()
+
+    def stale_plan(current: int, target: int) -> tuple:
+        wait_until(lambda: any(j.name == name and j.spec_workers == current for j in runtime.observer.state().jobs),
+                   timeout_s=30, what=f"the cache to see {current} workers")
+        stale = next(j for j in runtime.observer.state().jobs if j.name == name)
+        snap = ClusterSnapshot(nodes=(Node(name="x", gpus=8),), jobs=(
+            Job(name=key, submit_time_s=0, max_workers=4, placement=Placement.of({"x": current})),), taken_at_s=0)
+        decision = Decision.from_placements(snap, {key: Placement.of({"x": target})}, policy="t", now_s=0)
+        return plan_decision(decision, snap, {key: JobView(job=stale, placement=Placement.of({"x": current}))},
+                             0, PlanSettings())
+
+    actions = stale_plan(4, 2)
+    live.client.patch(pytorchjob_resource(), name, {"metadata": {"labels": {"touched": "yes"}}},
+                      namespace=live.namespace, patch_type=PatchType.MERGE)
     (result,) = Actuator(client).apply(actions)
-    assert result.status == "conflict" and live.replicas(name) == 4
+    assert result.status == "applied" and live.replicas(name) == 2  # 409, re-read, guard holds, resent
+    actions = stale_plan(2, 1)
+    live.client.patch(pytorchjob_resource(), name, {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 3}}}},
+                      namespace=live.namespace, patch_type=PatchType.MERGE)
+    (result,) = Actuator(client).apply(actions)
+    assert result.status == "conflict" and live.replicas(name) == 3
+    assert result.message == "spec.pytorchReplicaSpecs.Worker.replicas changed since it was observed (2 -> 3)"
 
 
 def test_leader_election_lets_one_replica_act(live: Live) -> None:
@@ -378,3 +391,69 @@ def _metrics_text(runtime: Runtime) -> bytes:
 
     return generate_latest(runtime.metrics.registry)
 
+
+
+def test_runs_under_the_manifests_least_privilege_rbac(live: Live, kwok_gpu_nodes, tmp_path: Path) -> None:
+    """The controller as the ``trainflow-gpu-scheduler`` ServiceAccount bound by
+    manifests/base/scheduler/rbac.yaml: watches, a scale-up through the scale subresource, an
+    Event, the Lease and the ConfigMap all work; a Secret read is forbidden."""
+    import uuid
+
+    import yaml
+    from lightkube import codecs
+    from lightkube.core.exceptions import ApiError
+    from lightkube.models.authentication_v1 import TokenRequestSpec
+    from lightkube.resources.core_v1 import Secret, ServiceAccount
+    from lightkube.resources.core_v1 import ServiceAccountToken as TokenRequest
+
+    kwok_gpu_nodes(1, gpus_per_node=8)
+    client = live.client
+    sa = "trainflow-gpu-scheduler"
+    client.create(ServiceAccount(metadata=ObjectMeta(name=sa, namespace=live.namespace)))
+    suffix = uuid.uuid4().hex[:6]
+    created_cluster_objects = []
+    for doc in yaml.safe_load_all((REPO / "manifests/base/scheduler/rbac.yaml").read_text()):
+        if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            doc["metadata"]["name"] += f"-{suffix}"  # cluster-scoped: unique per test
+        if doc["kind"] == "ClusterRoleBinding":
+            doc["roleRef"]["name"] += f"-{suffix}"
+        for subject in doc.get("subjects", []):
+            subject["namespace"] = live.namespace
+        if doc["kind"] in ("Role", "RoleBinding"):
+            doc["metadata"]["namespace"] = live.namespace
+        obj = codecs.from_dict(doc)
+        client.create(obj)
+        if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            created_cluster_objects.append(obj)
+    try:
+        token = client.create(TokenRequest(spec=TokenRequestSpec(audiences=[], expirationSeconds=3600)),
+                              sa, namespace=live.namespace).status.token
+        kubeconfig = tmp_path / "scheduler.kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "bed", "cluster": {"server": live.bed.server,
+                                                     "certificate-authority": str(live.bed.root / "pki" / "ca.crt")}}],
+            "users": [{"name": sa, "user": {"token": token}}],
+            "contexts": [{"name": "bed", "context": {"cluster": "bed", "user": sa, "namespace": live.namespace}}],
+            "current-context": "bed",
+        }))
+        live.set_policy("test-grow")
+        name = live.create_job("rbac", replicas=1, max_replicas=3)
+        live.wait_running(name, 1)
+        runtime = live.controller(kubeconfig=str(kubeconfig), watch_namespace=None, leader_election=True,
+                                  replicas_via="scale", lease_duration_s=6, renew_deadline_s=4, retry_period_s=1)
+        runtime.leader.start()
+        wait_until(runtime.leader.is_leader, timeout_s=15, what="the Lease")
+        report = runtime.controller.tick()
+        assert report.skipped is None and report.policy == "test-grow"
+        assert [(r.action.kind, r.status, r.event_recorded) for r in report.results] == [
+            (ActionKind.SCALE_UP, "applied", True)]
+        assert live.replicas(name) == 3
+        scheduler_client = KubeConnector(kubeconfig).client()
+        with pytest.raises(ApiError) as denied:
+            list(scheduler_client.list(Secret, namespace=live.namespace))
+        assert denied.value.status.code == 403
+    finally:
+        for obj in created_cluster_objects:
+            with contextlib.suppress(Exception):
+                client.delete(type(obj), obj.metadata.name)

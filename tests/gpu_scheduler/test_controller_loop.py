@@ -296,3 +296,17 @@ def test_controller_metrics_and_request_counts() -> None:
     assert "trainflow_scheduler_api_requests_per_tick 7.0" in text
     assert 'trainflow_scheduler_policy_info{policy="test-grow"} 1.0' in text
     assert "trainflow_scheduler_tick_seconds_count 1.0" in text
+
+
+def test_actions_per_tick_are_capped_releases_first() -> None:
+    cluster = FakeCluster(nodes=[node("n0", 8)])
+    cluster.add_job("big", ["n0"] * 4)                       # 4 -> 1 under test-shrink
+    for i in range(3):
+        cluster.add_job(f"s{i}", ["n0"], created_at=T0 + 1 + i, min_replicas=2, max_replicas=2)
+    ctl, *_ = make(cluster, policy="test-shrink", max_actions_per_tick=2)
+    report = ctl.tick()
+    # the release (big 4->1) goes first; only one of the three 1->2 claims fits under the cap
+    assert [a.kind for a in report.actions] == [ActionKind.SCALE_DOWN, ActionKind.SCALE_UP]
+    assert len(report.deferred) == 2
+    report = ctl.tick()  # the rest follows on the next tick
+    assert sorted(a.kind for a in report.actions) == [ActionKind.SCALE_UP, ActionKind.SCALE_UP]
