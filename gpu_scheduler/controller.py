@@ -474,6 +474,7 @@ class Runtime:
     metrics: ControllerMetrics
     wake: threading.Event
     connector: Any
+    actuator: Any
 
     def interval_s(self) -> float:
         cfg = self.controller.policies.config
@@ -482,6 +483,7 @@ class Runtime:
     def close(self) -> None:
         if self.leader is not None:
             self.leader.stop(release=True)
+        self.actuator.close()
         self.observer.stop()
         self.prometheus.close()
 
@@ -533,7 +535,7 @@ def build_runtime(settings: ControllerSettings, *, clock: Callable[[], float] = 
         max_actions_per_tick=settings.max_actions_per_tick,
     )
     return Runtime(controller=controller, settings=settings, observer=observer, prometheus=prometheus,
-                   leader=leader, metrics=metrics, wake=wake, connector=connector)
+                   leader=leader, metrics=metrics, wake=wake, connector=connector, actuator=actuator)
 
 
 def run(settings: ControllerSettings, *, stop: threading.Event | None = None, sync_timeout_s: float = 60.0) -> int:

@@ -177,10 +177,18 @@ class PyTorchJobState:
     metrics_key: str = ""
     gpu_container: int = 0
     gpu_container_resources: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    # Parsed once when the object is observed, not on every tick.
+    _memo: JobMemo | None = field(default=None, init=False, repr=False, compare=False)
+    _policy_annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY, init=False, repr=False,
+                                                   compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "annotations", MappingProxyType(dict(self.annotations)))
         object.__setattr__(self, "gpu_container_resources", MappingProxyType(dict(self.gpu_container_resources)))
+        object.__setattr__(self, "_memo", JobMemo.parse(self.annotations))
+        n = len(POLICY_ANNOTATION_PREFIX)
+        object.__setattr__(self, "_policy_annotations", MappingProxyType(
+            {k[n:]: v for k, v in self.annotations.items() if k.startswith(POLICY_ANNOTATION_PREFIX)}))
         if not self.metrics_key:
             object.__setattr__(
                 self, "metrics_key", self.annotations.get(JOB_KEY_ANNOTATION) or job_key(self.namespace, self.name)
@@ -194,13 +202,13 @@ class PyTorchJobState:
     @property
     def memo(self) -> JobMemo:
         """The controller's state parsed from the annotations (bad values are dropped)."""
-        return JobMemo.parse(self.annotations)
+        assert self._memo is not None
+        return self._memo
 
     @property
-    def policy_annotations(self) -> dict[str, str]:
+    def policy_annotations(self) -> Mapping[str, str]:
         """Policy state (prefix stripped), as handed back in :attr:`gpu_scheduler.model.Job.annotations`."""
-        n = len(POLICY_ANNOTATION_PREFIX)
-        return {k[n:]: v for k, v in self.annotations.items() if k.startswith(POLICY_ANNOTATION_PREFIX)}
+        return self._policy_annotations
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

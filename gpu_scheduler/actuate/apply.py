@@ -11,7 +11,9 @@ job deleted meanwhile, ``invalid`` for a 422 from validation, ``error`` for anyt
 the API server being unreachable), and the caller logs it.
 
 After an action's patches succeed, one Kubernetes Event (``core/v1``, ``involvedObject`` = the
-PyTorchJob) records it; ``kubectl describe pytorchjob`` shows them.
+PyTorchJob) records it; ``kubectl describe pytorchjob`` shows them. Events are best-effort and sent
+by a background :class:`EventRecorder` (as client-go's event broadcaster does), so a tick never
+waits for them; :meth:`Actuator.flush_events` waits until the queue is empty.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import logging
+import queue
 import socket
+import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,7 +41,7 @@ from lightkube.types import PatchType
 from gpu_scheduler.actuate.plan import Action, EventSpec, Patch, order_actions
 from gpu_scheduler.kube import FIELD_MANAGER
 
-__all__ = ["Actuator", "ApplyResult", "Status"]
+__all__ = ["Actuator", "ApplyResult", "EventRecorder", "Status"]
 
 log = logging.getLogger("gpu_scheduler.actuate.apply")
 
@@ -95,6 +99,7 @@ class Actuator:
         record_events: create a Kubernetes Event per successful action.
         reporting_instance: ``reportingInstance`` of the Events (default: the host name).
         max_concurrency: actions on different jobs sent at the same time.
+        async_events: send Events from a background thread (False: inline, before returning).
     """
 
     def __init__(
@@ -106,6 +111,7 @@ class Actuator:
         record_events: bool = True,
         reporting_instance: str | None = None,
         max_concurrency: int = 8,
+        async_events: bool = True,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -115,6 +121,16 @@ class Actuator:
         self.field_manager = field_manager
         self.record_events = record_events
         self.reporting_instance = reporting_instance or socket.gethostname()
+        self._recorder = EventRecorder(self.event) if async_events else None
+
+    def flush_events(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every queued Event was sent; True if the queue emptied in time."""
+        return self._recorder.flush(timeout_s) if self._recorder is not None else True
+
+    def close(self) -> None:
+        """Send the queued Events (a few seconds at most), then stop the recorder."""
+        if self._recorder is not None:
+            self._recorder.close()
 
     def apply(self, actions: Iterable[Action]) -> list[ApplyResult]:
         """Apply actions: GPU-releasing ones first, then the others (each group concurrently, at most
@@ -180,13 +196,14 @@ class Actuator:
         recorded = False
         if action.event is not None and self.record_events:
             namespace, _, name = action.job.partition("/")
-            recorded = self.event(
+            kwargs = dict(
                 namespace=namespace,
                 involved=ObjectReference(apiVersion="kubeflow.org/v1", kind="PyTorchJob", name=name,
                                          namespace=namespace, uid=action.uid or None),
                 spec=action.event,
                 action=action.kind.value,
             )
+            recorded = self._recorder.submit(kwargs) if self._recorder is not None else self.event(**kwargs)
         return ApplyResult(action=action, status="dry_run" if self.dry_run else "applied", event_recorded=recorded)
 
     def event(self, *, namespace: str, involved: ObjectReference, spec: EventSpec, action: str = "") -> bool:
@@ -213,3 +230,60 @@ class Actuator:
                                                      "error": str(exc)})
             return False
         return True
+
+
+class EventRecorder:
+    """Sends Events from one background thread, so ticks never wait for them.
+
+    Args:
+        send: called with the keyword arguments of :meth:`Actuator.event` for each Event.
+        max_queued: Events waiting beyond this are dropped (and logged): Events are best-effort.
+    """
+
+    def __init__(self, send: Any, *, max_queued: int = 10_000) -> None:
+        self._send = send
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=max_queued)
+        self._thread = threading.Thread(target=self._run, name="event-recorder", daemon=True)
+        self._thread.start()
+        self.dropped = 0
+
+    def submit(self, kwargs: dict[str, Any]) -> bool:
+        """Queue one Event; False if the queue is full (the Event is dropped)."""
+        try:
+            self._queue.put_nowait(kwargs)
+        except queue.Full:
+            self.dropped += 1
+            log.warning("event dropped: queue full", extra={"reason": kwargs["spec"].reason})
+            return False
+        return True
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._send(**item)
+            except Exception as exc:  # best-effort: never let one Event stop the recorder
+                log.warning("event not recorded", extra={"error": str(exc)})
+            finally:
+                self._queue.task_done()
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until the queue is empty (True) or ``timeout_s`` passed (False)."""
+        done = threading.Event()
+
+        def wait() -> None:
+            self._queue.join()
+            done.set()
+
+        threading.Thread(target=wait, daemon=True).start()
+        return done.wait(timeout_s)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self.flush(timeout_s)
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            return
+        self._thread.join(timeout_s)

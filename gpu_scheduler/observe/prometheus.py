@@ -26,7 +26,9 @@ Any failure (connection refused, timeout, HTTP error, ``status: error``, malform
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import MappingProxyType
 from typing import Any
 
@@ -161,6 +163,7 @@ class PrometheusObserver:
         self.window_s = window_s
         self._client = client or httpx.Client(timeout=timeout_s)
         self.requests = 0
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         self._client.close()
@@ -171,7 +174,8 @@ class PrometheusObserver:
         Raises:
             PrometheusUnavailable: on any transport, HTTP or answer error.
         """
-        self.requests += 1
+        with self._lock:
+            self.requests += 1
         try:
             response = self._client.post(
                 f"{self.url}/api/v1/query", data={"query": promql, "time": f"{at_s:.3f}"}
@@ -187,11 +191,13 @@ class PrometheusObserver:
         return parse_vector(payload)
 
     def observe(self, now_s: float) -> MetricsSample:
-        """Run every query at ``now_s``.
+        """Run every query at ``now_s`` (concurrently).
 
         Raises:
             PrometheusUnavailable: if any query fails (partial readings are never used).
         """
         window = _window(self.window_s)
-        results = {key: self.query(q.format(window=window), now_s) for key, q in QUERIES.items()}
+        with ThreadPoolExecutor(max_workers=len(QUERIES), thread_name_prefix="promql") as pool:
+            futures = {key: pool.submit(self.query, q.format(window=window), now_s) for key, q in QUERIES.items()}
+            results = {key: f.result() for key, f in futures.items()}
         return metrics_from_results(results, taken_at_s=now_s, window_s=self.window_s)

@@ -121,6 +121,8 @@ class Live:
 
     def events(self, name: str) -> list[Any]:
         """The controller's Events about job ``name`` (the operator records its own too)."""
+        for runtime in self.runtimes:
+            assert runtime.actuator.flush_events(30), "events still queued after 30 s"
         return [e for e in self.client.list(Event, namespace=self.namespace, fields={"involvedObject.name": name})
                 if e.source and e.source.component == FIELD_MANAGER]
 
@@ -426,7 +428,8 @@ def test_runs_under_the_manifests_least_privilege_rbac(live: Live, kwok_gpu_node
         if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
             created_cluster_objects.append(obj)
     try:
-        token = client.create(TokenRequest(spec=TokenRequestSpec(audiences=[], expirationSeconds=3600)),
+        token = client.create(TokenRequest(metadata=ObjectMeta(name=sa, namespace=live.namespace),
+                                           spec=TokenRequestSpec(audiences=[], expirationSeconds=3600)),
                               sa, namespace=live.namespace).status.token
         kubeconfig = tmp_path / "scheduler.kubeconfig"
         kubeconfig.write_text(yaml.safe_dump({
@@ -449,6 +452,7 @@ def test_runs_under_the_manifests_least_privilege_rbac(live: Live, kwok_gpu_node
         assert [(r.action.kind, r.status, r.event_recorded) for r in report.results] == [
             (ActionKind.SCALE_UP, "applied", True)]
         assert live.replicas(name) == 3
+        assert [e.reason for e in live.events(name)] == ["ScaledUp"]  # created as the ServiceAccount
         scheduler_client = KubeConnector(kubeconfig).client()
         with pytest.raises(ApiError) as denied:
             list(scheduler_client.list(Secret, namespace=live.namespace))
