@@ -10,7 +10,7 @@ export SSL_CERT_FILE ?= /etc/ssl/certs/ca-certificates.crt
 export UV_CACHE_DIR ?= $(HOME)/.cache/trainflow/uv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-12)
 
-.PHONY: all venv run test test-fast lint lock system-deps testbed bench clean help
+.PHONY: all venv run test test-fast lint lock system-deps testbed bench bench-controller clean help
 all: help
 
 help:
@@ -20,6 +20,7 @@ help:
 	@echo "make lint       ruff + import-linter layering contracts"
 	@echo "make bench      benchmarks (checkpoint overhead, scheduler decision time)"
 	@echo "make testbed    build or reuse the test servers (MinIO, Kubernetes control plane, KWOK, training operator; cached under ~/.cache/trainflow/)"
+	@echo "make bench-controller  controller scale benchmark on the test bed (256 nodes x 8 GPUs, 100 then 1000 PyTorchJobs)"
 	@echo "make lock       re-resolve requirements.lock from pyproject.toml"
 
 venv: $(STAMP)
@@ -62,3 +63,6 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+bench-controller: venv
+	nice -n 10 $(BIN)/python benchmarks/controller_scale.py

@@ -5,8 +5,11 @@ tests/support/k8s.py) with ``--nodes`` KWOK nodes x ``--gpus-per-node`` GPUs; Py
 by the launcher's renderer in steps (``--jobs 100,1000``); a real Prometheus scraping the simulated
 DCGM exporter, which follows every worker pod; and the controller wired as
 ``python -m gpu_scheduler run`` wires it. At each step, once every created worker pod runs (or the
-step's wait runs out), the script times ``--ticks`` back-to-back ticks and counts the Kubernetes
-API requests each tick sends, split into reads (GET/LIST/WATCH) and writes (PATCH/POST/PUT).
+step's wait runs out), the script first runs warm-up ticks until the policy has nothing left to
+change (at most ``--warmup-ticks``; the burst of actions that new jobs cause is reported on its
+own), then times ``--ticks`` ticks and counts the Kubernetes API requests each tick sends, split
+into reads (GET/LIST/WATCH) and writes (PATCH/POST/PUT; Events are sent by a background thread
+and counted in the tick during which they go out).
 
 Reads per tick stay constant as jobs grow because every read comes from watch caches; writes
 follow the number of jobs the policy changes in that tick, not the number of jobs. Tick time is
@@ -34,8 +37,8 @@ sys.path.insert(0, str(REPO))
 
 from gpu_scheduler.controller import build_runtime  # noqa: E402
 from gpu_scheduler.settings import ControllerSettings  # noqa: E402
-from tests.support.dcgm_exporter import DcgmExporter  # noqa: E402
 from tests.support.k8s import KubeTestBed, testbed_binaries, wait_until  # noqa: E402
+from tests.support.processes import ManagedProcess, free_port, http_ok  # noqa: E402
 from tests.support.prometheus import PrometheusServer  # noqa: E402
 
 READS = ("GET",)
@@ -58,10 +61,27 @@ def running_workers(bed: KubeTestBed, namespace: str) -> tuple[int, int]:
     return running, len(pods)
 
 
+def warm_up(runtime: Any, max_ticks: int, pause_s: float) -> dict[str, Any]:
+    """Tick until a tick plans no action (or ``max_ticks``); report the burst."""
+    durations: list[float] = []
+    actions: list[int] = []
+    for _ in range(max_ticks):
+        report = runtime.controller.tick()
+        durations.append(report.duration_s)
+        actions.append(len(report.actions))
+        runtime.actuator.flush_events(120)
+        if not report.actions and not report.deferred:
+            break
+        time.sleep(pause_s)
+    return {"warmup_ticks": len(durations), "warmup_tick_max_s": max(durations),
+            "warmup_actions": sum(actions), "warmup_actions_max_per_tick": max(actions)}
+
+
 def measure(runtime: Any, ticks: int, pause_s: float) -> dict[str, Any]:
     counts = runtime.connector.counts
     durations: list[float] = []
     reads: list[int] = []
+    observe_requests: list[int] = []
     writes: list[int] = []
     watches: list[int] = []
     actions: list[int] = []
@@ -80,6 +100,7 @@ def measure(runtime: Any, ticks: int, pause_s: float) -> dict[str, Any]:
         reads.append(sum(delta.get(m, 0) for m in READS) - watch_delta)
         writes.append(sum(delta.get(m, 0) for m in WRITES))
         actions.append(len(report.actions))
+        observe_requests.append(report.requests_by_phase.get("observe_kubernetes", 0))
         excluded.append(len(report.excluded))
         for d in report.decision or ():
             outcomes[d.outcome.value] = outcomes.get(d.outcome.value, 0) + 1
@@ -95,6 +116,7 @@ def measure(runtime: Any, ticks: int, pause_s: float) -> dict[str, Any]:
         "tick_p50_s": percentile(durations, 50),
         "tick_p99_s": percentile(durations, 99),
         "tick_max_s": max(durations),
+        "observe_requests_per_tick_max": max(observe_requests),
         "reads_per_tick_mean": statistics.fmean(reads),
         "reads_per_tick_max": max(reads),
         "watch_requests_per_tick_max": max(watches),
@@ -115,6 +137,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="initial workers per job (1 GPU each)")
     parser.add_argument("--max-workers", type=int, default=4)
     parser.add_argument("--ticks", type=int, default=30)
+    parser.add_argument("--warmup-ticks", type=int, default=20)
+    parser.add_argument("--log", type=Path, help="controller JSON log file")
     parser.add_argument("--pause-s", type=float, default=0.5, help="pause between measured ticks")
     parser.add_argument("--policy", default="elastic_fifo", help="policy the controller runs")
     parser.add_argument("--plugin", action="append", default=[], help="module registering more policies")
@@ -122,6 +146,17 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args()
     steps = [int(x) for x in args.jobs.split(",")]
+    if args.log:
+        import logging
+
+        from gpu_scheduler.logs import JsonFormatter
+
+        handler = logging.FileHandler(args.log)
+        handler.setFormatter(JsonFormatter())
+        logger = logging.getLogger("gpu_scheduler")
+        logger.handlers[:] = [handler]
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
 
     with tempfile.TemporaryDirectory(prefix="trainflow-bench-") as tmp:
         root = Path(tmp)
@@ -132,9 +167,16 @@ def main() -> int:
             namespace = bed.create_namespace("bench")
             print(f"{args.nodes} nodes x {args.gpus_per_node} GPUs ready at {time.monotonic() - started:.0f} s",
                   file=sys.stderr)
-            exporter = DcgmExporter().start()
-            exporter.follow(bed.client(), namespace, interval_s=3.0)
-            prometheus = PrometheusServer(root / "prometheus", [exporter.target], scrape_interval_s=5.0).start()
+            # The simulated exporter runs in its own process: in this one it would compete with the
+            # controller for the interpreter lock and inflate the tick times being measured.
+            port = free_port()
+            exporter = ManagedProcess(
+                "dcgm-exporter",
+                [sys.executable, "-m", "tests.support.dcgm_exporter", f"--kubeconfig={bed.kubeconfig}",
+                 f"--namespace={namespace}", f"--port={port}", "--interval-s=3"],
+                log_dir=root, cwd=REPO, ready=lambda: http_ok(f"http://127.0.0.1:{port}/metrics"),
+            ).start()
+            prometheus = PrometheusServer(root / "prometheus", [f"127.0.0.1:{port}"], scrape_interval_s=5.0).start()
             settings = ControllerSettings(
                 prometheus_url=prometheus.url, kubeconfig=str(bed.kubeconfig), namespace=namespace,
                 policy=args.policy, policy_configmap=None, leader_election=False, metrics_port=0,
@@ -171,6 +213,7 @@ def main() -> int:
                                         timeout_s=120)
                     row = {"jobs": created, "nodes": args.nodes, "gpus": args.nodes * args.gpus_per_node,
                            "policy": args.policy, "settle_s": round(settle_s, 1),
+                           **warm_up(runtime, args.warmup_ticks, args.pause_s),
                            **measure(runtime, args.ticks, args.pause_s)}
                     results.append(row)
                     print(json.dumps(row), file=sys.stderr)
@@ -179,20 +222,23 @@ def main() -> int:
                 prometheus.stop()
                 exporter.stop()
     print()
-    print(f"{'jobs':>6} {'GPUs':>6} {'tick p50 s':>11} {'tick p99 s':>11} {'reads/tick':>11} "
-          f"{'writes/tick (mean/max)':>23} {'watch opens/tick':>17}")
+    print(f"{'jobs':>6} {'GPUs':>6} {'tick p50 s':>11} {'tick p99 s':>11} {'observe req/tick':>17} "
+          f"{'reads/tick':>11} {'writes/tick mean/max':>21} {'warm-up ticks/actions/max s':>28}")
     for r in results:
         print(f"{r['jobs']:>6} {r['gpus']:>6} {r['tick_p50_s']:>11.3f} {r['tick_p99_s']:>11.3f} "
-              f"{r['reads_per_tick_max']:>11} {r['writes_per_tick_mean']:>11.1f}/{r['writes_per_tick_max']:<11} "
-              f"{r['watch_requests_per_tick_max']:>17}")
+              f"{r['observe_requests_per_tick_max']:>17} {r['reads_per_tick_max']:>11} "
+              f"{r['writes_per_tick_mean']:>14.1f}/{r['writes_per_tick_max']:<6} "
+              f"{r['warmup_ticks']:>12}/{r['warmup_actions']}/{r['warmup_tick_max_s']:.2f}")
     if len(results) >= 2:
         a, b = results[0], results[-1]
         print(f"\njobs x{b['jobs'] / a['jobs']:.0f}: tick p99 x{b['tick_p99_s'] / a['tick_p99_s']:.2f}, "
-              f"reads/tick {a['reads_per_tick_max']} -> {b['reads_per_tick_max']}")
+              f"observation requests/tick {a['observe_requests_per_tick_max']} -> "
+              f"{b['observe_requests_per_tick_max']}")
     if args.out:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
-    ok = all(r["tick_p99_s"] <= 1.0 for r in results) and len({r["reads_per_tick_max"] for r in results}) == 1
-    print("target (p99 <= 1 s, reads/tick constant):", "met" if ok else "NOT met")
+    ok = all(r["tick_p99_s"] <= 1.0 for r in results) and all(
+        r["observe_requests_per_tick_max"] == 0 for r in results)
+    print("target (tick p99 <= 1 s, no observation request per tick):", "met" if ok else "NOT met")
     return 0
 
 

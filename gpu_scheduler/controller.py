@@ -28,7 +28,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -220,6 +220,8 @@ class TickReport:
         phases_s: wall time per phase (``observe_kubernetes``, ``observe_prometheus``,
             ``snapshot``, ``decide``, ``plan``, ``apply``).
         deferred: jobs whose planned action was put off to a later tick (the per-tick cap).
+        requests_by_phase: Kubernetes API requests sent during each phase (observation reads
+            come from watch caches, so ``observe_kubernetes`` is 0 unless a watch reconnects).
     """
 
     at_s: float
@@ -236,6 +238,7 @@ class TickReport:
     jobs: int = 0
     phases_s: dict[str, float] = field(default_factory=dict)
     deferred: list[str] = field(default_factory=list)
+    requests_by_phase: dict[str, int] = field(default_factory=dict)
 
     def applied(self) -> list[ApplyResult]:
         return [r for r in self.results if r.ok]
@@ -327,14 +330,15 @@ class Controller:
         log.log(level, "no change this tick", extra={"reason": reason, "policy": report.policy})
 
     def _tick(self, now_s: float, report: TickReport) -> None:
-        phases = report.phases_s
-        mark = time.perf_counter()
+        phases, requests = report.phases_s, report.requests_by_phase
+        mark, mark_requests = time.perf_counter(), self._api_requests()
 
         def lap(name: str) -> None:
-            nonlocal mark
-            now = time.perf_counter()
+            nonlocal mark, mark_requests
+            now, count = time.perf_counter(), self._api_requests()
             phases[name] = phases.get(name, 0.0) + now - mark
-            mark = now
+            requests[name] = requests.get(name, 0) + count - mark_requests
+            mark, mark_requests = now, count
 
         if self._leader is not None and not self._leader.is_leader():
             self._skip(report, "not the leader", level=logging.DEBUG)
@@ -349,7 +353,7 @@ class Controller:
         view = cluster_view(state.nodes, state.pods, state.jobs)
         report.jobs = len(view.jobs)
         self.ledger.advance(view, now_s)
-        memos = {k: self.ledger.memo(k, jv.job.memo, now_s) for k, jv in view.jobs.items()}
+        memos = _LazyMemos(self.ledger, view, now_s)
         safety = plan_safety(view.jobs, now_s, self.plan_settings, memos=memos)
         lap("observe_kubernetes")
         try:
@@ -368,7 +372,7 @@ class Controller:
         if self._metrics is not None:
             self._metrics.metrics_up.set(1)
         report.measurements = self.ledger.record(view, metrics, now_s)
-        memos = {k: self.ledger.memo(k, jv.job.memo, now_s) for k, jv in view.jobs.items()}
+        memos = _LazyMemos(self.ledger, view, now_s)
         build = build_snapshot(view, metrics, self.ledger, now_s, skip={a.job: a.reason for a in safety})
         report.excluded = dict(build.excluded)
         self._log_exclusions(build.excluded)
@@ -457,6 +461,22 @@ class Controller:
         if not report.skipped:
             m.jobs.labels(state="managed").set(report.jobs)
             m.jobs.labels(state="left_out").set(len(report.excluded))
+
+
+class _LazyMemos(Mapping[str, Any]):
+    """Job memos with the ledger's values, built only for the jobs the planner touches."""
+
+    def __init__(self, ledger: Ledger, view: Any, now_s: float) -> None:
+        self._ledger, self._jobs, self._now_s = ledger, view.jobs, now_s
+
+    def __getitem__(self, key: str) -> Any:
+        return self._ledger.memo(key, self._jobs[key].job.memo, self._now_s)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
 
 
 # ---------------------------------------------------------------------------------------- runtime

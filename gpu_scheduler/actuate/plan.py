@@ -282,9 +282,11 @@ def plan_safety(
     out: list[Action] = []
     for key, view in views.items():
         job = view.job
+        requested_gpw = _requested_gpus_per_worker(job.annotations)
+        if job.memo.reshape is None and job.memo.scale_up is None and requested_gpw is None:
+            continue  # nothing in flight (the common case: no memo is built)
         memo = _base_memo(view, memos.get(key, job.memo), now_s)
         watch = memo.scale_up
-        requested_gpw = _requested_gpus_per_worker(job.annotations)
         if memo.reshape is not None:
             action = _reshape_step(view, memo, now_s, settings)
             if action is not None:
@@ -458,41 +460,41 @@ def plan_decision(
         job = view.job
         target = d.workers
         bound = view.bound_workers
-        memo = _base_memo(view, memos.get(d.job, job.memo), now_s)
         policy_ann = _policy_annotation_changes(view, d.annotations)
         why = f"{decision.policy}: {d.reason}" if d.reason else decision.policy
         kind: ActionKind | None = None
         replicas: int | None = None
         suspend: bool | None = None
+        changes: dict[str, Any] = {}  # memo fields to set; the memo is built only for changed jobs
+        restart = False
         if target == 0:
             if not job.suspended:
                 kind = ActionKind.PREEMPT if bound else ActionKind.QUEUE
                 suspend = True
-                memo = memo.but(suspended_by_scheduler=True, scale_up=None)
+                changes = {"suspended_by_scheduler": True, "scale_up": None}
         else:
             target = max(job.min_workers, min(job.max_workers, target))
-            ran_before = job.started_at_s is not None or memo.restarts > 0 or bound > 0
+            ran_before = job.started_at_s is not None or job.memo.restarts > 0 or bound > 0
             if job.suspended:
                 kind = ActionKind.RESUME if ran_before else ActionKind.START
                 suspend, replicas = False, target
-                memo = memo.but(suspended_by_scheduler=False,
-                                scale_up=ScaleUpWatch(from_workers=0, to_workers=target, at_s=now_s),
-                                restarts=memo.restarts + (1 if ran_before else 0))
+                changes = {"suspended_by_scheduler": False,
+                           "scale_up": ScaleUpWatch(from_workers=0, to_workers=target, at_s=now_s)}
+                restart = ran_before
             elif target != job.spec_workers:
                 replicas = target
                 if target > bound:
                     kind = ActionKind.SCALE_UP if bound else ActionKind.START
-                    memo = memo.but(scale_up=ScaleUpWatch(from_workers=bound, to_workers=target, at_s=now_s))
+                    changes = {"scale_up": ScaleUpWatch(from_workers=bound, to_workers=target, at_s=now_s)}
                 elif target < bound:
                     kind = ActionKind.SCALE_DOWN
-                    memo = memo.but(scale_up=None)
+                    changes = {"scale_up": None}
                 else:
                     kind = ActionKind.TRIM
-                if bound and kind in (ActionKind.SCALE_UP, ActionKind.SCALE_DOWN):
-                    memo = memo.but(restarts=memo.restarts + 1)
+                restart = bool(bound) and kind in (ActionKind.SCALE_UP, ActionKind.SCALE_DOWN)
             elif target > bound:
                 kind = ActionKind.WATCH  # pods exist but wait for nodes: watch them
-                memo = memo.but(scale_up=ScaleUpWatch(from_workers=bound, to_workers=target, at_s=now_s))
+                changes = {"scale_up": ScaleUpWatch(from_workers=bound, to_workers=target, at_s=now_s)}
         if kind is None:
             if not policy_ann:
                 continue
@@ -500,6 +502,10 @@ def plan_decision(
             # Persist only the policy's state: no memo churn on jobs that do not change.
             annotations: dict[str, str | None] = dict(policy_ann)
         else:
+            memo = _base_memo(view, memos.get(d.job, job.memo), now_s)
+            if restart:
+                changes["restarts"] = memo.restarts + 1
+            memo = memo.but(**changes)
             annotations = {**memo.changed_annotations(job.annotations), **policy_ann}
         patches = _merge_patch(view, annotations=annotations, replicas=replicas, suspend=suspend, settings=settings)
         if not patches:

@@ -286,10 +286,19 @@ def test_rollback_still_happens_while_prometheus_is_down() -> None:
 def test_controller_metrics_and_request_counts() -> None:
     cluster = two_nodes()
     cluster.add_job("a", ["n0", "n0"])
-    requests = iter(range(0, 1000, 7))
-    ctl, _, _, _, _, metrics = make(cluster, api_requests=lambda: next(requests))
+    sent = [0]
+    ctl, _, act, _, _, metrics = make(cluster, api_requests=lambda: sent[0])
+    apply = act.apply
+
+    def counting_apply(actions: Any) -> list[ApplyResult]:
+        sent[0] += 7  # as if the writes took 7 requests
+        return apply(actions)
+
+    act.apply = counting_apply  # type: ignore[method-assign]
     report = ctl.tick()
     assert report.api_requests == 7
+    assert report.requests_by_phase == {"observe_kubernetes": 0, "observe_prometheus": 0, "snapshot": 0,
+                                        "decide": 0, "plan": 0, "apply": 7}
     text = generate_latest(metrics.registry).decode()
     assert 'trainflow_scheduler_decisions_total{outcome="scale_up",policy="test-grow"} 1.0' in text
     assert 'trainflow_scheduler_actions_total{kind="ScaledUp",status="applied"} 1.0' in text

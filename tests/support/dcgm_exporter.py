@@ -205,3 +205,36 @@ def dcgm_exporter() -> Iterator[Callable[..., DcgmExporter]]:
     yield make
     for exporter in made:
         exporter.stop()
+
+
+def main() -> None:
+    """Run the exporter as its own process, following one namespace's worker pods, until SIGTERM:
+    ``python -m tests.support.dcgm_exporter --kubeconfig FILE --namespace NS --port N``
+    (the scale benchmark does, so the exporter's work does not share the controller's interpreter)."""
+    import argparse
+    import signal
+
+    from lightkube import Client
+    from lightkube.config.kubeconfig import KubeConfig
+
+    parser = argparse.ArgumentParser(description="Simulated dcgm-exporter following a namespace's worker pods.")
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--interval-s", type=float, default=2.0)
+    args = parser.parse_args()
+    exporter = DcgmExporter()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(exporter)
+    exporter.port = args.port
+    exporter._server, _ = start_http_server(args.port, addr="127.0.0.1", registry=registry)
+    exporter.follow(Client(KubeConfig.from_file(args.kubeconfig)), args.namespace, interval_s=args.interval_s)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+    exporter.stop()
+
+
+if __name__ == "__main__":
+    main()
