@@ -369,6 +369,7 @@ class Informer(Generic[T]):
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.synced = threading.Event()
+        self.healthy = False  # listed, and watching (or about to) without an error since
         self.last_error: str | None = None
         self.relists = 0
         self.events = 0
@@ -479,6 +480,7 @@ class Informer(Generic[T]):
                 self._client = client = self._connector.client()
                 rv = self._list(client)
                 self.synced.set()
+                self.healthy = True
                 self.last_error = None
                 backoff_s = 0.2
                 self._changed()
@@ -486,6 +488,7 @@ class Informer(Generic[T]):
             except Exception as exc:
                 if self._stop.is_set():
                     break
+                self.healthy = False
                 gone = isinstance(exc, ApiError) and exc.status.code == 410
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 if not gone:
@@ -584,16 +587,19 @@ class KubernetesObserver:
         return all(i.wait_synced(max(0.0, deadline - time.monotonic())) for i in self._informers)
 
     def unsynced(self) -> list[str]:
-        """Names of informers not yet synced, with their last error."""
+        """Informers not synced, or whose watch failed and has not been re-established, with their
+        last error (their caches may be stale: the controller changes nothing meanwhile)."""
         return [
-            f"{i.name} ({i.last_error or 'not listed yet'})" for i in self._informers if not i.synced.is_set()
+            f"{i.name} ({i.last_error or 'not listed yet'})"
+            for i in self._informers if not i.synced.is_set() or not i.healthy
         ]
 
     def state(self) -> ClusterState:
         """Copy the caches.
 
         Raises:
-            KubernetesUnavailable: some informer has never synced (the reason names it).
+            KubernetesUnavailable: some informer has not synced or lost its watch (the reason
+                names it).
         """
         missing = self.unsynced()
         if missing:
