@@ -173,7 +173,7 @@ def main() -> int:
             exporter = ManagedProcess(
                 "dcgm-exporter",
                 [sys.executable, "-m", "tests.support.dcgm_exporter", f"--kubeconfig={bed.kubeconfig}",
-                 f"--namespace={namespace}", f"--port={port}", "--interval-s=3"],
+                 f"--namespace={namespace}", f"--port={port}", "--interval-s=1"],
                 log_dir=root, cwd=REPO, ready=lambda: http_ok(f"http://127.0.0.1:{port}/metrics"),
             ).start()
             prometheus = PrometheusServer(root / "prometheus", [f"127.0.0.1:{port}"], scrape_interval_s=5.0).start()

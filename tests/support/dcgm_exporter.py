@@ -138,34 +138,61 @@ class DcgmExporter(Collector):
         trainer_metrics: bool = True,
         interval_s: float = 0.25,
     ) -> None:
-        """Poll the namespace's pods; serve DCGM series for Running PyTorchJob worker pods with GPUs
-        and, per job, ``trainflow_samples_per_second = speedup(job, workers)`` with
+        """Follow the namespace's pods (LIST + WATCH); every ``interval_s`` serve DCGM series for the
+        Running PyTorchJob worker pods with GPUs and, per job,
+        ``trainflow_samples_per_second = speedup(job, workers)`` with
         ``trainflow_world_size = workers x GPUs per worker`` (``job_key`` = ``namespace/job``)."""
         from lightkube.resources.core_v1 import Pod
 
-        def sync() -> None:
-            seen: dict[tuple[str, str], tuple[str, int, str]] = {}
-            for pod in client.list(Pod, namespace=namespace):
-                labels = pod.metadata.labels or {}
-                job = labels.get("training.kubeflow.org/job-name")
-                if not job or pod.metadata.deletionTimestamp is not None:
-                    continue
-                if not pod.spec.nodeName or (pod.status.phase if pod.status else None) != "Running":
-                    continue
-                gpus = 0
-                for c in pod.spec.containers:
-                    limits = (c.resources.limits if c.resources else None) or {}
-                    gpus += int(limits.get("nvidia.com/gpu", 0))
-                if gpus:
-                    seen[(namespace, pod.metadata.name)] = (job, gpus, pod.spec.nodeName)
+        running: dict[str, tuple[str, int, str]] = {}  # pod -> (job, gpus, node)
+        seen_lock = threading.Lock()
+
+        def info(pod: Any) -> tuple[str, int, str] | None:
+            labels = pod.metadata.labels or {}
+            job = labels.get("training.kubeflow.org/job-name")
+            if not job or pod.metadata.deletionTimestamp is not None:
+                return None
+            if not pod.spec.nodeName or (pod.status.phase if pod.status else None) != "Running":
+                return None
+            gpus = 0
+            for c in pod.spec.containers:
+                limits = (c.resources.limits if c.resources else None) or {}
+                gpus += int(limits.get("nvidia.com/gpu", 0))
+            return (job, gpus, pod.spec.nodeName) if gpus else None
+
+        def watch() -> None:
+            while not self._follow_stop.is_set():
+                try:
+                    listed = client.list(Pod, namespace=namespace)
+                    fresh = {p.metadata.name: i for p in listed if (i := info(p)) is not None}
+                    with seen_lock:
+                        running.clear()
+                        running.update(fresh)
+                    synced.set()
+                    for kind, pod in client.watch(Pod, namespace=namespace, server_timeout=30,
+                                                  resource_version=listed.resourceVersion):
+                        if self._follow_stop.is_set():
+                            return
+                        i = None if kind == "DELETED" else info(pod)
+                        with seen_lock:
+                            if i is None:
+                                running.pop(pod.metadata.name, None)
+                            else:
+                                running[pod.metadata.name] = i
+                except Exception:
+                    self._follow_stop.wait(0.5)
+
+        def publish() -> None:
+            with seen_lock:
+                seen = dict(running)
             workers: dict[str, list[int]] = {}
-            for (_, _name), (job, gpus, _node) in seen.items():
+            for job, gpus, _node in seen.values():
                 workers.setdefault(job, []).append(gpus)
-            for key in self.pods() - set(seen):
+            for key in self.pods() - {(namespace, name) for name in seen}:
                 if key[0] == namespace:
                     self.remove_pod(*key)
-            for (ns, name), (job, gpus, node) in seen.items():
-                self.set_pod(ns, name, gpus=gpus, busy=busy(job, len(workers[job])), node=node)
+            for name, (job, gpus, node) in seen.items():
+                self.set_pod(namespace, name, gpus=gpus, busy=busy(job, len(workers[job])), node=node)
             with self._lock:
                 stale = [k for k in self._jobs if k.startswith(f"{namespace}/") and k.split("/", 1)[1] not in workers]
             for key in stale:
@@ -177,11 +204,15 @@ class DcgmExporter(Collector):
         def loop() -> None:
             while not self._follow_stop.is_set():
                 with contextlib.suppress(Exception):
-                    sync()
+                    publish()
                 self._follow_stop.wait(interval_s)
 
-        sync()
+        synced = threading.Event()
         self._follow_stop.clear()
+        watcher = threading.Thread(target=watch, name="dcgm-watch", daemon=True)
+        watcher.start()
+        synced.wait(30)
+        publish()
         self._follow_thread = threading.Thread(target=loop, name="dcgm-follow", daemon=True)
         self._follow_thread.start()
 
