@@ -136,10 +136,18 @@ class Live:
                                          data=data))
 
 
+def own_client(bed: KubeTestBed) -> Any:
+    """A separate lightkube client (its own connection pool) for a background thread."""
+    from lightkube import Client
+    from lightkube.config.kubeconfig import KubeConfig
+
+    return Client(KubeConfig.from_file(bed.kubeconfig), field_manager="trainflow-tests")
+
+
 @pytest.fixture
 def live(k8s_testbed, k8s_namespace, prometheus_server, dcgm_exporter) -> Iterator[Live]:
     exporter = dcgm_exporter()
-    exporter.follow(k8s_testbed.client(), k8s_namespace)
+    exporter.follow(own_client(k8s_testbed), k8s_namespace)
     prom = prometheus_server([exporter.target], scrape_interval_s=0.5)
     world = Live(bed=k8s_testbed, namespace=k8s_namespace, exporter=exporter, prometheus=prom)
     yield world
@@ -259,7 +267,7 @@ def test_exporter_without_pod_labels_means_no_change_for_running_jobs(
 ) -> None:
     kwok_gpu_nodes(1, gpus_per_node=8)
     unlabelled = dcgm_exporter(pod_labels=False)
-    unlabelled.follow(live.client, live.namespace)
+    unlabelled.follow(own_client(live.bed), live.namespace)
     live.exporter.stop_following()
     live.prometheus.set_targets([unlabelled.target])
     live.exporter = unlabelled
