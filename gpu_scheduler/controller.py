@@ -29,6 +29,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -302,9 +303,14 @@ class Controller:
         self._metrics = metrics
         self._api_requests = api_requests
         self.max_actions_per_tick = max_actions_per_tick
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="observe-prometheus")
         self.ledger = Ledger()
         self._excluded_logged: dict[str, str] = {}
         self.ticks = 0
+
+    def close(self) -> None:
+        """Stop the background query thread."""
+        self._background.shutdown(wait=True, cancel_futures=True)
 
     # -- one tick -------------------------------------------------------------------------------
 
@@ -345,9 +351,12 @@ class Controller:
             return
         policy, report.policy_switched = self.policies.current()
         report.policy = policy.name
+        # Prometheus answers while the Kubernetes caches are read (the two are independent).
+        readings = self._background.submit(self._prometheus.observe, now_s)
         try:
             state = self._cluster.state()
         except KubernetesUnavailable as exc:
+            readings.cancel()
             self._skip(report, str(exc))
             return
         view = cluster_view(state.nodes, state.pods, state.jobs)
@@ -357,7 +366,7 @@ class Controller:
         safety = plan_safety(view.jobs, now_s, self.plan_settings, memos=memos)
         lap("observe_kubernetes")
         try:
-            metrics = self._prometheus.observe(now_s)
+            metrics = readings.result()
         except PrometheusUnavailable as exc:
             lap("observe_prometheus")
             if self._metrics is not None:
@@ -503,6 +512,7 @@ class Runtime:
     def close(self) -> None:
         if self.leader is not None:
             self.leader.stop(release=True)
+        self.controller.close()
         self.actuator.close()
         self.observer.stop()
         self.prometheus.close()

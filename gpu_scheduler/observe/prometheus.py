@@ -3,6 +3,8 @@
 Queries are named constants below; :func:`parse_vector` and :func:`metrics_from_results` are pure
 and tested on canned JSON. What is read:
 
+Three instant queries per tick, sent concurrently:
+
 * DCGM exporter (NVIDIA ``dcgm-exporter``, default counters ``etc/default-counters.csv``), with pod
   attribution on (``--kubernetes``, the Helm chart's default), which labels each GPU's series with
   the ``namespace`` / ``pod`` / ``container`` holding it:
@@ -12,11 +14,13 @@ and tested on canned JSON. What is read:
   - ``DCGM_FI_DEV_GPU_UTIL`` — percent of time any kernel ran, 0..100 (coarse; used when the
     profiling metric is not exported, e.g. on GPUs without DCP support).
 
-  GPUs held by no pod carry ``pod=""``; they are ignored (``{pod!=""}``).
+  GPUs held by no pod carry ``pod=""``; they are ignored (``{pod!=""}``). One query returns, per
+  pod, the engine-active ratio or, for pods whose GPUs do not export it, utilisation / 100.
 * The trainer (``components/training/metrics.py``), labelled ``job_key``:
   ``trainflow_samples_per_second`` (all ranks) and ``trainflow_world_size``. A throughput is
   attributed to a worker count only if the world size did not change within the window
-  (``min_over_time == max_over_time``), so measurements across a resize are not mixed.
+  (``min_over_time == max_over_time``, filtered server-side), so measurements across a resize are
+  not mixed.
 
 Every value is averaged over ``window_s`` (``avg_over_time``), evaluated at the controller's clock.
 Any failure (connection refused, timeout, HTTP error, ``status: error``, malformed JSON) raises
@@ -38,11 +42,10 @@ from gpu_scheduler.model import SchedulerError
 from gpu_scheduler.observe.readings import JobThroughput, MetricsSample, PodGpu
 
 __all__ = [
-    "QUERY_GPU_UTIL_BY_POD",
-    "QUERY_GR_ENGINE_ACTIVE_BY_POD",
+    "QUERIES",
+    "QUERY_GPU_BUSY_BY_POD",
     "QUERY_SAMPLES_PER_SECOND_BY_JOB",
-    "QUERY_WORLD_SIZE_MAX_BY_JOB",
-    "QUERY_WORLD_SIZE_MIN_BY_JOB",
+    "QUERY_STABLE_WORLD_SIZE_BY_JOB",
     "JobThroughput",
     "MetricsSample",
     "PodGpu",
@@ -52,24 +55,29 @@ __all__ = [
     "parse_vector",
 ]
 
-#: Mean engine-active fraction (0..1) per pod over the window, averaged over the pod's GPUs.
-QUERY_GR_ENGINE_ACTIVE_BY_POD = (
-    'avg by (namespace, pod) (avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{pod!=""}}[{window}]))'
+#: Busy fraction (0..1) per pod over the window, averaged over the pod's GPUs: the engine-active
+#: ratio where the GPU exports profiling metrics, else GPU utilisation / 100 (``or on`` keeps the
+#: right side only for pods the left side lacks); the ``source`` label says which.
+QUERY_GPU_BUSY_BY_POD = (
+    'label_replace(avg by (namespace, pod) (avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{pod!=""}}[{window}])),'
+    ' "source", "gr_engine_active", "", "")'
+    " or on (namespace, pod) "
+    'label_replace(avg by (namespace, pod) (avg_over_time(DCGM_FI_DEV_GPU_UTIL{{pod!=""}}[{window}])) / 100,'
+    ' "source", "gpu_util", "", "")'
 )
-#: Mean GPU utilisation (percent, 0..100) per pod over the window, averaged over the pod's GPUs.
-QUERY_GPU_UTIL_BY_POD = 'avg by (namespace, pod) (avg_over_time(DCGM_FI_DEV_GPU_UTIL{{pod!=""}}[{window}]))'
 #: Mean training throughput (samples/s) per job over the window.
 QUERY_SAMPLES_PER_SECOND_BY_JOB = "avg by (job_key) (avg_over_time(trainflow_samples_per_second[{window}]))"
-#: Smallest and largest world size per job over the window (equal = no resize in the window).
-QUERY_WORLD_SIZE_MIN_BY_JOB = "min by (job_key) (min_over_time(trainflow_world_size[{window}]))"
-QUERY_WORLD_SIZE_MAX_BY_JOB = "max by (job_key) (max_over_time(trainflow_world_size[{window}]))"
+#: The world size of each job whose world size did not change within the window (a filtering
+#: comparison: jobs with min != max over the window are absent).
+QUERY_STABLE_WORLD_SIZE_BY_JOB = (
+    "min by (job_key) (min_over_time(trainflow_world_size[{window}]))"
+    " == on (job_key) max by (job_key) (max_over_time(trainflow_world_size[{window}]))"
+)
 
 QUERIES: Mapping[str, str] = MappingProxyType({
-    "engine_active": QUERY_GR_ENGINE_ACTIVE_BY_POD,
-    "gpu_util": QUERY_GPU_UTIL_BY_POD,
+    "gpu_busy": QUERY_GPU_BUSY_BY_POD,
     "samples": QUERY_SAMPLES_PER_SECOND_BY_JOB,
-    "world_min": QUERY_WORLD_SIZE_MIN_BY_JOB,
-    "world_max": QUERY_WORLD_SIZE_MAX_BY_JOB,
+    "world_size": QUERY_STABLE_WORLD_SIZE_BY_JOB,
 })
 
 
@@ -112,24 +120,19 @@ def metrics_from_results(
 ) -> MetricsSample:
     """Combine the parsed answers of :data:`QUERIES` (by key) into a :class:`MetricsSample`. Pure."""
     pods: dict[tuple[str, str], PodGpu] = {}
-    for labels, value in results.get("gpu_util", ()):
+    for labels, value in results.get("gpu_busy", ()):
         key = (labels.get("namespace", ""), labels.get("pod", ""))
         if key[1]:
-            pods[key] = PodGpu(busy=min(max(value / 100.0, 0.0), 1.0), source="gpu_util")
-    for labels, value in results.get("engine_active", ()):  # preferred when present
-        key = (labels.get("namespace", ""), labels.get("pod", ""))
-        if key[1]:
-            pods[key] = PodGpu(busy=min(max(value, 0.0), 1.0), source="gr_engine_active")
-    world_min = {lbl.get("job_key", ""): v for lbl, v in results.get("world_min", ())}
-    world_max = {lbl.get("job_key", ""): v for lbl, v in results.get("world_max", ())}
+            pods[key] = PodGpu(busy=min(max(value, 0.0), 1.0), source=labels.get("source", "gr_engine_active"))
+    stable = {lbl.get("job_key", ""): v for lbl, v in results.get("world_size", ())}
     jobs: dict[str, JobThroughput] = {}
     for labels, value in results.get("samples", ()):
         key = labels.get("job_key", "")
         if not key or value < 0:
             continue
-        lo, hi = world_min.get(key), world_max.get(key)
-        stable = lo is not None and hi is not None and lo == hi and lo >= 1 and float(lo).is_integer()
-        jobs[key] = JobThroughput(samples_per_s=value, world_size=int(lo) if stable else None)
+        size = stable.get(key)
+        ok = size is not None and size >= 1 and float(size).is_integer()
+        jobs[key] = JobThroughput(samples_per_s=value, world_size=int(size) if ok else None)  # type: ignore[arg-type]
     return MetricsSample(
         taken_at_s=taken_at_s, window_s=window_s, pods=MappingProxyType(pods), jobs=MappingProxyType(jobs)
     )

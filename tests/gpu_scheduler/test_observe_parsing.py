@@ -85,27 +85,27 @@ def test_parse_vector_rejects_errors_with_one_line(payload: object, match: str) 
         parse_vector(payload)
 
 
-def test_metrics_prefer_engine_active_and_keep_only_stable_world_sizes() -> None:
+def test_metrics_carry_the_busy_source_and_keep_only_stable_world_sizes() -> None:
     results = {
-        "engine_active": [({"namespace": "ns", "pod": "a-0"}, 0.8)],
-        "gpu_util": [({"namespace": "ns", "pod": "a-0"}, 99.0), ({"namespace": "ns", "pod": "b-0"}, 40.0),
-                     ({"namespace": "", "pod": ""}, 10.0)],
+        "gpu_busy": [({"namespace": "ns", "pod": "a-0", "source": "gr_engine_active"}, 0.8),
+                     ({"namespace": "ns", "pod": "b-0", "source": "gpu_util"}, 0.4),
+                     ({"namespace": "", "pod": ""}, 0.1)],
         "samples": [({"job_key": "ns/a"}, 120.0), ({"job_key": "ns/b"}, 50.0)],
-        "world_min": [({"job_key": "ns/a"}, 4.0), ({"job_key": "ns/b"}, 2.0)],
-        "world_max": [({"job_key": "ns/a"}, 4.0), ({"job_key": "ns/b"}, 4.0)],
+        "world_size": [({"job_key": "ns/a"}, 4.0)],  # ns/b was resized within the window
     }
     m = metrics_from_results(results, taken_at_s=T0, window_s=60)
     assert m.pods[("ns", "a-0")].busy == pytest.approx(0.8) and m.pods[("ns", "a-0")].source == "gr_engine_active"
     assert m.pods[("ns", "b-0")].busy == pytest.approx(0.4) and m.pods[("ns", "b-0")].source == "gpu_util"
     assert ("", "") not in m.pods
     assert m.jobs["ns/a"].world_size == 4 and m.jobs["ns/a"].samples_per_s == 120.0
-    assert m.jobs["ns/b"].world_size is None  # resized within the window
+    assert m.jobs["ns/b"].world_size is None
 
 
 def test_queries_are_formatted_with_the_window() -> None:
-    q = QUERIES["engine_active"].format(window="60s")
-    assert q == 'avg by (namespace, pod) (avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{pod!=""}[60s]))'
+    q = QUERIES["samples"].format(window="60s")
+    assert q == "avg by (job_key) (avg_over_time(trainflow_samples_per_second[60s]))"
     assert all("{window}" in q for q in QUERIES.values())
+    assert 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{pod!=""}[60s]' in QUERIES["gpu_busy"].format(window="60s")
 
 
 def test_job_memo_round_trips_through_annotations() -> None:

@@ -27,7 +27,7 @@ def test_observe_returns_per_pod_gpu_use_and_per_job_throughput(prometheus_serve
     assert sample.pods[("team-a", "bert-worker-0")].source == "gr_engine_active"
     assert sample.jobs["team-a/bert"].samples_per_s == pytest.approx(512.0)
     assert sample.jobs["team-a/bert"].world_size == 4
-    assert observer.requests == 5  # one instant query per named PromQL constant
+    assert observer.requests == 3  # one instant query per named PromQL constant
 
 
 def test_resize_within_the_window_yields_no_world_size(prometheus_server, dcgm_exporter) -> None:
@@ -49,6 +49,22 @@ def test_gpu_util_is_used_without_profiling_metrics(prometheus_server, dcgm_expo
     sample = PrometheusObserver(prom.url, window_s=10).observe(time.time())
     reading = sample.pods[("ns", "p-worker-0")]
     assert reading.source == "gpu_util" and reading.busy == pytest.approx(0.4)
+
+
+def test_mixed_fleet_uses_engine_active_where_exported_and_utilisation_elsewhere(
+    prometheus_server, dcgm_exporter
+) -> None:
+    h100 = dcgm_exporter()  # profiling metrics exported
+    t4 = dcgm_exporter(profiling=False)
+    h100.set_pod("ns", "a-worker-0", gpus=1, busy=0.7, node="gpu-h100")
+    t4.set_pod("ns", "b-worker-0", gpus=1, busy=0.3, node="gpu-t4")
+    prom = prometheus_server([h100.target, t4.target], scrape_interval_s=0.5)
+    prom.wait_for('DCGM_FI_DEV_GPU_UTIL{pod!=""}', lambda r: len(r) == 2)
+    sample = PrometheusObserver(prom.url, window_s=10).observe(time.time())
+    assert (sample.pods[("ns", "a-worker-0")].source, sample.pods[("ns", "b-worker-0")].source) == (
+        "gr_engine_active", "gpu_util")
+    assert sample.pods[("ns", "a-worker-0")].busy == pytest.approx(0.7)
+    assert sample.pods[("ns", "b-worker-0")].busy == pytest.approx(0.3)
 
 
 def test_exporter_without_pod_labels_gives_no_pod_readings(prometheus_server, dcgm_exporter) -> None:
