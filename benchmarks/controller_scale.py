@@ -89,6 +89,9 @@ def measure(runtime: Any, ticks: int, pause_s: float) -> dict[str, Any]:
     outcomes: dict[str, int] = {}
     phases: dict[str, list[float]] = {}
     jobs = 0
+    observer = runtime.observer
+    events_before = {i.name: i.events for i in (observer.nodes, observer.pods, observer.jobs)}
+    started = time.monotonic()
     for _ in range(ticks):
         before = (dict(counts.by_method), counts.watches)
         report = runtime.controller.tick()
@@ -110,7 +113,10 @@ def measure(runtime: Any, ticks: int, pause_s: float) -> dict[str, Any]:
         if report.skipped:
             print(f"  tick skipped: {report.skipped}", file=sys.stderr)
         time.sleep(pause_s)
+    elapsed = time.monotonic() - started
     return {
+        "watch_events_per_s": {i.name: round((i.events - events_before[i.name]) / elapsed, 1)
+                               for i in (observer.nodes, observer.pods, observer.jobs)},
         "jobs_observed": jobs,
         "ticks": ticks,
         "tick_p50_s": percentile(durations, 50),

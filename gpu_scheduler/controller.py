@@ -305,6 +305,8 @@ class Controller:
         self.max_actions_per_tick = max_actions_per_tick
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="observe-prometheus")
         self.ledger = Ledger()
+        self._view: Any = None
+        self._view_revision: tuple[int, ...] = ()
         self._excluded_logged: dict[str, str] = {}
         self.ticks = 0
 
@@ -359,7 +361,12 @@ class Controller:
             readings.cancel()
             self._skip(report, str(exc))
             return
-        view = cluster_view(state.nodes, state.pods, state.jobs)
+        revision = getattr(state, "revision", ())
+        if revision and revision == self._view_revision and self._view is not None:
+            view = self._view  # nothing changed in the caches since the last tick
+        else:
+            view = cluster_view(state.nodes, state.pods, state.jobs)
+            self._view, self._view_revision = view, revision
         report.jobs = len(view.jobs)
         self.ledger.advance(view, now_s)
         memos = _LazyMemos(self.ledger, view, now_s)

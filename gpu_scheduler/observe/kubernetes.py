@@ -373,6 +373,7 @@ class Informer(Generic[T]):
         self.last_error: str | None = None
         self.relists = 0
         self.events = 0
+        self.revision = 0  # bumped on every change of the store
         self._thread: threading.Thread | None = None
         self._client: Client | None = None
 
@@ -399,6 +400,11 @@ class Informer(Generic[T]):
         """A copy of the stored values."""
         with self._lock:
             return list(self._store.values())
+
+    def snapshot(self) -> tuple[int, list[T]]:
+        """``(revision, values)`` read together."""
+        with self._lock:
+            return self.revision, list(self._store.values())
 
     def get(self, key: str) -> T | None:
         with self._lock:
@@ -449,6 +455,7 @@ class Informer(Generic[T]):
                 store[self._key(obj)] = value
         with self._lock:
             self._store = store
+            self.revision += 1
         self.relists += 1
         return items.resourceVersion
 
@@ -467,9 +474,12 @@ class Informer(Generic[T]):
             value = None if kind == "DELETED" else self._converted(obj)
             with self._lock:
                 if value is None:
-                    self._store.pop(key, None)
+                    changed = self._store.pop(key, None) is not None
                 else:
+                    changed = self._store.get(key) != value  # e.g. a node heartbeat changes nothing here
                     self._store[key] = value
+                if changed:
+                    self.revision += 1
             self.events += 1
             self._changed()
 
@@ -510,11 +520,16 @@ class Informer(Generic[T]):
 
 @dataclass(frozen=True, slots=True)
 class ClusterState:
-    """What the caches hold at one instant (copies; safe to use while the watches go on)."""
+    """What the caches hold at one instant (copies; safe to use while the watches go on).
+
+    ``revision`` changes whenever any of the three caches changed, so derived values can be reused
+    while it stays the same.
+    """
 
     nodes: tuple[NodeState, ...]
     pods: tuple[PodState, ...]
     jobs: tuple[PyTorchJobState, ...]
+    revision: tuple[int, ...] = ()
 
 
 class KubernetesObserver:
@@ -604,9 +619,9 @@ class KubernetesObserver:
         missing = self.unsynced()
         if missing:
             raise KubernetesUnavailable("Kubernetes caches not synced: " + "; ".join(missing))
-        return ClusterState(
-            nodes=tuple(self.nodes.items()), pods=tuple(self.pods.items()), jobs=tuple(self.jobs.items())
-        )
+        (rn, nodes), (rp, pods), (rj, jobs) = self.nodes.snapshot(), self.pods.snapshot(), self.jobs.snapshot()
+        return ClusterState(nodes=tuple(nodes), pods=tuple(pods), jobs=tuple(jobs),
+                            revision=(id(self), rn, self.nodes.relists, rp, self.pods.relists, rj, self.jobs.relists))
 
     def policy_configmap(self) -> dict[str, str] | None:
         """The policy ConfigMap's data, or None if it does not exist (or is not watched)."""
