@@ -24,6 +24,7 @@ import logging
 import queue
 import socket
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -160,23 +161,31 @@ class Actuator:
             dry_run=self.dry_run,
         )
 
-    def _retry_on_conflict(self, patch: Patch) -> str | None:
-        """After a 409: resend with the fresh resourceVersion if the guard still holds.
+    def _retry_on_conflict(self, patch: Patch, attempts: int = 4) -> str | None:
+        """After a 409: re-read the job and resend with its fresh resourceVersion while the guard
+        still holds (up to ``attempts`` times: the operator may update the status again in between,
+        as client-go's ``retry.RetryOnConflict`` expects).
 
-        Returns None if resent successfully, else why not (raises the API's error if the resend
-        itself fails)."""
+        Returns None once resent successfully, else why not."""
         if not patch.guard or patch.patch_type != "merge" or patch.subresource:
             return "the job changed since it was observed"
-        fresh = self._client.get(PyTorchJob, patch.name, namespace=patch.namespace)
-        doc = fresh.to_dict() if hasattr(fresh, "to_dict") else dict(fresh)
-        for path, expected in patch.guard:
-            actual = _dig(doc, path)
-            if actual != expected and not (expected is None and actual is False):
-                return f"{'.'.join(path)} changed since it was observed ({expected!r} -> {actual!r})"
-        body = copy.deepcopy(dict(patch.body))
-        body.setdefault("metadata", {})["resourceVersion"] = (doc.get("metadata") or {}).get("resourceVersion")
-        self._send(patch, body)
-        return None
+        for attempt in range(attempts):
+            fresh = self._client.get(PyTorchJob, patch.name, namespace=patch.namespace)
+            doc = fresh.to_dict() if hasattr(fresh, "to_dict") else dict(fresh)
+            for path, expected in patch.guard:
+                actual = _dig(doc, path)
+                if actual != expected and not (expected is None and actual is False):
+                    return f"{'.'.join(path)} changed since it was observed ({expected!r} -> {actual!r})"
+            body = copy.deepcopy(dict(patch.body))
+            body.setdefault("metadata", {})["resourceVersion"] = (doc.get("metadata") or {}).get("resourceVersion")
+            try:
+                self._send(patch, body)
+                return None
+            except ApiError as exc:
+                if exc.status.code != 409:
+                    raise
+                time.sleep(0.01 * 2**attempt)
+        return f"still conflicting after {attempts} fresh reads"
 
     def _apply_one(self, action: Action) -> ApplyResult:
         for patch in action.patches:

@@ -324,7 +324,8 @@ def test_scale_subresource_and_optimistic_concurrency(live: Live, kwok_gpu_nodes
     live.client.patch(pytorchjob_resource(), name, {"metadata": {"labels": {"touched": "yes"}}},
                       namespace=live.namespace, patch_type=PatchType.MERGE)
     (result,) = Actuator(client).apply(actions)
-    assert result.status == "applied" and live.replicas(name) == 2  # 409, re-read, guard holds, resent
+    assert result.status == "applied", result.message  # 409, re-read, guard holds, resent
+    assert live.replicas(name) == 2
     actions = stale_plan(2, 1)
     live.client.patch(pytorchjob_resource(), name, {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 3}}}},
                       namespace=live.namespace, patch_type=PatchType.MERGE)
