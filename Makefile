@@ -10,7 +10,7 @@ export SSL_CERT_FILE ?= /etc/ssl/certs/ca-certificates.crt
 export UV_CACHE_DIR ?= $(HOME)/.cache/trainflow/uv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-12)
 
-.PHONY: all venv run test test-fast lint lock system-deps testbed bench bench-controller clean help
+.PHONY: all venv run test test-fast lint lock system-deps testbed bench clean help scheduler-report scheduler-bench kfp-server test-airflow bench-controller
 all: help
 
 help:
@@ -20,15 +20,19 @@ help:
 	@echo "make lint       ruff + import-linter layering contracts"
 	@echo "make bench      benchmarks (checkpoint overhead, scheduler decision time)"
 	@echo "make testbed    build or reuse the test servers (MinIO, Kubernetes control plane, KWOK, training operator; cached under ~/.cache/trainflow/)"
-	@echo "make bench-controller  controller scale benchmark on the test bed (256 nodes x 8 GPUs, 100 then 1000 PyTorchJobs)"
 	@echo "make lock       re-resolve requirements.lock from pyproject.toml"
+	@echo "make scheduler-report  rerun every scheduler policy on the Pollux workloads, rewrite docs/scheduler-report.md"
+	@echo "make scheduler-bench   time one scheduling decision per policy (160 jobs/64 GPUs, 5,000 jobs/4,096 GPUs)"
+	@echo "make bench-controller  controller scale benchmark on the test bed (256 nodes x 8 GPUs, 100 then 1000 PyTorchJobs)"
+	@echo "make kfp-server the local KFP API server on 127.0.0.1:$(KFP_PORT) (kfp.local runs)"
+	@echo "make test-airflow  the Airflow bridge and local KFP server tests (real Airflow, Chromium)"
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "uv==$(UV_VERSION)"
-	$(BIN)/uv pip sync -q --python $(BIN)/python requirements.lock
+	$(BIN)/uv pip sync -q --compile-bytecode --python $(BIN)/python requirements.lock
 	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .
 	rm -f $(VENV)/.installed-*
 	touch $@
@@ -58,11 +62,25 @@ lint: venv
 testbed:
 	tests/testbed/build.sh minio k8s >/dev/null
 
+KFP_PORT ?= 8888
+kfp-server: venv
+	$(BIN)/trainflow kfp-server --port $(KFP_PORT)
+
+test-airflow: venv system-deps
+	$(BIN)/python -m pytest -p no:cacheprovider tests/airflow_bridge tests/trainflow/test_kfp_server_units.py \
+	  tests/trainflow/test_kfp_server_api.py
+
 bench: venv
 	$(BIN)/python benchmarks/checkpoint_overhead.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+scheduler-report: venv
+	nice -n 10 $(BIN)/python -m gpu_scheduler report --out docs/scheduler-report.md
+
+scheduler-bench: venv
+	$(BIN)/python benchmarks/scheduler_decision_time.py
 
 bench-controller: venv
 	nice -n 10 $(BIN)/python benchmarks/controller_scale.py

@@ -135,15 +135,19 @@ class Placement:
     """
 
     shares: tuple[tuple[str, int], ...] = ()
+    _workers: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
+        total = 0
         for node, workers in self.shares:
             if workers <= 0:
                 raise ValueError(f"placement share on {node!r} must hold >= 1 worker, got {workers}")
             if node in seen:
                 raise ValueError(f"placement names node {node!r} twice; merge the shares")
             seen.add(node)
+            total += workers
+        object.__setattr__(self, "_workers", total)
 
     @classmethod
     def of(cls, shares: Mapping[str, int] | Iterable[tuple[str, int]]) -> Placement:
@@ -159,7 +163,7 @@ class Placement:
     @property
     def workers(self) -> int:
         """Total workers (sum over shares)."""
-        return sum(w for _, w in self.shares)
+        return self._workers
 
     @property
     def node_count(self) -> int:

@@ -7,7 +7,15 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.support.s3", "tests.support.k8s", "tests.support.prometheus", "tests.support.dcgm_exporter"]
+pytest_plugins = [
+    "tests.support.s3",
+    "tests.support.training",
+    "tests.support.kfp_server",
+    "tests.support.airflow",
+    "tests.support.k8s",
+    "tests.support.prometheus",
+    "tests.support.dcgm_exporter",
+]
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 

@@ -1,8 +1,35 @@
-"""The ``trainflow`` command line (filled in by the main-job work)."""
+"""The ``trainflow`` command line.
+
+* ``trainflow run`` — the training pipeline on the embedded default (kfp.local + local torchrun);
+* ``trainflow compile --output FILE`` — the pipeline's KFP YAML (same as ``kfp dsl compile``);
+* ``trainflow models list|show|rollback`` — the versioned model store;
+* ``trainflow kfp-server --port N`` — a local KFP REST API v2beta1 server running pipelines with kfp.local.
+
+Bad input is one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
 
 import typer
+from rich.console import Console
 
-app = typer.Typer(help="trainflow: resumable elastic PyTorch training pipelines.", no_args_is_help=True)
+app = typer.Typer(help="trainflow: resumable elastic PyTorch training pipelines.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+models_app = typer.Typer(help="The versioned model store (next to the checkpoints).", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    Console(stderr=True).print(f"[red]trainflow:[/red] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
 
 
 @app.callback()
@@ -18,5 +45,167 @@ def version() -> None:
     typer.echo(__version__)
 
 
+@app.command("kfp-server")
+def kfp_server(
+    port: Annotated[
+        int, typer.Option(min=1, max=65535, help="TCP port (KFP's own API server uses 8888).")
+    ] = 8888,
+    host: Annotated[str, typer.Option(help="Address to bind; loopback by default.")] = "127.0.0.1",
+    data_dir: Annotated[Path, typer.Option(help="State file and per-run folders.")] = Path("runs/kfp-server"),
+    max_concurrent_runs: Annotated[int, typer.Option(min=1, help="Runs beyond this wait in PENDING.")] = 2,
+    auth_token: Annotated[
+        str, typer.Option(envvar="TRAINFLOW_KFP_SERVER_TOKEN", help="Require this bearer token.")
+    ] = "",
+) -> None:
+    """Serve the KFP REST API v2beta1 locally and execute runs with kfp.local."""
+    from trainflow.kfp_server import serve
+
+    try:
+        data_dir = data_dir.resolve()
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _fail(f"cannot use --data-dir {data_dir}: {e.strerror or e}") from None
+    try:
+        serve(
+            host=host,
+            port=port,
+            data_dir=data_dir,
+            max_concurrent_runs=max_concurrent_runs,
+            auth_token=auth_token or None,
+        )
+    except ValueError as e:  # an unreadable state file
+        raise _fail(str(e)) from None
+
+
+@app.command()
+def run(
+    output_dir: Annotated[Path | None, typer.Option(help="Output folder [default: ./runs/<timestamp>]")] = None,
+    dataset: Annotated[str, typer.Option(help="mnist | digits | synthetic-imagenet[:N] | a folder | s3://bucket/prefix")] = "mnist",
+    model: Annotated[str, typer.Option(help="small_cnn | resnet18")] = "small_cnn",
+    epochs: Annotated[int, typer.Option(help="Passes over the training split")] = 8,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Global batch size (all ranks)")] = 64,
+    lr: Annotated[float, typer.Option(help="Peak learning rate")] = 0.05,
+    optimizer: Annotated[str, typer.Option(help="sgd | adamw")] = "sgd",
+    seed: Annotated[int, typer.Option(help="Seed of weights, data order and RNG streams")] = 0,
+    workers: Annotated[int, typer.Option(help="Training processes (DDP ranks)")] = 2,
+    max_restarts: Annotated[int, typer.Option(help="torchrun worker-group restarts")] = 3,
+    checkpoint_uri: Annotated[str, typer.Option(help="Folder or s3://bucket/prefix [default: <output>/checkpoints]")] = "",
+    checkpoint_interval_steps: Annotated[int, typer.Option(help="Checkpoint every N steps (0 = off)")] = 20,
+    checkpoint_interval_s: Annotated[float, typer.Option(help="Checkpoint every N seconds (0 = off)")] = 30.0,
+    keep_last_k: Annotated[int, typer.Option(help="Committed checkpoints kept")] = 3,
+    fault_at_step: Annotated[int, typer.Option(help="SIGKILL one training worker once after step N")] = -1,
+    job_key: Annotated[str, typer.Option(help="Resume key [default: <KFP run id>/train]")] = "",
+    model_name: Annotated[str, typer.Option(help="Name in the model store")] = "mnist-classifier",
+) -> None:
+    """Run the training pipeline locally: prepare ▶ train (elastic DDP) ▶ evaluate ▶ register."""
+    from trainflow.local_run import RunInputError, RunOptions, summary_table
+    from trainflow.local_run import run as run_pipeline
+
+    opts = RunOptions(
+        output_dir=output_dir, dataset=dataset, model=model, epochs=epochs, global_batch_size=batch_size,
+        learning_rate=lr, optimizer=optimizer, seed=seed, workers=workers, max_restarts=max_restarts,
+        checkpoint_uri=checkpoint_uri, checkpoint_interval_steps=checkpoint_interval_steps,
+        checkpoint_interval_s=checkpoint_interval_s, keep_last_k=keep_last_k, fault_at_step=fault_at_step,
+        job_key=job_key, registered_model_name=model_name,
+    )
+    console = Console()
+    try:
+        report = run_pipeline(opts, console=console)
+    except RunInputError as e:
+        raise _fail(str(e)) from None
+    console.print(summary_table(report))
+    if report.status != "succeeded":
+        raise typer.Exit(EXIT_FAILED)
+
+
+@app.command()
+def compile(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the pipeline YAML")],
+) -> None:
+    """Compile ``training_pipeline`` to a KFP package (YAML)."""
+    from kfp import compiler
+
+    from pipelines.training import training_pipeline
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(training_pipeline, str(output))
+    typer.echo(f"wrote {output}")
+
+
+def _registry(uri: str):
+    from components.registry.store import ModelRegistry
+    from components.training.checkpoint.storage import CheckpointStorageError, storage_for
+
+    try:
+        return ModelRegistry(storage_for(uri))
+    except CheckpointStorageError as e:
+        raise _fail(str(e)) from None
+
+
+RegistryOpt = Annotated[str, typer.Option("--registry", help="Registry root: a folder or s3://bucket/prefix")]
+
+
+@models_app.command("list")
+def models_list(name: str, registry: RegistryOpt = "runs/latest/checkpoints/models") -> None:
+    """List the versions of a model, with lineage and which one is current."""
+    from rich.table import Table
+
+    from components.registry.store import RegistryError
+
+    reg = _registry(registry)
+    try:
+        versions = reg.versions(name)
+        current = reg.current(name)
+    except RegistryError as e:
+        raise _fail(str(e)) from None
+    table = Table(title=f"{name} @ {registry}")
+    for col in ("version", "current", "created", "test accuracy", "dataset", "job key"):
+        table.add_column(col)
+    for v in versions:
+        acc = v.lineage.get("metrics", {}).get("test_accuracy")
+        table.add_row(str(v.version), "*" if current and current.version == v.version else "", v.created_at[:19],
+                      "-" if acc is None else f"{acc:.4f}", v.lineage.get("dataset_fingerprint", "")[:12],
+                      v.lineage.get("job_key", ""))
+    Console().print(table)
+
+
+@models_app.command("show")
+def models_show(name: str, version: Annotated[int | None, typer.Argument()] = None,
+                registry: RegistryOpt = "runs/latest/checkpoints/models") -> None:
+    """Print one version (default: the current one) as JSON."""
+    from dataclasses import asdict
+
+    from components.registry.store import RegistryError
+
+    reg = _registry(registry)
+    try:
+        mv = reg.get(name, version) if version is not None else reg.current(name)
+    except RegistryError as e:
+        raise _fail(str(e)) from None
+    if mv is None:
+        raise _fail(f"model {name!r} has no current version")
+    typer.echo(json.dumps(asdict(mv), indent=1))
+
+
+@models_app.command("rollback")
+def models_rollback(name: str, version: int, registry: RegistryOpt = "runs/latest/checkpoints/models") -> None:
+    """Make an earlier version the current one."""
+    from components.registry.store import RegistryError
+
+    reg = _registry(registry)
+    try:
+        mv = reg.rollback(name, version)
+    except RegistryError as e:
+        raise _fail(str(e)) from None
+    typer.echo(f"{name}: current version is now {mv.version}")
+
+
 def main() -> None:
-    app()
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

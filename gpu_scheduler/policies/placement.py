@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import enum
 import heapq
-from collections.abc import Iterable
 
 from gpu_scheduler.model import ClusterSnapshot, Placement, SchedulerError
 
@@ -310,8 +309,3 @@ class FreeGpus:
     def fits(self, placement: Placement, gpus_per_worker: int) -> bool:
         """True if ``placement`` could be held now without over-committing a node."""
         return all(self._free[self._pos[node]] >= w * gpus_per_worker for node, w in placement)
-
-
-def total_workers(placements: Iterable[Placement]) -> int:
-    """Sum of workers over placements."""
-    return sum(p.workers for p in placements)

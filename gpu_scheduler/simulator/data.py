@@ -1,9 +1,9 @@
 """Where the Pollux trace data lives.
 
-The data (workloads + measured job models, ``shared/traces/pollux-osdi21/``) is kept outside the
-package. Lookup order: an explicit path; ``$TRAINFLOW_POLLUX_DIR``; ``shared/traces/pollux-osdi21``
-in the repository; ``../shared/traces/pollux-osdi21`` next to the repository (the project's shared
-folder beside its checkouts).
+The data (workloads + measured job models from the Pollux OSDI'21 artifact, Apache-2.0) ships with
+the package in ``gpu_scheduler/simulator/pollux-osdi21/`` (see its README). Lookup order: an
+explicit path; ``$TRAINFLOW_POLLUX_DIR``; the packaged copy; ``shared/traces/pollux-osdi21`` in the
+repository or next to it.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def _candidates() -> list[Path]:
     out = []
     if os.environ.get(ENV_VAR):
         out.append(Path(os.environ[ENV_VAR]))
+    out.append(Path(__file__).resolve().parent / "pollux-osdi21")
     out.append(_REPO / "shared" / "traces" / "pollux-osdi21")
     out.append(_REPO.parent / "shared" / "traces" / "pollux-osdi21")
     return out

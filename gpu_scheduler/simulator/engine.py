@@ -145,6 +145,7 @@ class _SimJob:
         "restart_left",
         "restarts",
         "spec",
+        "step_s",
         "throughput",
         "throughput_view",
     )
@@ -157,6 +158,7 @@ class _SimJob:
         self.placement = Placement()
         self.per_node: tuple[int, ...] = ()
         self.cfg: StepConfig | None = None
+        self.step_s = 0.0  # seconds per optimizer step on the current placement
         self.progress = 0.0
         self.epoch = 0
         self.restart_left = 0.0
@@ -187,7 +189,7 @@ class _SimJob:
         elapsed = start_s + delay
         app, cfg = self.app, self.cfg
         assert cfg is not None
-        total = app.optimizer_step_time(self.per_node, cfg)
+        total = self.step_s
         workers = self.placement.workers
         measured = cfg.batch_size / total
         if self.throughput.get(workers) != measured and seconds > 0:
@@ -221,6 +223,7 @@ class _SimJob:
             self.cfg = None
             return
         self.cfg = self.app.step_config(self.spec.batch_size, placement.workers)
+        self.step_s = self.app.optimizer_step_time(self.per_node, self.cfg)
         self.restart_left = restart_cost_s
         if self.restarts is None:
             self.restarts = 0

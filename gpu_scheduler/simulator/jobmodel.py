@@ -45,7 +45,7 @@ from scipy.interpolate import LinearNDInterpolator
 
 from gpu_scheduler.model import SchedulerError
 
-__all__ = ["APPLICATION_SETTINGS", "Application", "JobModelError", "StepConfig", "load_applications"]
+__all__ = ["APPLICATION_SETTINGS", "AppSettings", "Application", "JobModelError", "StepConfig", "load_applications"]
 
 _EPS = 1e-8  # tolerance of the ceil operations on batch sizes
 
@@ -324,12 +324,14 @@ def _load_one(trace_dir: Path, settings: AppSettings) -> Application:
                        nd_points=np.array(points, dtype=float), nd_values=np.array(values, dtype=float))
 
 
-def load_applications(traces_dir: Path, names: set[str] | None = None) -> dict[str, Application]:
+def load_applications(traces_dir: Path, names: set[str] | None = None,
+                      settings: Mapping[str, AppSettings] | None = None) -> dict[str, Application]:
     """Load the measured models found under ``traces_dir/<application>/``.
 
     Args:
         traces_dir: Folder holding one sub-folder per application.
-        names: Applications to load (default: every known one present).
+        names: Applications to load (default: every one present that has settings).
+        settings: Per-application settings (default: :data:`APPLICATION_SETTINGS`).
 
     Raises:
         JobModelError: if the folder, a requested application or its files are missing or
@@ -337,13 +339,14 @@ def load_applications(traces_dir: Path, names: set[str] | None = None) -> dict[s
     """
     if not traces_dir.is_dir():
         raise JobModelError(f"measured job models not found: {traces_dir} is not a directory")
-    wanted = names if names is not None else {p.name for p in traces_dir.iterdir() if p.is_dir()}
+    table = APPLICATION_SETTINGS if settings is None else settings
+    wanted = names if names is not None else {p.name for p in traces_dir.iterdir() if p.is_dir() and p.name in table}
     apps = {}
     for name in sorted(wanted):
-        settings = APPLICATION_SETTINGS.get(name)
-        if settings is None:
-            raise JobModelError(f"no settings for application {name!r}; known: {', '.join(sorted(APPLICATION_SETTINGS))}")
+        app_settings = table.get(name)
+        if app_settings is None:
+            raise JobModelError(f"no settings for application {name!r}; known: {', '.join(sorted(table))}")
         if not (traces_dir / name).is_dir():
             raise JobModelError(f"no measurements for application {name!r} under {traces_dir}")
-        apps[name] = _load_one(traces_dir / name, settings)
+        apps[name] = _load_one(traces_dir / name, app_settings)
     return apps

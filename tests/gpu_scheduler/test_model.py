@@ -113,3 +113,10 @@ def test_validate_reports_every_broken_invariant() -> None:
     partial = Decision(policy="t", made_at_s=0, jobs=bad.jobs[:1])
     with pytest.raises(InvalidDecision, match=r"no target for jobs \['b'\]"):
         partial.validate(snap)
+
+
+def test_invalid_decision_survives_pickling_between_processes() -> None:
+    import pickle
+
+    err = pickle.loads(pickle.dumps(InvalidDecision(["a broke", "b broke"])))
+    assert err.problems == ("a broke", "b broke") and str(err) == "a broke; b broke"

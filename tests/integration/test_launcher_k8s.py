@@ -266,3 +266,21 @@ def test_operator_webhook_rejects_an_invalid_pytorchjob(k8s_testbed: KubeTestBed
         k8s_testbed.client().create(resource.from_dict(manifest))
     assert "admission webhook" in rejected.value.status.message
     assert "metadata.name" in rejected.value.status.message
+
+
+def test_waiting_launcher_says_why_workers_are_pending(
+    k8s_testbed: KubeTestBed, k8s_namespace: str, kwok_gpu_nodes: Any
+) -> None:
+    client = k8s_testbed.client()
+    kwok_gpu_nodes(1, 8, labels={"pool": k8s_namespace})
+    spec = make_spec(k8s_namespace, k8s_namespace, max_replicas=1, gpus_per_worker=16)  # no node has 16
+    runner = PyTorchJobRunner(client, RunnerSettings(poll_interval_s=0.5))
+    ref, created = runner.create_or_reattach(spec)
+    assert created
+
+    def explained() -> str | None:
+        summary = runner.workers_summary(ref)
+        return summary if "Insufficient nvidia.com/gpu" in summary else None
+
+    summary = wait_until(explained, timeout_s=60, what="the scheduler's reason in the summary")
+    assert summary.startswith("workers: 1 Pending (0/")

@@ -52,6 +52,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.support.lifetime import die_with_parent
 from tests.support.processes import ManagedProcess, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -385,8 +386,9 @@ class KubeTestBed:
                 self._write_pki,
                 self._start_etcd,
                 self._start_apiserver,
+                self._start_scheduler_and_kwok,
                 self._bootstrap,
-                self._start_rest,
+                self._start_operator,
             ):
                 t0 = time.monotonic()
                 step()
@@ -401,7 +403,7 @@ class KubeTestBed:
         """Stop every started process by PID, newest first."""
         if self._client is not None:
             with contextlib.suppress(Exception):
-                self._client._client._client.close()
+                self._client.close()
             self._client = None
         while self._processes:
             self._processes.pop().stop()
@@ -455,6 +457,7 @@ class KubeTestBed:
     def _spawn(
         self, name: str, argv: Sequence[str | Path], *, env: dict[str, str] | None = None
     ) -> ManagedProcess:
+        argv = [*die_with_parent(), *argv]
         proc = ManagedProcess(name, argv, log_dir=self.log_dir, env=env, cwd=self.root, ready=None).start()
         self._processes.append(proc)
         return proc
@@ -588,8 +591,9 @@ class KubeTestBed:
             )
         )
 
-    def _start_rest(self) -> None:
-        scheduler = self._spawn(
+    def _start_scheduler_and_kwok(self) -> None:
+        """Spawn kube-scheduler and KWOK (they need no bootstrap objects); readiness is checked later."""
+        self._spawn(
             "kube-scheduler",
             [
                 self.binaries.testbed,
@@ -603,7 +607,7 @@ class KubeTestBed:
                 "--v=1",
             ],
         )
-        kwok = self._spawn(
+        self._spawn(
             "kwok",
             [
                 self.binaries.kwok,
@@ -620,6 +624,9 @@ class KubeTestBed:
             ],
             env={"HOME": str(self.root)},  # kwok reads ~/.kwok/kwok.yaml if present: keep it ours
         )
+
+    def _start_operator(self) -> None:
+        """Spawn the training operator (needs the CRD and its Secret), then wait for all three."""
         operator = self._spawn(
             "training-operator",
             [
@@ -635,10 +642,12 @@ class KubeTestBed:
             ],
             env={"KUBECONFIG": str(self.kubeconfig), "MY_POD_NAMESPACE": OPERATOR_NAMESPACE},
         )
+        procs = self.processes()
         self._wait_ready(
-            scheduler, lambda: _http_ok(f"https://127.0.0.1:{self._ports['scheduler']}/healthz", verify=False)
+            procs["kube-scheduler"],
+            lambda: _http_ok(f"https://127.0.0.1:{self._ports['scheduler']}/healthz", verify=False),
         )
-        self._wait_ready(kwok, lambda: _http_ok(f"http://127.0.0.1:{self._ports['kwok']}/healthz"))
+        self._wait_ready(procs["kwok"], lambda: _http_ok(f"http://127.0.0.1:{self._ports['kwok']}/healthz"))
         self._wait_ready(
             operator, lambda: _http_ok(f"http://127.0.0.1:{self._ports['operator_probe']}/readyz")
         )
@@ -651,6 +660,7 @@ class KubeTestBed:
             from lightkube import Client
             from lightkube.config.kubeconfig import KubeConfig
 
+            warm_lightkube_decoders()
             self._client = Client(KubeConfig.from_file(self.kubeconfig), field_manager="trainflow-tests")
         return self._client
 
@@ -869,6 +879,50 @@ class KubeTestBed:
             namespace=namespace,
             patch_type=PatchType.MERGE,
         )
+
+
+def warm_lightkube_decoders() -> None:
+    """Build lightkube's msgspec decoders for the resource types tests use, on one thread.
+
+    lightkube (1.0, msgspec 0.22) builds a type's decoder and list model on its first decode; two
+    threads doing that first decode at once crashed the interpreter here (segmentation fault in
+    ``msgspec._utils.get_class_annotations`` while ``create_gpu_nodes`` created nodes from a thread
+    pool). Call this before decoding from several threads; it is idempotent and cheap.
+    """
+    import msgspec
+    from lightkube.core.decoders import decode_list, decode_object
+    from lightkube.resources.admissionregistration_v1 import ValidatingWebhookConfiguration
+    from lightkube.resources.apiextensions_v1 import CustomResourceDefinition
+    from lightkube.resources.apps_v1 import Deployment
+    from lightkube.resources.coordination_v1 import Lease
+    from lightkube.resources.core_v1 import (
+        ConfigMap,
+        Event,
+        Namespace,
+        Node,
+        Pod,
+        Secret,
+        Service,
+        ServiceAccount,
+    )
+
+    for model in (
+        Node,
+        Pod,
+        Namespace,
+        ServiceAccount,
+        Service,
+        Secret,
+        ConfigMap,
+        Event,
+        Lease,
+        Deployment,
+        CustomResourceDefinition,
+        ValidatingWebhookConfiguration,
+    ):
+        with contextlib.suppress(msgspec.ValidationError):
+            decode_object(b"{}", model)
+        decode_list(b'{"items": []}', model)
 
 
 def pytorchjob_resource() -> Any:

@@ -30,7 +30,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def http_ok(url: str, *, timeout_s: float = 2.0, expect: Callable[[httpx.Response], bool] | None = None) -> bool:
+def http_ok(
+    url: str, *, timeout_s: float = 2.0, expect: Callable[[httpx.Response], bool] | None = None
+) -> bool:
     """True when ``GET url`` answers 2xx (and ``expect(response)`` holds, if given)."""
     try:
         response = httpx.get(url, timeout=timeout_s)
@@ -107,10 +109,14 @@ class ManagedProcess:
         deadline = time.monotonic() + self.ready_timeout_s
         while self.ready is not None and not self.ready():
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode} before it was ready:\n{self.tail()}")
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode} before it was ready:\n{self.tail()}"
+                )
             if time.monotonic() > deadline:
                 self.stop()
-                raise TimeoutError(f"{self.name} not ready after {self.ready_timeout_s:.0f} s:\n{self.tail()}")
+                raise TimeoutError(
+                    f"{self.name} not ready after {self.ready_timeout_s:.0f} s:\n{self.tail()}"
+                )
             time.sleep(0.2)
         return self
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.lifetime import die_with_parent
 from tests.support.processes import ManagedProcess, free_port, http_ok
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -128,6 +129,7 @@ class S3Server:
         self._process = ManagedProcess(
             "minio",
             [
+                *die_with_parent(),
                 self.binary,
                 "server",
                 self.data_dir,

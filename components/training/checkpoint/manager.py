@@ -191,6 +191,8 @@ class CheckpointManager:
         retry: how a failed persist is retried.
         clock: monotonic seconds; injectable for tests.
         manifest_extra: constant fields copied into every manifest (job key, versions, ...).
+        on_event: called from the persist thread with ``{"event": "checkpoint_committed", "step",
+            "persist_s", "size_bytes"}`` or ``{"event": "checkpoint_failed", "step", "error"}``.
 
     Raises:
         ValueError: ``keep_last_k < 1``.
@@ -204,6 +206,7 @@ class CheckpointManager:
         retry: RetryPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
         manifest_extra: dict[str, Any] | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         if keep_last_k < 1:
             raise ValueError(f"keep_last_k must be >= 1, got {keep_last_k}")
@@ -212,6 +215,7 @@ class CheckpointManager:
         self.retry = retry or RetryPolicy()
         self.clock = clock
         self.manifest_extra = dict(manifest_extra or {})
+        self.on_event = on_event or (lambda event: None)
         self.stats = CheckpointStats()
         self._stager = _Stager()
         self._staging_event: Any = None
@@ -370,11 +374,13 @@ class CheckpointManager:
             with self._lock:
                 self.stats.failed += 1
             log.warning("checkpoint at step %d NOT saved after %d attempts: %s", step, self.retry.attempts, e)
+            self.on_event({"event": "checkpoint_failed", "step": step, "error": str(e)[:300]})
             return
         except Exception:  # a bug, not a storage hiccup: never kill the persist thread silently
             with self._lock:
                 self.stats.failed += 1
             log.exception("checkpoint at step %d NOT saved: unexpected error", step)
+            self.on_event({"event": "checkpoint_failed", "step": step, "error": "unexpected error"})
             return
         persist_s = self.clock() - t0
         with self._lock:
@@ -384,6 +390,7 @@ class CheckpointManager:
             self.stats.persist_seconds_total += persist_s
             self.stats.last_size_bytes = size
         log.info("checkpoint at step %d committed (%.1f MB in %.2f s)", step, size / 1e6, persist_s)
+        self.on_event({"event": "checkpoint_committed", "step": step, "persist_s": persist_s, "size_bytes": size})
         self._apply_retention()
 
     def _write(self, step: int, prefix: str, staged: Any, fields: dict[str, Any]) -> int:

@@ -141,14 +141,18 @@ class _FlakyStorage(LocalStorage):
 
 
 def test_persist_retries_with_backoff_then_commits(tmp_path, caplog) -> None:
-    mgr = CheckpointManager(_FlakyStorage(str(tmp_path / "f"), failures=2), retry=RetryPolicy(attempts=3, base_s=0.01))
+    mgr = CheckpointManager(
+        _FlakyStorage(str(tmp_path / "f"), failures=2), retry=RetryPolicy(attempts=3, base_s=0.01)
+    )
     with caplog.at_level(logging.WARNING, logger="trainflow.checkpoint"):
         assert mgr.save(5, _state(5), blocking=True) == "committed"
     assert sum("retrying" in r.getMessage() for r in caplog.records) == 2
 
 
 def test_persist_gives_up_without_raising(tmp_path, caplog) -> None:
-    mgr = CheckpointManager(_FlakyStorage(str(tmp_path / "f"), failures=99), retry=RetryPolicy(attempts=2, base_s=0.01))
+    mgr = CheckpointManager(
+        _FlakyStorage(str(tmp_path / "f"), failures=99), retry=RetryPolicy(attempts=2, base_s=0.01)
+    )
     with caplog.at_level(logging.WARNING, logger="trainflow.checkpoint"):
         assert mgr.save(5, _state(5), blocking=True) == "failed"
     assert mgr.stats.failed == 1 and mgr.committed_steps() == []

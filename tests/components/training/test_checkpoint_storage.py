@@ -117,7 +117,10 @@ def test_unreachable_s3_endpoint_is_a_clear_error() -> None:
     from tests.support.processes import free_port
 
     settings = S3Settings(
-        endpoint_url=f"http://127.0.0.1:{free_port()}", access_key="a", secret_key="b", max_attempts=1,
+        endpoint_url=f"http://127.0.0.1:{free_port()}",
+        access_key="a",
+        secret_key="b",
+        max_attempts=1,
         connect_timeout_s=1,
     )
     with pytest.raises(CheckpointStorageError, match="S3 endpoint unreachable"):

@@ -17,11 +17,20 @@ import pytest
 from components.training.checkpoint.local import LocalStorage
 from components.training.checkpoint.manager import CheckpointManager
 from components.training.faults import fired_faults
-from tests.components.training.conftest import state_dict_sha256
+from tests.support.training import state_dict_sha256
 
 pytestmark = pytest.mark.slow
 
-COMMON = ["--epochs", "2", "--global-batch-size", "32", "--checkpoint-interval-steps", "10", "--checkpoint-interval-s", "1e9"]
+COMMON = [
+    "--epochs",
+    "2",
+    "--global-batch-size",
+    "32",
+    "--checkpoint-interval-steps",
+    "10",
+    "--checkpoint-interval-s",
+    "1e9",
+]
 
 
 def test_killed_and_resumed_job_is_bit_exact(digits_dataset, make_job) -> None:
@@ -32,7 +41,9 @@ def test_killed_and_resumed_job_is_bit_exact(digits_dataset, make_job) -> None:
 
     clean_losses, faulty_losses = clean.final_losses(), faulty.final_losses()
     assert len(clean_losses) == 90 and clean_losses == faulty_losses
-    assert state_dict_sha256(clean.root / "model" / "model.pt") == state_dict_sha256(faulty.root / "model" / "model.pt")
+    assert state_dict_sha256(clean.root / "model" / "model.pt") == state_dict_sha256(
+        faulty.root / "model" / "model.pt"
+    )
 
     # The fault really happened, and the replayed steps (31..35) reproduced the first attempt's losses.
     resumes = [r for r in faulty.records() if r.get("event") == "resume"]
@@ -68,3 +79,25 @@ def test_sigterm_saves_then_same_command_resumes(digits_dataset, make_job, tmp_p
     resumes = [r for r in job.records() if r.get("event") == "resume"]
     assert [r["resumed_from_step"] for r in resumes] == [saved_at]
     assert max(s for s in job.final_losses()) == 90
+
+
+def test_corrupt_latest_checkpoint_falls_back_when_rerun(digits_dataset, make_job, tmp_path) -> None:
+    """Flip a byte in the newest checkpoint of a finished job and run the same command again: the run
+    warns in one line, resumes from the previous checkpoint, and finishes with the same final loss."""
+    job = make_job(digits_dataset, "corrupt", *COMMON)
+    assert job.agent().wait(300) == 0
+    clean_final = job.final_losses()[90]
+    state = tmp_path / "ckpt" / "corrupt" / "step-0000000090" / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    state.write_bytes(bytes(data))
+
+    assert job.agent(name="rerun").wait(300) == 0
+    log = (job.root / "rerun.log").read_text()
+    warnings = [line for line in log.splitlines() if "skipping checkpoint at step 90" in line]
+    assert (
+        len(warnings) == 1 and "SHA-256 mismatch" in warnings[0] and "trying the previous one" in warnings[0]
+    )
+    resumes = [r for r in job.records() if r.get("event") == "resume"]
+    assert [r["resumed_from_step"] for r in resumes] == [80]
+    assert job.final_losses()[90] == clean_final  # the redone steps are bit-exact too

@@ -1,4 +1,7 @@
-"""Fixtures for the training runtime's tests: prepared datasets and a torchrun job driver."""
+"""Training fixtures shared by every tier: prepared datasets and a driver for jobs under real torchrun agents.
+
+Registered in tests/conftest.py (``pytest_plugins``).
+"""
 
 from __future__ import annotations
 
@@ -51,9 +54,17 @@ class Job:
     def metrics_path(self) -> Path:
         return self.root / "metrics.jsonl"
 
-    def agent(self, spec_kw: dict | None = None, *, name: str = "agent", endpoint: str | None = None) -> Agent:
+    def agent(
+        self, spec_kw: dict | None = None, *, name: str = "agent", endpoint: str | None = None
+    ) -> Agent:
+        """Start a torchrun agent; with ``endpoint`` (a RendezvousStore's) it joins as a store client."""
         kw = {"nproc_per_node": 2, "min_nodes": 1, "max_nodes": 1, "max_restarts": 3, **(spec_kw or {})}
-        spec = AgentSpec(rdzv_id=rdzv_id_for(self.job_key), rdzv_endpoint=endpoint or f"127.0.0.1:{free_port()}", **kw)
+        spec = AgentSpec(
+            rdzv_id=rdzv_id_for(self.job_key),
+            rdzv_endpoint=endpoint or f"127.0.0.1:{free_port()}",
+            rdzv_is_host=False if endpoint else None,
+            **kw,
+        )
         return Agent(spec, self.args, log_path=self.root / f"{name}.log")
 
     def records(self) -> list[dict]:
@@ -74,9 +85,21 @@ def make_job(tmp_path):
         root = tmp_path / job_key
         root.mkdir()
         args = [
-            "--dataset", str(dataset), "--checkpoint-uri", str(ckpt_root or tmp_path / "ckpt"), "--job-key", job_key,
-            "--metrics-path", str(root / "metrics.jsonl"), "--model-output", str(root / "model"),
-            "--threads-per-rank", "1", "--log-every-steps", "10", *extra,
+            "--dataset",
+            str(dataset),
+            "--checkpoint-uri",
+            str(ckpt_root or tmp_path / "ckpt"),
+            "--job-key",
+            job_key,
+            "--metrics-path",
+            str(root / "metrics.jsonl"),
+            "--model-output",
+            str(root / "model"),
+            "--threads-per-rank",
+            "1",
+            "--log-every-steps",
+            "10",
+            *extra,
         ]
         return Job(root=root, job_key=job_key, args=args)
 

@@ -1,0 +1,156 @@
+"""One status vocabulary for the bridge: KFP run states and the trigger event payload.
+
+``RunState`` mirrors ``V2beta1RuntimeState`` (``backend/api/v2beta1/run.proto``). Terminal
+states are SUCCEEDED, SKIPPED, FAILED and CANCELED; CANCELING and PAUSED are not terminal (kfp's
+own ``wait_for_run_completion`` misses CANCELED and hangs, kubeflow/pipelines#14473).
+
+The trigger yields exactly one :class:`TriggerEventPayload`; the operator, the sensor and the
+tests all read it through :func:`parse_payload`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, TypedDict
+
+
+class RunState(StrEnum):
+    """A KFP run's ``state`` (``V2beta1RuntimeState``)."""
+
+    RUNTIME_STATE_UNSPECIFIED = "RUNTIME_STATE_UNSPECIFIED"
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    SKIPPED = "SKIPPED"
+    FAILED = "FAILED"
+    CANCELING = "CANCELING"
+    CANCELED = "CANCELED"
+    PAUSED = "PAUSED"
+
+    @classmethod
+    def parse(cls, value: Any) -> RunState:
+        """Map an API value to a state; unknown or missing values are ``RUNTIME_STATE_UNSPECIFIED``."""
+        try:
+            return cls(str(value).upper())
+        except ValueError:
+            return cls.RUNTIME_STATE_UNSPECIFIED
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({RunState.SUCCEEDED, RunState.SKIPPED, RunState.FAILED, RunState.CANCELED})
+#: States in which a run still runs (or may run): a retried task reattaches to such a run.
+ACTIVE_STATES = frozenset(
+    {
+        RunState.RUNTIME_STATE_UNSPECIFIED,
+        RunState.PENDING,
+        RunState.RUNNING,
+        RunState.CANCELING,
+        RunState.PAUSED,
+    }
+)
+
+
+class EventStatus(StrEnum):
+    """Outcome carried by a trigger event.
+
+    ``success``/``failed``/``canceled``/``skipped`` come from a terminal run state; ``timeout``
+    means the deadline passed first; ``error`` means the KFP API could not be read.
+    """
+
+    SUCCESS = "success"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    SKIPPED = "skipped"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+
+
+_STATUS_FOR_STATE = {
+    RunState.SUCCEEDED: EventStatus.SUCCESS,
+    RunState.FAILED: EventStatus.FAILED,
+    RunState.CANCELED: EventStatus.CANCELED,
+    RunState.SKIPPED: EventStatus.SKIPPED,
+}
+
+
+class TriggerEventPayload(TypedDict):
+    """The single event a :class:`~airflow_bridge.triggers.kfp.KfpRunTrigger` yields.
+
+    Keys:
+        status: an :class:`EventStatus` value.
+        run_id: the KFP run id.
+        state: the run's last known :class:`RunState` value (``None`` if never read).
+        message: one line for humans (the run's error message on failure).
+        url: the run's page in the KFP UI.
+    """
+
+    status: str
+    run_id: str
+    state: str | None
+    message: str
+    url: str
+
+
+def run_error_message(run: dict[str, Any]) -> str:
+    """The run's ``error.message`` or, if absent, a sentence naming its state."""
+    error = run.get("error") or {}
+    message = str(error.get("message") or "").strip()
+    return (
+        message or f"KFP run {run.get('run_id', '?')} ended in state {RunState.parse(run.get('state')).value}"
+    )
+
+
+def payload_for_run(run: dict[str, Any], *, url: str) -> TriggerEventPayload:
+    """Build the event for a run in a terminal state.
+
+    Raises:
+        ValueError: if the run is not in a terminal state.
+    """
+    state = RunState.parse(run.get("state"))
+    if state not in _STATUS_FOR_STATE:
+        raise ValueError(f"run {run.get('run_id')} is not in a terminal state ({state.value})")
+    status = _STATUS_FOR_STATE[state]
+    message = (
+        f"KFP run {run.get('run_id')} succeeded" if status is EventStatus.SUCCESS else run_error_message(run)
+    )
+    return TriggerEventPayload(
+        status=status.value, run_id=str(run.get("run_id")), state=state.value, message=message, url=url
+    )
+
+
+def payload_for_problem(
+    status: EventStatus, *, run_id: str, message: str, url: str, state: RunState | None = None
+) -> TriggerEventPayload:
+    """Build a ``timeout`` or ``error`` event."""
+    if status not in (EventStatus.TIMEOUT, EventStatus.ERROR):
+        raise ValueError(f"payload_for_problem takes timeout or error, not {status.value}")
+    return TriggerEventPayload(
+        status=status.value, run_id=run_id, state=state.value if state else None, message=message, url=url
+    )
+
+
+def parse_payload(event: Any) -> TriggerEventPayload:
+    """Validate an event received by ``execute_complete``.
+
+    Raises:
+        ValueError: naming what is missing or wrong.
+    """
+    if not isinstance(event, dict):
+        raise ValueError(f"trigger event must be a dict, got {type(event).__name__}")
+    missing = [k for k in TriggerEventPayload.__annotations__ if k not in event]
+    if missing:
+        raise ValueError(f"trigger event lacks {', '.join(missing)}: {event!r}")
+    try:
+        EventStatus(event["status"])
+    except ValueError:
+        raise ValueError(f"trigger event has unknown status {event['status']!r}") from None
+    return TriggerEventPayload(
+        status=str(event["status"]),
+        run_id=str(event["run_id"]),
+        state=None if event["state"] is None else str(event["state"]),
+        message=str(event["message"]),
+        url=str(event["url"]),
+    )

@@ -1,0 +1,558 @@
+"""Hooks for the Kubeflow Pipelines REST API v2beta1: :class:`KfpHook` (sync) and :class:`KfpAsyncHook`.
+
+Both read a ``kubeflow_pipelines`` Airflow connection (fields: :mod:`airflow_bridge.hooks.config`),
+send :class:`~airflow_bridge.hooks.api.ApiCall` values with httpx and retry with tenacity as
+:mod:`airflow_bridge.hooks.api` describes. Neither imports kfp (kfp pins ``kubernetes<31``, which
+Airflow's Kubernetes provider cannot share an environment with).
+
+When the default connection ``kubeflow_pipelines_default`` is not defined, the hooks use the
+embedded default: ``$KF_PIPELINES_ENDPOINT`` or ``http://127.0.0.1:8888``, where
+``trainflow kfp-server`` listens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import tenacity
+
+from airflow_bridge.events import RunState
+from airflow_bridge.exceptions import KfpApiError, KfpConfigError, KfpRunTimeoutError
+from airflow_bridge.hooks import api
+from airflow_bridge.hooks.config import CONN_TYPE, DEFAULT_CONN_ID, KfpConnectionConfig
+from airflow_bridge.package import PipelinePackage, load_pipeline_package
+from airflow_bridge.version_compat import AirflowNotFoundException, BaseHook
+
+
+class KfpRunsApi(Protocol):
+    """What the operator and the sensor need from a hook (a fake or another backend may provide it)."""
+
+    def create_run(self, **kwargs: Any) -> dict[str, Any]: ...
+    def get_run(self, run_id: str) -> dict[str, Any]: ...
+    def find_runs(
+        self, *, display_name_contains: str, namespace: str | None = None
+    ) -> list[dict[str, Any]]: ...
+    def terminate_run(self, run_id: str) -> None: ...
+    def run_url(self, run_id: str) -> str: ...
+
+
+def poll_delay_s(
+    run: dict[str, Any], *, now_s: float, deadline_s: float | None, poll_interval_s: float
+) -> float | None:
+    """Decide the next step of a wait loop (pure).
+
+    Args:
+        run: the run as last read.
+        now_s: current time, epoch seconds.
+        deadline_s: give up at this time, epoch seconds (``None``: never).
+        poll_interval_s: seconds between reads.
+
+    Returns:
+        ``None`` when the run is terminal, else the seconds to sleep before the next read
+        (``poll_interval_s``, shortened to end exactly at the deadline).
+
+    Raises:
+        KfpRunTimeoutError: when the deadline has passed and the run is not terminal.
+    """
+    state = RunState.parse(run.get("state"))
+    if state.is_terminal:
+        return None
+    if deadline_s is not None:
+        if now_s >= deadline_s:
+            raise KfpRunTimeoutError(
+                f"KFP run {run.get('run_id')} still {state.value} at its deadline",
+                run_id=str(run.get("run_id")),
+                state=state.value,
+            )
+        return max(0.0, min(poll_interval_s, deadline_s - now_s))
+    return poll_interval_s
+
+
+def _config_for(conn: Any | None, conn_id: str) -> KfpConnectionConfig:
+    if conn is None:
+        return KfpConnectionConfig.local_default()
+    if conn.conn_type and conn.conn_type.replace("-", "_") != CONN_TYPE:
+        raise KfpConfigError(f"connection {conn_id!r} has type {conn.conn_type!r}, expected {CONN_TYPE!r}")
+    return KfpConnectionConfig.from_connection(conn)
+
+
+def _missing(conn_id: str) -> KfpConfigError:
+    return KfpConfigError(
+        f"Airflow connection {conn_id!r} is not defined; create a '{CONN_TYPE}' connection "
+        "(Admin > Connections, or AIRFLOW_CONN_<ID>) pointing at the KFP API"
+    )
+
+
+class _HookBase(BaseHook):
+    conn_name_attr = "kfp_conn_id"
+    default_conn_name = DEFAULT_CONN_ID
+    conn_type = CONN_TYPE
+    hook_name = "Kubeflow Pipelines"
+
+    def __init__(
+        self, kfp_conn_id: str = DEFAULT_CONN_ID, *, config: KfpConnectionConfig | None = None
+    ) -> None:
+        super().__init__()
+        self.kfp_conn_id = kfp_conn_id
+        self._config = config
+        self._rng = random.Random()
+
+    def _wait(self, retry_state: tenacity.RetryCallState) -> float:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        cfg = self._config
+        assert cfg is not None
+        return api.backoff_s(
+            retry_state.attempt_number,
+            exc,
+            initial_s=cfg.retry_initial_s,
+            max_s=cfg.retry_max_s,
+            rng=self._rng,
+        )
+
+    def _log_retry(self, retry_state: tenacity.RetryCallState) -> None:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        self.log.warning("KFP API call failed (attempt %d), retrying: %s", retry_state.attempt_number, exc)
+
+
+class KfpHook(_HookBase):
+    """Synchronous KFP API client for operators and sensors.
+
+    Args:
+        kfp_conn_id: Airflow connection id (type ``kubeflow_pipelines``).
+        config: use these settings instead of reading the connection.
+        transport: httpx transport (tests may pass ``httpx.MockTransport``).
+        sleep: sleep function used between polls and retries (seconds).
+        clock: wall clock, epoch seconds (deadlines cross processes, so they are wall-clock).
+
+    Raises:
+        KfpConfigError: when the connection is missing (other than the default) or invalid.
+    """
+
+    def __init__(
+        self,
+        kfp_conn_id: str = DEFAULT_CONN_ID,
+        *,
+        config: KfpConnectionConfig | None = None,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(kfp_conn_id, config=config)
+        self._transport = transport
+        self._sleep = sleep
+        self._clock = clock
+        self._client: httpx.Client | None = None
+
+    @property
+    def config(self) -> KfpConnectionConfig:
+        if self._config is None:
+            try:
+                conn = self.get_connection(self.kfp_conn_id)
+            except AirflowNotFoundException as err:
+                if self.kfp_conn_id != DEFAULT_CONN_ID:
+                    raise _missing(self.kfp_conn_id) from err
+                conn = None
+            self._config = _config_for(conn, self.kfp_conn_id)
+        return self._config
+
+    def get_conn(self) -> httpx.Client:
+        """The httpx client bound to the API base URL (created once per hook)."""
+        if self._client is None:
+            cfg = self.config
+            self._client = httpx.Client(
+                base_url=cfg.api_url,
+                timeout=cfg.request_timeout_s,
+                verify=cfg.ssl_verify(),
+                transport=self._transport,
+                headers={"Accept": "application/json"},
+            )
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def call(self, call: api.ApiCall) -> dict[str, Any]:
+        """Send one request with the retry policy; return the decoded JSON body.
+
+        Raises:
+            KfpAuthError, KfpNotFoundError, KfpApiError: see :func:`airflow_bridge.hooks.api.decode`.
+        """
+        cfg = self.config
+        client = self.get_conn()
+
+        def attempt() -> dict[str, Any]:
+            response = client.request(
+                call.method,
+                call.path,
+                params=call.query(),
+                json=call.json if call.files is None else None,
+                files=call.files,
+                headers=cfg.auth_headers(),
+            )
+            return api.decode(response, call, auth_mode=cfg.auth_mode.value)
+
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(cfg.max_attempts),
+            wait=self._wait,
+            retry=tenacity.retry_if_exception(lambda e: api.is_retryable(e, call)),
+            before_sleep=self._log_retry,
+            sleep=self._sleep,
+            reraise=True,
+        )
+        try:
+            return retrying(attempt)
+        except httpx.TransportError as err:
+            raise api.transport_error(err, call, cfg.api_url) from err
+
+    # -- API -------------------------------------------------------------------------------
+    def healthz(self) -> dict[str, Any]:
+        return self.call(api.healthz())
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Used by the Airflow UI's "Test" button: reads ``/healthz``."""
+        try:
+            body = self.healthz()
+        except Exception as err:
+            return False, str(err)
+        return (
+            True,
+            f"KFP API at {self.config.api_url} is healthy (multi_user={body.get('multi_user', False)})",
+        )
+
+    def upload_pipeline(
+        self,
+        package_path: str | Path,
+        *,
+        name: str,
+        display_name: str = "",
+        description: str = "",
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        """Upload a compiled package as a new pipeline (its first version has the same name).
+
+        Returns:
+            The ``V2beta1Pipeline``.
+
+        Raises:
+            KfpPackageError: when the file is not a compiled pipeline.
+            KfpApiError: e.g. 409 when the name is taken in the namespace.
+        """
+        path = Path(package_path)
+        load_pipeline_package(path)  # refuse non-pipelines before the upload
+        return self.call(
+            api.upload_pipeline(
+                content=path.read_bytes(),
+                filename=path.name,
+                name=name,
+                display_name=display_name,
+                description=description,
+                namespace=self.config.namespace if namespace is None else namespace,
+            )
+        )
+
+    def upload_pipeline_version(
+        self,
+        package_path: str | Path,
+        *,
+        pipeline_id: str,
+        name: str,
+        display_name: str = "",
+        description: str = "",
+    ) -> dict[str, Any]:
+        """Upload a compiled package as a new version of ``pipeline_id``; returns the ``V2beta1PipelineVersion``."""
+        path = Path(package_path)
+        load_pipeline_package(path)
+        return self.call(
+            api.upload_pipeline_version(
+                content=path.read_bytes(),
+                filename=path.name,
+                pipeline_id=pipeline_id,
+                name=name,
+                display_name=display_name,
+                description=description,
+            )
+        )
+
+    def get_experiment_by_name(
+        self, display_name: str, *, namespace: str | None = None
+    ) -> dict[str, Any] | None:
+        ns = self.config.namespace if namespace is None else namespace
+        body = self.call(
+            api.list_experiments(
+                filter=api.filter_json(("display_name", "EQUALS", display_name)), namespace=ns
+            )
+        )
+        found = [e for e in body.get("experiments") or [] if e.get("display_name") == display_name]
+        return found[0] if found else None
+
+    def get_or_create_experiment(
+        self, display_name: str | None = None, *, namespace: str | None = None, description: str = ""
+    ) -> dict[str, Any]:
+        """Return the experiment with this name in the namespace, creating it if absent.
+
+        Args:
+            display_name: experiment name (default: the connection's ``default_experiment``).
+            namespace: profile namespace (default: the connection's).
+
+        Returns:
+            The ``V2beta1Experiment``.
+        """
+        name = display_name or self.config.default_experiment
+        ns = self.config.namespace if namespace is None else namespace
+        if (found := self.get_experiment_by_name(name, namespace=ns)) is not None:
+            return found
+        try:
+            return self.call(api.create_experiment(display_name=name, namespace=ns, description=description))
+        except KfpApiError as err:
+            if (
+                err.status_code == 409
+                and (found := self.get_experiment_by_name(name, namespace=ns)) is not None
+            ):
+                return found  # created concurrently by another task
+            raise
+
+    def create_run(
+        self,
+        *,
+        display_name: str,
+        package: PipelinePackage | None = None,
+        package_path: str | Path | None = None,
+        pipeline_id: str | None = None,
+        pipeline_version_id: str | None = None,
+        parameters: dict[str, Any] | None = None,
+        experiment_id: str | None = None,
+        pipeline_root: str | None = None,
+        service_account: str | None = None,
+        enable_caching: bool | None = None,
+        description: str | None = None,
+    ) -> dict[str, Any]:
+        """Create a run from a compiled package (file or parsed) or from an uploaded pipeline.
+
+        A package with a kfp-kubernetes platform document is sent as
+        ``{"pipeline_spec": ..., "platform_spec": ...}``.
+
+        Returns:
+            The created ``V2beta1Run`` (``run_id``, ``state`` ...).
+
+        Raises:
+            KfpPackageError: unreadable package, or parameters the pipeline does not declare or
+                that do not convert to the declared types (strings are converted).
+            ValueError: when neither or more than one pipeline source is given.
+        """
+        if package_path is not None:
+            if package is not None:
+                raise ValueError("give package or package_path, not both")
+            package = load_pipeline_package(package_path)
+        spec = None
+        if package is not None:
+            parameters = package.prepare_arguments(parameters or {})
+            spec = package.api_pipeline_spec(enable_caching=enable_caching)
+        body = api.run_body(
+            display_name=display_name,
+            pipeline_spec=spec,
+            pipeline_id=pipeline_id,
+            pipeline_version_id=pipeline_version_id,
+            parameters=parameters,
+            experiment_id=experiment_id,
+            pipeline_root=pipeline_root,
+            service_account=service_account,
+            description=description,
+        )
+        return self.call(api.create_run(body))
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        return self.call(api.get_run(run_id))
+
+    def list_runs(
+        self,
+        *,
+        filter: str | None = None,
+        experiment_id: str = "",
+        namespace: str | None = None,
+        max_runs: int = 1000,
+        page_size: int = 100,
+    ) -> list[dict[str, Any]]:
+        """All runs matching the filter, newest first, following page tokens (at most ``max_runs``).
+
+        Multi-user Kubeflow needs a namespace (default: the connection's) or an experiment id.
+        """
+        ns = self.config.namespace if namespace is None else namespace
+        runs: list[dict[str, Any]] = []
+        token = ""
+        while len(runs) < max_runs:
+            body = self.call(
+                api.list_runs(
+                    filter=filter,
+                    experiment_id=experiment_id,
+                    namespace="" if experiment_id else ns,
+                    page_size=page_size,
+                    page_token=token,
+                )
+            )
+            runs.extend(body.get("runs") or [])
+            token = body.get("next_page_token") or ""
+            if not token:
+                break
+        return runs[:max_runs]
+
+    def find_runs(
+        self,
+        *,
+        display_name: str | None = None,
+        display_name_contains: str | None = None,
+        experiment_id: str = "",
+        namespace: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Runs by exact display name or by a substring of it, newest first."""
+        if (display_name is None) == (display_name_contains is None):
+            raise ValueError("give exactly one of display_name and display_name_contains")
+        if display_name is not None:
+            flt = api.filter_json(("display_name", "EQUALS", display_name))
+            keep = lambda r: r.get("display_name") == display_name  # noqa: E731
+        else:
+            flt = api.filter_json(("display_name", "IS_SUBSTRING", display_name_contains))
+            keep = lambda r: display_name_contains in (r.get("display_name") or "")  # noqa: E731
+        return [
+            r for r in self.list_runs(filter=flt, experiment_id=experiment_id, namespace=namespace) if keep(r)
+        ]
+
+    def terminate_run(self, run_id: str) -> None:
+        """Ask KFP to terminate the run (idempotent on a finished run)."""
+        self.call(api.terminate_run(run_id))
+
+    def wait_for_run(
+        self,
+        run_id: str,
+        *,
+        poll_interval_s: float,
+        deadline_s: float | None = None,
+        on_poll: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Poll the run until it is terminal (SUCCEEDED, FAILED, CANCELED or SKIPPED).
+
+        Args:
+            run_id: KFP run id.
+            poll_interval_s: seconds between reads.
+            deadline_s: epoch seconds after which to stop waiting.
+            on_poll: called with each run read (e.g. to log progress).
+
+        Returns:
+            The run in its terminal state.
+
+        Raises:
+            KfpRunTimeoutError: the deadline passed first.
+        """
+        while True:
+            run = self.get_run(run_id)
+            if on_poll is not None:
+                on_poll(run)
+            delay = poll_delay_s(
+                run, now_s=self._clock(), deadline_s=deadline_s, poll_interval_s=poll_interval_s
+            )
+            if delay is None:
+                return run
+            self._sleep(delay)
+
+    def run_url(self, run_id: str) -> str:
+        return self.config.run_url(run_id)
+
+
+class KfpAsyncHook(_HookBase):
+    """Asynchronous KFP API client for triggers (reads the connection with ``aget_connection``).
+
+    Args:
+        kfp_conn_id: Airflow connection id.
+        config: use these settings instead of reading the connection.
+        transport: httpx async transport (tests).
+        sleep: async sleep used between polls and retries.
+        clock: wall clock, epoch seconds.
+    """
+
+    def __init__(
+        self,
+        kfp_conn_id: str = DEFAULT_CONN_ID,
+        *,
+        config: KfpConnectionConfig | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(kfp_conn_id, config=config)
+        self._transport = transport
+        self._sleep = sleep
+        self._clock = clock
+
+    async def get_config(self) -> KfpConnectionConfig:
+        if self._config is None:
+            try:
+                conn = await self.aget_connection(self.kfp_conn_id)
+            except AirflowNotFoundException as err:
+                if self.kfp_conn_id != DEFAULT_CONN_ID:
+                    raise _missing(self.kfp_conn_id) from err
+                conn = None
+            self._config = _config_for(conn, self.kfp_conn_id)
+        return self._config
+
+    async def call(self, call: api.ApiCall) -> dict[str, Any]:
+        """Async twin of :meth:`KfpHook.call` (same retry policy and errors)."""
+        cfg = await self.get_config()
+        async with httpx.AsyncClient(
+            base_url=cfg.api_url,
+            timeout=cfg.request_timeout_s,
+            verify=cfg.ssl_verify(),
+            transport=self._transport,
+            headers={"Accept": "application/json"},
+        ) as client:
+
+            async def attempt() -> dict[str, Any]:
+                response = await client.request(
+                    call.method, call.path, params=call.query(), json=call.json, headers=cfg.auth_headers()
+                )
+                return api.decode(response, call, auth_mode=cfg.auth_mode.value)
+
+            retrying = tenacity.AsyncRetrying(
+                stop=tenacity.stop_after_attempt(cfg.max_attempts),
+                wait=self._wait,
+                retry=tenacity.retry_if_exception(lambda e: api.is_retryable(e, call)),
+                before_sleep=self._log_retry,
+                sleep=self._sleep,
+                reraise=True,
+            )
+            try:
+                return await retrying(attempt)
+            except httpx.TransportError as err:
+                raise api.transport_error(err, call, cfg.api_url) from err
+
+    async def get_run(self, run_id: str) -> dict[str, Any]:
+        return await self.call(api.get_run(run_id))
+
+    async def terminate_run(self, run_id: str) -> None:
+        await self.call(api.terminate_run(run_id))
+
+    async def wait_for_run(
+        self, run_id: str, *, poll_interval_s: float, deadline_s: float | None = None
+    ) -> dict[str, Any]:
+        """Async twin of :meth:`KfpHook.wait_for_run`.
+
+        Raises:
+            KfpRunTimeoutError: the deadline passed first.
+        """
+        while True:
+            run = await self.get_run(run_id)
+            delay = poll_delay_s(
+                run, now_s=self._clock(), deadline_s=deadline_s, poll_interval_s=poll_interval_s
+            )
+            if delay is None:
+                return run
+            await self._sleep(delay)
+
+    async def run_url(self, run_id: str) -> str:
+        return (await self.get_config()).run_url(run_id)

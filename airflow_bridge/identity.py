@@ -1,0 +1,63 @@
+"""Which KFP run belongs to which Airflow task instance (pure).
+
+The rule (documented in docs/airflow.md, "No duplicate runs"):
+
+* A task instance is identified by ``(dag_id, run_id, task_id, map_index)`` -- the same for every
+  try, retry or restart of it. Its **key** is ``af-`` + the first 16 hex digits of the SHA-256
+  of that tuple: short, stable, and a valid Kubernetes name, so it doubles as the pipeline's
+  ``job_key`` (training checkpoints survive a retry that has to create a new KFP run).
+* Every KFP run the operator creates carries ``[<key>]`` at the end of its display name, so the
+  operator can find the runs of a task instance with one ``IS_SUBSTRING`` filter even when the
+  Airflow task state store lost the run id (a worker killed between submit and persist).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+KEY_PREFIX = "af-"
+KEY_HEX_DIGITS = 16
+MAX_DISPLAY_NAME_CHARS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class TaskIdentity:
+    """The try-independent identity of an Airflow task instance."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int = -1
+
+    @classmethod
+    def from_context(cls, context: Any) -> TaskIdentity:
+        """Read the identity from an Airflow task context (``context["ti"]``)."""
+        ti = context["ti"]
+        map_index = getattr(ti, "map_index", -1)
+        return cls(
+            str(ti.dag_id), str(ti.run_id), str(ti.task_id), -1 if map_index is None else int(map_index)
+        )
+
+    @property
+    def key(self) -> str:
+        """``af-<16 hex>``: stable across tries, DNS-1123 label-safe (used as the job key too)."""
+        blob = json.dumps([self.dag_id, self.run_id, self.task_id, self.map_index], separators=(",", ":"))
+        return KEY_PREFIX + hashlib.sha256(blob.encode()).hexdigest()[:KEY_HEX_DIGITS]
+
+    @property
+    def marker(self) -> str:
+        """The display-name suffix that tags runs of this task instance."""
+        return f"[{self.key}]"
+
+    def default_run_name(self) -> str:
+        mapped = f"[{self.map_index}]" if self.map_index >= 0 else ""
+        return f"{self.dag_id}.{self.task_id}{mapped} {self.run_id}"
+
+    def run_display_name(self, run_name: str | None = None) -> str:
+        """The KFP run display name: ``<run_name or default> [<key>]`` (at most 256 characters)."""
+        base = (run_name or "").strip() or self.default_run_name()
+        room = MAX_DISPLAY_NAME_CHARS - len(self.marker) - 1
+        return f"{base[:room]} {self.marker}"

@@ -1,0 +1,385 @@
+"""Submit a Kubeflow Pipelines run from Airflow and wait for it: :class:`KfpRunPipelineOperator`.
+
+Flow of ``execute``: find or submit the run (see "No duplicate runs" below) -> persist its id in
+the task state store and XCom -> push the extra-link URL -> wait, either here (sync mode) or in
+the triggerer (``deferrable=True``, the task frees its worker slot) -> map the terminal state:
+
+============  =====================================================================
+KFP state     task outcome
+============  =====================================================================
+SUCCEEDED     success; XCom return value ``{"run_id", "state", "url"}``
+FAILED        :class:`KfpRunFailedError` carrying the run's error message (retried if the task has retries)
+CANCELED      :class:`KfpRunCanceledError`
+SKIPPED       ``AirflowSkipException``
+(deadline)    the run is terminated, then :class:`KfpRunTimeoutError`
+============  =====================================================================
+
+Killing the task (marking it failed or success, clearing it; ``execution_timeout`` in sync mode)
+terminates the KFP run by its persisted id: ``on_kill`` in sync mode, the trigger's ``on_kill``
+(Airflow >= 3.3) when deferred. Airflow's trigger timeout does not call ``on_kill``; use
+``run_timeout_s`` for a deadline that stops the run in deferrable mode. Bad input (unknown parameter, unreadable package, refused credentials)
+fails the task at once without retries.
+
+No duplicate runs -- for one task instance ``(dag_id, run_id, task_id, map_index)``:
+
+1. if the task state store holds a run id from an earlier try and that run is still active
+   (PENDING, RUNNING, PAUSED) the task reattaches to it; if it SUCCEEDED (the worker died after
+   the run finished) the task returns its result without submitting;
+2. otherwise, if a run tagged with the task instance key (``[af-...]`` at the end of the display
+   name, :mod:`airflow_bridge.identity`) is still active, the task reattaches to it -- this covers
+   a worker killed between submitting and persisting;
+3. otherwise (no run yet, or every earlier run ended FAILED, CANCELED or SKIPPED) it submits a
+   new run. The pipeline's ``job_key`` parameter (if declared and left empty) gets the task
+   instance key, so the new run resumes the same training checkpoints.
+
+A successful try removes the run id from the state store, so clearing a successful task runs the
+pipeline again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from functools import cached_property
+from typing import Any, ClassVar
+
+from airflow_bridge.events import (
+    ACTIVE_STATES,
+    EventStatus,
+    RunState,
+    TriggerEventPayload,
+    parse_payload,
+    payload_for_run,
+)
+from airflow_bridge.exceptions import (
+    KfpApiError,
+    KfpAuthError,
+    KfpConfigError,
+    KfpNotFoundError,
+    KfpPackageError,
+    KfpRunCanceledError,
+    KfpRunFailedError,
+    KfpRunTimeoutError,
+)
+from airflow_bridge.hooks.config import DEFAULT_CONN_ID
+from airflow_bridge.hooks.kfp import KfpHook
+from airflow_bridge.identity import TaskIdentity
+from airflow_bridge.links.kfp import KfpRunLink
+from airflow_bridge.package import PipelinePackage, load_pipeline_package
+from airflow_bridge.triggers.kfp import KfpRunTrigger
+from airflow_bridge.version_compat import (
+    AirflowFailException,
+    AirflowSkipException,
+    BaseOperator,
+    Context,
+    default_deferrable,
+)
+
+#: Runs a retried task reattaches to (CANCELING is left to finish; a new run is submitted).
+REATTACH_STATES = ACTIVE_STATES - {RunState.CANCELING}
+
+
+def run_deadline_s(run: dict[str, Any], run_timeout_s: float | None, *, now_s: float) -> float | None:
+    """Epoch seconds by which the run must be terminal: its ``created_at`` + ``run_timeout_s``.
+
+    Anchoring at the run's creation keeps one deadline across retries and reattachments.
+    Falls back to ``now_s`` when ``created_at`` is missing or unreadable.
+    """
+    if run_timeout_s is None:
+        return None
+    try:
+        created = datetime.fromisoformat(str(run["created_at"]).replace("Z", "+00:00")).timestamp()
+    except (KeyError, ValueError):
+        created = now_s
+    if created <= 0:
+        created = now_s
+    return created + float(run_timeout_s)
+
+
+def pipeline_arguments(
+    parameters: dict[str, Any] | None,
+    package: PipelinePackage | None,
+    *,
+    job_key_parameter: str | None,
+    job_key: str,
+) -> dict[str, Any]:
+    """The run's parameters: ``parameters`` plus the job key where the pipeline wants one.
+
+    The job key is filled in when ``job_key_parameter`` is declared by the pipeline (or given in
+    ``parameters`` when no package is at hand) and its value is missing or empty. With a package,
+    values are checked and converted to the declared types (templates render to strings).
+
+    Raises:
+        KfpPackageError: for parameters the package does not declare or that do not convert.
+    """
+    args = dict(parameters or {})
+    if job_key_parameter:
+        declared = package is not None and job_key_parameter in package.parameters
+        given_empty = job_key_parameter in args and not args[job_key_parameter]
+        if (declared and not args.get(job_key_parameter)) or (package is None and given_empty):
+            args[job_key_parameter] = job_key
+    return package.prepare_arguments(args) if package is not None else args
+
+
+class KfpRunPipelineOperator(BaseOperator):
+    """Run a compiled Kubeflow Pipelines pipeline and wait for the run.
+
+    Args:
+        pipeline_package_path: compiled pipeline (``.yaml`` incl. kfp-kubernetes multi-document
+            YAML, ``.json``, ``.tar.gz``, ``.zip``) on the worker's disk (templated). Give this or
+            ``pipeline_id``.
+        pipeline_id: id of a pipeline uploaded to KFP (templated).
+        pipeline_version_id: version of ``pipeline_id`` (templated; default: its latest).
+        parameters: pipeline parameters (templated; rendered as JSON in the UI).
+        run_name: KFP run display name (templated); `` [af-<key>]`` is appended
+            (default ``<dag_id>.<task_id> <run_id>``).
+        experiment_name: KFP experiment, created if missing (templated; default: the connection's
+            ``default_experiment``).
+        namespace: Kubeflow profile namespace (templated; default: the connection's).
+        pipeline_root: artifact root for the run (templated).
+        service_account: Kubernetes service account for the run's pods (templated).
+        enable_caching: force step caching on or off for every task (``None``: compiled setting).
+        kfp_conn_id: Airflow connection of type ``kubeflow_pipelines``.
+        deferrable: wait in the triggerer (default ``[operators] default_deferrable``).
+        poll_interval_s: seconds between reads of the run state (> 0).
+        run_timeout_s: terminate the run and fail the task when it is not terminal this many
+            seconds after its creation (``None``: no limit).
+        cancel_on_kill: terminate the KFP run when the task is killed.
+        job_key_parameter: pipeline parameter that receives the task-instance key (``None``: none).
+
+    Raises:
+        ValueError: at DAG parse time for contradictory arguments (one line, naming them).
+    """
+
+    template_fields: Sequence[str] = (
+        "pipeline_package_path",
+        "pipeline_id",
+        "pipeline_version_id",
+        "parameters",
+        "run_name",
+        "experiment_name",
+        "namespace",
+        "pipeline_root",
+        "service_account",
+    )
+    template_fields_renderers: ClassVar[dict[str, str]] = {"parameters": "json"}
+    operator_extra_links = (KfpRunLink(),)
+    ui_color = "#d4e9ff"
+
+    #: task state store key holding the run id across tries (renaming it breaks in-flight retries).
+    STATE_STORE_KEY = "kfp_run_id"
+    #: XCom key with the run id, pushed right after submission.
+    RUN_ID_XCOM_KEY = "kfp_run_id"
+
+    def __init__(
+        self,
+        *,
+        pipeline_package_path: str | None = None,
+        pipeline_id: str | None = None,
+        pipeline_version_id: str | None = None,
+        parameters: dict[str, Any] | None = None,
+        run_name: str | None = None,
+        experiment_name: str | None = None,
+        namespace: str | None = None,
+        pipeline_root: str | None = None,
+        service_account: str | None = None,
+        enable_caching: bool | None = None,
+        kfp_conn_id: str = DEFAULT_CONN_ID,
+        deferrable: bool | None = None,
+        poll_interval_s: float = 10.0,
+        run_timeout_s: float | None = None,
+        cancel_on_kill: bool = True,
+        job_key_parameter: str | None = "job_key",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if (pipeline_package_path is None) == (pipeline_id is None):
+            raise ValueError(f"{self.task_id}: give exactly one of pipeline_package_path and pipeline_id")
+        if pipeline_version_id and not pipeline_id:
+            raise ValueError(f"{self.task_id}: pipeline_version_id needs pipeline_id")
+        if poll_interval_s <= 0:
+            raise ValueError(f"{self.task_id}: poll_interval_s must be > 0, got {poll_interval_s}")
+        if run_timeout_s is not None and run_timeout_s <= 0:
+            raise ValueError(f"{self.task_id}: run_timeout_s must be > 0, got {run_timeout_s}")
+        self.pipeline_package_path = pipeline_package_path
+        self.pipeline_id = pipeline_id
+        self.pipeline_version_id = pipeline_version_id
+        self.parameters = parameters or {}
+        self.run_name = run_name
+        self.experiment_name = experiment_name
+        self.namespace = namespace
+        self.pipeline_root = pipeline_root
+        self.service_account = service_account
+        self.enable_caching = enable_caching
+        self.kfp_conn_id = kfp_conn_id
+        self.deferrable = default_deferrable() if deferrable is None else deferrable
+        self.poll_interval_s = float(poll_interval_s)
+        self.run_timeout_s = run_timeout_s
+        self.cancel_on_kill = cancel_on_kill
+        self.job_key_parameter = job_key_parameter
+        self._run_id: str | None = None
+
+    @cached_property
+    def hook(self) -> KfpHook:
+        return KfpHook(self.kfp_conn_id)
+
+    # -- execute ---------------------------------------------------------------------------
+    def execute(self, context: Context) -> dict[str, Any]:
+        try:
+            return self._execute(context)
+        except (KfpAuthError, KfpConfigError, KfpPackageError) as err:
+            raise AirflowFailException(str(err)) from err  # retrying cannot fix bad input
+
+    def _execute(self, context: Context) -> dict[str, Any]:
+        identity = TaskIdentity.from_context(context)
+        store = context.get("task_state_store")
+        run = self._reattach_or_submit(identity, store)
+        run_id = str(run["run_id"])
+        self._run_id = run_id
+        url = self.hook.run_url(run_id)
+        if store is not None:
+            store.set(self.STATE_STORE_KEY, run_id)
+        context["ti"].xcom_push(key=self.RUN_ID_XCOM_KEY, value=run_id)
+        KfpRunLink.persist(context, url)
+        self.log.info("KFP run %s (%s): %s", run_id, run.get("display_name"), url)
+
+        deadline_s = run_deadline_s(run, self.run_timeout_s, now_s=time.time())
+        if not RunState.parse(run.get("state")).is_terminal:
+            if self.deferrable:
+                self.defer(
+                    trigger=KfpRunTrigger(
+                        run_id=run_id,
+                        kfp_conn_id=self.kfp_conn_id,
+                        poll_interval_s=self.poll_interval_s,
+                        deadline_s=deadline_s,
+                        run_url=url,
+                        cancel_on_kill=self.cancel_on_kill,
+                    ),
+                    method_name="execute_complete",
+                )
+            run = self._wait(run_id, deadline_s, url)
+        return self._finish(context, payload_for_run(run, url=url))
+
+    def _wait(self, run_id: str, deadline_s: float | None, url: str) -> dict[str, Any]:
+        last_state: list[str] = []
+
+        def log_state(run: dict[str, Any]) -> None:
+            state = RunState.parse(run.get("state")).value
+            if not last_state or last_state[-1] != state:
+                self.log.info("KFP run %s is %s", run_id, state)
+                last_state.append(state)
+
+        try:
+            return self.hook.wait_for_run(
+                run_id, poll_interval_s=self.poll_interval_s, deadline_s=deadline_s, on_poll=log_state
+            )
+        except KfpRunTimeoutError as err:
+            self._terminate(run_id, reason="the run timed out")
+            raise KfpRunTimeoutError(
+                f"KFP run {run_id} was not finished {self.run_timeout_s:g} s after its creation; terminated it",
+                run_id=run_id,
+                state=err.state,
+                url=url,
+            ) from err
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """Resume after the trigger fired: map its single event to a result or an exception."""
+        payload = parse_payload(event)
+        self._run_id = payload["run_id"]
+        status = EventStatus(payload["status"])
+        if status is EventStatus.TIMEOUT:
+            self._terminate(payload["run_id"], reason="the run timed out")
+            raise KfpRunTimeoutError(
+                f"{payload['message']}; terminated it",
+                run_id=payload["run_id"],
+                state=payload["state"],
+                url=payload["url"],
+            )
+        if status is EventStatus.ERROR:
+            raise KfpApiError(f"lost track of KFP run {payload['run_id']}: {payload['message']}")
+        return self._finish(context, payload)
+
+    def _finish(self, context: Context, payload: TriggerEventPayload) -> dict[str, Any]:
+        status = EventStatus(payload["status"])
+        kwargs = {"run_id": payload["run_id"], "state": payload["state"], "url": payload["url"]}
+        if status is EventStatus.SUCCESS:
+            store = context.get("task_state_store")
+            if store is not None:
+                store.delete(self.STATE_STORE_KEY)
+            self.log.info("KFP run %s succeeded: %s", payload["run_id"], payload["url"])
+            return {"run_id": payload["run_id"], "state": payload["state"], "url": payload["url"]}
+        if status is EventStatus.SKIPPED:
+            raise AirflowSkipException(f"KFP run {payload['run_id']} was skipped: {payload['url']}")
+        if status is EventStatus.CANCELED:
+            raise KfpRunCanceledError(f"KFP run {payload['run_id']} was canceled: {payload['url']}", **kwargs)
+        raise KfpRunFailedError(
+            f"KFP run {payload['run_id']} failed: {payload['message']} ({payload['url']})", **kwargs
+        )
+
+    # -- reattach or submit ----------------------------------------------------------------
+    def _reattach_or_submit(self, identity: TaskIdentity, store: Any) -> dict[str, Any]:
+        stored_id = store.get(self.STATE_STORE_KEY) if store is not None else None
+        if stored_id:
+            try:
+                run = self.hook.get_run(str(stored_id))
+            except KfpNotFoundError:
+                run = None
+            if run is not None:
+                state = RunState.parse(run.get("state"))
+                if state in REATTACH_STATES:
+                    self.log.info(
+                        "reattaching to KFP run %s (%s) from an earlier try", stored_id, state.value
+                    )
+                    return run
+                if state is RunState.SUCCEEDED:
+                    self.log.info(
+                        "KFP run %s of an earlier try already succeeded; not resubmitting", stored_id
+                    )
+                    return run
+                self.log.info(
+                    "KFP run %s of an earlier try ended %s; submitting a new run", stored_id, state.value
+                )
+        for run in self.hook.find_runs(display_name_contains=identity.marker, namespace=self.namespace):
+            if RunState.parse(run.get("state")) in REATTACH_STATES:
+                self.log.info("reattaching to active KFP run %s tagged %s", run["run_id"], identity.marker)
+                return run
+        return self._submit(identity)
+
+    def _submit(self, identity: TaskIdentity) -> dict[str, Any]:
+        package = load_pipeline_package(self.pipeline_package_path) if self.pipeline_package_path else None
+        arguments = pipeline_arguments(
+            self.parameters, package, job_key_parameter=self.job_key_parameter, job_key=identity.key
+        )
+        experiment = self.hook.get_or_create_experiment(self.experiment_name, namespace=self.namespace)
+        run = self.hook.create_run(
+            display_name=identity.run_display_name(self.run_name),
+            package=package,
+            pipeline_id=self.pipeline_id,
+            pipeline_version_id=self.pipeline_version_id,
+            parameters=arguments,
+            experiment_id=experiment["experiment_id"],
+            pipeline_root=self.pipeline_root,
+            service_account=self.service_account,
+            enable_caching=self.enable_caching,
+            description=(
+                f"Submitted by Airflow: dag_id={identity.dag_id} run_id={identity.run_id} "
+                f"task_id={identity.task_id} map_index={identity.map_index} key={identity.key}"
+            ),
+        )
+        self.log.info("submitted KFP run %s with parameters %s", run["run_id"], arguments)
+        return run
+
+    # -- kill ------------------------------------------------------------------------------
+    def _terminate(self, run_id: str, *, reason: str) -> None:
+        try:
+            # A fresh hook: on_kill runs in a signal handler, maybe while self.hook is mid-request.
+            KfpHook(self.kfp_conn_id, config=self.hook.config).terminate_run(run_id)
+            self.log.info("terminated KFP run %s (%s)", run_id, reason)
+        except Exception as err:
+            self.log.warning("could not terminate KFP run %s (%s): %s", run_id, reason, err)
+
+    def on_kill(self) -> None:
+        """Terminate the run when the task is killed in sync mode (by the persisted run id)."""
+        if self._run_id and self.cancel_on_kill:
+            self._terminate(self._run_id, reason="the task was killed")

@@ -1,0 +1,115 @@
+"""The deferrable wait: :class:`KfpRunTrigger` polls one KFP run and yields exactly one event.
+
+It is a value object: ``serialize()`` returns everything needed to rebuild it in the triggerer
+(run id, connection id, poll interval, deadline, run URL, cancel-on-kill), and ``run()`` never
+raises -- API errors become an ``error`` event. ``on_kill()`` (Airflow >= 3.3, called when a user
+marks the deferred task failed/success or clears it) terminates the run by its persisted id.
+``cleanup()`` is left alone: it also runs on every triggerer restart, where the run must go on.
+
+Caveat (apache/airflow#73454, open): Airflow may call ``on_kill`` when a trigger moves to another
+triggerer. Pass ``cancel_on_kill=False`` where a spurious termination would hurt more than a run
+that outlives its task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow_bridge.events import EventStatus, RunState, payload_for_problem, payload_for_run
+from airflow_bridge.exceptions import KfpRunTimeoutError
+from airflow_bridge.hooks.config import DEFAULT_CONN_ID
+from airflow_bridge.hooks.kfp import KfpAsyncHook
+from airflow_bridge.version_compat import BaseTrigger, TriggerEvent
+
+CLASSPATH = "airflow_bridge.triggers.kfp.KfpRunTrigger"
+
+
+class KfpRunTrigger(BaseTrigger):
+    """Wait for a KFP run to reach a terminal state.
+
+    Args:
+        run_id: KFP run id.
+        kfp_conn_id: Airflow connection id.
+        poll_interval_s: seconds between reads of the run (> 0).
+        deadline_s: epoch seconds after which a ``timeout`` event is sent (``None``: wait forever).
+        run_url: the run's UI link, echoed in the event (computed from the connection if empty).
+        cancel_on_kill: terminate the run when the deferred task is killed by a user.
+
+    Raises:
+        ValueError: for a non-positive poll interval or an empty run id.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        kfp_conn_id: str = DEFAULT_CONN_ID,
+        poll_interval_s: float = 10.0,
+        deadline_s: float | None = None,
+        run_url: str = "",
+        cancel_on_kill: bool = True,
+    ) -> None:
+        super().__init__()
+        if not run_id:
+            raise ValueError("KfpRunTrigger needs a run_id")
+        if poll_interval_s <= 0:
+            raise ValueError(f"poll_interval_s must be > 0, got {poll_interval_s}")
+        self.run_id = run_id
+        self.kfp_conn_id = kfp_conn_id
+        self.poll_interval_s = float(poll_interval_s)
+        self.deadline_s = None if deadline_s is None else float(deadline_s)
+        self.run_url = run_url
+        self.cancel_on_kill = cancel_on_kill
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            CLASSPATH,
+            {
+                "run_id": self.run_id,
+                "kfp_conn_id": self.kfp_conn_id,
+                "poll_interval_s": self.poll_interval_s,
+                "deadline_s": self.deadline_s,
+                "run_url": self.run_url,
+                "cancel_on_kill": self.cancel_on_kill,
+            },
+        )
+
+    def hook(self) -> KfpAsyncHook:
+        """The async hook this trigger talks through (tests replace it)."""
+        return KfpAsyncHook(self.kfp_conn_id)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        hook = self.hook()
+        url = self.run_url
+        try:
+            url = url or await hook.run_url(self.run_id)
+            run = await hook.wait_for_run(
+                self.run_id, poll_interval_s=self.poll_interval_s, deadline_s=self.deadline_s
+            )
+            payload = payload_for_run(run, url=url)
+        except KfpRunTimeoutError as err:
+            payload = payload_for_problem(
+                EventStatus.TIMEOUT,
+                run_id=self.run_id,
+                message=str(err),
+                url=url,
+                state=RunState.parse(err.state),
+            )
+        except Exception as err:  # the trigger must not raise: report the problem to the task
+            self.log.warning("cannot follow KFP run %s: %s", self.run_id, err)
+            payload = payload_for_problem(
+                EventStatus.ERROR, run_id=self.run_id, message=f"{type(err).__name__}: {err}", url=url
+            )
+        yield TriggerEvent(dict(payload))
+
+    async def on_kill(self) -> None:
+        """Terminate the KFP run when the user kills the deferred task (best effort, never raises)."""
+        if not self.cancel_on_kill:
+            self.log.info("task killed; leaving KFP run %s running (cancel_on_kill=False)", self.run_id)
+            return
+        try:
+            await self.hook().terminate_run(self.run_id)
+            self.log.info("task killed; terminated KFP run %s", self.run_id)
+        except Exception as err:
+            self.log.warning("task killed; could not terminate KFP run %s: %s", self.run_id, err)

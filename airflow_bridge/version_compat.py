@@ -1,0 +1,59 @@
+"""The only module that knows which Airflow version is installed; everything else imports from here.
+
+The bridge targets Airflow 3.3 (``airflow.sdk``; ``BaseTrigger.on_kill`` and the task state store
+are 3.3 features). On an older Airflow 3 it still imports, but ``on_kill`` of deferred tasks is
+never called and the state store is absent (the run lookup by task key still prevents
+duplicates). Airflow 2 is refused with a one-line error.
+"""
+
+from __future__ import annotations
+
+from airflow import __version__ as AIRFLOW_VERSION
+from packaging.version import Version
+
+_BASE_VERSION = Version(Version(AIRFLOW_VERSION).base_version)
+
+if Version("3.0.0") > _BASE_VERSION:  # pragma: no cover - the airflow extra pins >=3.3
+    raise ImportError(f"airflow_bridge needs Airflow 3 (installed: {AIRFLOW_VERSION})")
+
+AIRFLOW_V_3_3_PLUS: bool = Version("3.3.0") <= _BASE_VERSION
+
+from airflow.sdk import (  # noqa: E402
+    BaseHook,
+    BaseOperator,
+    BaseOperatorLink,
+    BaseSensorOperator,
+    Context,
+)
+from airflow.sdk.configuration import conf  # noqa: E402
+from airflow.sdk.exceptions import (  # noqa: E402
+    AirflowFailException,
+    AirflowNotFoundException,
+    AirflowSkipException,
+)
+from airflow.sdk.execution_time.xcom import XCom  # noqa: E402
+from airflow.triggers.base import BaseTrigger, TriggerEvent  # noqa: E402
+
+
+def default_deferrable() -> bool:
+    """``[operators] default_deferrable`` from the Airflow configuration (False if unset)."""
+    return conf.getboolean("operators", "default_deferrable", fallback=False)
+
+
+__all__ = [
+    "AIRFLOW_VERSION",
+    "AIRFLOW_V_3_3_PLUS",
+    "AirflowFailException",
+    "AirflowNotFoundException",
+    "AirflowSkipException",
+    "BaseHook",
+    "BaseOperator",
+    "BaseOperatorLink",
+    "BaseSensorOperator",
+    "BaseTrigger",
+    "Context",
+    "TriggerEvent",
+    "XCom",
+    "conf",
+    "default_deferrable",
+]

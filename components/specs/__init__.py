@@ -1,0 +1,13 @@
+"""KFP component definitions: thin lightweight-Python components over the runtimes.
+
+Each component's body only imports its runtime (``components.training...``, ``components.registry``)
+and shapes arguments and artifacts; the image named by ``TRAINFLOW_IMAGE`` (at compile time) holds
+the ``trainflow`` package, so nothing is pip-installed at run time.
+"""
+
+from components.specs.evaluate import evaluate
+from components.specs.prepare_dataset import prepare_dataset
+from components.specs.register_model import register_model
+from components.specs.train import train
+
+__all__ = ["evaluate", "prepare_dataset", "register_model", "train"]

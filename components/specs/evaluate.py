@@ -1,0 +1,33 @@
+"""KFP component ``evaluate``: accuracy, loss and a confusion matrix on the held-out split."""
+
+from kfp import dsl
+from kfp.dsl import ClassificationMetrics, Dataset, Input, Metrics, Model, Output
+
+from components.specs._image import IMAGE
+
+
+@dsl.component(base_image=IMAGE)
+def evaluate(
+    dataset: Input[Dataset],
+    model: Input[Model],
+    metrics: Output[Metrics],
+    confusion: Output[ClassificationMetrics],
+    split: str = "test",
+) -> float:
+    """Evaluate ``model`` on ``split`` of ``dataset``; returns the accuracy (0..1)."""
+    import json
+    import os
+    from pathlib import Path
+
+    from components.training.evaluation import evaluate as run_evaluation
+
+    result = run_evaluation(model.path, dataset.path, split=split)
+    metrics.log_metric("test_accuracy", result.accuracy)
+    metrics.log_metric("test_loss", result.loss)
+    metrics.log_metric("test_samples", result.num_samples)
+    confusion.log_confusion_matrix(result.classes, result.confusion)
+    log_dir = os.environ.get("TRAINFLOW_LOG_DIR")
+    if log_dir:
+        Path(log_dir, "eval.json").write_text(json.dumps(
+            {"test_accuracy": result.accuracy, "test_loss": result.loss, "test_samples": result.num_samples}))
+    return result.accuracy

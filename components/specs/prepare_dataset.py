@@ -1,0 +1,31 @@
+"""KFP component ``prepare_dataset``: a source → a prepared dataset artifact + its fingerprint."""
+
+from typing import NamedTuple
+
+from kfp import dsl
+from kfp.dsl import Dataset, Output
+
+from components.specs._image import IMAGE
+
+
+@dsl.component(base_image=IMAGE)
+def prepare_dataset(
+    dataset: Output[Dataset],
+    source: str = "mnist",
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    image_size: int = 32,
+    channels: int = 3,
+) -> NamedTuple("PrepareOutputs", [("fingerprint", str), ("num_classes", int), ("train_samples", int)]):
+    """Prepare ``source`` (mnist | digits | synthetic-imagenet[:N] | a folder | s3://bucket/prefix in
+    ImageFolder layout) with a stratified, seeded held-out test split of ``test_fraction``.
+    ``image_size``/``channels`` apply to image folders. Outputs the dataset folder and a SHA-256
+    content fingerprint."""
+    from collections import namedtuple
+
+    from components.training.sources import describe, prepare
+
+    info = prepare(source, dataset.path, test_fraction=test_fraction, seed=seed, image_size=image_size, channels=channels)
+    dataset.metadata.update(describe(info))
+    outputs = namedtuple("PrepareOutputs", ["fingerprint", "num_classes", "train_samples"])
+    return outputs(info.fingerprint, info.num_classes, info.splits["train"])

@@ -1,0 +1,78 @@
+"""Evaluate an exported model on a split of a prepared dataset (single process, CPU or one GPU)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from components.training.data import DatasetError, PreparedDataset
+from components.training.model import build_model
+
+
+class ModelFormatError(ValueError):
+    """The model folder is missing or not an exported trainflow model."""
+
+
+@dataclass(frozen=True, slots=True)
+class EvalResult:
+    accuracy: float
+    """Fraction of samples whose arg-max logit is the label, in [0, 1]."""
+    loss: float
+    """Mean cross-entropy (nats per sample)."""
+    num_samples: int
+    classes: list[str]
+    confusion: list[list[int]]
+    """``confusion[true][predicted]`` sample counts, shape (num_classes, num_classes)."""
+
+
+def load_model(model_dir: str | Path, device: torch.device | str = "cpu") -> tuple[torch.nn.Module, dict]:
+    """Rebuild an exported model (``model.json`` + ``model.pt``) in eval mode.
+
+    Raises:
+        ModelFormatError: files missing or unreadable.
+    """
+    model_dir = Path(model_dir)
+    try:
+        meta = json.loads((model_dir / "model.json").read_text())
+        model = build_model(meta["model"], in_channels=meta["channels"], num_classes=meta["num_classes"],
+                            image_size=tuple(meta["image_size"]))
+        model.load_state_dict(torch.load(model_dir / "model.pt", map_location="cpu", weights_only=True))
+    except FileNotFoundError as e:
+        raise ModelFormatError(f"{model_dir} is not an exported model: {e.filename} is missing") from e
+    except (KeyError, ValueError, RuntimeError) as e:
+        raise ModelFormatError(f"{model_dir} holds an unreadable model: {e}") from e
+    return model.to(device).eval(), meta
+
+
+@torch.no_grad()
+def evaluate(model_dir: str | Path, dataset_dir: str | Path, *, split: str = "test", batch_size: int = 512) -> EvalResult:
+    """Accuracy, loss and confusion matrix of the model on ``split``.
+
+    Raises:
+        ModelFormatError, DatasetError: bad model or dataset folder; the model's classes differ from
+            the dataset's.
+    """
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, meta = load_model(model_dir, device)
+    dataset = PreparedDataset(dataset_dir)
+    if meta["num_classes"] != dataset.info.num_classes:
+        raise DatasetError(f"model has {meta['num_classes']} classes, dataset {dataset.info.num_classes}")
+    data = dataset.split(split)
+    n = len(data)
+    k = dataset.info.num_classes
+    confusion = torch.zeros(k, k, dtype=torch.int64)
+    loss_sum = 0.0
+    for start in range(0, n, batch_size):
+        ids = torch.arange(start, min(n, start + batch_size))
+        x, y = data.fetch(ids)
+        logits = model(x.to(device)).float().cpu()
+        loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+        pred = logits.argmax(1)
+        confusion += torch.bincount(y * k + pred, minlength=k * k).view(k, k)
+    correct = int(confusion.diag().sum())
+    return EvalResult(accuracy=correct / max(1, n), loss=loss_sum / max(1, n), num_samples=n,
+                      classes=dataset.info.classes, confusion=confusion.tolist())

@@ -1,0 +1,295 @@
+"""What the KFP ``train`` component runs: validate, pre-flight, launch, summarize.
+
+Two backends run the same training runtime (``python -m components.training``):
+
+* ``local`` — one torchrun elastic agent as a subprocess of the component (the embedded default);
+* ``pytorchjob`` — a Kubeflow PyTorchJob with ``elasticPolicy`` created (or re-attached) through
+  ``components.launcher``; its worker pods run torchrun.
+
+The job key comes from the KFP run id and task name unless the caller gives one (an Airflow DAG gives
+``dag_id/run_id/task_id/map_index`` so that an Airflow retry, which creates a new KFP run, still resumes
+the same checkpoints). Everything that can be checked before a worker starts is checked here, so bad
+input fails the step with one line instead of a torchrun traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from components.training.checkpoint.storage import CheckpointStorageError, join_uri, storage_for
+from components.training.config import (
+    CheckpointConfig,
+    ConfigError,
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    TrainConfig,
+)
+from components.training.data import DatasetInfo
+from components.training.faults import fired_faults
+from components.training.metrics import read_jsonl
+from components.training.summary import TrainingSummary, summarize
+
+log = logging.getLogger("trainflow.step")
+
+BACKENDS = ("local", "pytorchjob")
+
+
+class TrainStepError(RuntimeError):
+    """The train step failed; the message is one line naming the cause."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainStepRequest:
+    """The train component's parameters (see ``components/specs/train.py`` for their meaning)."""
+
+    dataset_path: str
+    backend: str = "local"
+    model_name: str = "small_cnn"
+    epochs: int = 3
+    global_batch_size: int = 64
+    learning_rate: float = 0.05
+    optimizer: str = "sgd"
+    seed: int = 0
+    min_workers: int = 1
+    max_workers: int = 1
+    nproc_per_node: int = 2
+    max_restarts: int = 3
+    checkpoint_uri: str = ""
+    checkpoint_interval_steps: int = 0
+    checkpoint_interval_s: float = 30.0
+    keep_last_k: int = 3
+    fault_at_step: int = -1
+    job_key: str = ""
+    kfp_run_id: str = ""
+    kfp_task_name: str = ""
+    pipeline_root: str = ""
+    # pytorchjob backend
+    image: str = ""
+    namespace: str = "kubeflow"
+    gpus_per_worker: int = 0
+    s3_secret_name: str = ""
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def resolve_job_key(job_key: str, kfp_run_id: str, kfp_task_name: str) -> str:
+    """An explicit key wins; else ``<kfp run id>/<task name>`` (stable across KFP retries of the task).
+
+    Raises:
+        TrainStepError: neither is available.
+    """
+    if job_key:
+        return _sanitize_key(job_key)
+    if kfp_run_id and kfp_task_name and "{{" not in kfp_run_id + kfp_task_name:
+        return _sanitize_key(f"{kfp_run_id}/{kfp_task_name}")
+    raise TrainStepError("no job key: pass job_key, or run inside a KFP pipeline (run id and task name)")
+
+
+def _sanitize_key(key: str) -> str:
+    parts = [re.sub(r"[^A-Za-z0-9._=-]", "_", p) for p in key.strip("/").split("/") if p not in ("", ".", "..")]
+    if not parts:
+        raise TrainStepError(f"job_key {key!r} is empty after sanitizing")
+    return "/".join(parts)
+
+
+def resolve_checkpoint_uri(checkpoint_uri: str, pipeline_root: str) -> str:
+    """An explicit URI wins; else ``<pipeline root>/trainflow-checkpoints`` (``minio://`` → ``s3://``).
+
+    Raises:
+        TrainStepError: neither is available.
+    """
+    if checkpoint_uri:
+        return checkpoint_uri
+    root = pipeline_root
+    if root and "{{" not in root:
+        if root.startswith("minio://"):
+            root = "s3://" + root.removeprefix("minio://")
+        return join_uri(root, "trainflow-checkpoints")
+    raise TrainStepError("no checkpoint_uri given and no pipeline root to put checkpoints under")
+
+
+def build_config(req: TrainStepRequest, *, job_key: str, checkpoint_uri: str, metrics_path: str | None,
+                 model_output: str | None) -> TrainConfig:
+    """The runtime config for this request. Raises :class:`ConfigError` (one line) on bad values."""
+    if req.backend not in BACKENDS:
+        raise ConfigError(f"backend must be one of {BACKENDS}, got {req.backend!r}")
+    if not 1 <= req.min_workers <= req.max_workers:
+        raise ConfigError(f"need 1 <= min_workers <= max_workers, got {req.min_workers}..{req.max_workers}")
+    if req.nproc_per_node < 1:
+        raise ConfigError(f"nproc_per_node must be >= 1, got {req.nproc_per_node}")
+    if req.max_restarts < 0:
+        raise ConfigError(f"max_restarts must be >= 0, got {req.max_restarts}")
+    return TrainConfig(
+        data=DataConfig(path=req.dataset_path, global_batch_size=req.global_batch_size),
+        model=ModelConfig(name=req.model_name),  # type: ignore[arg-type]
+        optim=OptimConfig(optimizer=req.optimizer, lr=req.learning_rate),  # type: ignore[arg-type]
+        checkpoint=CheckpointConfig(
+            uri=checkpoint_uri, job_key=job_key,
+            interval_steps=req.checkpoint_interval_steps or None,
+            interval_s=req.checkpoint_interval_s if req.checkpoint_interval_s > 0 else None,
+            keep_last_k=req.keep_last_k,
+        ),
+        epochs=req.epochs,
+        seed=req.seed,
+        fault_at_step=req.fault_at_step if req.fault_at_step > 0 else None,
+        metrics_path=metrics_path,
+        model_output=model_output,
+    )
+
+
+def preflight(cfg: TrainConfig) -> DatasetInfo:
+    """Checks that need no worker: the dataset is a prepared dataset, the checkpoint store answers.
+
+    Raises:
+        TrainStepError: with the one-line reason.
+    """
+    from components.training.data import DatasetError
+
+    try:
+        info = DatasetInfo.read(Path(cfg.data.path))
+    except DatasetError as e:
+        raise TrainStepError(str(e)) from e
+    if cfg.data.global_batch_size > info.splits.get("train", 0):
+        raise TrainStepError(f"global_batch_size {cfg.data.global_batch_size} exceeds the "
+                             f"{info.splits.get('train', 0)} training samples")
+    try:
+        storage_for(join_uri(cfg.checkpoint.uri, cfg.checkpoint.job_key)).check()
+    except CheckpointStorageError as e:
+        raise TrainStepError(f"checkpoint storage: {e}") from e
+    return info
+
+
+@dataclass(frozen=True)
+class TrainStepResult:
+    job_key: str
+    checkpoint_uri: str
+    summary: TrainingSummary
+    train_seconds: float
+    resource: str | None = None
+
+
+def _last_error(log_path: Path) -> str:
+    """The most telling line of a torchrun log: the last worker exception or 'trainflow:' message."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "no log"
+    for line in reversed(lines):
+        text = re.sub(r"^\[rank\d+\]:\s*", "", line).strip()
+        if text.startswith("trainflow:") or re.match(r"^[A-Za-z_.]*(Error|Exception)\b.*:", text):
+            return text[:400]
+    return lines[-1][:400] if lines else "no output"
+
+
+def run_train_step(req: TrainStepRequest, *, model_dir: Path, work_dir: Path) -> TrainStepResult:
+    """Validate, pre-flight, run training on the requested backend, export the model, summarize.
+
+    Args:
+        model_dir: where the final model is written (the KFP ``Output[Model]`` folder).
+        work_dir: a local folder for logs and per-step metrics (``TRAINFLOW_LOG_DIR`` if set).
+
+    Raises:
+        ConfigError, TrainStepError: bad input (before any worker starts) or a failed training run.
+    """
+    job_key = resolve_job_key(req.job_key, req.kfp_run_id, req.kfp_task_name)
+    checkpoint_uri = resolve_checkpoint_uri(req.checkpoint_uri, req.pipeline_root)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    metrics_path = work_dir / "train-metrics.jsonl"
+    # Locally the workers write the model straight into the output folder; pods write it next to the
+    # checkpoints and the launcher copies it back.
+    model_output = str(model_dir) if req.backend == "local" else join_uri(checkpoint_uri, job_key, "final-model")
+    cfg = build_config(req, job_key=job_key, checkpoint_uri=checkpoint_uri, metrics_path=str(metrics_path),
+                       model_output=model_output)
+    preflight(cfg)
+    (work_dir / "train-config.json").write_text(cfg.to_json())
+    t0 = time.monotonic()
+    resource = None
+    if req.backend == "local":
+        _run_local(req, cfg, work_dir)
+    else:
+        resource = _run_pytorchjob(req, cfg, work_dir)
+        copy_model(model_output, model_dir)
+    train_seconds = time.monotonic() - t0
+    storage = storage_for(join_uri(checkpoint_uri, job_key))
+    summary = summarize(read_jsonl(metrics_path), fired_faults(storage), train_seconds=round(train_seconds, 3))
+    (work_dir / "train-summary.json").write_text(json.dumps(summary.to_dict(), indent=1))
+    return TrainStepResult(job_key=job_key, checkpoint_uri=checkpoint_uri, summary=summary,
+                           train_seconds=train_seconds, resource=resource)
+
+
+def _run_local(req: TrainStepRequest, cfg: TrainConfig, work_dir: Path) -> None:
+    from components.training.launch import AgentSpec, RendezvousStore, rdzv_id_for, run_agent
+
+    log_path = work_dir / "torchrun.log"
+    with RendezvousStore() as store:  # outlives any agent, so agents may join and leave
+        spec = AgentSpec(
+            rdzv_id=rdzv_id_for(cfg.checkpoint.job_key), rdzv_endpoint=store.endpoint, rdzv_is_host=False,
+            nproc_per_node=req.nproc_per_node, min_nodes=req.min_workers, max_nodes=req.max_workers,
+            max_restarts=req.max_restarts, env=req.extra_env,
+        )
+        rc = run_agent(spec, ["--config", str(work_dir / "train-config.json")], log_path=log_path,
+                       on_line=lambda line: print(line, flush=True))
+    if rc != 0:
+        raise TrainStepError(f"training failed (torchrun exit code {rc}): {_last_error(log_path)}")
+
+
+def _run_pytorchjob(req: TrainStepRequest, cfg: TrainConfig, work_dir: Path) -> str:
+    from lightkube import Client
+
+    from components.launcher.pytorchjob import PyTorchJobSpec
+    from components.launcher.runner import LauncherError, PyTorchJobRunner
+
+    if "://" not in cfg.checkpoint.uri:
+        raise TrainStepError("the pytorchjob backend needs checkpoints on shared storage (s3://...), "
+                             f"not the local path {cfg.checkpoint.uri!r}")
+    if not req.image:
+        raise TrainStepError("the pytorchjob backend needs an image holding trainflow (image=...)")
+    job_spec = PyTorchJobSpec(
+        run_id=req.kfp_run_id or cfg.checkpoint.job_key, task_name=req.kfp_task_name or "train",
+        namespace=req.namespace, image=req.image, training_args=("--config-json", cfg.to_json()),
+        min_replicas=req.min_workers, max_replicas=req.max_workers, nproc_per_node=req.nproc_per_node,
+        max_restarts=req.max_restarts, gpus_per_worker=req.gpus_per_worker, checkpoint_uri=cfg.checkpoint.uri,
+        s3_secret_name=req.s3_secret_name or None,
+        s3_endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None,
+        env=req.extra_env,
+    )
+    runner = PyTorchJobRunner(Client())
+    try:
+        with runner.terminate_on_sigterm():
+            outcome = runner.run(job_spec, output_path=work_dir / "pytorchjob.json")
+    except LauncherError as e:
+        raise TrainStepError(f"PyTorchJob {job_spec.namespace}/{job_spec.name}: {e}") from e
+    return f"{outcome.ref}"
+
+
+def copy_model(src_uri: str, dst: Path) -> None:
+    """Copy an exported model (``model.pt``, ``model.json``) from a folder or storage URI into ``dst``."""
+    src = storage_for(src_uri)
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("model.pt", "model.json"):
+        with src.open_read(name) as f, (dst / name).open("wb") as out:
+            shutil.copyfileobj(f, out)
+
+
+def env_work_dir(default: Path) -> Path:
+    """``TRAINFLOW_LOG_DIR`` (set by ``trainflow run`` to follow progress) or ``default``."""
+    value = os.environ.get("TRAINFLOW_LOG_DIR")
+    return Path(value) if value else default
+
+
+def as_metrics(result: TrainStepResult) -> dict[str, Any]:
+    """Scalar metrics for the KFP ``Output[Metrics]`` of the train step."""
+    s = result.summary
+    return {
+        "steps": s.steps, "final_loss": s.final_loss if s.final_loss is not None else float("nan"),
+        "train_seconds": round(result.train_seconds, 3), "checkpoints_committed": s.checkpoints_committed,
+        "checkpoint_stall_seconds_total": s.checkpoint_stall_seconds_total, "resumes": len(s.resumes),
+    }

@@ -1,0 +1,131 @@
+"""The hooks' retry policy and error mapping (pure logic: httpx.MockTransport plays the server).
+
+Matrix: 5xx then success (retried, backoff grows); 429 with Retry-After (honoured, capped);
+400/404 (never retried, mapped); 401/403 (KfpAuthError naming the auth mode); read timeout on an
+idempotent GET (retried) versus on POST /runs (not retried: it could create a second run); a
+refused connection (retried, then one-line KfpApiError). Sync and async hooks share the policy.
+The real-server behaviour is in test_hook.py.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from airflow_bridge.exceptions import KfpApiError, KfpAuthError, KfpNotFoundError
+from airflow_bridge.hooks import AuthMode, KfpAsyncHook, KfpConnectionConfig, KfpHook
+from tests.support.processes import free_port
+
+CFG = KfpConnectionConfig(api_url="http://kfp.test", max_attempts=4, retry_initial_s=1.0, retry_max_s=8.0)
+
+
+def scripted(responses: list) -> tuple[list[httpx.Request], httpx.MockTransport]:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        item = responses.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    return seen, httpx.MockTransport(handler)
+
+
+def sync_hook(transport: httpx.MockTransport, sleeps: list[float], cfg: KfpConnectionConfig = CFG) -> KfpHook:
+    return KfpHook("kfp", config=cfg, transport=transport, sleep=sleeps.append)
+
+
+def test_server_errors_are_retried_with_growing_backoff() -> None:
+    run = {"run_id": "r1", "state": "RUNNING"}
+    seen, transport = scripted([httpx.Response(503), httpx.Response(500), httpx.Response(200, json=run)])
+    sleeps: list[float] = []
+    assert sync_hook(transport, sleeps).get_run("r1") == run
+    assert len(seen) == 3
+    assert 1.0 <= sleeps[0] < 2.0 and 2.0 <= sleeps[1] < 3.0  # initial * 2**(n-1) + jitter < initial
+
+
+def test_retry_after_is_honoured_and_capped() -> None:
+    _, transport = scripted(
+        [
+            httpx.Response(429, headers={"Retry-After": "3"}),
+            httpx.Response(429, headers={"Retry-After": "120"}),
+            httpx.Response(200, json={}),
+        ]
+    )
+    sleeps: list[float] = []
+    sync_hook(transport, sleeps).get_run("r1")
+    assert sleeps == [3.0, 8.0]
+
+
+def test_attempts_are_bounded_and_the_last_error_is_raised() -> None:
+    seen, transport = scripted([httpx.Response(502, json={"message": f"bad gateway {i}"}) for i in range(4)])
+    sleeps: list[float] = []
+    with pytest.raises(KfpApiError, match="answered HTTP 502: bad gateway 3") as info:
+        sync_hook(transport, sleeps).get_run("r1")
+    assert info.value.status_code == 502 and len(seen) == 4 and len(sleeps) == 3
+
+
+@pytest.mark.parametrize(
+    ("status", "error"), [(400, KfpApiError), (404, KfpNotFoundError), (409, KfpApiError)]
+)
+def test_client_errors_are_not_retried(status: int, error: type[Exception]) -> None:
+    seen, transport = scripted(
+        [httpx.Response(status, json={"code": 3, "message": "Invalid input error: nope"})]
+    )
+    with pytest.raises(error, match=f"HTTP {status}: Invalid input error: nope"):
+        sync_hook(transport, []).get_run("r1")
+    assert len(seen) == 1
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_auth_failures_name_the_auth_mode(status: int) -> None:
+    cfg = KfpConnectionConfig(api_url="http://kfp.test", auth_mode=AuthMode.BEARER_TOKEN, token="t0ken")
+    seen, transport = scripted([httpx.Response(status, json={"message": "denied"})])
+    with pytest.raises(KfpAuthError) as info:
+        sync_hook(transport, [], cfg).get_run("r1")
+    assert "auth mode 'bearer_token'" in str(info.value) and "t0ken" not in str(info.value)
+    assert seen[0].headers["Authorization"] == "Bearer t0ken" and len(seen) == 1
+
+
+def test_read_timeout_is_retried_for_get_but_not_for_create_run() -> None:
+    seen, transport = scripted([httpx.ReadTimeout("slow"), httpx.Response(200, json={"run_id": "r"})])
+    assert sync_hook(transport, []).get_run("r")["run_id"] == "r"
+    assert len(seen) == 2
+
+    seen, transport = scripted([httpx.ReadTimeout("slow"), httpx.Response(200, json={"run_id": "dup"})])
+    with pytest.raises(
+        KfpApiError, match=r"cannot reach the KFP API at http://kfp.test \(POST /apis/v2beta1/runs\)"
+    ):
+        sync_hook(transport, []).create_run(display_name="x", pipeline_id="p")
+    assert len(seen) == 1  # a second POST could have created a duplicate run
+
+
+def test_refused_connection_is_retried_then_reported_in_one_line() -> None:
+    port = free_port()  # nothing listens there
+    cfg = KfpConnectionConfig(
+        api_url=f"http://127.0.0.1:{port}", max_attempts=3, retry_initial_s=0.01, retry_max_s=0.01
+    )
+    sleeps: list[float] = []
+    hook = KfpHook("kfp", config=cfg, sleep=sleeps.append)
+    with pytest.raises(KfpApiError, match=f"cannot reach the KFP API at http://127.0.0.1:{port}") as info:
+        hook.healthz()
+    assert len(sleeps) == 2 and "\n" not in str(info.value)
+
+
+async def test_async_hook_shares_the_policy() -> None:
+    seen, transport = scripted(
+        [httpx.Response(503), httpx.Response(200, json={"run_id": "r", "state": "RUNNING"})]
+    )
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return transport.handle_request(request)
+
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    hook = KfpAsyncHook("kfp", config=CFG, transport=httpx.MockTransport(handler), sleep=sleep)
+    assert (await hook.get_run("r"))["state"] == "RUNNING"
+    assert len(seen) == 2 and len(sleeps) == 1

@@ -1,0 +1,305 @@
+"""KfpRunPipelineOperator outside a scheduler: the real local KFP server, a small stand-in for the
+task context (``ti`` with ``xcom_push``, a dict-backed ``task_state_store``).
+
+Covers the "no duplicate runs" rule case by case (fresh submit; reattach by state store; reattach
+by the display-name marker when the store lost the id; resubmit after FAILED with the same job
+key; return an earlier SUCCEEDED run), sync-mode outcomes (success result and XComs, FAILED with
+the KFP message, run timeout terminating the run, on_kill terminating the run), the deferral
+(trigger kwargs carry the knobs), ``execute_complete`` for every event status, and bad input
+failing the task without retries. The same behaviours under a real Airflow are in
+test_airflow_e2e.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_bridge.events import EventStatus, payload_for_problem
+from airflow_bridge.exceptions import KfpApiError, KfpRunCanceledError, KfpRunFailedError, KfpRunTimeoutError
+from airflow_bridge.hooks import KfpConnectionConfig, KfpHook
+from airflow_bridge.identity import TaskIdentity
+from airflow_bridge.links.kfp import KfpRunLink
+from airflow_bridge.operators.kfp import KfpRunPipelineOperator, pipeline_arguments, run_deadline_s
+from airflow_bridge.package import load_pipeline_package
+from airflow_bridge.version_compat import AirflowFailException, AirflowSkipException
+from tests.support.kfp_server import FAILURE_MESSAGE, KfpServer
+
+
+class StateStore:
+    """Dict-backed stand-in for ``context["task_state_store"]`` (same get/set/delete calls)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def set(self, key: str, value: Any, **_: Any) -> None:
+        self.data[key] = value
+
+    def delete(self, key: str) -> None:
+        self.data.pop(key, None)
+
+
+class TI:
+    def __init__(self, dag_id: str, run_id: str, task_id: str = "train", map_index: int = -1) -> None:
+        self.dag_id, self.run_id, self.task_id, self.map_index = dag_id, run_id, task_id, map_index
+        self.xcoms: dict[str, Any] = {}
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcoms[key] = value
+
+
+def context_for(dag_run: str, store: StateStore | None = None) -> dict[str, Any]:
+    return {"ti": TI("op_test", dag_run), "task_state_store": store if store is not None else StateStore()}
+
+
+def operator(server: KfpServer, package: Path, **kwargs: Any) -> KfpRunPipelineOperator:
+    op = KfpRunPipelineOperator(
+        task_id="train",
+        pipeline_package_path=str(package),
+        deferrable=kwargs.pop("deferrable", False),
+        **kwargs,
+    )
+    op.__dict__["hook"] = KfpHook("kfp", config=KfpConnectionConfig(api_url=server.url))  # the cached hook
+    return op
+
+
+def runs_of(server: KfpServer, ctx: dict[str, Any]) -> list[dict[str, Any]]:
+    hook = KfpHook("kfp", config=KfpConnectionConfig(api_url=server.url))
+    return hook.find_runs(display_name_contains=TaskIdentity.from_context(ctx).marker)
+
+
+# -- pure helpers ----------------------------------------------------------------------------
+def test_deadline_is_anchored_at_the_runs_creation() -> None:
+    run = {"created_at": "2026-11-22T08:00:00Z"}
+    assert run_deadline_s(run, 60, now_s=0) == pytest.approx(1_795_334_460.0)
+    assert run_deadline_s(run, None, now_s=0) is None
+    assert run_deadline_s({"created_at": "1970-01-01T00:00:00Z"}, 10, now_s=500.0) == 510.0
+
+
+def test_job_key_fills_only_an_empty_declared_parameter(compiled_pipelines) -> None:
+    package = load_pipeline_package(compiled_pipelines["training_pipeline"])
+    args = pipeline_arguments(
+        {"epochs": "3", "job_key": ""}, package, job_key_parameter="job_key", job_key="af-1"
+    )
+    assert args == {"epochs": 3, "job_key": "af-1"}
+    kept = pipeline_arguments({"job_key": "mine"}, package, job_key_parameter="job_key", job_key="af-1")
+    assert kept == {"job_key": "mine"}
+    tiny = load_pipeline_package(compiled_pipelines["tiny"])  # declares no job_key: nothing added
+    assert pipeline_arguments({}, tiny, job_key_parameter="job_key", job_key="af-1") == {}
+    assert pipeline_arguments({"job_key": ""}, None, job_key_parameter="job_key", job_key="af-1") == {
+        "job_key": "af-1"
+    }
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "give exactly one of pipeline_package_path and pipeline_id"),
+        ({"pipeline_package_path": "a.yaml", "pipeline_id": "p"}, "give exactly one"),
+        (
+            {"pipeline_package_path": "a.yaml", "pipeline_version_id": "v"},
+            "pipeline_version_id needs pipeline_id",
+        ),
+        ({"pipeline_package_path": "a.yaml", "poll_interval_s": 0}, "poll_interval_s must be > 0"),
+        ({"pipeline_package_path": "a.yaml", "run_timeout_s": -1}, "run_timeout_s must be > 0"),
+    ],
+)
+def test_contradictory_arguments_fail_at_parse_time(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        KfpRunPipelineOperator(task_id="t", **kwargs)
+
+
+# -- against the server ----------------------------------------------------------------------
+slow = pytest.mark.slow
+
+
+@slow
+def test_sync_success_returns_small_dict_pushes_xcoms_and_clears_the_store(
+    kfp_server, compiled_pipelines
+) -> None:
+    ctx = context_for("sync-success")
+    op = operator(
+        kfp_server, compiled_pipelines["training_pipeline"], parameters={"epochs": "1"}, poll_interval_s=0.5
+    )
+    result = op.execute(ctx)
+    (run,) = runs_of(kfp_server, ctx)
+    url = f"{kfp_server.url}/#/runs/details/{run['run_id']}"
+    assert result == {"run_id": run["run_id"], "state": "SUCCEEDED", "url": url}
+    assert ctx["ti"].xcoms == {"kfp_run_id": run["run_id"], KfpRunLink.XCOM_KEY: url}
+    assert ctx["task_state_store"].data == {}
+    key = TaskIdentity.from_context(ctx).key
+    assert (
+        run["runtime_config"]["parameters"]["job_key"] == key
+        and run["runtime_config"]["parameters"]["epochs"] == 1
+    )
+
+
+@slow
+def test_retry_reattaches_to_the_active_run_in_the_state_store(kfp_server, compiled_pipelines) -> None:
+    store = StateStore()
+    ctx = context_for("reattach-store", store)
+    op = operator(kfp_server, compiled_pipelines["slow"], parameters={"seconds": 300}, deferrable=True)
+    with pytest.raises(TaskDeferred):  # the first try defers
+        op.execute(ctx)
+    run_id = store.data["kfp_run_id"]
+    retry = operator(kfp_server, compiled_pipelines["slow"], parameters={"seconds": 300}, deferrable=True)
+    with pytest.raises(TaskDeferred) as second:
+        retry.execute(context_for("reattach-store", store))
+    assert second.value.trigger.run_id == run_id
+    assert [r["run_id"] for r in runs_of(kfp_server, ctx)] == [run_id]
+    retry.hook.terminate_run(run_id)
+
+
+@slow
+def test_worker_killed_before_persisting_reattaches_by_marker(kfp_server, compiled_pipelines) -> None:
+    ctx = context_for("reattach-marker")
+    op = operator(kfp_server, compiled_pipelines["slow"], parameters={"seconds": 300}, deferrable=True)
+    identity = TaskIdentity.from_context(ctx)
+    submitted = op._submit(identity)  # as if the worker died right after POST /runs
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(context_for("reattach-marker"))  # empty state store
+    assert deferred.value.trigger.run_id == submitted["run_id"]
+    assert len(runs_of(kfp_server, ctx)) == 1
+    op.hook.terminate_run(submitted["run_id"])
+
+
+@slow
+def test_failed_run_fails_the_task_and_the_retry_submits_with_the_same_job_key(
+    kfp_server, compiled_pipelines
+) -> None:
+    store = StateStore()
+    ctx = context_for("fail-then-retry", store)
+    op = operator(
+        kfp_server, compiled_pipelines["training_pipeline"], parameters={"epochs": "x"}, poll_interval_s=0.5
+    )
+    with pytest.raises(AirflowFailException, match="parameter 'epochs' expects NUMBER_INTEGER, got 'x'"):
+        op.execute(ctx)
+    assert runs_of(kfp_server, ctx) == []  # bad input: nothing submitted
+
+    failing = operator(kfp_server, compiled_pipelines["failing"], poll_interval_s=0.5)
+    with pytest.raises(KfpRunFailedError, match=f"ValueError: {FAILURE_MESSAGE}") as info:
+        failing.execute(ctx)
+    assert info.value.state == "FAILED" and info.value.url.endswith(info.value.run_id)
+    first_id = store.data["kfp_run_id"]
+
+    again = operator(kfp_server, compiled_pipelines["failing"], poll_interval_s=0.5)
+    with pytest.raises(KfpRunFailedError):
+        again.execute(context_for("fail-then-retry", store))
+    runs = runs_of(kfp_server, ctx)
+    assert len(runs) == 2 and store.data["kfp_run_id"] != first_id
+
+
+@slow
+def test_an_earlier_succeeded_run_is_returned_not_resubmitted(kfp_server, compiled_pipelines) -> None:
+    store = StateStore()
+    ctx = context_for("already-done", store)
+    op = operator(kfp_server, compiled_pipelines["tiny"], poll_interval_s=0.5)
+    run = op._submit(TaskIdentity.from_context(ctx))
+    op.hook.wait_for_run(run["run_id"], poll_interval_s=0.5)
+    store.set("kfp_run_id", run["run_id"])  # the worker died after the run finished
+    result = operator(kfp_server, compiled_pipelines["tiny"]).execute(context_for("already-done", store))
+    assert result["run_id"] == run["run_id"] and result["state"] == "SUCCEEDED"
+    assert len(runs_of(kfp_server, ctx)) == 1
+
+
+@slow
+def test_deferral_carries_every_knob(kfp_server, compiled_pipelines) -> None:
+    ctx = context_for("knobs")
+    op = operator(
+        kfp_server,
+        compiled_pipelines["slow"],
+        parameters={"seconds": 300},
+        deferrable=True,
+        poll_interval_s=7.5,
+        run_timeout_s=600,
+        cancel_on_kill=False,
+        kfp_conn_id="kfp_knobs",
+    )
+    with pytest.raises(TaskDeferred) as deferred:
+        op.execute(ctx)
+    (run,) = runs_of(kfp_server, ctx)
+    created = run_deadline_s(run, 0.000001, now_s=0) - 0.000001
+    assert deferred.value.method_name == "execute_complete"
+    assert deferred.value.trigger.serialize()[1] == {
+        "run_id": run["run_id"],
+        "kfp_conn_id": "kfp_knobs",
+        "poll_interval_s": 7.5,
+        "deadline_s": pytest.approx(created + 600),
+        "run_url": f"{kfp_server.url}/#/runs/details/{run['run_id']}",
+        "cancel_on_kill": False,
+    }
+    op.hook.terminate_run(run["run_id"])
+
+
+@slow
+def test_execute_complete_maps_every_event(kfp_server, compiled_pipelines) -> None:
+    ctx = context_for("complete")
+    op = operator(kfp_server, compiled_pipelines["slow"])
+    base = {"run_id": "r", "state": None, "message": "m", "url": "u"}
+    assert op.execute_complete(ctx, {**base, "status": "success", "state": "SUCCEEDED"}) == {
+        "run_id": "r",
+        "state": "SUCCEEDED",
+        "url": "u",
+    }
+    with pytest.raises(KfpRunFailedError, match="KFP run r failed: m"):
+        op.execute_complete(ctx, {**base, "status": "failed", "state": "FAILED"})
+    with pytest.raises(KfpRunCanceledError):
+        op.execute_complete(ctx, {**base, "status": "canceled", "state": "CANCELED"})
+    with pytest.raises(AirflowSkipException):
+        op.execute_complete(ctx, {**base, "status": "skipped", "state": "SKIPPED"})
+    with pytest.raises(KfpApiError, match="lost track of KFP run r: m"):
+        op.execute_complete(ctx, {**base, "status": "error"})
+    # a timeout terminates the real run before failing the task
+    run = op.hook.create_run(display_name="to time out", package_path=compiled_pipelines["slow"])
+    event = payload_for_problem(EventStatus.TIMEOUT, run_id=run["run_id"], message="late", url="u")
+    with pytest.raises(KfpRunTimeoutError, match="late; terminated it"):
+        op.execute_complete(ctx, dict(event))
+    assert op.hook.wait_for_run(run["run_id"], poll_interval_s=0.3)["state"] == "CANCELED"
+
+
+@slow
+def test_sync_run_timeout_terminates_the_run(kfp_server, compiled_pipelines) -> None:
+    ctx = context_for("sync-timeout")
+    op = operator(
+        kfp_server,
+        compiled_pipelines["slow"],
+        parameters={"seconds": 300},
+        run_timeout_s=3,
+        poll_interval_s=0.5,
+    )
+    with pytest.raises(KfpRunTimeoutError, match="was not finished 3 s after its creation; terminated it"):
+        op.execute(ctx)
+    (run,) = runs_of(kfp_server, ctx)
+    assert op.hook.wait_for_run(run["run_id"], poll_interval_s=0.3)["state"] == "CANCELED"
+
+
+@slow
+def test_on_kill_in_sync_mode_terminates_the_persisted_run(kfp_server, compiled_pipelines) -> None:
+    ctx = context_for("sync-kill")
+    op = operator(kfp_server, compiled_pipelines["slow"], parameters={"seconds": 300}, poll_interval_s=0.3)
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            op.execute(ctx)
+        except BaseException as err:
+            outcome.append(err)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while "kfp_run_id" not in ctx["task_state_store"].data:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    op.on_kill()
+    worker.join(60)
+    assert isinstance(outcome[0], KfpRunCanceledError)
+    assert op.hook.get_run(ctx["task_state_store"].data["kfp_run_id"])["state"] == "CANCELED"

@@ -1,0 +1,99 @@
+"""package: compiled pipeline files read without kfp; parameters and their conversion (pure).
+
+Uses pipelines compiled by kfp in the session fixture ``compiled_pipelines``.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from airflow_bridge.exceptions import KfpPackageError
+from airflow_bridge.package import load_pipeline_package
+
+
+def test_parameters_are_read_with_types_and_defaults(compiled_pipelines: dict[str, Path]) -> None:
+    package = load_pipeline_package(compiled_pipelines["training_pipeline"])
+    params = package.parameters
+    assert {"dataset_source", "model_name", "epochs", "global_batch_size", "job_key", "backend"} <= set(
+        params
+    )
+    assert params["epochs"].parameter_type == "NUMBER_INTEGER" and params["epochs"].default == 2
+    assert isinstance(params["epochs"].default, int)
+    assert params["learning_rate"].json_schema_type == "number"
+    assert params["job_key"].default == "" and params["job_key"].optional
+
+
+def test_template_strings_are_converted_to_declared_types(compiled_pipelines: dict[str, Path]) -> None:
+    package = load_pipeline_package(compiled_pipelines["training_pipeline"])
+    args = package.prepare_arguments({"epochs": "3", "learning_rate": "0.5", "dataset_source": "mnist"})
+    assert args == {"epochs": 3, "learning_rate": 0.5, "dataset_source": "mnist"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            {"epoch": 3},
+            "pipeline 'training-pipeline' has no parameter(s) epoch; it declares: backend, checkpoint_interval_s",
+        ),
+        ({"epochs": "three"}, "parameter 'epochs' expects NUMBER_INTEGER, got 'three'"),
+        ({"epochs": 2.5}, "parameter 'epochs' expects NUMBER_INTEGER, got 2.5"),
+    ],
+)
+def test_bad_arguments_fail_with_one_line(compiled_pipelines, args: dict, message: str) -> None:
+    package = load_pipeline_package(compiled_pipelines["training_pipeline"])
+    with pytest.raises(KfpPackageError) as info:
+        package.prepare_arguments(args)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_platform_document_is_sent_beside_the_spec(compiled_pipelines: dict[str, Path]) -> None:
+    package = load_pipeline_package(compiled_pipelines["platform"])
+    assert package.platform_spec and "platforms" in package.platform_spec
+    body = package.api_pipeline_spec()
+    assert set(body) == {"pipeline_spec", "platform_spec"}
+    assert (
+        load_pipeline_package(compiled_pipelines["tiny"]).api_pipeline_spec()["pipelineInfo"]["name"]
+        == "tiny"
+    )
+
+
+def test_caching_override_rewrites_every_root_task(compiled_pipelines: dict[str, Path]) -> None:
+    package = load_pipeline_package(compiled_pipelines["tiny"])
+    spec = package.api_pipeline_spec(enable_caching=False)
+    flags = [t["cachingOptions"]["enableCache"] for t in spec["root"]["dag"]["tasks"].values()]
+    assert flags == [False, False]
+    assert package.pipeline_spec["root"]["dag"]["tasks"]["add"]["cachingOptions"]["enableCache"] is True
+
+
+def test_archives_and_json_are_read_like_kfp(tmp_path: Path, compiled_pipelines: dict[str, Path]) -> None:
+    src = compiled_pipelines["tiny"]
+    with tarfile.open(tmp_path / "p.tar.gz", "w:gz") as tar:
+        tar.add(src, arcname="pipeline.yaml")
+    with zipfile.ZipFile(tmp_path / "p.zip", "w") as archive:
+        archive.write(src, arcname="only.yaml")
+    (tmp_path / "p.json").write_text(json.dumps(yaml.safe_load(src.read_text())))
+    for name in ("p.tar.gz", "p.zip", "p.json"):
+        assert load_pipeline_package(tmp_path / name).name == "tiny"
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("missing.yaml", None, "does not exist"),
+        ("p.txt", "x: 1", "ends in .yaml, .yml, .json"),
+        ("p.yaml", "components: {}", "not a compiled KFP v2 pipeline"),
+        ("p.yaml", "a: [", "not valid YAML"),
+    ],
+)
+def test_unusable_packages_are_refused(tmp_path: Path, name: str, content: str | None, message: str) -> None:
+    if content is not None:
+        (tmp_path / name).write_text(content)
+    with pytest.raises(KfpPackageError, match=message):
+        load_pipeline_package(tmp_path / name)

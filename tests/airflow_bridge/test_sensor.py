@@ -1,0 +1,83 @@
+"""KfpRunSensor against the real local KFP server: poke results for each terminal state, the
+deferral (poke_interval and timeout reach the trigger; it never cancels a run it does not own)."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_bridge.exceptions import KfpRunCanceledError, KfpRunFailedError, KfpRunTimeoutError
+from airflow_bridge.hooks import KfpConnectionConfig, KfpHook
+from airflow_bridge.links.kfp import KfpRunLink
+from airflow_bridge.sensors.kfp import KfpRunSensor
+from tests.support.kfp_server import FAILURE_MESSAGE, KfpServer
+
+pytestmark = pytest.mark.slow
+
+
+class TI:
+    def __init__(self) -> None:
+        self.xcoms: dict = {}
+
+    def xcom_push(self, key: str, value) -> None:
+        self.xcoms[key] = value
+
+
+def sensor(server: KfpServer, run_id: str, **kwargs) -> KfpRunSensor:
+    s = KfpRunSensor(task_id="wait", run_id=run_id, **kwargs)
+    s.__dict__["hook"] = KfpHook("kfp", config=KfpConnectionConfig(api_url=server.url))
+    return s
+
+
+def test_poke_follows_the_run_to_success(kfp_server: KfpServer, compiled_pipelines) -> None:
+    hook = KfpHook("kfp", config=KfpConnectionConfig(api_url=kfp_server.url))
+    run_id = hook.create_run(display_name="sensed", package_path=compiled_pipelines["tiny"])["run_id"]
+    s = sensor(kfp_server, run_id, deferrable=False)
+    assert s.poke({}) is False  # still PENDING/RUNNING
+    hook.wait_for_run(run_id, poll_interval_s=0.5)
+    assert s.poke({}) is True
+    ti = TI()
+    s.execute({"ti": ti})  # returns at the first poke
+    assert ti.xcoms[KfpRunLink.XCOM_KEY] == f"{kfp_server.url}/#/runs/details/{run_id}"
+
+
+def test_poke_raises_for_failed_and_canceled_runs(kfp_server: KfpServer, compiled_pipelines) -> None:
+    hook = KfpHook("kfp", config=KfpConnectionConfig(api_url=kfp_server.url))
+    failed = hook.create_run(display_name="sensed failing", package_path=compiled_pipelines["failing"])[
+        "run_id"
+    ]
+    hook.wait_for_run(failed, poll_interval_s=0.5)
+    with pytest.raises(KfpRunFailedError, match=FAILURE_MESSAGE):
+        sensor(kfp_server, failed).poke({})
+    slow = hook.create_run(
+        display_name="sensed slow", package_path=compiled_pipelines["slow"], parameters={"seconds": 300}
+    )["run_id"]
+    hook.terminate_run(slow)
+    hook.wait_for_run(slow, poll_interval_s=0.3)
+    with pytest.raises(KfpRunCanceledError):
+        sensor(kfp_server, slow).poke({})
+
+
+def test_deferrable_sensor_hands_its_knobs_to_a_non_cancelling_trigger(
+    kfp_server, compiled_pipelines
+) -> None:
+    hook = KfpHook("kfp", config=KfpConnectionConfig(api_url=kfp_server.url))
+    run_id = hook.create_run(
+        display_name="sensed deferred", package_path=compiled_pipelines["slow"], parameters={"seconds": 300}
+    )["run_id"]
+    s = sensor(kfp_server, run_id, deferrable=True, poke_interval=12, timeout=timedelta(minutes=5))
+    before = time.time()
+    with pytest.raises(TaskDeferred) as deferred:
+        s.execute({"ti": TI()})
+    kwargs = deferred.value.trigger.serialize()[1]
+    assert kwargs["poll_interval_s"] == 12.0 and kwargs["cancel_on_kill"] is False
+    assert before + 300 <= kwargs["deadline_s"] <= time.time() + 300
+    with pytest.raises(KfpRunTimeoutError):
+        s.execute_complete(
+            {}, {"status": "timeout", "run_id": run_id, "state": "RUNNING", "message": "late", "url": ""}
+        )
+    assert hook.get_run(run_id)["state"] in ("PENDING", "RUNNING")  # the sensor does not own the run
+    hook.terminate_run(run_id)

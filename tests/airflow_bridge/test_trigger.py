@@ -1,0 +1,187 @@
+"""KfpRunTrigger: serialization round trip, exactly one event per outcome, knobs reaching their
+calls, and on_kill terminating the run.
+
+The outcome tests run against the real local KFP server (success, failure with its message,
+canceled, deadline). The knob tests inject the hook's sleep and clock to record what reaches
+them: ``poll_interval_s`` must be the sleep between reads, ``deadline_s`` must end the wait (the
+Airflow Kubernetes job trigger dropped its poll interval on the floor; see research A4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from airflow_bridge.hooks import KfpAsyncHook, KfpConnectionConfig, KfpHook
+from airflow_bridge.triggers.kfp import CLASSPATH, KfpRunTrigger
+from tests.support.kfp_server import FAILURE_MESSAGE, KfpServer
+from tests.support.processes import free_port
+
+
+def make(**overrides) -> KfpRunTrigger:
+    kwargs = {
+        "run_id": "run-1",
+        "kfp_conn_id": "kfp_test",
+        "poll_interval_s": 2.5,
+        "deadline_s": 1_900_000_000.0,
+        "run_url": "http://ui/#/runs/details/run-1",
+        "cancel_on_kill": False,
+    }
+    kwargs.update(overrides)
+    return KfpRunTrigger(**kwargs)
+
+
+def test_serialize_round_trips_every_argument() -> None:
+    trigger = make()
+    classpath, kwargs = trigger.serialize()
+    assert classpath == CLASSPATH == "airflow_bridge.triggers.kfp.KfpRunTrigger"
+    assert kwargs == {
+        "run_id": "run-1",
+        "kfp_conn_id": "kfp_test",
+        "poll_interval_s": 2.5,
+        "deadline_s": 1_900_000_000.0,
+        "run_url": "http://ui/#/runs/details/run-1",
+        "cancel_on_kill": False,
+    }
+    rebuilt = KfpRunTrigger(**kwargs)
+    assert rebuilt.serialize() == (classpath, kwargs)
+
+
+def test_serialized_kwargs_survive_airflows_encoder() -> None:
+    from airflow.serialization.serialized_objects import BaseSerialization
+
+    _, kwargs = make(deadline_s=None).serialize()
+    decoded = BaseSerialization.deserialize(BaseSerialization.serialize(kwargs))
+    assert KfpRunTrigger(**decoded).serialize()[1] == kwargs
+
+
+@pytest.mark.parametrize("bad", [{"run_id": ""}, {"poll_interval_s": 0}])
+def test_invalid_arguments_are_refused(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        make(**bad)
+
+
+class Recorder:
+    """A KfpAsyncHook whose sleep and clock are recorded (the HTTP calls stay real)."""
+
+    def __init__(self, server: KfpServer, *, start_s: float = 1000.0) -> None:
+        self.sleeps: list[float] = []
+        self.now_s = start_s
+
+        async def sleep(seconds: float) -> None:
+            self.sleeps.append(seconds)
+            self.now_s += seconds
+            await asyncio.sleep(0.05)
+
+        self.hook = KfpAsyncHook(
+            "kfp_test", config=KfpConnectionConfig(api_url=server.url), sleep=sleep, clock=lambda: self.now_s
+        )
+
+
+async def collect(trigger: KfpRunTrigger) -> list[dict]:
+    return [event.payload async for event in trigger.run()]
+
+
+def submit(server: KfpServer, pipeline, **params) -> str:
+    hook = KfpHook("kfp_test", config=KfpConnectionConfig(api_url=server.url))
+    return hook.create_run(display_name="trigger test", package_path=pipeline, parameters=params)["run_id"]
+
+
+@pytest.mark.slow
+async def test_poll_interval_reaches_the_sleep_and_success_is_one_event(
+    kfp_server, compiled_pipelines
+) -> None:
+    run_id = submit(kfp_server, compiled_pipelines["tiny"])
+    rec = Recorder(kfp_server)
+    trigger = make(run_id=run_id, poll_interval_s=0.75, deadline_s=None, run_url="")
+    trigger.hook = lambda: rec.hook
+    deadline = time.monotonic() + 180
+    events = []
+    async for event in trigger.run():
+        events.append(event.payload)
+        assert time.monotonic() < deadline
+    assert len(events) == 1
+    assert events[0] == {
+        "status": "success",
+        "run_id": run_id,
+        "state": "SUCCEEDED",
+        "message": f"KFP run {run_id} succeeded",
+        "url": f"{kfp_server.url}/#/runs/details/{run_id}",
+    }
+    assert rec.sleeps and set(rec.sleeps) == {0.75}
+
+
+@pytest.mark.slow
+async def test_deadline_reaches_the_wait_and_ends_it_with_a_timeout_event(
+    kfp_server, compiled_pipelines
+) -> None:
+    run_id = submit(kfp_server, compiled_pipelines["slow"], seconds=300)
+    rec = Recorder(kfp_server, start_s=1000.0)
+    trigger = make(run_id=run_id, poll_interval_s=4.0, deadline_s=1010.0)
+    trigger.hook = lambda: rec.hook
+    events = await collect(trigger)
+    assert [e["status"] for e in events] == ["timeout"]
+    assert events[0]["state"] in ("PENDING", "RUNNING")
+    assert "at its deadline" in events[0]["message"]
+    # 4 + 4 + 2: the last sleep is shortened to land on the deadline, then one more read
+    assert rec.sleeps == [4.0, 4.0, 2.0]
+    KfpHook("t", config=KfpConnectionConfig(api_url=kfp_server.url)).terminate_run(run_id)
+
+
+@pytest.mark.slow
+async def test_failed_run_event_carries_the_kfp_error(kfp_server, compiled_pipelines) -> None:
+    run_id = submit(kfp_server, compiled_pipelines["failing"])
+    trigger = make(run_id=run_id, poll_interval_s=0.5, deadline_s=None)
+    trigger.hook = lambda: KfpAsyncHook("kfp_test", config=KfpConnectionConfig(api_url=kfp_server.url))
+    (event,) = await collect(trigger)
+    assert event["status"] == "failed" and event["state"] == "FAILED"
+    assert f"ValueError: {FAILURE_MESSAGE}" in event["message"]
+
+
+@pytest.mark.slow
+async def test_on_kill_terminates_the_run_and_the_wait_sees_canceled(kfp_server, compiled_pipelines) -> None:
+    run_id = submit(kfp_server, compiled_pipelines["slow"], seconds=300)
+    trigger = make(run_id=run_id, poll_interval_s=0.3, deadline_s=None, cancel_on_kill=True)
+    trigger.hook = lambda: KfpAsyncHook("kfp_test", config=KfpConnectionConfig(api_url=kfp_server.url))
+    waiter = asyncio.ensure_future(collect(trigger))
+    await asyncio.sleep(1.0)
+    assert not waiter.done()
+    await trigger.on_kill()
+    events = await asyncio.wait_for(waiter, timeout=60)
+    assert [(e["status"], e["state"]) for e in events] == [("canceled", "CANCELED")]
+
+
+@pytest.mark.slow
+async def test_on_kill_leaves_the_run_alone_when_told_to(kfp_server, compiled_pipelines) -> None:
+    run_id = submit(kfp_server, compiled_pipelines["slow"], seconds=300)
+    trigger = make(run_id=run_id, cancel_on_kill=False)
+    trigger.hook = lambda: KfpAsyncHook("kfp_test", config=KfpConnectionConfig(api_url=kfp_server.url))
+    await trigger.on_kill()
+    await asyncio.sleep(1.0)
+    hook = KfpHook("t", config=KfpConnectionConfig(api_url=kfp_server.url))
+    assert hook.get_run(run_id)["state"] in ("PENDING", "RUNNING")
+    hook.terminate_run(run_id)
+
+
+async def test_unreachable_api_is_an_error_event_not_an_exception() -> None:
+    cfg = KfpConnectionConfig(api_url=f"http://127.0.0.1:{free_port()}", max_attempts=2, retry_initial_s=0.01)
+    trigger = make(run_url="http://ui/x")
+    trigger.hook = lambda: KfpAsyncHook("kfp_test", config=cfg)
+    (event,) = await collect(trigger)
+    assert event["status"] == "error" and event["state"] is None and event["url"] == "http://ui/x"
+    assert event["message"].startswith("KfpApiError: cannot reach the KFP API")
+
+
+@pytest.mark.slow
+async def test_trigger_reads_its_connection_from_airflow(monkeypatch, kfp_server) -> None:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KFP_FROM_ENV", f'{{"conn_type": "kubeflow_pipelines", "host": "{kfp_server.url}"}}'
+    )
+    trigger = make(kfp_conn_id="kfp_from_env", run_id="no-such-run", run_url="")
+    (event,) = await collect(trigger)
+    assert event["status"] == "error" and "HTTP 404" in event["message"]
+    assert event["url"] == f"{kfp_server.url}/#/runs/details/no-such-run"
+    assert httpx.get(f"{kfp_server.url}/apis/v2beta1/healthz").is_success

@@ -1,0 +1,98 @@
+"""The elastic batch plan (pure): exactly-once per epoch for any sequence of world sizes; datasets."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import torch
+
+from components.training import data as d
+from components.training.sources import prepare, stratified_split
+
+
+def test_permutation_is_a_pure_function_of_seed_and_epoch() -> None:
+    a = d.epoch_permutation(100, seed=3, epoch=1)
+    assert torch.equal(a, d.epoch_permutation(100, seed=3, epoch=1))
+    assert not torch.equal(a, d.epoch_permutation(100, seed=3, epoch=2))
+    assert sorted(a.tolist()) == list(range(100))
+
+
+@pytest.mark.parametrize("world_sizes", [[2, 1, 2], [3], [1, 4, 3, 2], [5, 2]])
+def test_every_sample_once_per_epoch_across_resizes(world_sizes) -> None:
+    n, batch = 103, 8  # an epoch that does not divide evenly: the last batch is short
+    perm = d.epoch_permutation(n, seed=0, epoch=0)
+    seen = collections.Counter()
+    pos, step = 0, 0
+    while pos < n:
+        world = world_sizes[min(step // 4, len(world_sizes) - 1)]  # resize every 4 steps
+        gb = d.global_batch(perm, pos, batch)
+        shards = [d.shard(gb, r, world) for r in range(world)]
+        assert sum(len(s) for s in shards) == len(gb) and max(map(len, shards)) - min(map(len, shards)) <= 1
+        for s in shards:
+            seen.update(s.tolist())
+        pos += len(gb)
+        step += 1
+    assert step == d.steps_per_epoch(n, batch) == 13
+    assert sorted(seen) == list(range(n)) and set(seen.values()) == {1}
+
+
+def test_stratified_split_is_seeded_and_balanced() -> None:
+    labels = np.repeat(np.arange(10), 50)
+    train, test = stratified_split(labels, 0.2, seed=1)
+    assert len(test) == 100 and np.all(np.bincount(labels[test]) == 10)
+    assert set(train).isdisjoint(test) and len(train) + len(test) == 500
+    assert np.array_equal(test, stratified_split(labels, 0.2, seed=1)[1])
+
+
+def test_prepared_mnist_has_held_out_split_and_fingerprint(tmp_path) -> None:
+    info = prepare("mnist", tmp_path / "m", seed=0)
+    assert info.splits == {"train": 4000, "test": 1000} and info.image_size == (28, 28) and info.channels == 1
+    again = prepare("mnist", tmp_path / "m2", seed=0)
+    assert again.fingerprint == info.fingerprint
+    assert prepare("mnist", tmp_path / "m3", seed=1).fingerprint != info.fingerprint  # another split
+    ds = d.PreparedDataset(tmp_path / "m")
+    x, y = ds.split("train").fetch(torch.tensor([0, 5]))
+    assert x.shape == (2, 1, 28, 28) and x.dtype == torch.float32 and y.dtype == torch.int64
+    assert abs(float(ds.split("train").fetch(torch.arange(4000))[0].mean())) < 1e-3  # normalized
+
+
+def test_image_folder_source(tmp_path) -> None:
+    from PIL import Image
+
+    root = tmp_path / "imgs"
+    rng = np.random.default_rng(0)
+    for cls in ("cat", "dog"):
+        (root / cls).mkdir(parents=True)
+        for i in range(10):
+            Image.fromarray(rng.integers(0, 255, (20, 30, 3), dtype=np.uint8)).save(root / cls / f"{i}.png")
+    info = prepare(str(root), tmp_path / "p", test_fraction=0.2, image_size=16, channels=3)
+    assert (
+        info.kind == "imagefolder"
+        and info.classes == ["cat", "dog"]
+        and info.splits == {"train": 16, "test": 4}
+    )
+    x, y = d.PreparedDataset(tmp_path / "p").split("test").fetch(torch.arange(4))
+    assert x.shape == (4, 3, 16, 16) and sorted(y.tolist()) == [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("/no/such/folder", "does not exist"),
+        ("gs://b/p", "unsupported dataset source"),
+        ("imagenet", "unknown dataset source"),
+    ],
+)
+def test_bad_sources_are_one_line_errors(tmp_path, source, message) -> None:
+    with pytest.raises(d.DatasetError, match=message):
+        prepare(source, tmp_path / "x")
+
+
+def test_missing_dataset_folder(tmp_path) -> None:
+    with pytest.raises(d.DatasetError, match="does not exist"):
+        d.PreparedDataset(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(d.DatasetError, match="not a prepared dataset"):
+        d.PreparedDataset(tmp_path / "empty")

@@ -1,0 +1,66 @@
+"""Rank 0's Prometheus endpoint: scraped from a live training process (off by default)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.processes import free_port
+
+pytestmark = pytest.mark.slow
+
+
+def _scrape(port: int) -> dict[str, float]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("trainflow_"):
+                assert sample.labels.get("job_key") == "metrics-job"
+                out[sample.name] = sample.value
+    return out
+
+
+def test_trainer_serves_prometheus_metrics(digits_dataset, tmp_path) -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "components.training", "--dataset", str(digits_dataset), "--checkpoint-uri",
+         str(tmp_path / "ckpt"), "--job-key", "metrics-job", "--epochs", "3", "--global-batch-size", "32",
+         "--checkpoint-interval-steps", "5", "--throttle-step-s", "0.1", "--metrics-port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        metrics: dict[str, float] = {}
+        while time.monotonic() < deadline:
+            try:
+                metrics = _scrape(port)
+            except httpx.HTTPError:
+                metrics = {}
+            if metrics.get("trainflow_checkpoints_committed_total", 0) >= 2:
+                break
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.3)
+        assert metrics["trainflow_step"] >= 10 and metrics["trainflow_world_size"] == 1
+        assert metrics["trainflow_samples_per_second"] > 0 and metrics["trainflow_loss"] > 0
+        assert metrics["trainflow_checkpoint_persist_seconds"] > 0
+        assert metrics["trainflow_resumes_total"] == 0
+        proc.send_signal(signal.SIGTERM)  # preemption: saves, then exits 143
+        assert proc.wait(120) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_metrics_endpoint_is_off_by_default(tmp_path) -> None:
+    from components.training.config import TrainConfig
+
+    cfg = TrainConfig.from_dict({"data": {"path": "/d"}, "checkpoint": {"uri": "/c", "job_key": "k"}})
+    assert cfg.metrics_port == 0 and cfg.metrics_addr == "127.0.0.1"

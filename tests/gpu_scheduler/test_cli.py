@@ -1,0 +1,89 @@
+"""End-to-end tests of ``python -m gpu_scheduler`` (simulate, policies, report) as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpu_scheduler.simulator.data import find_pollux_dir
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg"}
+    return subprocess.run([sys.executable, "-m", "gpu_scheduler", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+@pytest.fixture(scope="module")
+def data() -> Path:
+    return find_pollux_dir()  # ships with the package: missing data is a failure, not a skip
+
+
+def test_simulate_writes_result_json_and_a_plot(tmp_path: Path, data: Path) -> None:
+    lines = (data / "workloads" / "workload-1.csv").read_text().splitlines()
+    workload = tmp_path / "small.csv"
+    workload.write_text("\n".join(lines[:13]) + "\n")  # header + the first 12 jobs
+    out = tmp_path / "out" / "result.json"
+    proc = cli("simulate", "--workload", str(workload), "--policy", "default", "--nodes", "4", "--gpus-per-node", "4",
+               "--interval-s", "60", "--out", str(out), "--traces", str(data / "traces"), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "default on small.csv: avg JCT" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["policy"] == "default" and doc["cluster"]["total_gpus"] == 16
+    summary = doc["summary"]
+    for key in ("avg_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s", "avg_queueing_delay_s", "gpu_allocation",
+                "restarts_per_job"):
+        assert isinstance(summary[key], float), key
+    assert 0 < summary["gpu_allocation"] <= 1
+    assert len(doc["jobs"]) == 12
+    first = doc["jobs"][0]
+    assert first["name"] == "cifar10-0" and first["submit_time_s"] == 107
+    assert first["start_time_s"] == 120 and first["finish_time_s"] > first["start_time_s"]
+    assert first["allocations"][0][0] == 120 and first["allocations"][0][1] >= 1
+    assert summary["avg_jct_s"] == pytest.approx(sum(j["jct_s"] for j in doc["jobs"]) / 12)
+    assert all(g <= 16 for _, g in doc["gpus_in_use"])
+    png = out.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_bad_input_is_a_one_line_error(tmp_path: Path, data: Path) -> None:
+    workload = data / "workloads" / "workload-1.csv"
+    cases = [
+        (["--workload", str(tmp_path / "none.csv"), "--policy", "fifo"], "does not exist"),
+        (["--workload", str(workload), "--policy", "nope"], "unknown policy 'nope'"),
+        (["--workload", str(workload), "--policy", "fifo", "--gpus-per-node", "8"], "gpus-per-node must be 1..4"),
+        (["--workload", str(workload), "--policy", "fifo", "--param", "x=1"], "has no parameter 'x'"),
+    ]
+    for args, message in cases:
+        proc = cli("simulate", *args, "--out", str(tmp_path / "r.json"), cwd=tmp_path)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+def test_policies_lists_the_registry(tmp_path: Path) -> None:
+    proc = cli("policies", cwd=tmp_path)
+    assert proc.returncode == 0
+    listed = [line.split()[0] for line in proc.stdout.splitlines()]
+    assert listed == sorted(["default", "elastic_fifo", "fifo", "fifo_backfill", "optimus", "round_robin", "tiresias"])
+
+
+@pytest.mark.slow
+def test_report_runs_a_reduced_matrix(tmp_path: Path, data: Path) -> None:
+    out = tmp_path / "docs" / "report.md"
+    proc = cli("report", "--out", str(out), "--data", str(data), "--policy", "tiresias", "--policy", "fifo",
+               "--load", "1.0", "--workloads", "1", "--processes", "1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert "| `tiresias` | 2,474 |" in text  # published: 2473.65 s on workload 1
+    assert "## Fidelity" in text and "+0.0 %" in text
+    assert (tmp_path / "docs" / "scheduler" / "jct-cdf-and-usage-1.0x.png").is_file()
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert summary["mean"]["1.0"]["tiresias"]["avg_jct_s"] == pytest.approx(2473.65, abs=0.01)

@@ -1,0 +1,253 @@
+"""Unit tests of the policies on hand-built snapshots (pure logic, values asserted)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gpu_scheduler.model import ClusterSnapshot, Job, Node, Outcome, Placement
+from gpu_scheduler.policies import UnknownPolicy, create, describe, names, parse_params
+from gpu_scheduler.policies.default import DefaultPolicy, fit_speedup
+from gpu_scheduler.policies.tiresias import QUEUE_KEY, SINCE_KEY
+
+
+def cluster(nodes: int = 2, gpus: int = 4) -> tuple[Node, ...]:
+    return tuple(Node(name=f"n{i}", gpus=gpus) for i in range(nodes))
+
+
+def job(name: str, submit: float = 0.0, *, req: int = 1, max_w: int | None = None, on: dict | None = None,
+        attained: float = 0.0, tp: dict | None = None, since: float | None = None, **kw) -> Job:
+    placement = Placement.of(on or {})
+    return Job(name=name, submit_time_s=submit, requested_workers=req, max_workers=max_w or req,
+               placement=placement, attained_service_gpu_s=attained, throughput=tp or {},
+               first_start_s=since if placement else None,
+               placement_since_s=since if placement else None, **kw)
+
+
+def workers(decision) -> dict[str, int]:
+    return {d.job: d.workers for d in decision}
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def test_registry_lists_every_policy_with_a_summary() -> None:
+    assert set(names()) >= {"fifo", "fifo_backfill", "elastic_fifo", "round_robin", "tiresias", "optimus", "default"}
+    assert all(describe()[n] for n in names())
+    assert create("tiresias").name == "tiresias"
+    assert create("optimus").uses_oracle is True
+    assert create("default").uses_oracle is False
+
+
+def test_registry_errors_are_one_line_and_name_the_choices() -> None:
+    with pytest.raises(UnknownPolicy, match="unknown policy 'nope'; choose one of: default, elastic_fifo"):
+        create("nope")
+    with pytest.raises(UnknownPolicy, match="bad parameters"):
+        create("fifo", quantum_s=3)
+    with pytest.raises(UnknownPolicy, match="quantum_s must be > 0"):
+        create("round_robin", quantum_s=0)
+
+
+def test_parse_params_converts_to_the_field_types() -> None:
+    assert parse_params("round_robin", ["quantum-s=300"]) == {"quantum_s": 300.0}
+    assert parse_params("tiresias", ["queue_thresholds_gpu_s=3600,57600"]) == {
+        "queue_thresholds_gpu_s": (3600.0, 57600.0)}
+    assert parse_params("elastic_fifo", ["grow_to=max"]) == {"grow_to": "max"}
+    with pytest.raises(UnknownPolicy, match="has no parameter 'bogus'"):
+        parse_params("fifo", ["bogus=1"])
+    with pytest.raises(UnknownPolicy, match="not a valid float"):
+        parse_params("round_robin", ["quantum_s=soon"])
+    with pytest.raises(UnknownPolicy, match="is not key=value"):
+        parse_params("fifo", ["placement"])
+
+
+# ----------------------------------------------------------------------------- FIFO family
+
+
+def test_fifo_blocks_behind_the_head_and_backfill_does_not() -> None:
+    snap = ClusterSnapshot(nodes=cluster(), jobs=(
+        job("a", 0, req=6, on={"n0": 4, "n1": 2}, since=0),
+        job("b", 10, req=4),   # needs 4, only 2 free
+        job("c", 20, req=1),
+    ))
+    strict = create("fifo").decide(snap, 60)
+    assert workers(strict) == {"a": 6, "b": 0, "c": 0}
+    assert strict["a"].outcome is Outcome.KEEP and strict["c"].outcome is Outcome.WAIT
+    backfill = create("fifo_backfill").decide(snap, 60)
+    assert workers(backfill) == {"a": 6, "b": 0, "c": 1}
+    assert backfill["c"].placement == Placement.of({"n1": 1})
+
+
+def test_elastic_fifo_gives_everyone_one_then_grows_the_oldest() -> None:
+    snap = ClusterSnapshot(nodes=cluster(), jobs=(
+        job("a", 0, req=6, max_w=8), job("b", 1, req=6, max_w=8), job("c", 2, req=6, max_w=8)))
+    d = create("elastic_fifo").decide(snap, 60)
+    assert workers(d) == {"a": 6, "b": 1, "c": 1}
+    d_max = create("elastic_fifo", grow_to="max").decide(snap, 60)
+    assert workers(d_max) == {"a": 6, "b": 1, "c": 1}  # 8 GPUs: 1+1 kept for b, c
+    # A newcomer takes a GPU from the most recently grown job, not from the oldest.
+    running = ClusterSnapshot(nodes=cluster(), jobs=(
+        job("a", 0, req=6, on={"n0": 4, "n1": 2}, since=0), job("b", 1, req=6, on={"n1": 2}, since=0),
+        job("c", 2, req=6)))
+    d2 = create("elastic_fifo").decide(running, 120)
+    assert workers(d2) == {"a": 6, "b": 1, "c": 1}
+    assert d2["b"].outcome is Outcome.SCALE_DOWN and d2["a"].outcome is Outcome.KEEP
+
+
+# ----------------------------------------------------------------------------- Round Robin
+
+
+def test_round_robin_rotates_after_the_quantum_and_remembers_the_queue() -> None:
+    snap = ClusterSnapshot(nodes=cluster(1), jobs=(
+        job("a", 0, req=4, on={"n0": 4}, since=0), job("b", 5, req=4)))
+    rr = create("round_robin", quantum_s=600)
+    inside = rr.decide(snap, 300)
+    assert workers(inside) == {"a": 4, "b": 0}
+    after = rr.decide(snap, 660)
+    assert workers(after) == {"a": 0, "b": 4}
+    assert after["a"].outcome is Outcome.PREEMPT and after["a"].annotations == {"rr_waiting_since_s": "660.0"}
+    # Nobody waiting: an expired job keeps running.
+    alone = ClusterSnapshot(nodes=cluster(1), jobs=(job("a", 0, req=4, on={"n0": 4}, since=0),))
+    assert workers(rr.decide(alone, 5000)) == {"a": 4}
+
+
+# ----------------------------------------------------------------------------- Tiresias
+
+
+def test_tiresias_demotes_by_attained_service_and_preempts_for_queue_0() -> None:
+    threshold = 16 * 3600.0
+    old = job("old", 0, req=4, on={"n0": 4}, since=0, attained=threshold + 1)
+    new = job("new", 100, req=4)
+    snap = ClusterSnapshot(nodes=cluster(1), jobs=(old, new))
+    d = create("tiresias").decide(snap, 200)
+    assert workers(d) == {"old": 0, "new": 4}
+    assert d["old"].outcome is Outcome.PREEMPT
+    assert d["old"].annotations == {QUEUE_KEY: "1", SINCE_KEY: "200.0"}
+    assert d["new"].placement == Placement.of({"n0": 4})
+
+
+def test_tiresias_orders_a_lower_queue_by_demotion_time_and_backfills() -> None:
+    threshold = 16 * 3600.0
+    early = job("early", 500, req=3, attained=threshold, annotations={QUEUE_KEY: "1", SINCE_KEY: "1000.0"})
+    late = job("late", 0, req=3, attained=threshold, annotations={QUEUE_KEY: "1", SINCE_KEY: "2000.0"})
+    small = job("small", 900, req=1, attained=threshold, annotations={QUEUE_KEY: "1", SINCE_KEY: "3000.0"})
+    snap = ClusterSnapshot(nodes=cluster(1), jobs=(late, early, small))
+    d = create("tiresias").decide(snap, 4000)
+    # Demoted first runs first although submitted later; the 1-GPU job backfills the last GPU.
+    assert workers(d) == {"late": 0, "early": 3, "small": 1}
+
+
+def test_tiresias_rejects_bad_thresholds() -> None:
+    with pytest.raises(UnknownPolicy, match="ascending"):
+        create("tiresias", queue_thresholds_gpu_s=(10.0, 5.0))
+
+
+# ----------------------------------------------------------------------------- Optimus
+
+
+def test_optimus_gives_gpus_by_largest_remaining_time_reduction() -> None:
+    # Job a: linear speedup, lots of work; job b: no speedup beyond one worker.
+    a = job("a", 0, req=1, max_w=8, tp={n: 100.0 * n for n in range(1, 9)}, remaining_samples=1e6)
+    b = job("b", 1, req=1, max_w=8, tp={n: 100.0 for n in range(1, 9)}, remaining_samples=1e6)
+    snap = ClusterSnapshot(nodes=cluster(), jobs=(a, b))
+    d = create("optimus").decide(snap, 60)
+    assert workers(d) == {"a": 7, "b": 1}
+    # Gains are weighted by remaining work: a nearly finished job gets less.
+    c = job("c", 0, req=1, max_w=4, tp={n: 100.0 * n for n in range(1, 5)}, remaining_samples=1e3)
+    e = job("e", 1, req=1, max_w=4, tp={n: 100.0 * n for n in range(1, 5)}, remaining_samples=1e6)
+    d2 = create("optimus").decide(ClusterSnapshot(nodes=cluster(1, 6), jobs=(c, e)), 60)
+    assert workers(d2) == {"c": 2, "e": 4}
+
+
+# ----------------------------------------------------------------------------- default
+
+
+def test_speedup_fit_recovers_an_amdahl_curve_and_uses_the_prior_without_data() -> None:
+    true = {n: 1000.0 / (1.0 / n + 0.02 * (n > 1) + 0.001 * (n - 1)) / 1000.0 for n in (1, 2, 4, 8)}
+    model = fit_speedup(job("x", req=4, max_w=16, tp=true))
+    for n in (2, 4, 8, 12):
+        expected = 1.0 / (1.0 / n + 0.02 + 0.001 * (n - 1))
+        assert model.speedup(n) == pytest.approx(expected, rel=0.03)
+    prior = fit_speedup(job("y", req=4, max_w=16), prior_efficiency=0.7)
+    assert prior.speedup(4) == pytest.approx(0.7 * 4, rel=1e-6)
+    assert prior.speedup(1) == 1.0 and prior.speedup(0) == 0.0
+
+
+def test_default_starts_a_lone_job_at_its_request_on_one_node() -> None:
+    snap = ClusterSnapshot(nodes=cluster(2), jobs=(job("a", 0, req=4, max_w=16),))
+    d = create("default").decide(snap, 60)
+    assert d["a"].outcome is Outcome.START
+    assert d["a"].placement.workers == 4 and d["a"].placement.node_count == 1
+
+
+def test_default_prefers_jobs_with_little_attained_service() -> None:
+    curve = {n: 100.0 * n for n in range(1, 9)}
+    long_running = job("long", 0, req=8, max_w=8, on={"n0": 8}, since=0, attained=400 * 3600.0, tp=curve)
+    newcomer = job("new", 50_000, req=8, max_w=8, tp=curve)
+    snap = ClusterSnapshot(nodes=cluster(1, 8), jobs=(long_running, newcomer))
+    d = create("default").decide(snap, 50_040)
+    assert workers(d) == {"long": 2, "new": 6}  # nobody starves, the newcomer gets most
+    assert d["long"].outcome is Outcome.SCALE_DOWN and d["new"].outcome is Outcome.START
+    # Without the least-attained-service weight both get the same share.
+    flat = DefaultPolicy(priority_exponent=0.0).decide(snap, 50_040)
+    assert workers(flat) == {"long": 4, "new": 4}
+
+
+def test_default_hysteresis_keeps_a_recent_width() -> None:
+    curve = {n: 100.0 * n for n in range(1, 5)}
+    a = job("a", 0, req=4, max_w=4, on={"n0": 2}, since=1000, tp=curve)
+    snap = ClusterSnapshot(nodes=cluster(1), jobs=(a,))
+    policy = create("default")
+    # 60 s after its last change, 2 -> 4 workers doubles its speed: worth a restart onto idle GPUs ...
+    early = policy.decide(snap, 1060)
+    assert early["a"].workers == 4 and early["a"].outcome is Outcome.SCALE_UP
+    # ... but not when the required gain is higher: it keeps its width during the cooldown.
+    strict = DefaultPolicy(cooling_grow_gain=10.0)
+    assert strict.decide(snap, 1060)["a"].outcome is Outcome.KEEP
+    assert strict.decide(snap, 1000 + 1300)["a"].workers == 4  # after the cooldown it grows
+
+
+def test_default_validates_its_parameters() -> None:
+    with pytest.raises(UnknownPolicy, match="prior_efficiency must be in"):
+        create("default", prior_efficiency=1.5)
+    with pytest.raises(UnknownPolicy, match="tolerance must be >= 0"):
+        create("default", tolerance=-1)
+
+
+# ----------------------------------------------------------------------------- every policy
+
+
+def random_snapshot(seed: int, gpus_per_worker: int = 1) -> ClusterSnapshot:
+    rng = random.Random(seed)
+    nodes = tuple(Node(name=f"n{i}", gpus=rng.choice((4, 4, 8)), gpus_unavailable=rng.choice((0, 0, 1)))
+                  for i in range(6))
+    snap0 = ClusterSnapshot(nodes=nodes, jobs=())
+    from gpu_scheduler.policies.placement import FreeGpus
+
+    ledger = FreeGpus(snap0)
+    jobs = []
+    for i in range(25):
+        req = rng.choice((1, 1, 2, 3, 4, 6, 8))
+        placement = ledger.place(req, gpus_per_worker) if rng.random() < 0.5 else None
+        tp = {n: 10.0 * n / (1 + 0.05 * (n - 1)) for n in range(1, 2 * req + 1)}
+        jobs.append(Job(
+            name=f"j{i}", submit_time_s=float(i * 30), requested_workers=req, max_workers=2 * req,
+            gpus_per_worker=gpus_per_worker, placement=placement or Placement(),
+            attained_service_gpu_s=rng.uniform(0, 1e5), throughput=tp, restarts=rng.randint(0, 2),
+            first_start_s=0.0 if placement else None, placement_since_s=rng.uniform(0, 800) if placement else None,
+            remaining_samples=rng.uniform(1e3, 1e6)))
+    return ClusterSnapshot(nodes=nodes, jobs=tuple(jobs), taken_at_s=1000.0)
+
+
+@pytest.mark.parametrize("name", ["fifo", "fifo_backfill", "elastic_fifo", "round_robin", "tiresias", "optimus",
+                                  "default"])
+@pytest.mark.parametrize("gpw", [1, 2])
+def test_every_policy_returns_a_valid_decision(name: str, gpw: int) -> None:
+    for seed in range(15):
+        snap = random_snapshot(seed, gpw)
+        d = create(name).decide(snap, 1000.0)
+        d.validate(snap)  # capacity, bounds, outcomes, one target per job
+        assert d.policy == name and d.made_at_s == 1000.0
+        # Pure: the same input gives the same decision.
+        assert create(name).decide(snap, 1000.0).placements() == d.placements()

@@ -1,0 +1,119 @@
+"""Small KFP pipelines for the tests, compiled by tests/support/kfp_server.py.
+
+No ``from __future__ import annotations`` here: kfp reads the component annotations as types.
+The components are KFP lightweight components: kfp embeds their source in the compiled YAML and
+``kfp.local`` runs them with the server's interpreter.
+"""
+
+BASE_IMAGE = "python:3.11"
+FAILURE_MESSAGE = "bad data in shard 7"
+
+
+def define_pipelines() -> dict:
+    """Define the test pipelines (imports kfp lazily so that collecting tests stays cheap)."""
+    from kfp import dsl, kubernetes
+
+    @dsl.component(base_image=BASE_IMAGE)
+    def add(a: int, b: int) -> int:
+        print(f"adding {a} + {b}")
+        return a + b
+
+    @dsl.pipeline(name="tiny")
+    def tiny(a: int = 1, b: int = 2) -> int:
+        first = add(a=a, b=b)
+        return add(a=first.output, b=10).output
+
+    @dsl.component(base_image=BASE_IMAGE)
+    def fail_with(message: str):
+        raise ValueError(message)
+
+    @dsl.pipeline(name="failing")
+    def failing(message: str = FAILURE_MESSAGE):
+        fail_with(message=message)
+
+    @dsl.component(base_image=BASE_IMAGE)
+    def sleep_for(seconds: float) -> str:
+        import os
+        import time
+
+        print(f"sleeper pid {os.getpid()} pgid {os.getpgrp()}", flush=True)
+        time.sleep(seconds)
+        return "slept"
+
+    @dsl.pipeline(name="slow")
+    def slow(seconds: float = 60.0) -> str:
+        return sleep_for(seconds=seconds).output
+
+    @dsl.pipeline(name="platform")
+    def platform(a: int = 1) -> int:
+        task = add(a=a, b=1)
+        kubernetes.use_secret_as_env(
+            task, secret_name="s3-creds", secret_key_to_env={"key": "AWS_ACCESS_KEY_ID"}
+        )
+        kubernetes.add_node_selector(task, label_key="nvidia.com/gpu.present", label_value="true")
+        return task.output
+
+    @dsl.component(base_image=BASE_IMAGE)
+    def fake_train(
+        dataset_source: str,
+        model_name: str,
+        epochs: int,
+        global_batch_size: int,
+        learning_rate: float,
+        min_workers: int,
+        max_workers: int,
+        checkpoint_interval_steps: int,
+        checkpoint_interval_s: float,
+        fault_at_step: int,
+        job_key: str,
+        backend: str,
+        step_s: float,
+    ) -> str:
+        import os
+        import time
+
+        print(f"train {model_name} on {dataset_source} job_key={job_key} pid={os.getpid()}", flush=True)
+        for epoch in range(epochs):
+            time.sleep(step_s)
+            print(f"epoch {epoch + 1}/{epochs} done", flush=True)
+        return job_key
+
+    @dsl.pipeline(name="training-pipeline")
+    def training_pipeline(
+        dataset_source: str = "mnist",
+        model_name: str = "small_cnn",
+        epochs: int = 2,
+        global_batch_size: int = 64,
+        learning_rate: float = 0.01,
+        min_workers: int = 1,
+        max_workers: int = 2,
+        checkpoint_interval_steps: int = 50,
+        checkpoint_interval_s: float = 60.0,
+        fault_at_step: int = -1,
+        job_key: str = "",
+        backend: str = "local",
+        step_s: float = 0.5,
+    ) -> str:
+        return fake_train(
+            dataset_source=dataset_source,
+            model_name=model_name,
+            epochs=epochs,
+            global_batch_size=global_batch_size,
+            learning_rate=learning_rate,
+            min_workers=min_workers,
+            max_workers=max_workers,
+            checkpoint_interval_steps=checkpoint_interval_steps,
+            checkpoint_interval_s=checkpoint_interval_s,
+            fault_at_step=fault_at_step,
+            job_key=job_key,
+            backend=backend,
+            step_s=step_s,
+        ).output
+
+    return {
+        "tiny": tiny,
+        "failing": failing,
+        "slow": slow,
+        "platform": platform,
+        "training_pipeline": training_pipeline,
+    }

@@ -1,0 +1,111 @@
+"""Test fixtures for the local KFP API server (``trainflow kfp-server``) and the pipelines it runs.
+
+Registered as a pytest plugin in tests/conftest.py. Fixtures:
+
+* ``compiled_pipelines`` (session): small pipelines compiled with kfp into a temp folder:
+  ``tiny`` (adds numbers), ``failing`` (raises with a known message), ``slow`` (sleeps; prints
+  its pid), ``platform`` (kfp-kubernetes multi-document YAML), and ``training_pipeline`` -- a
+  stand-in with the core parameters of the real training pipeline that sleeps
+  ``epochs * step_s`` seconds (for tests that need a run of a chosen length);
+* ``training_pipeline_package`` (session): the real ``training_pipeline``, compiled by
+  ``trainflow compile --output FILE`` as a user would.
+* ``kfp_server`` (session): one server on 127.0.0.1, a free port, data in a temp folder.
+* :func:`start_kfp_server`: start another one (e.g. with ``--auth-token``) inside a test.
+
+The pipelines live in tests/support/kfp_pipelines.py (a module without
+``from __future__ import annotations``: kfp reads the components' annotations as types).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.kfp_pipelines import FAILURE_MESSAGE, define_pipelines
+from tests.support.processes import ManagedProcess, free_port, http_ok
+
+__all__ = ["FAILURE_MESSAGE", "KfpServer", "compile_pipelines", "start_kfp_server"]
+
+
+def compile_pipelines(out_dir: Path) -> dict[str, Path]:
+    """Compile every test pipeline to ``out_dir/<name>.yaml``; return name -> path."""
+    from kfp import compiler
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, func in define_pipelines().items():
+        path = out_dir / f"{name}.yaml"
+        compiler.Compiler().compile(func, str(path))
+        paths[name] = path
+    return paths
+
+
+@dataclass
+class KfpServer:
+    """A running ``trainflow kfp-server``."""
+
+    url: str
+    data_dir: Path
+    process: ManagedProcess
+    token: str | None = None
+
+
+def start_kfp_server(
+    tmp_dir: Path, *, token: str | None = None, max_concurrent_runs: int = 2, name: str = "kfp-server"
+) -> KfpServer:
+    """Start a server on 127.0.0.1 and a free port; the caller stops ``.process``."""
+    port = free_port()
+    data_dir = tmp_dir / f"{name}-data"
+    argv = [
+        str(Path(sys.executable).with_name("trainflow")),  # the console script of this venv
+        "kfp-server",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        "--max-concurrent-runs",
+        str(max_concurrent_runs),
+    ]
+    env = {"TRAINFLOW_KFP_SERVER_TOKEN": token or ""}
+    url = f"http://127.0.0.1:{port}"
+    # With a token, healthz answers 401: readiness is "the port answers HTTP" then.
+    ready_url = f"{url}/" if token else f"{url}/apis/v2beta1/healthz"
+    proc = ManagedProcess(
+        name,
+        argv,
+        log_dir=tmp_dir,
+        env=env,
+        ready=lambda: http_ok(ready_url),
+        ready_timeout_s=90,
+        stop_timeout_s=20,
+    )
+    proc.start()
+    return KfpServer(url=url, data_dir=data_dir, process=proc, token=token)
+
+
+@pytest.fixture(scope="session")
+def compiled_pipelines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return compile_pipelines(tmp_path_factory.mktemp("pipelines"))
+
+
+@pytest.fixture(scope="session")
+def training_pipeline_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("training_pipeline") / "training_pipeline.yaml"
+    cli = str(Path(sys.executable).with_name("trainflow"))
+    done = subprocess.run([cli, "compile", "--output", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and out.is_file(), f"trainflow compile failed:\n{done.stdout}\n{done.stderr}"
+    return out
+
+
+@pytest.fixture(scope="session")
+def kfp_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KfpServer]:
+    server = start_kfp_server(tmp_path_factory.mktemp("kfp"), max_concurrent_runs=4)
+    try:
+        yield server
+    finally:
+        server.process.stop()

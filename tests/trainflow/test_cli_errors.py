@@ -1,0 +1,112 @@
+"""Bad input to ``trainflow`` is one clear line on stderr and exit code 2 — never a traceback —
+and nothing is started (no output folder, no worker)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import free_port
+
+TRAINFLOW = [sys.executable, "-m", "trainflow.cli"]
+
+
+def _run(args: list[str], tmp_path: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*TRAINFLOW, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--dataset", "/no/such/folder"], "dataset path /no/such/folder does not exist"),
+        (["run", "--lr", "-1"], "invalid hyper-parameter: lr must be a positive number, got -1.0"),
+        (["run", "--epochs", "0"], "invalid hyper-parameter: epochs must be >= 1, got 0"),
+        (["run", "--batch-size", "0"], "invalid hyper-parameter: global_batch_size must be >= 1, got 0"),
+        (
+            ["run", "--optimizer", "lion"],
+            "invalid hyper-parameter: optimizer must be sgd or adamw, got 'lion'",
+        ),
+        (["run", "--model", "vgg"], "invalid hyper-parameter: model must be one of"),
+        (["run", "--workers", "0"], "workers must be >= 1, got 0"),
+        (["run", "--checkpoint-uri", "gs://bucket/x"], "no checkpoint storage accepts 'gs://bucket/x'"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path, args, message) -> None:
+    proc = _run([*args, "--output-dir", str(tmp_path / "out")], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not (tmp_path / "out").exists()  # rejected before anything started
+
+
+def test_unreachable_s3_endpoint_at_start(tmp_path) -> None:
+    env = {
+        "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{free_port()}",
+        "AWS_ACCESS_KEY_ID": "a",
+        "AWS_SECRET_ACCESS_KEY": "b",
+    }
+    proc = _run(
+        ["run", "--checkpoint-uri", "s3://ckpt/jobs", "--output-dir", str(tmp_path / "out")], tmp_path, env
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "S3 endpoint unreachable for s3://ckpt/jobs at http://127.0.0.1:" in proc.stderr
+
+
+def test_models_errors_are_one_line(tmp_path) -> None:
+    proc = _run(
+        ["models", "rollback", "mnist-classifier", "3", "--registry", str(tmp_path / "reg")], tmp_path
+    )
+    assert proc.returncode == 2 and "has no version 3" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_training_runtime_rejects_bad_config_before_starting(tmp_path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "components.training",
+            "--dataset",
+            str(tmp_path / "none"),
+            "--checkpoint-uri",
+            str(tmp_path / "c"),
+            "--job-key",
+            "k",
+            "--lr",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "invalid training config: lr must be a positive number, got 0.0" in proc.stderr
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "components.training",
+            "--dataset",
+            str(tmp_path / "none"),
+            "--checkpoint-uri",
+            str(tmp_path / "c"),
+            "--job-key",
+            "k",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"dataset folder {tmp_path / 'none'} does not exist" in proc.stderr

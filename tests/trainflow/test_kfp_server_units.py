@@ -1,0 +1,184 @@
+"""Pure pieces of the local KFP server: spec parsing and parameter coercion, filters, paging,
+failure messages from kfp.local logs. No server, no kfp execution."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainflow.kfp_server import execute, spec
+from trainflow.kfp_server.errors import ApiError, GrpcCode
+from trainflow.kfp_server.filters import matches, parse_filter
+from trainflow.kfp_server.store import FILTER_KEYS, Store
+
+SPEC = {
+    "pipelineInfo": {"name": "p"},
+    "root": {
+        "inputDefinitions": {
+            "parameters": {
+                "n": {"parameterType": "NUMBER_INTEGER", "defaultValue": 1.0, "isOptional": True},
+                "lr": {"parameterType": "NUMBER_DOUBLE"},
+                "name": {"parameterType": "STRING", "defaultValue": "x"},
+                "flag": {"parameterType": "BOOLEAN", "defaultValue": False},
+                "items": {"parameterType": "LIST", "defaultValue": []},
+            }
+        }
+    },
+}
+
+
+def test_coerce_converts_json_numbers_to_declared_types() -> None:
+    out = spec.coerce_parameters(SPEC, {"n": 3.0, "lr": 1, "flag": "true", "items": "[1, 2]"})
+    assert out == {"n": 3, "lr": 1.0, "flag": True, "items": [1, 2]}
+    assert isinstance(out["n"], int) and isinstance(out["lr"], float)
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        ({"lr": 0.1, "nope": 1}, "unknown pipeline parameter(s) nope"),
+        ({}, "missing required pipeline parameter(s): lr"),
+        ({"lr": 0.1, "n": 2.5}, "parameter 'n' expects NUMBER_INTEGER, got 2.5"),
+        ({"lr": "fast"}, "parameter 'lr' expects NUMBER_DOUBLE"),
+        ({"lr": 0.1, "name": 5}, "parameter 'name' expects STRING"),
+    ],
+)
+def test_coerce_rejects_bad_parameters_with_one_line(values: dict, fragment: str) -> None:
+    with pytest.raises(ApiError) as info:
+        spec.coerce_parameters(SPEC, values)
+    assert info.value.code is GrpcCode.INVALID_ARGUMENT and info.value.http_status == 400
+    assert fragment in info.value.message and "\n" not in info.value.message
+
+
+def test_multi_document_yaml_splits_into_spec_and_platform() -> None:
+    text = "pipelineInfo: {name: p}\nroot: {}\n---\nplatforms:\n  kubernetes: {deploymentSpec: {}}\n"
+    pipeline, platform = spec.parse_package_text(text)
+    assert pipeline["pipelineInfo"]["name"] == "p"
+    assert platform == {"platforms": {"kubernetes": {"deploymentSpec": {}}}}
+    assert spec.unwrap_run_spec({"pipeline_spec": pipeline, "platform_spec": platform}) == (
+        pipeline,
+        platform,
+    )
+
+
+def test_non_pipeline_yaml_is_refused() -> None:
+    with pytest.raises(ApiError, match="no 'pipelineInfo'"):
+        spec.parse_package_text("components: {}\n")
+
+
+def test_filter_accepts_numeric_operations_and_camel_case() -> None:
+    text = json.dumps({"predicates": [{"key": "display_name", "operation": 1, "stringValue": "a"}]})
+    preds = parse_filter(text)
+    assert [(p.key, p.operation, p.value) for p in preds] == [("display_name", "EQUALS", "a")]
+
+
+def test_filter_operations_select_the_right_objects() -> None:
+    runs = [
+        {"display_name": "train [af-1]", "state": "RUNNING", "created_at": "2026-11-22T08:00:00Z"},
+        {"display_name": "train [af-2]", "state": "FAILED", "created_at": "2026-11-22T09:00:00Z"},
+    ]
+    keys = FILTER_KEYS["runs"]
+
+    def select(pred: dict) -> list[str]:
+        preds = parse_filter(json.dumps({"predicates": [pred]}))
+        return [r["display_name"] for r in runs if matches(r, preds, keys)]
+
+    assert select({"key": "name", "operation": "IS_SUBSTRING", "string_value": "[af-2]"}) == ["train [af-2]"]
+    assert select(
+        {"key": "state", "operation": "IN", "string_values": {"values": ["RUNNING", "PENDING"]}}
+    ) == ["train [af-1]"]
+    assert select(
+        {"key": "created_at", "operation": "GREATER_THAN", "timestamp_value": "2026-11-22T08:30:00Z"}
+    ) == ["train [af-2]"]
+    assert select({"key": "state", "operation": "NOT_EQUALS", "string_value": "RUNNING"}) == ["train [af-2]"]
+
+
+def test_filter_on_unknown_key_is_an_invalid_argument() -> None:
+    preds = parse_filter(
+        json.dumps({"predicates": [{"key": "colour", "operation": "EQUALS", "string_value": "x"}]})
+    )
+    with pytest.raises(ApiError, match="cannot filter on 'colour'"):
+        matches({}, preds, FILTER_KEYS["runs"])
+
+
+def test_store_pages_sorts_and_persists(tmp_path) -> None:
+    store = Store(tmp_path / "state.json")
+    for i in range(5):
+        store.put(
+            "runs",
+            f"r{i}",
+            {"run_id": f"r{i}", "display_name": f"n{i}", "created_at": "2026-01-01T00:00:00Z"},
+        )
+    page1, total, token = store.list("runs", id_field="run_id", page_size=2, sort_by="created_at desc")
+    page2, _, token2 = store.list(
+        "runs", id_field="run_id", page_size=2, page_token=token, sort_by="created_at desc"
+    )
+    page3, _, token3 = store.list(
+        "runs", id_field="run_id", page_size=2, page_token=token2, sort_by="created_at desc"
+    )
+    assert total == 5 and token3 == ""
+    assert [r["run_id"] for r in page1 + page2 + page3] == ["r4", "r3", "r2", "r1", "r0"]
+    reloaded = Store(tmp_path / "state.json")
+    assert reloaded.get("runs", "r3", label="Run")["display_name"] == "n3"
+    with pytest.raises(ApiError, match="invalid page_token"):
+        store.list("runs", id_field="run_id", page_token="garbage!")
+
+
+LOG = """\
+08:22:01.021 - INFO - Executing task \x1b[96m'boom'\x1b[0m
+    Traceback (most recent call last):
+      File "/x/executor_main.py", line 109, in <module>
+        executor_main()
+      File "/tmp/ephemeral_component.py", line 3, in boom
+        raise ValueError(msg)
+    ValueError: bad data in shard 7
+
+08:22:03.810 - ERROR - Task \x1b[96m'boom'\x1b[0m finished with status \x1b[91mFAILURE\x1b[0m
+"""
+
+
+def test_failure_message_names_the_task_and_its_exception(tmp_path) -> None:
+    events = tmp_path / "events.jsonl"
+    with events.open("w") as ev, (tmp_path / "out.log").open("w") as out:
+        tee = execute._TaskEventTee(out, ev)
+        tee.write(LOG)
+    assert tee.failed_task == "boom"
+    message = execute.failure_message(
+        "Pipeline \x1b[95m'p'\x1b[0m finished with status \x1b[91mFAILURE\x1b[0m. Inner task failed: "
+        "\x1b[96m'boom'\x1b[0m.",
+        tee.task_lines,
+        tee.failed_task,
+    )
+    assert message == (
+        "Pipeline 'p' finished with status FAILURE. Inner task failed: 'boom'. "
+        "Task 'boom' failed with ValueError: bad data in shard 7"
+    )
+    states = [json.loads(line)["state"] for line in events.read_text().splitlines()]
+    assert states == ["RUNNING", "FAILED"]
+
+
+def test_last_exception_line_is_none_without_traceback() -> None:
+    assert execute.last_exception_line(["all good", "ValueError-looking text"]) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--data-dir", "/proc/no-such-dir"], "trainflow: cannot use --data-dir /proc/no-such-dir"),
+        (["--data-dir", "{bad_state}"], "is not a kfp-server state file"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args: list[str], expected: str) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "state.json").write_text("{oops")
+    argv = [a.replace("{bad_state}", str(tmp_path)) for a in args]
+    cli = str(Path(sys.executable).with_name("trainflow"))
+    done = subprocess.run(
+        [cli, "kfp-server", "--port", "1", *argv], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert expected in done.stderr and "Traceback" not in done.stderr

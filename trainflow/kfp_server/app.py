@@ -1,0 +1,638 @@
+"""The FastAPI application: KFP REST API v2beta1 endpoints backed by :class:`Store` and :class:`RunExecutor`.
+
+Endpoints (paths, query parameters and bodies as in ``backend/api/v2beta1/*.proto`` of
+kubeflow/pipelines and the ``kfp-server-api`` client):
+
+* ``GET  /apis/v2beta1/healthz``
+* experiments: ``POST/GET /apis/v2beta1/experiments``, ``GET/DELETE .../{experiment_id}``,
+  ``POST .../{experiment_id}:archive|:unarchive``
+* pipelines: ``POST /apis/v2beta1/pipelines/upload`` and ``/upload_version`` (multipart
+  ``uploadfile``), ``POST/GET /apis/v2beta1/pipelines``, ``GET/DELETE .../{pipeline_id}``,
+  ``GET .../names/{name}``, ``POST/GET .../{pipeline_id}/versions``,
+  ``GET/DELETE .../{pipeline_id}/versions/{pipeline_version_id}``
+* runs: ``POST/GET /apis/v2beta1/runs``, ``GET/DELETE .../{run_id}``,
+  ``POST .../{run_id}:terminate|:archive|:unarchive`` (``:retry`` answers UNIMPLEMENTED)
+
+Local additions outside ``/apis``: ``GET /`` (a small run browser; the link
+``/#/runs/details/<run_id>`` has the same form as the KFP UI's) and ``GET /local/runs/{run_id}/log``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request, UploadFile
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+
+from trainflow.kfp_server import spec as specs
+from trainflow.kfp_server.errors import ApiError, GrpcCode, invalid_argument
+from trainflow.kfp_server.runner import ACTIVE_STATES, RunExecutor, set_state, task_details
+from trainflow.kfp_server.store import Store, new_id, now_rfc3339
+from trainflow.kfp_server.ui import INDEX_HTML
+
+log = logging.getLogger(__name__)
+
+API = "/apis/v2beta1"
+MAX_UPLOAD_BYTES = 32 * 1024 * 1024  # the real upload limit ("Maximum size of 32MB")
+DEFAULT_EXPERIMENT = "Default"
+
+
+class KfpServer:
+    """State shared by the handlers: the store, the executor and the optional bearer token."""
+
+    def __init__(
+        self, data_dir: Path, *, max_concurrent_runs: int, auth_token: str | None, terminate_grace_s: float
+    ) -> None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.data_dir = data_dir
+        self.store = Store(data_dir / "state.json")
+        self.executor = RunExecutor(
+            self.store, data_dir, max_concurrent_runs=max_concurrent_runs, terminate_grace_s=terminate_grace_s
+        )
+        self.auth_token = auth_token
+        self._fail_orphaned_runs()
+
+    def _fail_orphaned_runs(self) -> None:
+        for run in self.store.find("runs", lambda r: r.get("state") in ACTIVE_STATES):
+            self.store.update(
+                "runs",
+                run["run_id"],
+                lambda r: set_state(
+                    r, "FAILED", error_message="kfp-server restarted while the run was active"
+                ),
+                label="Run",
+            )
+
+    # -- experiments -----------------------------------------------------------------------
+    def create_experiment(self, body: dict[str, Any]) -> dict[str, Any]:
+        name = (body.get("display_name") or "").strip()
+        if not name:
+            raise invalid_argument("experiment display_name is empty")
+        namespace = body.get("namespace") or ""
+        if self.store.find(
+            "experiments", lambda e: e["display_name"] == name and e.get("namespace", "") == namespace
+        ):
+            raise ApiError(
+                GrpcCode.ALREADY_EXISTS,
+                f"Failed to create a new experiment. The name {name} already exists. Please specify a new name.",
+            )
+        exp_id = new_id()
+        obj = {
+            "experiment_id": exp_id,
+            "display_name": name,
+            "description": body.get("description") or "",
+            "created_at": now_rfc3339(),
+            "namespace": namespace,
+            "storage_state": "AVAILABLE",
+            "last_run_created_at": "1970-01-01T00:00:00Z",
+        }
+        return self.store.put("experiments", exp_id, obj)
+
+    def default_experiment(self, namespace: str) -> dict[str, Any]:
+        found = self.store.find(
+            "experiments",
+            lambda e: e["display_name"] == DEFAULT_EXPERIMENT and e.get("namespace", "") == namespace,
+        )
+        if found:
+            return found[0]
+        return self.create_experiment({"display_name": DEFAULT_EXPERIMENT, "namespace": namespace})
+
+    # -- pipelines -------------------------------------------------------------------------
+    def create_pipeline(
+        self, *, name: str, display_name: str, description: str, namespace: str
+    ) -> dict[str, Any]:
+        if not name:
+            raise invalid_argument("pipeline name is empty")
+        if self.store.find("pipelines", lambda p: p["name"] == name and p.get("namespace", "") == namespace):
+            raise ApiError(
+                GrpcCode.ALREADY_EXISTS,
+                f"Failed to create a pipeline due to conflict. The name {name} is already taken in namespace "
+                f"'{namespace}'. Use upload_version to add a version.",
+            )
+        pid = new_id()
+        obj = {
+            "pipeline_id": pid,
+            "display_name": display_name or name,
+            "name": name,
+            "description": description,
+            "created_at": now_rfc3339(),
+            "namespace": namespace,
+        }
+        return self.store.put("pipelines", pid, obj)
+
+    def create_version(
+        self, pipeline_id: str, *, name: str, display_name: str, description: str, pipeline_spec: Any
+    ) -> dict[str, Any]:
+        self.store.get("pipelines", pipeline_id, label="Pipeline")
+        if not name:
+            raise invalid_argument("pipeline version name is empty")
+        if self.store.find("versions", lambda v: v["pipeline_id"] == pipeline_id and v["name"] == name):
+            raise ApiError(
+                GrpcCode.ALREADY_EXISTS,
+                f"Failed to create a pipeline version due to conflict. The name {name} is already taken.",
+            )
+        specs.unwrap_run_spec(pipeline_spec)
+        vid = new_id()
+        obj = {
+            "pipeline_id": pipeline_id,
+            "pipeline_version_id": vid,
+            "display_name": display_name or name,
+            "name": name,
+            "description": description,
+            "created_at": now_rfc3339(),
+            "pipeline_spec": pipeline_spec,
+        }
+        return self.store.put("versions", vid, obj)
+
+    def latest_version(self, pipeline_id: str) -> dict[str, Any]:
+        versions, _, _ = self.store.list(
+            "versions",
+            id_field="pipeline_version_id",
+            where={"pipeline_id": pipeline_id},
+            sort_by="created_at desc",
+            page_size=1,
+        )
+        if not versions:
+            raise ApiError(GrpcCode.FAILED_PRECONDITION, f"Pipeline {pipeline_id} has no versions")
+        return versions[0]
+
+    # -- runs ------------------------------------------------------------------------------
+    def create_run(self, body: dict[str, Any]) -> dict[str, Any]:
+        display_name = (body.get("display_name") or "").strip()
+        if not display_name:
+            raise invalid_argument("the run display_name is empty")
+        ref = body.get("pipeline_version_reference") or {}
+        version_id = body.get("pipeline_version_id") or ref.get("pipeline_version_id")
+        if body.get("pipeline_spec"):
+            pipeline_spec = body["pipeline_spec"]
+        elif version_id:
+            pipeline_spec = self.store.get("versions", version_id, label="Pipeline version")["pipeline_spec"]
+        elif ref.get("pipeline_id"):
+            version = self.latest_version(ref["pipeline_id"])
+            version_id, pipeline_spec = version["pipeline_version_id"], version["pipeline_spec"]
+            ref = {"pipeline_id": ref["pipeline_id"], "pipeline_version_id": version_id}
+        else:
+            raise invalid_argument("a run needs pipeline_spec or pipeline_version_reference")
+        spec, _platform = specs.unwrap_run_spec(pipeline_spec)  # kfp.local ignores the platform spec
+        runtime_config = body.get("runtime_config") or {}
+        params = specs.coerce_parameters(spec, runtime_config.get("parameters"))
+
+        if body.get("experiment_id"):
+            experiment = self.store.get("experiments", body["experiment_id"], label="Experiment")
+        else:
+            experiment = self.default_experiment("")
+        run_id = new_id()
+        now = now_rfc3339()
+        run: dict[str, Any] = {
+            "experiment_id": experiment["experiment_id"],
+            "run_id": run_id,
+            "display_name": display_name,
+            "storage_state": "AVAILABLE",
+            "description": body.get("description") or "",
+            "runtime_config": {
+                "parameters": runtime_config.get("parameters") or {},
+                "pipeline_root": runtime_config.get("pipeline_root")
+                or str(self.executor.run_dir(run_id) / "pipeline_root"),
+            },
+            "service_account": body.get("service_account") or "",
+            "created_at": now,
+            "scheduled_at": now,
+            "finished_at": "1970-01-01T00:00:00Z",
+            "state": "PENDING",
+            "state_history": [{"update_time": now, "state": "PENDING"}],
+        }
+        if body.get("pipeline_spec"):
+            run["pipeline_spec"] = pipeline_spec
+        else:
+            run["pipeline_version_reference"] = {
+                "pipeline_id": ref.get("pipeline_id", ""),
+                "pipeline_version_id": version_id,
+            }
+            run["pipeline_version_id"] = version_id
+        self.store.put("runs", run_id, run)
+        self.store.update(
+            "experiments",
+            experiment["experiment_id"],
+            lambda e: e.update(last_run_created_at=now),
+            label="Experiment",
+        )
+        self.executor.submit(run_id, spec, params)
+        return self.store.get("runs", run_id, label="Run")
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        run = self.store.get("runs", run_id, label="Run")
+        run["run_details"] = {
+            "pipeline_context_id": "0",
+            "pipeline_run_context_id": "0",
+            "task_details": task_details(run_id, self.executor.run_dir(run_id) / "events.jsonl"),
+        }
+        return run
+
+    def terminate_run(self, run_id: str) -> None:
+        run = self.store.get("runs", run_id, label="Run")
+        if run["state"] not in ACTIVE_STATES or run["state"] == "CANCELING":
+            return  # already finished or stopping: terminate is idempotent
+        self.store.update("runs", run_id, lambda r: set_state(r, "CANCELING"), label="Run")
+        self.executor.terminate(run_id)
+
+
+def _int(value: str | None, name: str) -> int | None:
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except ValueError as err:
+        raise invalid_argument(f"{name} must be an integer, got {value!r}") from err
+
+
+def _list_response(items_key: str, items: list[dict[str, Any]], total: int, token: str) -> dict[str, Any]:
+    return {items_key: items, "total_size": total, "next_page_token": token}
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError as err:
+        raise invalid_argument(f"the request body is not valid JSON: {err}") from err
+    if not isinstance(body, dict):
+        raise invalid_argument("the request body must be a JSON object")
+    return body
+
+
+async def _read_upload(uploadfile: UploadFile) -> str:
+    data = await uploadfile.read(MAX_UPLOAD_BYTES + 1)
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise invalid_argument("the uploaded file is larger than 32MB")
+    try:
+        return data.decode()
+    except UnicodeDecodeError as err:
+        raise invalid_argument("the uploaded pipeline must be UTF-8 YAML or JSON") from err
+
+
+def _spec_field(text: str) -> dict[str, Any]:
+    spec, platform = specs.parse_package_text(text)
+    return {"pipeline_spec": spec, "platform_spec": platform} if platform else spec
+
+
+def create_app(
+    data_dir: Path,
+    *,
+    max_concurrent_runs: int = 2,
+    auth_token: str | None = None,
+    terminate_grace_s: float = 5.0,
+) -> FastAPI:
+    """Build the application.
+
+    Args:
+        data_dir: state file and per-run folders (created if missing).
+        max_concurrent_runs: runs beyond this stay PENDING until a slot frees up.
+        auth_token: when set, every ``/apis`` request needs ``Authorization: Bearer <token>``
+            (missing: 401 UNAUTHENTICATED, wrong: 403 PERMISSION_DENIED), like a KFP behind an
+            authenticating proxy.
+        terminate_grace_s: seconds between SIGTERM and SIGKILL when terminating a run.
+
+    Returns:
+        The FastAPI app; its shutdown terminates active runs.
+    """
+    server = KfpServer(
+        data_dir,
+        max_concurrent_runs=max_concurrent_runs,
+        auth_token=auth_token,
+        terminate_grace_s=terminate_grace_s,
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        server.executor.shutdown()
+
+    app = FastAPI(title="trainflow local KFP API server", version="v2beta1", lifespan=lifespan)
+    app.state.kfp = server
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, err: ApiError) -> JSONResponse:
+        return JSONResponse(err.body(), status_code=err.http_status)
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next: Any) -> Response:
+        if server.auth_token and request.url.path.startswith("/apis/"):
+            header = request.headers.get("authorization", "")
+            if not header:
+                err = ApiError(
+                    GrpcCode.UNAUTHENTICATED, "Request header error: there is no user identity header."
+                )
+                return JSONResponse(err.body(), status_code=err.http_status)
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), server.auth_token):
+                err = ApiError(
+                    GrpcCode.PERMISSION_DENIED, "Unauthorized access: the bearer token is not valid."
+                )
+                return JSONResponse(err.body(), status_code=err.http_status)
+        return await call_next(request)
+
+    # -- healthz ---------------------------------------------------------------------------
+    @app.get(f"{API}/healthz")
+    def healthz() -> dict[str, Any]:
+        return {"multi_user": False, "pipeline_store": "local"}
+
+    # -- experiments -----------------------------------------------------------------------
+    @app.post(f"{API}/experiments")
+    async def create_experiment(request: Request) -> dict[str, Any]:
+        return server.create_experiment(await _json_body(request))
+
+    @app.get(f"{API}/experiments")
+    def list_experiments(
+        page_token: str | None = None,
+        page_size: str | None = None,
+        sort_by: str | None = None,
+        filter: str | None = None,
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        items, total, token = server.store.list(
+            "experiments",
+            id_field="experiment_id",
+            filter_text=filter,
+            where={"namespace": namespace},
+            sort_by=sort_by,
+            page_size=_int(page_size, "page_size"),
+            page_token=page_token,
+        )
+        return _list_response("experiments", items, total, token)
+
+    @app.get(f"{API}/experiments/{{experiment_id}}")
+    def get_experiment(experiment_id: str) -> dict[str, Any]:
+        return server.store.get("experiments", experiment_id, label="Experiment")
+
+    @app.delete(f"{API}/experiments/{{experiment_id}}")
+    def delete_experiment(experiment_id: str) -> dict[str, Any]:
+        server.store.delete("experiments", experiment_id, label="Experiment")
+        return {}
+
+    @app.post(f"{API}/experiments/{{experiment_id}}:archive")
+    def archive_experiment(experiment_id: str) -> dict[str, Any]:
+        server.store.update(
+            "experiments", experiment_id, lambda e: e.update(storage_state="ARCHIVED"), label="Experiment"
+        )
+        return {}
+
+    @app.post(f"{API}/experiments/{{experiment_id}}:unarchive")
+    def unarchive_experiment(experiment_id: str) -> dict[str, Any]:
+        server.store.update(
+            "experiments", experiment_id, lambda e: e.update(storage_state="AVAILABLE"), label="Experiment"
+        )
+        return {}
+
+    # -- pipelines -------------------------------------------------------------------------
+    @app.post(f"{API}/pipelines/upload")
+    async def upload_pipeline(
+        uploadfile: UploadFile,
+        name: str | None = None,
+        display_name: str | None = None,
+        description: str | None = None,
+        namespace: str | None = None,
+    ) -> dict[str, Any]:
+        spec_field = _spec_field(await _read_upload(uploadfile))
+        base = name or display_name or Path(uploadfile.filename or "pipeline").stem
+        pipeline = server.create_pipeline(
+            name=base,
+            display_name=display_name or base,
+            description=description or "",
+            namespace=namespace or "",
+        )
+        server.create_version(
+            pipeline["pipeline_id"],
+            name=base,
+            display_name=display_name or base,
+            description=description or "",
+            pipeline_spec=spec_field,
+        )
+        return pipeline
+
+    @app.post(f"{API}/pipelines/upload_version")
+    async def upload_pipeline_version(
+        uploadfile: UploadFile,
+        name: str | None = None,
+        display_name: str | None = None,
+        pipelineid: str | None = None,
+        description: str | None = None,
+    ) -> dict[str, Any]:
+        if not pipelineid:
+            raise invalid_argument("upload_version needs the pipelineid query parameter")
+        spec_field = _spec_field(await _read_upload(uploadfile))
+        base = name or display_name or Path(uploadfile.filename or "version").stem
+        return server.create_version(
+            pipelineid,
+            name=base,
+            display_name=display_name or base,
+            description=description or "",
+            pipeline_spec=spec_field,
+        )
+
+    @app.post(f"{API}/pipelines")
+    async def create_pipeline(request: Request) -> dict[str, Any]:
+        body = await _json_body(request)
+        name = body.get("name") or body.get("display_name") or ""
+        return server.create_pipeline(
+            name=name,
+            display_name=body.get("display_name") or name,
+            description=body.get("description") or "",
+            namespace=body.get("namespace") or "",
+        )
+
+    @app.get(f"{API}/pipelines")
+    def list_pipelines(
+        namespace: str | None = None,
+        page_token: str | None = None,
+        page_size: str | None = None,
+        sort_by: str | None = None,
+        filter: str | None = None,
+    ) -> dict[str, Any]:
+        items, total, token = server.store.list(
+            "pipelines",
+            id_field="pipeline_id",
+            filter_text=filter,
+            where={"namespace": namespace},
+            sort_by=sort_by,
+            page_size=_int(page_size, "page_size"),
+            page_token=page_token,
+        )
+        return _list_response("pipelines", items, total, token)
+
+    @app.get(f"{API}/pipelines/names/{{name}}")
+    def get_pipeline_by_name(name: str, namespace: str | None = None) -> dict[str, Any]:
+        found = server.store.find(
+            "pipelines", lambda p: p["name"] == name and p.get("namespace", "") == (namespace or "")
+        )
+        if not found:
+            raise ApiError(GrpcCode.NOT_FOUND, f"Pipeline {name} not found")
+        return found[0]
+
+    @app.get(f"{API}/pipelines/{{pipeline_id}}")
+    def get_pipeline(pipeline_id: str) -> dict[str, Any]:
+        return server.store.get("pipelines", pipeline_id, label="Pipeline")
+
+    @app.delete(f"{API}/pipelines/{{pipeline_id}}")
+    def delete_pipeline(pipeline_id: str) -> dict[str, Any]:
+        server.store.get("pipelines", pipeline_id, label="Pipeline")
+        if server.store.find("versions", lambda v: v["pipeline_id"] == pipeline_id):
+            raise ApiError(
+                GrpcCode.FAILED_PRECONDITION,
+                f"Failed to delete pipeline {pipeline_id}: it has versions; delete them first",
+            )
+        server.store.delete("pipelines", pipeline_id, label="Pipeline")
+        return {}
+
+    @app.post(f"{API}/pipelines/{{pipeline_id}}/versions")
+    async def create_pipeline_version(pipeline_id: str, request: Request) -> dict[str, Any]:
+        body = await _json_body(request)
+        if not body.get("pipeline_spec"):
+            raise invalid_argument(
+                "this local server cannot fetch package_url; send pipeline_spec or use upload_version"
+            )
+        name = body.get("name") or body.get("display_name") or ""
+        return server.create_version(
+            pipeline_id,
+            name=name,
+            display_name=body.get("display_name") or name,
+            description=body.get("description") or "",
+            pipeline_spec=body["pipeline_spec"],
+        )
+
+    @app.get(f"{API}/pipelines/{{pipeline_id}}/versions")
+    def list_pipeline_versions(
+        pipeline_id: str,
+        page_token: str | None = None,
+        page_size: str | None = None,
+        sort_by: str | None = None,
+        filter: str | None = None,
+    ) -> dict[str, Any]:
+        server.store.get("pipelines", pipeline_id, label="Pipeline")
+        items, total, token = server.store.list(
+            "versions",
+            id_field="pipeline_version_id",
+            filter_text=filter,
+            where={"pipeline_id": pipeline_id},
+            sort_by=sort_by,
+            page_size=_int(page_size, "page_size"),
+            page_token=page_token,
+        )
+        return _list_response("pipeline_versions", items, total, token)
+
+    @app.get(f"{API}/pipelines/{{pipeline_id}}/versions/{{pipeline_version_id}}")
+    def get_pipeline_version(pipeline_id: str, pipeline_version_id: str) -> dict[str, Any]:
+        version = server.store.get("versions", pipeline_version_id, label="Pipeline version")
+        if version["pipeline_id"] != pipeline_id:
+            raise ApiError(GrpcCode.NOT_FOUND, f"Pipeline version {pipeline_version_id} not found")
+        return version
+
+    @app.delete(f"{API}/pipelines/{{pipeline_id}}/versions/{{pipeline_version_id}}")
+    def delete_pipeline_version(pipeline_id: str, pipeline_version_id: str) -> dict[str, Any]:
+        get_pipeline_version(pipeline_id, pipeline_version_id)
+        server.store.delete("versions", pipeline_version_id, label="Pipeline version")
+        return {}
+
+    # -- runs ------------------------------------------------------------------------------
+    @app.post(f"{API}/runs")
+    async def create_run(request: Request) -> dict[str, Any]:
+        return server.create_run(await _json_body(request))
+
+    @app.get(f"{API}/runs")
+    def list_runs(
+        namespace: str | None = None,
+        experiment_id: str | None = None,
+        page_token: str | None = None,
+        page_size: str | None = None,
+        sort_by: str | None = None,
+        filter: str | None = None,
+    ) -> dict[str, Any]:
+        keep = None
+        if namespace:
+            exp_ids = {
+                e["experiment_id"]
+                for e in server.store.find("experiments", lambda e: e.get("namespace") == namespace)
+            }
+            keep = lambda r: r["experiment_id"] in exp_ids  # noqa: E731
+        items, total, token = server.store.list(
+            "runs",
+            id_field="run_id",
+            filter_text=filter,
+            where={"experiment_id": experiment_id},
+            keep=keep,
+            sort_by=sort_by,
+            page_size=_int(page_size, "page_size"),
+            page_token=page_token,
+        )
+        return _list_response("runs", items, total, token)
+
+    @app.get(f"{API}/runs/{{run_id}}")
+    def get_run(run_id: str) -> dict[str, Any]:
+        return server.get_run(run_id)
+
+    @app.delete(f"{API}/runs/{{run_id}}")
+    def delete_run(run_id: str) -> dict[str, Any]:
+        server.terminate_run(run_id)
+        server.executor.wait(run_id, server.executor.terminate_grace_s + 5)
+        server.store.delete("runs", run_id, label="Run")
+        return {}
+
+    @app.post(f"{API}/runs/{{run_id}}:terminate")
+    def terminate_run(run_id: str) -> dict[str, Any]:
+        server.terminate_run(run_id)
+        return {}
+
+    @app.post(f"{API}/runs/{{run_id}}:archive")
+    def archive_run(run_id: str) -> dict[str, Any]:
+        server.store.update("runs", run_id, lambda r: r.update(storage_state="ARCHIVED"), label="Run")
+        return {}
+
+    @app.post(f"{API}/runs/{{run_id}}:unarchive")
+    def unarchive_run(run_id: str) -> dict[str, Any]:
+        server.store.update("runs", run_id, lambda r: r.update(storage_state="AVAILABLE"), label="Run")
+        return {}
+
+    @app.post(f"{API}/runs/{{run_id}}:retry")
+    def retry_run(run_id: str) -> dict[str, Any]:
+        server.store.get("runs", run_id, label="Run")
+        raise ApiError(
+            GrpcCode.UNIMPLEMENTED, "retry is not implemented by the local server; create a new run"
+        )
+
+    # -- local additions -------------------------------------------------------------------
+    @app.get("/local/runs/{run_id}/log", response_class=PlainTextResponse)
+    def run_log(run_id: str) -> str:
+        server.store.get("runs", run_id, label="Run")
+        path = server.executor.log_path(run_id)
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    @app.get("/", response_class=HTMLResponse)
+    def index() -> str:
+        return INDEX_HTML
+
+    return app
+
+
+def serve(
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8888,
+    data_dir: Path,
+    max_concurrent_runs: int = 2,
+    auth_token: str | None = None,
+    terminate_grace_s: float = 5.0,
+    log_level: str = "info",
+) -> None:
+    """Run the server with uvicorn until interrupted (SIGINT/SIGTERM terminate active runs first)."""
+    import uvicorn
+
+    app = create_app(
+        data_dir,
+        max_concurrent_runs=max_concurrent_runs,
+        auth_token=auth_token,
+        terminate_grace_s=terminate_grace_s,
+    )
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

@@ -1,0 +1,191 @@
+"""Execute one run with ``kfp.local``: the child process the server starts per run.
+
+Usage (by the server, never by hand)::
+
+    python -m trainflow.kfp_server.execute RUN_DIR
+
+``RUN_DIR`` holds ``spec.yaml`` (the pipeline spec) and ``params.json`` (coerced parameters).
+The child loads the spec as a component (``kfp.components.load_component_from_file`` accepts a
+compiled pipeline), runs it under ``local.init(SubprocessRunner(use_venv=False))`` with
+``pipeline_root=RUN_DIR/pipeline_root``, and writes:
+
+* ``events.jsonl``: one line per task start/finish, parsed from kfp.local's log lines as they
+  are printed (``Executing task 'x'`` / ``Task 'x' finished with status SUCCESS``);
+* ``result.json``: ``{"state": "SUCCEEDED"|"FAILED", "message": ..., "outputs": {...}}``.
+
+Its stdout/stderr are the run log. It runs in its own process group; on SIGTERM it forwards the
+signal to the whole group (component subprocesses included) and exits, so terminating a run stops
+every process it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import json
+import os
+import re
+import signal
+import sys
+import traceback
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_EXECUTING = re.compile(r"Executing task '([^']+)'")
+_FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure|Warning)\b.*$")
+
+
+def strip_ansi(text: str) -> str:
+    """Remove terminal colour codes (kfp.local colours task and pipeline names)."""
+    return _ANSI.sub("", text)
+
+
+def last_exception_line(lines: list[str]) -> str | None:
+    """The final line of the last Python traceback in ``lines`` (e.g. ``ValueError: bad shard``).
+
+    Lines may be indented (kfp.local indents streamed task logs). Returns ``None`` when there is
+    no traceback.
+    """
+    start = None
+    for i, line in enumerate(lines):
+        if line.strip() == "Traceback (most recent call last):":
+            start = i
+    if start is None:
+        return None
+    found = None
+    for line in lines[start + 1 :]:
+        text = line.strip()
+        if _EXCEPTION_LINE.match(text):
+            found = text
+        elif found is not None and text and not line.startswith((" " * 8, "\t")):
+            break
+    return found
+
+
+def failure_message(pipeline_error: str, task_lines: dict[str, list[str]], failed_task: str | None) -> str:
+    """Compose the run's error message from kfp.local's error and the failed task's traceback."""
+    message = strip_ansi(pipeline_error).strip()
+    if failed_task and (cause := last_exception_line(task_lines.get(failed_task, []))):
+        message = f"{message} Task '{failed_task}' failed with {cause}"
+    return message
+
+
+def _now() -> str:
+    return datetime.now(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class _TaskEventTee(io.TextIOBase):
+    """A stdout replacement that writes through and records task events from kfp.local's lines."""
+
+    def __init__(self, out: TextIO, events: TextIO) -> None:
+        self._out = out
+        self._events = events
+        self._partial = ""
+        self.current_task: str | None = None
+        self.failed_task: str | None = None
+        self.task_lines: dict[str, list[str]] = {}
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self._out.write(text)
+        self._partial += text
+        *complete, self._partial = self._partial.split("\n")
+        for line in complete:
+            self._line(strip_ansi(line))
+        return len(text)
+
+    def flush(self) -> None:
+        self._out.flush()
+        self._events.flush()
+
+    def _event(self, task: str, state: str) -> None:
+        self._events.write(json.dumps({"task": task, "state": state, "time": _now()}) + "\n")
+        self._events.flush()
+
+    def _line(self, line: str) -> None:
+        if m := _EXECUTING.search(line):
+            self.current_task = m.group(1)
+            self.task_lines[self.current_task] = []
+            self._event(self.current_task, "RUNNING")
+        elif m := _FINISHED.search(line):
+            state = "SUCCEEDED" if m.group(2) == "SUCCESS" else "FAILED"
+            if state == "FAILED":
+                self.failed_task = m.group(1)
+            self._event(m.group(1), state)
+        elif self.current_task is not None:
+            lines = self.task_lines[self.current_task]
+            lines.append(line)
+            del lines[:-400]  # keep the tail only
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when the server thread that started it dies."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the server died before prctl took effect
+        _forward_sigterm_to_group(signal.SIGTERM, None)
+
+
+def _forward_sigterm_to_group(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.killpg(os.getpgrp(), signal.SIGTERM)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    uri = getattr(value, "uri", None)  # a dsl.Artifact
+    if uri is not None:
+        return {"uri": uri, "metadata": _jsonable(getattr(value, "metadata", {}))}
+    return repr(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m trainflow.kfp_server.execute RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = Path(args[0])
+    signal.signal(signal.SIGTERM, _forward_sigterm_to_group)
+    _die_with_parent()
+    params = json.loads((run_dir / "params.json").read_text())
+    result_path = run_dir / "result.json"
+    with (run_dir / "events.jsonl").open("a") as events:
+        tee = _TaskEventTee(sys.stdout, events)
+        sys.stdout = tee
+        try:
+            from kfp import components, local
+
+            local.init(
+                runner=local.SubprocessRunner(use_venv=False),
+                pipeline_root=str(run_dir / "pipeline_root"),
+                raise_on_error=True,
+            )
+            pipeline = components.load_component_from_file(str(run_dir / "spec.yaml"))
+            task = pipeline(**params)
+            result = {"state": "SUCCEEDED", "message": "", "outputs": _jsonable(dict(task.outputs))}
+        except Exception as err:  # the run failed: report it, the server maps it to FAILED
+            traceback.print_exc()
+            message = failure_message(str(err), tee.task_lines, tee.failed_task)
+            result = {"state": "FAILED", "message": message, "outputs": {}}
+        finally:
+            tee.flush()
+            sys.stdout = sys.__stdout__
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, result_path)
+    return 0 if result["state"] == "SUCCEEDED" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""Run execution: one child process per run, in its own process group, at most N at a time.
+
+State machine of a run (``V2beta1RuntimeState``)::
+
+    PENDING --(a slot frees up, child started)--> RUNNING --(child exits 0)--> SUCCEEDED
+       |                                            |------(child exits != 0)--> FAILED
+       |                                            '--(terminate)--> CANCELING --(group gone)--> CANCELED
+       '--(terminate before start)--> CANCELED
+
+Terminate sends SIGTERM to the run's process group (the child forwards it to every process it
+started), waits ``terminate_grace_s`` and then SIGKILLs the group. Each child also asks for
+``PR_SET_PDEATHSIG`` = SIGTERM (see :mod:`trainflow.kfp_server.execute`), so a server killed
+with SIGKILL does not leave runs behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainflow.kfp_server.store import Store, now_rfc3339
+
+log = logging.getLogger(__name__)
+
+ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "CANCELING", "PAUSED"})
+
+
+def set_state(run: dict[str, Any], state: str, *, error_message: str | None = None) -> None:
+    """Move ``run`` to ``state`` and append to ``state_history`` (mutates ``run``)."""
+    now = now_rfc3339()
+    run["state"] = state
+    entry: dict[str, Any] = {"update_time": now, "state": state}
+    if error_message:
+        run["error"] = {"code": 2, "message": error_message, "details": []}  # 2 = UNKNOWN
+        entry["error"] = run["error"]
+    run.setdefault("state_history", []).append(entry)
+    if state in ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED"):
+        run["finished_at"] = now
+
+
+class RunExecutor:
+    """Starts, watches and terminates runs.
+
+    Args:
+        store: where run objects live.
+        data_dir: runs get ``<data_dir>/runs/<run_id>/`` (spec, params, log, pipeline_root).
+        max_concurrent_runs: runs beyond this wait in PENDING.
+        terminate_grace_s: seconds between SIGTERM and SIGKILL of a run's process group.
+        python: interpreter for the child (default: this one, whose venv has kfp).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        data_dir: Path,
+        *,
+        max_concurrent_runs: int = 2,
+        terminate_grace_s: float = 5.0,
+        python: str = sys.executable,
+    ) -> None:
+        if max_concurrent_runs < 1:
+            raise ValueError(f"max_concurrent_runs must be >= 1, got {max_concurrent_runs}")
+        self.store = store
+        self.data_dir = data_dir
+        self.terminate_grace_s = terminate_grace_s
+        self.python = python
+        self._slots = threading.Semaphore(max_concurrent_runs)
+        self._lock = threading.Lock()
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._cancel: dict[str, threading.Event] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._closed = False
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.data_dir / "runs" / run_id
+
+    def log_path(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / "run.log"
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def submit(self, run_id: str, spec: dict[str, Any], params: dict[str, Any]) -> None:
+        """Prepare the run folder and start a worker thread; the run is PENDING until it starts."""
+        run_dir = self.run_dir(run_id)
+        (run_dir / "pipeline_root").mkdir(parents=True, exist_ok=True)
+        (run_dir / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+        (run_dir / "params.json").write_text(json.dumps(params))
+        cancel = threading.Event()
+        thread = threading.Thread(
+            target=self._work, args=(run_id, cancel), name=f"run-{run_id[:8]}", daemon=True
+        )
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the server is shutting down")
+            self._cancel[run_id] = cancel
+            self._threads[run_id] = thread
+        thread.start()
+
+    def terminate(self, run_id: str) -> None:
+        """Ask a run to stop; returns at once (the run goes CANCELING, then CANCELED)."""
+        with self._lock:
+            cancel = self._cancel.get(run_id)
+            proc = self._procs.get(run_id)
+        if cancel is None:
+            return
+        cancel.set()
+        if proc is not None:
+            threading.Thread(target=self._kill_group, args=(proc,), daemon=True).start()
+
+    def wait(self, run_id: str, timeout_s: float | None = None) -> None:
+        with self._lock:
+            thread = self._threads.get(run_id)
+        if thread is not None:
+            thread.join(timeout_s)
+
+    def shutdown(self) -> None:
+        """Terminate every active run and wait for the process groups to go."""
+        with self._lock:
+            self._closed = True
+            run_ids = list(self._cancel)
+        for run_id in run_ids:
+            self.terminate(run_id)
+        for run_id in run_ids:
+            self.wait(run_id, self.terminate_grace_s + 5)
+
+    # -- internals -------------------------------------------------------------------------
+    def _update(self, run_id: str, change: Callable[[dict[str, Any]], None]) -> None:
+        with contextlib.suppress(Exception):  # the run may have been deleted meanwhile
+            self.store.update("runs", run_id, change, label="Run")
+
+    def _kill_group(self, proc: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=self.terminate_grace_s)
+        # the leader may be gone while children linger in the group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def _work(self, run_id: str, cancel: threading.Event) -> None:
+        try:
+            while not self._slots.acquire(timeout=0.2):  # PENDING until a slot frees up
+                if cancel.is_set():
+                    self._update(run_id, lambda r: set_state(r, "CANCELED"))
+                    return
+            try:
+                if cancel.is_set():
+                    self._update(run_id, lambda r: set_state(r, "CANCELED"))
+                    return
+                self._execute(run_id, cancel)
+            finally:
+                self._slots.release()
+        except Exception as err:  # keep the server alive; report on the run
+            log.exception("run %s crashed in the server", run_id)
+            message = f"kfp-server error: {err}"
+            self._update(run_id, lambda r: set_state(r, "FAILED", error_message=message))
+        finally:
+            with self._lock:
+                self._procs.pop(run_id, None)
+                self._cancel.pop(run_id, None)
+
+    def _execute(self, run_id: str, cancel: threading.Event) -> None:
+        run_dir = self.run_dir(run_id)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "KFP_RUN_ID": run_id}
+        with self.log_path(run_id).open("ab") as log_file:
+            proc = subprocess.Popen(
+                [self.python, "-m", "trainflow.kfp_server.execute", str(run_dir)],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=run_dir,
+                env=env,
+                start_new_session=True,  # own process group: terminate reaches every descendant
+            )
+        with self._lock:
+            self._procs[run_id] = proc
+        self._update(run_id, lambda r: set_state(r, "RUNNING"))
+        if cancel.is_set():  # terminate raced with the start
+            self._kill_group(proc)
+        returncode = proc.wait()
+        if cancel.is_set():
+            self._kill_group(proc)
+            self._update(run_id, lambda r: set_state(r, "CANCELED"))
+            return
+        # Children left in the group after a normal exit are stray; stop them.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        result = _read_result(run_dir / "result.json")
+        if returncode == 0 and result.get("state") == "SUCCEEDED":
+            self._update(run_id, lambda r: set_state(r, "SUCCEEDED"))
+        else:
+            message = result.get("message") or f"the run's process exited with code {returncode}; see its log"
+            self._update(run_id, lambda r: set_state(r, "FAILED", error_message=message))
+
+
+def _read_result(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def task_details(run_id: str, events_path: Path) -> list[dict[str, Any]]:
+    """``run_details.task_details`` from the child's events file (``V2beta1PipelineTaskDetail``)."""
+    tasks: dict[str, dict[str, Any]] = {}
+    try:
+        lines = events_path.read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        name, state, at = ev.get("task"), ev.get("state"), ev.get("time")
+        if not name:
+            continue
+        task = tasks.setdefault(
+            name,
+            {
+                "run_id": run_id,
+                "task_id": str(uuid.uuid5(uuid.UUID(run_id), name)),
+                "display_name": name,
+                "create_time": at,
+                "start_time": at,
+                "state": "PENDING",
+                "state_history": [],
+            },
+        )
+        task["state"] = state
+        task["state_history"].append({"update_time": at, "state": state})
+        if state in ("SUCCEEDED", "FAILED"):
+            task["end_time"] = at
+    return list(tasks.values())

@@ -1,0 +1,245 @@
+"""API objects kept in memory, in the v2beta1 JSON shape, mirrored to ``<data_dir>/state.json``.
+
+Every object is a plain dict exactly as the API returns it (snake_case field names, RFC 3339
+timestamps, enum names as strings). The store adds only an insertion sequence number (for stable
+ordering when timestamps tie) and the namespace of runs (taken from their experiment).
+All methods are thread-safe; the run workers and the HTTP handlers share one store.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from trainflow.kfp_server.errors import invalid_argument, not_found
+from trainflow.kfp_server.filters import matches, parse_filter
+
+KINDS = ("experiments", "pipelines", "versions", "runs")
+
+#: Filterable keys per kind: filter key -> field (the real server also accepts ``name`` and ``id``).
+FILTER_KEYS: dict[str, dict[str, str]] = {
+    "experiments": {
+        "display_name": "display_name",
+        "name": "display_name",
+        "experiment_id": "experiment_id",
+        "id": "experiment_id",
+        "created_at": "created_at",
+        "namespace": "namespace",
+        "storage_state": "storage_state",
+        "description": "description",
+    },
+    "pipelines": {
+        "display_name": "display_name",
+        "name": "name",
+        "pipeline_id": "pipeline_id",
+        "id": "pipeline_id",
+        "created_at": "created_at",
+        "namespace": "namespace",
+        "description": "description",
+    },
+    "versions": {
+        "display_name": "display_name",
+        "name": "name",
+        "pipeline_version_id": "pipeline_version_id",
+        "id": "pipeline_version_id",
+        "created_at": "created_at",
+        "description": "description",
+    },
+    "runs": {
+        "display_name": "display_name",
+        "name": "display_name",
+        "run_id": "run_id",
+        "id": "run_id",
+        "state": "state",
+        "experiment_id": "experiment_id",
+        "created_at": "created_at",
+        "finished_at": "finished_at",
+        "storage_state": "storage_state",
+        "description": "description",
+        "pipeline_version_id": "pipeline_version_id",
+    },
+}
+
+
+def now_rfc3339() -> str:
+    """Current UTC time as the API writes it (``2026-11-22T08:21:57Z``, second precision)."""
+    return datetime.now(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+class Store:
+    """Thread-safe object store.
+
+    Args:
+        state_path: JSON file the store is mirrored to after each change (``None``: memory only).
+    """
+
+    def __init__(self, state_path: Path | None = None) -> None:
+        self._lock = threading.RLock()
+        self._objects: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in KINDS}
+        self._seq: dict[str, int] = {}
+        self._next_seq = 0
+        self._state_path = state_path
+        if state_path is not None and state_path.exists():
+            self._load(state_path)
+
+    # -- persistence -------------------------------------------------------------------------
+    def _load(self, path: Path) -> None:
+        try:
+            data = json.loads(path.read_text())
+        except ValueError as err:
+            raise ValueError(
+                f"{path} is not a kfp-server state file ({err}); move it away to start empty"
+            ) from None
+        for kind in KINDS:
+            self._objects[kind] = data.get(kind, {})
+        self._seq = data.get("seq", {})
+        self._next_seq = int(data.get("next_seq", 0))
+
+    def _save(self) -> None:
+        if self._state_path is None:
+            return
+        tmp = self._state_path.with_suffix(".tmp")
+        payload = {**self._objects, "seq": self._seq, "next_seq": self._next_seq}
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, self._state_path)
+
+    # -- generic access ----------------------------------------------------------------------
+    def put(self, kind: str, object_id: str, obj: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            if object_id not in self._seq:
+                self._seq[object_id] = self._next_seq
+                self._next_seq += 1
+            self._objects[kind][object_id] = obj
+            self._save()
+            return copy.deepcopy(obj)
+
+    def get(self, kind: str, object_id: str, *, label: str) -> dict[str, Any]:
+        """Return a copy of one object.
+
+        Raises:
+            ApiError: NOT_FOUND naming ``label`` and the id.
+        """
+        with self._lock:
+            obj = self._objects[kind].get(object_id)
+            if obj is None:
+                raise not_found(label, object_id)
+            return copy.deepcopy(obj)
+
+    def update(
+        self, kind: str, object_id: str, change: Callable[[dict[str, Any]], None], *, label: str
+    ) -> dict[str, Any]:
+        """Apply ``change`` to the stored object under the lock and return a copy."""
+        with self._lock:
+            obj = self._objects[kind].get(object_id)
+            if obj is None:
+                raise not_found(label, object_id)
+            change(obj)
+            self._save()
+            return copy.deepcopy(obj)
+
+    def delete(self, kind: str, object_id: str, *, label: str) -> None:
+        with self._lock:
+            if self._objects[kind].pop(object_id, None) is None:
+                raise not_found(label, object_id)
+            self._seq.pop(object_id, None)
+            self._save()
+
+    def values(self, kind: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [copy.deepcopy(o) for o in self._objects[kind].values()]
+
+    def find(self, kind: str, predicate: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+        with self._lock:
+            return [copy.deepcopy(o) for o in self._objects[kind].values() if predicate(o)]
+
+    def list(
+        self,
+        kind: str,
+        *,
+        id_field: str,
+        filter_text: str | None = None,
+        where: Mapping[str, Any] | None = None,
+        keep: Callable[[dict[str, Any]], bool] | None = None,
+        sort_by: str | None = None,
+        page_size: int | None = None,
+        page_token: str | None = None,
+    ) -> tuple[list[dict[str, Any]], int, str]:
+        """List objects the way the API's List* calls do.
+
+        Args:
+            kind: one of :data:`KINDS`.
+            id_field: the object's id field (for ordering ties).
+            filter_text: the ``filter`` query parameter.
+            where: exact field matches applied before the filter (``experiment_id``, ``namespace``);
+                empty values are ignored.
+            keep: an extra selection (e.g. runs of the experiments of one namespace).
+            sort_by: ``"field"``, ``"field asc"`` or ``"field desc"`` (filter keys allowed).
+            page_size: at most this many objects (default 20, as the real server).
+            page_token: from a previous response.
+
+        Returns:
+            (objects of this page, total matching, next page token or ``""``).
+
+        Raises:
+            ApiError: INVALID_ARGUMENT for a bad filter, sort key or page token.
+        """
+        predicates = parse_filter(filter_text)
+        keys = FILTER_KEYS[kind]
+        with self._lock:
+            selected = [
+                o
+                for o in self._objects[kind].values()
+                if all(o.get(k) == v for k, v in (where or {}).items() if v)
+                and (keep is None or keep(o))
+                and matches(o, predicates, keys)
+            ]
+            seq = dict(self._seq)
+        field, descending = _parse_sort(sort_by, keys)
+
+        def key(o: dict[str, Any]) -> tuple[Any, int]:
+            value = o.get(field) if field else None
+            return (value if value is not None else "", seq.get(o[id_field], 0))
+
+        selected.sort(key=key, reverse=descending)
+        total = len(selected)
+        offset = _decode_token(page_token)
+        size = page_size if page_size and page_size > 0 else 20
+        page = selected[offset : offset + size]
+        next_token = _encode_token(offset + size) if offset + size < total else ""
+        return copy.deepcopy(page), total, next_token
+
+
+def _parse_sort(sort_by: str | None, keys: Mapping[str, str]) -> tuple[str | None, bool]:
+    if not sort_by:
+        return "created_at", False
+    parts = sort_by.split()
+    if len(parts) > 2 or (len(parts) == 2 and parts[1].lower() not in ("asc", "desc")):
+        raise invalid_argument(f"sort_by must be 'field', 'field asc' or 'field desc', got {sort_by!r}")
+    if parts[0] not in keys:
+        raise invalid_argument(f"cannot sort on '{parts[0]}'; sortable keys: {', '.join(sorted(keys))}")
+    return keys[parts[0]], len(parts) == 2 and parts[1].lower() == "desc"
+
+
+def _encode_token(offset: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"offset": offset}).encode()).decode()
+
+
+def _decode_token(token: str | None) -> int:
+    if not token:
+        return 0
+    try:
+        return int(json.loads(base64.urlsafe_b64decode(token.encode()))["offset"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise invalid_argument(f"invalid page_token {token!r}") from err

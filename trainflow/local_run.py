@@ -1,0 +1,377 @@
+"""``trainflow run``: the training pipeline on the embedded default (kfp.local + local torchrun).
+
+The pipeline runs in this process through ``kfp.local.SubprocessRunner``; each component is a
+subprocess, and ``train`` starts a torchrun elastic agent. Component output goes to
+``<output>/pipeline.log``; the terminal shows a progress display fed by the trainer's per-step JSONL
+(``<output>/logs/train-metrics.jsonl``, via ``TRAINFLOW_LOG_DIR``) and by kfp.local's task lines.
+
+Output folder (default ``./runs/<YYYYmmdd-HHMMSS>``; ``./runs/latest`` points at the newest)::
+
+    run-report.json   status, test_accuracy, steps, checkpoints_committed, resumes, ... (see RunReport)
+    pipeline.log      everything the pipeline and its components printed
+    logs/             train-metrics.jsonl, torchrun.log, train-config.json, train-summary.json, eval.json
+    checkpoints/      <job key>/step-*/ (the checkpoint store) and models/ (the model registry)
+    kfp/              kfp.local's pipeline root (artifacts of every task)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import threading
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from components.training.checkpoint.storage import CheckpointStorageError, storage_for
+from components.training.config import ConfigError
+from components.training.metrics import read_jsonl
+from components.training.step import TrainStepRequest, build_config
+
+STAGES = ("prepare-dataset", "train", "evaluate", "register-model")
+_TASK_START = re.compile(r"Executing task \W*'([\w-]+)'")
+_TASK_END = re.compile(r"Task \W*'([\w-]+)'\W* finished with status \W*(\w+)")
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+\.)?(\w*(?:Error|Exception)): (.+)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class RunInputError(ValueError):
+    """Bad input caught before the pipeline starts (one-line message)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    output_dir: Path | None = None
+    dataset: str = "mnist"
+    model: str = "small_cnn"
+    epochs: int = 8
+    global_batch_size: int = 64
+    learning_rate: float = 0.05
+    optimizer: str = "sgd"
+    seed: int = 0
+    workers: int = 2
+    """Training processes (ranks) of the local torchrun agent."""
+    max_restarts: int = 3
+    checkpoint_uri: str = ""
+    checkpoint_interval_steps: int = 20
+    checkpoint_interval_s: float = 30.0
+    keep_last_k: int = 3
+    fault_at_step: int = -1
+    job_key: str = ""
+    registry_uri: str = ""
+    registered_model_name: str = "mnist-classifier"
+
+    def pipeline_arguments(self, out: Path) -> dict[str, Any]:
+        return {
+            "dataset_source": self.dataset, "model_name": self.model, "epochs": self.epochs,
+            "global_batch_size": self.global_batch_size, "learning_rate": self.learning_rate,
+            "optimizer": self.optimizer, "seed": self.seed, "backend": "local", "min_workers": 1,
+            "max_workers": 1, "nproc_per_node": self.workers, "max_restarts": self.max_restarts,
+            "checkpoint_uri": self.checkpoint_uri or str(out / "checkpoints"),
+            "checkpoint_interval_steps": self.checkpoint_interval_steps,
+            "checkpoint_interval_s": self.checkpoint_interval_s, "keep_last_k": self.keep_last_k,
+            "fault_at_step": self.fault_at_step, "job_key": self.job_key,
+            "registry_uri": self.registry_uri or str(out / "checkpoints" / "models"),
+            "registered_model_name": self.registered_model_name,
+        }
+
+
+@dataclass
+class RunReport:
+    """The content of ``run-report.json``."""
+
+    status: str
+    output_dir: str
+    test_accuracy: float | None = None
+    test_loss: float | None = None
+    steps: int | None = None
+    checkpoints_committed: int | None = None
+    resumes: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint_stall_seconds_total: float | None = None
+    train_seconds: float | None = None
+    pipeline_seconds: float | None = None
+    final_loss: float | None = None
+    world_sizes: list[int] = field(default_factory=list)
+    model_version: int | None = None
+    job_key: str | None = None
+    error: str | None = None
+    failed_task: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def validate(opts: RunOptions) -> None:
+    """Reject bad input before anything starts.
+
+    Raises:
+        RunInputError: a missing dataset folder or an invalid hyper-parameter.
+    """
+    src = opts.dataset
+    looks_like_path = src.startswith(("/", ".", "~", "file://")) or ("/" in src and "://" not in src)
+    if looks_like_path and not Path(src.removeprefix("file://")).expanduser().exists():
+        raise RunInputError(f"dataset path {src} does not exist")
+    if opts.workers < 1:
+        raise RunInputError(f"workers must be >= 1, got {opts.workers}")
+    if opts.fault_at_step == 0 or opts.fault_at_step < -1:
+        raise RunInputError(f"fault_at_step must be a step >= 1 (or -1 for none), got {opts.fault_at_step}")
+    request = TrainStepRequest(
+        dataset_path="(prepared)", model_name=opts.model, epochs=opts.epochs,
+        global_batch_size=opts.global_batch_size, learning_rate=opts.learning_rate, optimizer=opts.optimizer,
+        seed=opts.seed, nproc_per_node=opts.workers, max_restarts=opts.max_restarts,
+        checkpoint_interval_steps=opts.checkpoint_interval_steps, checkpoint_interval_s=opts.checkpoint_interval_s,
+        keep_last_k=opts.keep_last_k, fault_at_step=opts.fault_at_step,
+    )
+    try:
+        build_config(request, job_key="validate", checkpoint_uri="validate", metrics_path=None, model_output=None)
+    except ConfigError as e:
+        raise RunInputError(f"invalid hyper-parameter: {e}") from e
+    for uri in (opts.checkpoint_uri, opts.registry_uri):
+        if uri:
+            try:
+                storage_for(uri).check()
+            except CheckpointStorageError as e:
+                raise RunInputError(str(e)) from e
+
+
+class _PipelineLog(io.TextIOBase):
+    """Where kfp.local's stdout goes: a file, with task start/end lines turned into stage events."""
+
+    def __init__(self, path: Path, on_task: Any) -> None:
+        self._f = path.open("a", buffering=1)
+        self._on_task = on_task
+        self._partial = ""
+        self.lines: list[str] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self._f.write(s)
+        self._partial += s
+        *complete, self._partial = self._partial.split("\n")
+        for raw in complete:
+            line = _ANSI.sub("", raw)
+            self.lines.append(line)
+            if m := _TASK_START.search(line):
+                self._on_task(m.group(1), "running")
+            elif m := _TASK_END.search(line):
+                self._on_task(m.group(1), m.group(2).lower())
+        return len(s)
+
+    def flush(self) -> None:
+        if not self._f.closed:
+            self._f.flush()
+
+    def close(self) -> None:
+        super().close()
+        self._f.close()
+
+    def last_error(self) -> str | None:
+        for line in reversed(self.lines):
+            m = _ERROR_LINE.match(line)
+            if m and (m.group(1) != "RuntimeError" or "Task" not in m.group(2)):
+                return m.group(2).strip()
+        return None
+
+
+class _Display:
+    """Progress: pipeline stage, training steps, loss, throughput, world size, resumes.
+
+    On a terminal a live rich progress display; elsewhere (CI logs, pipes) plain lines: one per stage
+    change and one per tenth of training.
+    """
+
+    def __init__(self, console: Console, metrics_path: Path) -> None:
+        self.console = console
+        self.metrics_path = metrics_path
+        self.live = console.is_terminal
+        self.progress = Progress(
+            TextColumn("{task.description:<16}"), BarColumn(bar_width=30), MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=False,
+        )
+        self.stage_task = self.progress.add_task("pipeline", total=len(STAGES), info="starting")
+        self.train_task = self.progress.add_task("training steps", total=None, info="", visible=False)
+        self.failed_task: str | None = None
+        self._printed_decile = -1
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+
+    def _line(self, text: str) -> None:
+        self.console.print(text, highlight=False, soft_wrap=True)
+
+    def on_task(self, name: str, status: str) -> None:
+        if status == "running":
+            self.progress.update(self.stage_task, info=f"running {name}")
+            if name == "train":
+                self.progress.update(self.train_task, visible=True)
+        elif status == "success":
+            self.progress.advance(self.stage_task)
+            self.progress.update(self.stage_task, info=f"{name} done")
+        else:
+            self.failed_task = name
+            self.progress.update(self.stage_task, info=f"{name} {status}")
+        if not self.live:
+            self._line(f"[{time.strftime('%H:%M:%S')}] task {name}: {status}")
+
+    def _follow(self) -> None:
+        while not self._stop.wait(0.5):
+            self.refresh()
+
+    def refresh(self) -> None:
+        with self._lock:
+            records = read_jsonl(self.metrics_path)
+            steps = [r for r in records if "loss" in r and "step" in r]
+            starts = [r for r in records if r.get("event") == "start"]
+            resumes = [r for r in records if r.get("event") == "resume"]
+            total = starts[-1].get("total_steps") if starts else None
+            if total:
+                self.progress.update(self.train_task, total=total)
+            if not steps:
+                return
+            last = steps[-1]
+            info = (f"epoch {last['epoch']}  loss {last['loss']:.4f}  {last['samples_per_s']:.0f} samples/s  "
+                    f"world {last['world_size']}" + (f"  resumes {len(resumes)}" if resumes else ""))
+            self.progress.update(self.train_task, completed=last["step"], info=info)
+            if not self.live and total:
+                decile = 10 * last["step"] // total
+                if decile > self._printed_decile:
+                    self._printed_decile = decile
+                    self._line(f"[{time.strftime('%H:%M:%S')}] step {last['step']}/{total}  {info}")
+
+    def __enter__(self) -> _Display:
+        if self.live:
+            self.progress.start()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.refresh()
+        if self.live:
+            self.progress.stop()
+
+
+def _output_dir(opts: RunOptions) -> Path:
+    if opts.output_dir is not None:
+        return Path(opts.output_dir).resolve()
+    return (Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")).resolve()
+
+
+def _link_latest(out: Path) -> None:
+    latest = out.parent / "latest"
+    with contextlib.suppress(OSError):
+        if latest.is_symlink() or latest.exists():
+            latest.unlink()
+        latest.symlink_to(out.name)
+
+
+def run(opts: RunOptions, *, console: Console | None = None) -> RunReport:
+    """Run the training pipeline locally and write ``run-report.json``.
+
+    Raises:
+        RunInputError: bad input (nothing was started).
+    """
+    console = console or Console()
+    validate(opts)
+    out = _output_dir(opts)
+    out.mkdir(parents=True, exist_ok=True)
+    _link_latest(out)
+    logs = out / "logs"
+    logs.mkdir(exist_ok=True)
+    args = opts.pipeline_arguments(out)
+    report = RunReport(status="running", output_dir=str(out), parameters=args)
+
+    from kfp import local
+
+    from pipelines.training import training_pipeline
+
+    os.environ["TRAINFLOW_LOG_DIR"] = str(logs)
+    display = _Display(console, logs / "train-metrics.jsonl")
+    # kfp.local warns that display names, resources and the custom base image mean nothing locally.
+    warnings.filterwarnings("ignore", module=r"kfp\.local.*")
+    pipeline_log = _PipelineLog(out / "pipeline.log", display.on_task)
+    t0 = time.monotonic()
+    outputs: dict[str, Any] = {}
+    try:
+        with display, contextlib.redirect_stdout(pipeline_log):
+            local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(out / "kfp"),
+                       raise_on_error=True)
+            outputs = dict(training_pipeline(**args).outputs)
+        report.status = "succeeded"
+    except Exception as e:  # a failed task: kfp.local raises RuntimeError; the cause is in the log
+        report.status = "failed"
+        report.failed_task = display.failed_task
+        report.error = pipeline_log.last_error() or str(e).splitlines()[0]
+    finally:
+        pipeline_log.close()
+        os.environ.pop("TRAINFLOW_LOG_DIR", None)
+    report.pipeline_seconds = round(time.monotonic() - t0, 3)
+    _fill_report(report, outputs, logs)
+    (out / "run-report.json").write_text(json.dumps(asdict(report), indent=1))
+    return report
+
+
+def _fill_report(report: RunReport, outputs: dict[str, Any], logs: Path) -> None:
+    summary: dict[str, Any] = {}
+    if outputs.get("train_summary"):
+        summary = json.loads(outputs["train_summary"])
+    elif (logs / "train-summary.json").is_file():
+        summary = json.loads((logs / "train-summary.json").read_text())
+    if summary:
+        report.steps = summary.get("steps")
+        report.checkpoints_committed = summary.get("checkpoints_committed")
+        report.resumes = [
+            {k: r[k] for k in ("killed_at_step", "resumed_from_step", "lost_steps", "restart_seconds")}
+            for r in summary.get("resumes", [])
+        ]
+        report.checkpoint_stall_seconds_total = summary.get("checkpoint_stall_seconds_total")
+        report.train_seconds = summary.get("train_seconds")
+        report.final_loss = summary.get("final_loss")
+        report.world_sizes = summary.get("world_sizes", [])
+    if "test_accuracy" in outputs:
+        report.test_accuracy = float(outputs["test_accuracy"])
+    if (logs / "eval.json").is_file():
+        ev = json.loads((logs / "eval.json").read_text())
+        report.test_accuracy = ev["test_accuracy"] if report.test_accuracy is None else report.test_accuracy
+        report.test_loss = ev["test_loss"]
+    if "model_version" in outputs:
+        report.model_version = int(outputs["model_version"])
+    config_path = logs / "train-config.json"
+    if config_path.is_file():
+        report.job_key = json.loads(config_path.read_text())["checkpoint"]["job_key"]
+
+
+def summary_table(report: RunReport) -> Table:
+    """The table printed at the end of ``trainflow run``."""
+    table = Table(title="trainflow run", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    color = "green" if report.status == "succeeded" else "red"
+    table.add_row("status", f"[{color}]{report.status}[/{color}]")
+    if report.error:
+        table.add_row("error", f"{report.failed_task or 'pipeline'}: {report.error}")
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    table.add_row("test accuracy", fmt(report.test_accuracy, ".4f"))
+    table.add_row("steps", fmt(report.steps, "d"))
+    table.add_row("world sizes", " → ".join(map(str, report.world_sizes)) or "-")
+    table.add_row("checkpoints committed", fmt(report.checkpoints_committed, "d"))
+    table.add_row("checkpoint stall total", fmt(report.checkpoint_stall_seconds_total, ".3f") + " s")
+    for i, r in enumerate(report.resumes, 1):
+        table.add_row(f"resume {i}", f"killed at step {r['killed_at_step']}, resumed from {r['resumed_from_step']}, "
+                                     f"lost {r['lost_steps']} steps, restart {fmt(r['restart_seconds'], '.1f')} s")
+    table.add_row("train seconds", fmt(report.train_seconds, ".1f"))
+    table.add_row("pipeline seconds", fmt(report.pipeline_seconds, ".1f"))
+    table.add_row("model version", fmt(report.model_version, "d"))
+    table.add_row("output", f"{report.output_dir}/run-report.json")
+    return table
