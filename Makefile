@@ -10,7 +10,7 @@ export SSL_CERT_FILE ?= /etc/ssl/certs/ca-certificates.crt
 export UV_CACHE_DIR ?= $(HOME)/.cache/trainflow/uv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-12)
 
-.PHONY: all venv run test test-fast lint lock system-deps testbed bench clean help scheduler-report scheduler-bench kfp-server test-airflow
+.PHONY: all venv run test test-fast lint lock system-deps testbed bench clean help scheduler-report scheduler-bench kfp-server test-airflow bench-controller
 all: help
 
 help:
@@ -23,6 +23,7 @@ help:
 	@echo "make lock       re-resolve requirements.lock from pyproject.toml"
 	@echo "make scheduler-report  rerun every scheduler policy on the Pollux workloads, rewrite docs/scheduler-report.md"
 	@echo "make scheduler-bench   time one scheduling decision per policy (160 jobs/64 GPUs, 5,000 jobs/4,096 GPUs)"
+	@echo "make bench-controller  controller scale benchmark on the test bed (256 nodes x 8 GPUs, 100 then 1000 PyTorchJobs)"
 	@echo "make kfp-server the local KFP API server on 127.0.0.1:$(KFP_PORT) (kfp.local runs)"
 	@echo "make test-airflow  the Airflow bridge and local KFP server tests (real Airflow, Chromium)"
 
@@ -80,3 +81,6 @@ scheduler-report: venv
 
 scheduler-bench: venv
 	$(BIN)/python benchmarks/scheduler_decision_time.py
+
+bench-controller: venv
+	nice -n 10 $(BIN)/python benchmarks/controller_scale.py

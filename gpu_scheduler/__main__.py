@@ -1,13 +1,15 @@
 """``python -m gpu_scheduler``: the GPU scheduler's command line.
 
-Subcommands: ``simulate``, ``report``, ``policies`` (:mod:`gpu_scheduler.cli_simulate`); the live
-controller adds ``run``. Bad input ends with a one-line error and exit code 2.
+Subcommands: ``simulate``, ``report``, ``policies`` (:mod:`gpu_scheduler.cli_simulate`) and ``run``,
+the live controller (:mod:`gpu_scheduler.cli_run`). Bad input ends with a one-line error and exit
+code 2.
 """
 
 from __future__ import annotations
 
 import typer
 
+from gpu_scheduler.cli_run import run_command
 from gpu_scheduler.cli_simulate import policies_command, report_command, simulate_command
 
 app = typer.Typer(
@@ -26,6 +28,7 @@ def _root() -> None:
 app.command("simulate")(simulate_command)
 app.command("report")(report_command)
 app.command("policies")(policies_command)
+app.command("run")(run_command)
 
 
 def main() -> None:

@@ -13,6 +13,8 @@ pytest_plugins = [
     "tests.support.kfp_server",
     "tests.support.airflow",
     "tests.support.k8s",
+    "tests.support.prometheus",
+    "tests.support.dcgm_exporter",
 ]
 
 IN_CI = os.environ.get("CI", "").lower() == "true"

@@ -47,6 +47,10 @@ TASK_LABEL = "trainflow.dev/kfp-task"
 RUN_ID_ANNOTATION = "trainflow.dev/kfp-run-id"
 TASK_ANNOTATION = "trainflow.dev/kfp-task-name"
 ISTIO_INJECT_ANNOTATION = "sidecar.istio.io/inject"
+JOB_KEY_ANNOTATION = "trainflow.dev/job-key"
+"""The trainer's checkpoint job key; also the ``job_key`` label of its ``trainflow_`` metrics, which
+is how the GPU scheduler finds a job's samples/s (``gpu_scheduler/kube.py``)."""
+METRICS_PORT_NAME = "metrics"
 #: Environment variable carrying the checkpoint URI into the training containers.
 CHECKPOINT_URI_ENV = "TRAINFLOW_CHECKPOINT_URI"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -138,6 +142,9 @@ class PyTorchJobSpec:
         tolerations: pod tolerations (e.g. for ``nvidia.com/gpu`` taints), as Kubernetes dicts.
         labels: extra labels on the job and its pods.
         pod_annotations: extra annotations on the worker pods.
+        job_key: the training job's checkpoint key, annotated on the job (see ``JOB_KEY_ANNOTATION``).
+        metrics_port: the port rank 0 serves ``/metrics`` on (``--metrics-port``): declared as the
+            container port ``metrics`` and advertised with ``prometheus.io/*`` pod annotations.
     """
 
     run_id: str
@@ -169,6 +176,8 @@ class PyTorchJobSpec:
     tolerations: Sequence[Mapping[str, Any]] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    job_key: str | None = None
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         # Freeze containers so the spec is a value (hashable fields, no aliasing with the caller).
@@ -225,6 +234,8 @@ class PyTorchJobSpec:
         for key, value in self.labels.items():
             if not _LABEL_VALUE.match(value) or len(value) > 63:
                 fail("labels", f"value {value!r} of {key!r} is not a valid label value")
+        if self.metrics_port is not None and not 1 <= self.metrics_port <= 65535:
+            fail("metrics_port", f"must be in [1, 65535], got {self.metrics_port}")
 
     @property
     def name(self) -> str:
@@ -296,6 +307,13 @@ def render_pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
     resources = _resources(spec)
     if resources:
         container["resources"] = resources
+    pod_annotations = {**spec.pod_annotations, ISTIO_INJECT_ANNOTATION: "false"}
+    if spec.metrics_port is not None:
+        container["ports"] = [{"name": METRICS_PORT_NAME, "containerPort": spec.metrics_port, "protocol": "TCP"}]
+        pod_annotations.update({"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.metrics_port)})
+    job_annotations = {RUN_ID_ANNOTATION: spec.run_id, TASK_ANNOTATION: spec.task_name}
+    if spec.job_key:
+        job_annotations[JOB_KEY_ANNOTATION] = spec.job_key
     pod_spec: dict[str, Any] = {"containers": [container]}
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
@@ -313,7 +331,7 @@ def render_pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
             "name": spec.name,
             "namespace": spec.namespace,
             "labels": labels,
-            "annotations": {RUN_ID_ANNOTATION: spec.run_id, TASK_ANNOTATION: spec.task_name},
+            "annotations": job_annotations,
         },
         "spec": {
             "runPolicy": run_policy,
@@ -332,7 +350,7 @@ def render_pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
                     "template": {
                         "metadata": {
                             "labels": dict(labels),
-                            "annotations": {**spec.pod_annotations, ISTIO_INJECT_ANNOTATION: "false"},
+                            "annotations": pod_annotations,
                         },
                         "spec": pod_spec,
                     },

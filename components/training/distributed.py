@@ -9,6 +9,7 @@ ever used as an identity: the checkpoint's job key is.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -51,8 +52,31 @@ class DistEnv:
         return torch.device("cpu")
 
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def loopback_store_server(port: int = 0, *, timeout_s: float = 300.0) -> dist.TCPStore:
+    """A ``TCPStore`` server listening on 127.0.0.1 only (``port`` 0 picks a free one).
+
+    ``TCPStore(is_master=True)`` listens on every interface; handing it a socket we bound to the
+    loopback address (``master_listen_fd``) keeps a single-machine job invisible from outside. The
+    store owns the socket from then on and closes it when released.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(1024)
+    bound_port = sock.getsockname()[1]
+    return dist.TCPStore("127.0.0.1", bound_port, is_master=True, master_listen_fd=sock.detach(),
+                         wait_for_workers=False, multi_tenant=True, timeout=timedelta(seconds=timeout_s))
+
+
 def init_process_group(env: DistEnv, *, timeout_s: float = 120.0) -> bool:
-    """Join the job's process group (nccl on GPU, gloo on CPU). Returns False for a lone process."""
+    """Join the job's process group (nccl on GPU, gloo on CPU). Returns False for a lone process.
+
+    When every rank is on this machine (``MASTER_ADDR`` is a loopback address) rank 0 serves the
+    group's store on 127.0.0.1 only; otherwise torch's ``env://`` store is used.
+    """
     if not env.under_torchrun:
         return False
     if torch.cuda.is_available():
@@ -60,8 +84,18 @@ def init_process_group(env: DistEnv, *, timeout_s: float = 120.0) -> bool:
         backend = "cpu:gloo,cuda:nccl"  # gloo for CPU-side collectives (RNG gather), nccl for gradients
     else:
         backend = "gloo"
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    timeout = timedelta(seconds=timeout_s)
+    addr, port = os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT", "0"))
+    if addr in LOOPBACK_HOSTS and port:
+        if env.rank == 0:
+            store = loopback_store_server(port, timeout_s=timeout_s)
+        else:
+            store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+        dist.init_process_group(backend=backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout)
+    else:
+        dist.init_process_group(backend=backend, timeout=timeout)
     return True
+
 
 
 def destroy_process_group() -> None:

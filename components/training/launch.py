@@ -102,27 +102,23 @@ def torchrun_env(spec: AgentSpec, base: Mapping[str, str] | None = None) -> dict
 
 
 class RendezvousStore:
-    """The c10d rendezvous store (a ``TCPStore`` server) hosted by this process on ``host``.
+    """The c10d rendezvous store (a ``TCPStore`` server) hosted by this process on 127.0.0.1.
 
     Use as a context manager around the agents' lifetime; pass ``endpoint`` and
     ``rdzv_is_host=False`` to every :class:`AgentSpec`.
     """
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        from datetime import timedelta
+    def __init__(self) -> None:
+        from components.training.distributed import loopback_store_server
 
-        from torch.distributed import TCPStore
-
-        self.host = host
-        self._store = TCPStore(host, 0, is_master=True, multi_tenant=True, wait_for_workers=False,
-                               timeout=timedelta(seconds=300))
+        self._store = loopback_store_server()  # 127.0.0.1 only
 
     @property
     def endpoint(self) -> str:
-        return f"{self.host}:{self._store.port}"
+        return f"127.0.0.1:{self._store.port}"
 
     def close(self) -> None:
-        self._store = None  # the server thread stops when the store is released
+        self._store = None  # the server stops (and closes its socket) when the store is released
 
     def __enter__(self) -> RendezvousStore:
         return self

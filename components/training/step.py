@@ -14,6 +14,7 @@ input fails the step with one line instead of a torchrun traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -41,6 +42,8 @@ from components.training.summary import TrainingSummary, summarize
 log = logging.getLogger("trainflow.step")
 
 BACKENDS = ("local", "pytorchjob")
+TRAINER_METRICS_PORT = 9090
+"""Port of rank 0's Prometheus endpoint in PyTorchJob pods."""
 
 
 class TrainStepError(RuntimeError):
@@ -252,6 +255,8 @@ def _run_pytorchjob(req: TrainStepRequest, cfg: TrainConfig, work_dir: Path) -> 
                              f"not the local path {cfg.checkpoint.uri!r}")
     if not req.image:
         raise TrainStepError("the pytorchjob backend needs an image holding trainflow (image=...)")
+    # Rank 0 serves /metrics in the pod so the GPU scheduler can read the job's samples/s.
+    cfg = dataclasses.replace(cfg, metrics_port=TRAINER_METRICS_PORT, metrics_addr="0.0.0.0")
     job_spec = PyTorchJobSpec(
         run_id=req.kfp_run_id or cfg.checkpoint.job_key, task_name=req.kfp_task_name or "train",
         namespace=req.namespace, image=req.image, training_args=("--config-json", cfg.to_json()),
@@ -259,7 +264,7 @@ def _run_pytorchjob(req: TrainStepRequest, cfg: TrainConfig, work_dir: Path) -> 
         max_restarts=req.max_restarts, gpus_per_worker=req.gpus_per_worker, checkpoint_uri=cfg.checkpoint.uri,
         s3_secret_name=req.s3_secret_name or None,
         s3_endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None,
-        env=req.extra_env,
+        env=req.extra_env, job_key=cfg.checkpoint.job_key, metrics_port=TRAINER_METRICS_PORT,
     )
     runner = PyTorchJobRunner(Client())
     try:

@@ -12,7 +12,10 @@ One decision, in five steps:
    shape of Pollux's throughput model, Qiao et al., OSDI'21 §3.2, without its batch-size terms
    because trainflow keeps the global batch fixed). ``a, c, d >= 0`` are fitted by non-negative
    least squares on the measured points, pulled weakly towards a prior of ``prior_efficiency``
-   parallel efficiency at the requested size; speedup ``S(n) = T(1) / T(n)``.
+   parallel efficiency at the requested size; speedup ``S(n) = T(1) / T(n)``. At worker counts
+   the job has actually run at, the measured samples/s replace the model
+   (``use_measured_throughput``): real curves have bumps the smooth model cannot have (gradient
+   accumulation steps, node boundaries), and a job that has run at a width knows its speed there.
 2. **Ideal widths.** Every job first gets ``min_workers`` (in priority order, while GPUs last);
    the remaining GPUs go one step at a time to the largest marginal gain of
    ``Σ w_j · U(S_j(n_j) / S_j(f))`` with ``U(x) = (x^(1−β) − 1)/(1 − β)`` — β = 2 is the harmonic
@@ -32,8 +35,10 @@ One decision, in five steps:
    are placed largest first on the fewest nodes (whole free nodes, then best fit); a job that
    does not fit compactly gets the widest width that does.
 5. **Idle GPUs** go to jobs that speed up by at least ``grow_gain`` (``cooling_grow_gain`` for a job
-   in cooldown), since every resize costs a restart. Here a multi-node job may grow to
-   ``idle_explore_factor`` × its request and a single-node job to the full nodes its request uses.
+   in cooldown), since every resize costs a restart. A job whose placement changes in this
+   decision anyway pays that restart already, so it grows at ``grow_gain`` even in cooldown
+   (``grow_when_moving``). Here a multi-node job may grow to ``idle_explore_factor`` × its
+   request and a single-node job to the full nodes its request uses.
 
 Parameters were chosen on the 8 Pollux workloads at 1.0x load (docs/scheduler.md records the
 search); the same values are used at every load.
@@ -44,6 +49,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -54,7 +60,7 @@ from gpu_scheduler.policies._alloc import node_size
 from gpu_scheduler.policies.base import register
 from gpu_scheduler.policies.placement import FreeGpus
 
-__all__ = ["DefaultPolicy", "SpeedupModel", "fit_speedup"]
+__all__ = ["DefaultPolicy", "JobSpeedup", "SpeedupModel", "fit_speedup", "job_speedup"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +131,42 @@ def fit_speedup(job: Job, prior_efficiency: float = 0.7) -> SpeedupModel:
     return _fit(points, job.requested_workers, prior_efficiency)
 
 
+@dataclass(frozen=True, slots=True)
+class JobSpeedup:
+    """One job's speedup: measured where the job has run, the fitted model elsewhere.
+
+    Attributes:
+        model: The fitted :class:`SpeedupModel`.
+        measured: Speedup by worker count at the counts with a measurement
+            (``model.a × samples/s``: the model's one-worker time per sample over the measured one).
+    """
+
+    model: SpeedupModel
+    measured: Mapping[int, float]
+
+    def speedup(self, n: int) -> float:
+        """Throughput at ``n`` workers relative to the model's one worker (0 for n <= 0)."""
+        if n <= 0:
+            return 0.0
+        s = self.measured.get(n)
+        return s if s is not None else self.model.speedup(n)
+
+
+@lru_cache(maxsize=65536)
+def _job_speedup(points: tuple[tuple[int, float], ...], requested: int, prior_efficiency: float) -> JobSpeedup:
+    model = _fit(points, requested, prior_efficiency)
+    return JobSpeedup(model, {n: model.a * tp for n, tp in points})
+
+
+def job_speedup(job: Job, prior_efficiency: float = 0.7) -> JobSpeedup:
+    """:func:`fit_speedup`'s model with the job's measured samples/s substituted at measured counts.
+
+    Memoised on the measurements.
+    """
+    points = tuple(sorted((n, tp) for n, tp in job.throughput.items() if tp > 0))
+    return _job_speedup(points, job.requested_workers, prior_efficiency)
+
+
 @register("default")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DefaultPolicy:
@@ -143,6 +185,10 @@ class DefaultPolicy:
         cooling_grow_gain: Same, for a job in cooldown.
         idle_explore_factor: Multi-node jobs may grow up to this multiple of their request onto
             otherwise idle GPUs.
+        use_measured_throughput: Use measured samples/s instead of the model at worker counts
+            the job has run at.
+        grow_when_moving: A job whose placement changes in this decision may take idle GPUs at
+            ``grow_gain`` even during its cooldown (it restarts anyway).
     """
 
     service_base_gpu_s: float = 3600.0
@@ -155,6 +201,8 @@ class DefaultPolicy:
     grow_gain: float = 0.1
     cooling_grow_gain: float = 0.6
     idle_explore_factor: float = 2.0
+    use_measured_throughput: bool = True
+    grow_when_moving: bool = True
 
     def __post_init__(self) -> None:
         for field_name in ("service_base_gpu_s", "prior_efficiency"):
@@ -211,7 +259,8 @@ class DefaultPolicy:
         model, weight, cap, fill_cap, per_node = {}, {}, {}, {}, {}
         cooling: set[str] = set()
         for j in jobs:
-            m = fit_speedup(j, self.prior_efficiency)
+            m = job_speedup(j, self.prior_efficiency) if self.use_measured_throughput else fit_speedup(
+                j, self.prior_efficiency)
             model[j.name] = m
             per_node[j.name] = max(gpn // j.gpus_per_worker, 1)
             # Fair-share normalisation: U(S/S_f) ranks like S_f^(β−1) · U(S).
@@ -321,6 +370,8 @@ class DefaultPolicy:
             if n == 0:
                 return j.min_workers
             gain = self.cooling_grow_gain if j.name in cooling else self.grow_gain
+            if self.grow_when_moving and j.running and not out[j.name].same_nodes_as(j.placement):
+                gain = self.grow_gain  # it restarts in this decision anyway
             k = n
             while k < fill_cap[j.name]:
                 k = min(self.next_width(k, per_node[j.name]), fill_cap[j.name])

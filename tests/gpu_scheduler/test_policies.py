@@ -8,7 +8,7 @@ import pytest
 
 from gpu_scheduler.model import ClusterSnapshot, Job, Node, Outcome, Placement
 from gpu_scheduler.policies import UnknownPolicy, create, describe, names, parse_params
-from gpu_scheduler.policies.default import DefaultPolicy, fit_speedup
+from gpu_scheduler.policies.default import DefaultPolicy, fit_speedup, job_speedup
 from gpu_scheduler.policies.tiresias import QUEUE_KEY, SINCE_KEY
 
 
@@ -174,6 +174,20 @@ def test_speedup_fit_recovers_an_amdahl_curve_and_uses_the_prior_without_data() 
     assert prior.speedup(1) == 1.0 and prior.speedup(0) == 0.0
 
 
+def test_job_speedup_uses_the_measurement_where_there_is_one_and_the_model_elsewhere() -> None:
+    # A bump the smooth model cannot have: 4 workers are measured barely faster than 3.
+    measured = {1: 100.0, 2: 200.0, 3: 300.0, 4: 310.0}
+    j = job("x", req=4, max_w=8, tp=measured)
+    curve, model = job_speedup(j), fit_speedup(j)
+    for n, tp in measured.items():
+        assert curve.speedup(n) / curve.speedup(1) == pytest.approx(tp / 100.0, rel=1e-9)
+    assert curve.speedup(4) < model.speedup(4) * 0.95  # the model smooths the bump away
+    assert curve.speedup(6) == model.speedup(6) and curve.speedup(0) == 0.0
+    # No measurement: the prior alone, as fit_speedup.
+    fresh = job("y", req=4, max_w=8)
+    assert job_speedup(fresh).speedup(4) == fit_speedup(fresh).speedup(4)
+
+
 def test_default_starts_a_lone_job_at_its_request_on_one_node() -> None:
     snap = ClusterSnapshot(nodes=cluster(2), jobs=(job("a", 0, req=4, max_w=16),))
     d = create("default").decide(snap, 60)
@@ -206,6 +220,23 @@ def test_default_hysteresis_keeps_a_recent_width() -> None:
     strict = DefaultPolicy(cooling_grow_gain=10.0)
     assert strict.decide(snap, 1060)["a"].outcome is Outcome.KEEP
     assert strict.decide(snap, 1000 + 1300)["a"].workers == 4  # after the cooldown it grows
+
+
+def test_default_job_that_restarts_anyway_takes_idle_gpus_during_its_cooldown() -> None:
+    # j0 (cooling, 100 s after its start) must give one GPU back for j1; the GPU it frees stays idle
+    # because j1's compact placement goes to n1. Growing back onto it is then free: j0 keeps its
+    # width and its placement, so the decision restarts nobody but j1.
+    linear = {n: 100.0 * n for n in range(1, 5)}
+    j0 = job("j0", 0, req=4, max_w=4, on={"n0": 4}, since=900, tp=linear)
+    j1 = job("j1", 1, req=4, max_w=4, attained=3600.0, tp=linear)
+    j2 = job("j2", 2, req=1, max_w=2, on={"n1": 2}, since=900, tp={1: 100.0, 2: 200.0})
+    snap = ClusterSnapshot(nodes=cluster(2), jobs=(j0, j1, j2), taken_at_s=1000.0)
+    d = DefaultPolicy().decide(snap, 1000.0)
+    assert d["j0"].outcome is Outcome.KEEP and d["j0"].workers == 4
+    assert workers(d) == {"j0": 4, "j1": 2, "j2": 2}
+    # Without it, the cooling job needs +60 % to grow back: it shrinks to 3 and a GPU stays idle.
+    strict = DefaultPolicy(grow_when_moving=False).decide(snap, 1000.0)
+    assert strict["j0"].outcome is Outcome.SCALE_DOWN and workers(strict) == {"j0": 3, "j1": 2, "j2": 2}
 
 
 def test_default_validates_its_parameters() -> None:

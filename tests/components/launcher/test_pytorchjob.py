@@ -199,3 +199,17 @@ def test_job_and_pod_labels_are_separate_dicts() -> None:
     m = render_pytorchjob(spec())
     m["metadata"]["labels"]["x"] = "y"
     assert "x" not in m["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["labels"]
+
+
+def test_job_key_annotation_and_metrics_port() -> None:
+    """The GPU scheduler finds a job's trainer metrics by this annotation (gpu_scheduler/kube.py)."""
+    from components.launcher.pytorchjob import JOB_KEY_ANNOTATION, PyTorchJobSpec, render_pytorchjob
+    from gpu_scheduler.kube import JOB_KEY_ANNOTATION as SCHEDULER_READS
+
+    job = render_pytorchjob(PyTorchJobSpec(run_id="r1", task_name="train", namespace="ns", image="img:1",
+                                           job_key="r1/train", metrics_port=9090))
+    assert JOB_KEY_ANNOTATION == SCHEDULER_READS
+    assert job["metadata"]["annotations"][JOB_KEY_ANNOTATION] == "r1/train"
+    template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    assert template["spec"]["containers"][0]["ports"] == [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
+    assert template["metadata"]["annotations"]["prometheus.io/port"] == "9090"

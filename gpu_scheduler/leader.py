@@ -1,0 +1,183 @@
+"""Leader election with a ``coordination.k8s.io/v1`` Lease, so only one controller replica acts.
+
+The protocol is client-go's (``k8s.io/client-go/tools/leaderelection/leaderelection.go``): the
+holder renews ``spec.renewTime`` every ``retry_period_s``; another candidate takes the Lease over
+once it has seen the same record unchanged for ``lease_duration_s`` — measured on its *own*
+monotonic clock since it last saw the record change, so clock skew between machines does not
+matter. Every write is an update guarded by ``resourceVersion`` (a 409 means another candidate won
+the race). A leader that could not renew for ``lease_duration_s`` stops acting before anyone else
+may take over (``renew_deadline_s`` < ``lease_duration_s``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import httpx2
+from lightkube import Client
+from lightkube.core.exceptions import ApiError
+from lightkube.models.coordination_v1 import LeaseSpec
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.coordination_v1 import Lease
+
+from gpu_scheduler.kube import FIELD_MANAGER
+
+__all__ = ["LeaderElector"]
+
+log = logging.getLogger("gpu_scheduler.leader")
+
+
+class LeaderElector:
+    """Acquire and renew one Lease.
+
+    Args:
+        client: lightkube client.
+        namespace, name: the Lease.
+        identity: this candidate's holder identity (pod name + random suffix is typical).
+        lease_duration_s: how long a silent holder keeps the Lease (client-go default 15 s).
+        renew_deadline_s: the holder gives up leadership if it could not renew for this long
+            (client-go default 10 s); must be < ``lease_duration_s``.
+        retry_period_s: time between attempts (client-go default 2 s).
+        clock: monotonic clock (injectable for tests).
+        on_change: called with the new leadership state (True/False) when it changes.
+
+    Raises:
+        ValueError: if the durations are not ordered ``retry < renew_deadline < lease_duration``.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        namespace: str,
+        name: str,
+        identity: str,
+        lease_duration_s: float = 15.0,
+        renew_deadline_s: float = 10.0,
+        retry_period_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[bool], None] | None = None,
+    ) -> None:
+        if not 0 < retry_period_s < renew_deadline_s < lease_duration_s:
+            raise ValueError("need 0 < retry_period_s < renew_deadline_s < lease_duration_s, got "
+                             f"{retry_period_s}, {renew_deadline_s}, {lease_duration_s}")
+        self._client = client
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity
+        self.lease_duration_s = lease_duration_s
+        self.renew_deadline_s = renew_deadline_s
+        self.retry_period_s = retry_period_s
+        self._clock = clock
+        self._on_change = on_change
+        self._renewed_at: float | None = None  # our clock, last successful acquire/renew
+        self._observed: tuple[str | None, object] | None = None  # (holder, renewTime) last seen
+        self._observed_at = 0.0
+        self._leader = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def is_leader(self) -> bool:
+        """True while this candidate holds the Lease (renewed within ``renew_deadline_s``)."""
+        leader = self._renewed_at is not None and self._clock() - self._renewed_at < self.renew_deadline_s
+        self._set(leader)
+        return leader
+
+    def _set(self, leader: bool) -> None:
+        if leader != self._leader:
+            self._leader = leader
+            log.info("leadership changed", extra={"leader": leader, "lease": f"{self.namespace}/{self.name}",
+                                                  "identity": self.identity})
+            if self._on_change is not None:
+                with contextlib.suppress(Exception):
+                    self._on_change(leader)
+
+    # -- one attempt ----------------------------------------------------------------------------
+
+    def try_acquire_or_renew(self) -> bool:
+        """One attempt to acquire or renew; returns whether we hold the Lease now. Never raises."""
+        now_wall = dt.datetime.now(dt.UTC)
+        try:
+            try:
+                lease = self._client.get(Lease, self.name, namespace=self.namespace)
+            except ApiError as exc:
+                if exc.status.code != 404:
+                    raise
+                self._client.create(
+                    Lease(
+                        metadata=ObjectMeta(name=self.name, namespace=self.namespace),
+                        spec=LeaseSpec(holderIdentity=self.identity, leaseDurationSeconds=round(self.lease_duration_s),
+                                       acquireTime=now_wall, renewTime=now_wall, leaseTransitions=0),
+                    ),
+                    field_manager=FIELD_MANAGER,
+                )
+                return self._won()
+            spec = lease.spec or LeaseSpec()
+            record = (spec.holderIdentity, spec.renewTime)
+            if record != self._observed:
+                self._observed, self._observed_at = record, self._clock()
+            if spec.holderIdentity == self.identity:
+                spec.renewTime = now_wall
+                spec.leaseDurationSeconds = round(self.lease_duration_s)
+            else:
+                expired = self._clock() - self._observed_at >= self.lease_duration_s
+                if spec.holderIdentity and not expired:
+                    return self._lost_or_not()
+                spec.holderIdentity = self.identity
+                spec.acquireTime = spec.renewTime = now_wall
+                spec.leaseDurationSeconds = round(self.lease_duration_s)
+                spec.leaseTransitions = (spec.leaseTransitions or 0) + 1
+            lease.spec = spec
+            self._client.replace(lease, field_manager=FIELD_MANAGER)  # carries resourceVersion
+            return self._won()
+        except (ApiError, httpx2.HTTPError, OSError) as exc:
+            log.warning("lease attempt failed", extra={"lease": f"{self.namespace}/{self.name}", "error": str(exc)})
+            return self._lost_or_not()
+
+    def _won(self) -> bool:
+        self._renewed_at = self._clock()
+        self._set(True)
+        return True
+
+    def _lost_or_not(self) -> bool:
+        return self.is_leader()
+
+    def release(self) -> None:
+        """Give the Lease up (holder cleared) if we hold it, so a successor need not wait."""
+        if not self._leader:
+            return
+        with contextlib.suppress(ApiError, httpx2.HTTPError, OSError):
+            lease = self._client.get(Lease, self.name, namespace=self.namespace)
+            if lease.spec and lease.spec.holderIdentity == self.identity:
+                lease.spec.holderIdentity = None
+                lease.spec.leaseDurationSeconds = 1
+                self._client.replace(lease, field_manager=FIELD_MANAGER)
+        self._renewed_at = None
+        self._set(False)
+
+    # -- background loop ------------------------------------------------------------------------
+
+    def start(self) -> LeaderElector:
+        """Try now, then every ``retry_period_s`` in a daemon thread."""
+        self.try_acquire_or_renew()
+        self._thread = threading.Thread(target=self._run, name="leader-election", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.retry_period_s):
+            self.try_acquire_or_renew()
+
+    def stop(self, *, release: bool = True) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        if release:
+            self.release()

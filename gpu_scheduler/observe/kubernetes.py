@@ -1,0 +1,636 @@
+"""Observe the Kubernetes API through watches and local caches (lightkube).
+
+Every kind the controller reads (Nodes, Pods, managed PyTorchJobs, its policy ConfigMap) is kept in
+an :class:`Informer`: one LIST, then one long-lived WATCH from the list's resourceVersion, applying
+ADDED / MODIFIED / DELETED events to an in-memory store; after an error (410 Gone, a dropped
+connection, the API server restarting) it lists again and replaces the store. A tick reads only
+these stores, so the API requests a tick makes do not grow with the number of jobs or pods
+(client-go's reflector + store do the same: ``k8s.io/client-go/tools/cache/reflector.go``).
+
+Objects are reduced to the frozen values of :mod:`gpu_scheduler.kube` when their event arrives
+(:func:`node_state`, :func:`pod_state`, :func:`pytorchjob_state` are pure and tested on canned
+JSON), so a tick never decodes API objects.
+
+Every HTTP request the clients send passes through a :class:`CountingTransport`, which is how the
+controller reports API requests per tick.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from decimal import InvalidOperation
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import httpx2
+from lightkube import Client
+from lightkube.config.client_adapter import verify_cluster
+from lightkube.config.kubeconfig import KubeConfig, SingleConfig
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.core_v1 import ConfigMap, Node, Pod
+from lightkube.utils.quantity import parse_quantity
+
+from gpu_scheduler.kube import (
+    GPU_RESOURCE,
+    JOB_NAME_LABEL,
+    MANAGED_LABEL,
+    REPLICA_TYPE_LABEL,
+    NodeState,
+    PodState,
+    PyTorchJobState,
+)
+from gpu_scheduler.model import SchedulerError
+
+__all__ = [
+    "ClusterState",
+    "CountingTransport",
+    "Informer",
+    "KubeConnector",
+    "KubernetesObserver",
+    "KubernetesUnavailable",
+    "PyTorchJob",
+    "node_state",
+    "pod_state",
+    "pytorchjob_state",
+]
+
+log = logging.getLogger("gpu_scheduler.observe.kubernetes")
+
+#: lightkube resource class for ``kubeflow.org/v1`` PyTorchJob (and its ``Scale`` subresource).
+PyTorchJob = create_namespaced_resource("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs")
+
+T = TypeVar("T")
+
+
+class KubernetesUnavailable(SchedulerError):
+    """The Kubernetes caches are not synced (API unreachable, RBAC missing, CRD absent)."""
+
+
+# ------------------------------------------------------------------------------------ transport
+
+
+class CountingTransport(httpx2.BaseTransport):
+    """An httpx transport that counts the requests it sends, by HTTP method.
+
+    Args:
+        inner: the transport doing the work (TLS settings live there).
+        on_request: optional callback ``(method) -> None`` (e.g. a Prometheus counter).
+
+    The counts are shared by every client built by one :class:`KubeConnector`; a watch counts
+    once per connection it opens, not per event.
+    """
+
+    def __init__(self, inner: httpx2.BaseTransport, counts: RequestCounts) -> None:
+        self._inner = inner
+        self._counts = counts
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        self._counts.add(request.method, request.url.params.get("watch") == "true")
+        return self._inner.handle_request(request)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class RequestCounts:
+    """Thread-safe request counters: ``total``, ``watches`` (opened), and by method."""
+
+    def __init__(self, on_request: Callable[[str, bool], None] | None = None) -> None:
+        self._lock = threading.Lock()
+        self.total = 0
+        self.watches = 0
+        self.by_method: dict[str, int] = {}
+        self._on_request = on_request
+
+    def add(self, method: str, watch: bool) -> None:
+        with self._lock:
+            self.total += 1
+            self.watches += int(watch)
+            self.by_method[method] = self.by_method.get(method, 0) + 1
+        if self._on_request is not None:
+            self._on_request(method, watch)
+
+
+class KubeConnector:
+    """Builds lightkube clients for one cluster, all counting into one :class:`RequestCounts`.
+
+    Args:
+        kubeconfig: a kubeconfig file; ``None`` = in-cluster service account, else ``KUBECONFIG``
+            / ``~/.kube/config`` (lightkube's ``KubeConfig.from_env``).
+        context: kubeconfig context (default: the current one).
+        counts: where requests are counted (a new one if omitted).
+        timeout_s: per-request timeout (watches ignore the read timeout).
+
+    Raises:
+        KubernetesUnavailable: the configuration cannot be loaded (one-line reason).
+    """
+
+    def __init__(
+        self,
+        kubeconfig: str | Path | None = None,
+        *,
+        context: str | None = None,
+        counts: RequestCounts | None = None,
+        timeout_s: float = 10.0,
+    ) -> None:
+        try:
+            config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+            single = config.get(context_name=context)
+        except Exception as exc:  # lightkube raises ConfigError, OSError, yaml errors
+            raise KubernetesUnavailable(f"cannot load Kubernetes configuration: {exc}") from exc
+        if single is None:
+            raise KubernetesUnavailable(f"kubeconfig has no context {context or '(current)'}")
+        self.config: SingleConfig = single
+        self.counts = counts or RequestCounts()
+        self.timeout_s = timeout_s
+
+    @property
+    def namespace(self) -> str:
+        """The configuration's default namespace."""
+        return self.config.namespace or "default"
+
+    def client(self) -> Client:
+        """A new lightkube client (its own connection pool) whose requests are counted."""
+        verify = verify_cluster(self.config.cluster, self.config.user, self.config.abs_file)
+        transport = CountingTransport(httpx2.HTTPTransport(verify=verify), self.counts)
+        return Client(self.config, timeout=httpx2.Timeout(self.timeout_s), transport=transport)
+
+
+# ------------------------------------------------------------------------------------ converters
+
+
+def _ts(value: Any) -> float | None:
+    """Unix seconds from a datetime or an RFC 3339 string (None passes through)."""
+    if value is None:
+        return None
+    if isinstance(value, dt.datetime):
+        return value.timestamp()
+    try:
+        return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _int_quantity(value: Any) -> int:
+    """An integer extended-resource quantity (``"8"``) as int; 0 if absent or malformed."""
+    if value is None:
+        return 0
+    try:
+        q = parse_quantity(str(value))
+    except (ValueError, InvalidOperation):
+        return 0
+    return int(q) if q is not None and q >= 0 else 0
+
+
+def node_state(node: Node) -> NodeState:
+    """Reduce a Node: allocatable GPUs, and whether new pods may go there."""
+    status = node.status
+    allocatable = (status.allocatable if status else None) or {}
+    ready = any(c.type == "Ready" and c.status == "True" for c in ((status.conditions if status else None) or []))
+    unschedulable = bool(node.spec and node.spec.unschedulable)
+    return NodeState(
+        name=node.metadata.name,
+        gpus=_int_quantity(allocatable.get(GPU_RESOURCE)),
+        schedulable=ready and not unschedulable,
+    )
+
+
+def _container_gpus(containers: Iterable[Any] | None) -> list[int]:
+    out = []
+    for c in containers or ():
+        res = c.resources
+        limits = (res.limits if res else None) or {}
+        requests = (res.requests if res else None) or {}
+        out.append(_int_quantity(limits.get(GPU_RESOURCE, requests.get(GPU_RESOURCE))))
+    return out
+
+
+def pod_state(pod: Pod) -> PodState:
+    """Reduce a Pod: its job (if a PyTorchJob worker), node, phase and GPUs held."""
+    meta = pod.metadata
+    labels = meta.labels or {}
+    spec = pod.spec
+    gpus = 0
+    if spec is not None:
+        gpus = max(sum(_container_gpus(spec.containers)), max(_container_gpus(spec.initContainers), default=0))
+    status = pod.status
+    return PodState(
+        namespace=meta.namespace or "",
+        name=meta.name,
+        job_name=labels.get(JOB_NAME_LABEL),
+        worker=labels.get(REPLICA_TYPE_LABEL, "").lower() == "worker",
+        node=(spec.nodeName if spec else None) or None,
+        phase=(status.phase if status else None) or "Pending",
+        gpus=gpus,
+        started_at_s=_ts(status.startTime) if status else None,
+        created_at_s=_ts(meta.creationTimestamp) or 0.0,
+        terminating=meta.deletionTimestamp is not None,
+    )
+
+
+def _dig(obj: Mapping[str, Any] | None, *path: str) -> Any:
+    for key in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _gpu_container(template_spec: Mapping[str, Any]) -> tuple[int, int, dict[str, Any]]:
+    """(index, GPUs, resources) of the training container: the one named ``pytorch`` (the
+    operator's default), else the first one with a GPU limit, else the first one."""
+    containers = template_spec.get("containers") or []
+    best = (0, 0, {})
+    for i, c in enumerate(containers):
+        resources = dict(c.get("resources") or {})
+        gpus = _int_quantity(
+            (resources.get("limits") or {}).get(GPU_RESOURCE, (resources.get("requests") or {}).get(GPU_RESOURCE))
+        )
+        if c.get("name") == "pytorch":
+            return i, gpus, resources
+        if gpus and not best[1]:
+            best = (i, gpus, resources)
+    if not best[1] and containers:
+        c = containers[0]
+        return 0, 0, dict(c.get("resources") or {})
+    return best
+
+
+def pytorchjob_state(obj: Mapping[str, Any]) -> PyTorchJobState | None:
+    """Reduce a PyTorchJob (as JSON). Returns None for an object without a Worker replica spec."""
+    meta = obj.get("metadata") or {}
+    if not isinstance(meta, Mapping):  # lightkube decodes metadata into ObjectMeta
+        meta = meta.to_dict()
+    spec = obj.get("spec") or {}
+    worker = _dig(spec, "pytorchReplicaSpecs", "Worker")
+    if not isinstance(worker, Mapping):
+        return None
+    replicas = worker.get("replicas")
+    spec_workers = int(replicas) if isinstance(replicas, int) and replicas >= 0 else 1
+    elastic = spec.get("elasticPolicy") or {}
+    min_w = elastic.get("minReplicas")
+    max_w = elastic.get("maxReplicas")
+    min_workers = int(min_w) if isinstance(min_w, int) and min_w >= 1 else max(spec_workers, 1)
+    max_workers = int(max_w) if isinstance(max_w, int) and max_w >= min_workers else max(min_workers, spec_workers)
+    idx, gpus, resources = _gpu_container(_dig(worker, "template", "spec") or {})
+    nproc = spec.get("nprocPerNode", elastic.get("nProcPerNode"))
+    try:
+        nproc_per_node = int(nproc) if nproc is not None else None
+    except (TypeError, ValueError):
+        nproc_per_node = None  # "auto", "gpu", "cpu"
+    conditions = _dig(obj, "status", "conditions") or []
+    finished = any(
+        c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True"
+        for c in conditions
+        if isinstance(c, Mapping)
+    )
+    return PyTorchJobState(
+        namespace=meta.get("namespace") or "",
+        name=meta.get("name") or "",
+        uid=meta.get("uid") or "",
+        resource_version=meta.get("resourceVersion"),
+        created_at_s=_ts(meta.get("creationTimestamp")) or 0.0,
+        started_at_s=_ts(_dig(obj, "status", "startTime")),
+        spec_workers=spec_workers,
+        min_workers=min_workers,
+        max_workers=max_workers,
+        gpus_per_worker=gpus,
+        nproc_per_node=nproc_per_node,
+        suspended=bool(_dig(spec, "runPolicy", "suspend")),
+        finished=finished,
+        annotations=dict(meta.get("annotations") or {}),
+        gpu_container=idx,
+        gpu_container_resources=resources,
+    )
+
+
+def _as_dict(obj: Any) -> Mapping[str, Any]:
+    if isinstance(obj, Mapping):
+        out = dict(obj)
+        meta = out.get("metadata")
+        if meta is not None and not isinstance(meta, Mapping):
+            out["metadata"] = meta.to_dict()
+        return out
+    return obj.to_dict()
+
+
+# -------------------------------------------------------------------------------------- informer
+
+
+class Informer(Generic[T]):
+    """LIST + WATCH of one resource kind into a local store of converted values.
+
+    Args:
+        connector: builds this informer's own client (closed by :meth:`stop`).
+        resource: lightkube resource class.
+        convert: API object -> stored value, or None to skip the object.
+        name: label for logs.
+        namespace: watch one namespace (None: all namespaces).
+        labels, fields: lightkube label / field selectors.
+        watch_timeout_s: server-side timeout of each watch request (it is then resumed from the
+            last resourceVersion seen, one request per timeout).
+        on_change: called (no arguments) after each applied event or relist.
+
+    The store is keyed ``namespace/name`` (``name`` for cluster-scoped kinds).
+    """
+
+    def __init__(
+        self,
+        connector: KubeConnector,
+        resource: type,
+        convert: Callable[[Any], T | None],
+        *,
+        name: str,
+        namespace: str | None = None,
+        labels: Mapping[str, Any] | None = None,
+        fields: Mapping[str, Any] | None = None,
+        watch_timeout_s: int = 300,
+        list_chunk_size: int = 500,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.name = name
+        self._connector = connector
+        self._resource = resource
+        self._convert = convert
+        self._namespace = namespace
+        self._labels = dict(labels) if labels else None
+        self._fields = dict(fields) if fields else None
+        self._watch_timeout_s = watch_timeout_s
+        self._chunk = list_chunk_size
+        self._on_change = on_change
+        self._store: dict[str, T] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.synced = threading.Event()
+        self.healthy = False  # listed, and watching (or about to) without an error since
+        self.last_error: str | None = None
+        self.relists = 0
+        self.events = 0
+        self.revision = 0  # bumped on every change of the store
+        self._thread: threading.Thread | None = None
+        self._client: Client | None = None
+
+    # -- public ---------------------------------------------------------------------------------
+
+    def start(self) -> Informer[T]:
+        self._thread = threading.Thread(target=self._run, name=f"informer-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        client = self._client
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()  # breaks a blocking watch read
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        return self.synced.wait(timeout_s)
+
+    def items(self) -> list[T]:
+        """A copy of the stored values."""
+        with self._lock:
+            return list(self._store.values())
+
+    def snapshot(self) -> tuple[int, list[T]]:
+        """``(revision, values)`` read together."""
+        with self._lock:
+            return self.revision, list(self._store.values())
+
+    def get(self, key: str) -> T | None:
+        with self._lock:
+            return self._store.get(key)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._store)
+
+    # -- loop -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _key(obj: Any) -> str:
+        meta = obj.metadata if not isinstance(obj, Mapping) else obj.get("metadata")
+        if isinstance(meta, Mapping):
+            ns, name = meta.get("namespace"), meta.get("name")
+        else:
+            ns, name = meta.namespace, meta.name
+        return f"{ns}/{name}" if ns else str(name)
+
+    def _converted(self, obj: Any) -> T | None:
+        try:
+            return self._convert(obj)
+        except Exception as exc:  # a malformed object must not stop the informer
+            log.warning("skipping object", extra={"informer": self.name, "object": self._key(obj), "error": str(exc)})
+            return None
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            with contextlib.suppress(Exception):
+                self._on_change()
+
+    def _scope(self) -> dict[str, Any]:
+        from lightkube.core.resource import NamespacedResource
+
+        if issubclass(self._resource, NamespacedResource):
+            return {"namespace": self._namespace or "*"}  # lightkube: "*" = all namespaces
+        return {}
+
+    def _list(self, client: Client) -> str:
+        items = client.list(
+            self._resource, chunk_size=self._chunk, labels=self._labels, fields=self._fields, **self._scope()
+        )
+        store: dict[str, T] = {}
+        for obj in items:
+            value = self._converted(obj)
+            if value is not None:
+                store[self._key(obj)] = value
+        with self._lock:
+            self._store = store
+            self.revision += 1
+        self.relists += 1
+        return items.resourceVersion
+
+    def _watch(self, client: Client, resource_version: str) -> None:
+        for kind, obj in client.watch(
+            self._resource,
+            labels=self._labels,
+            fields=self._fields,
+            server_timeout=self._watch_timeout_s,
+            resource_version=resource_version,
+            **self._scope(),
+        ):
+            if self._stop.is_set():
+                return
+            key = self._key(obj)
+            value = None if kind == "DELETED" else self._converted(obj)
+            with self._lock:
+                if value is None:
+                    changed = self._store.pop(key, None) is not None
+                else:
+                    changed = self._store.get(key) != value  # e.g. a node heartbeat changes nothing here
+                    self._store[key] = value
+                if changed:
+                    self.revision += 1
+            self.events += 1
+            self._changed()
+
+    def _run(self) -> None:
+        backoff_s = 0.2
+        while not self._stop.is_set():
+            try:
+                self._client = client = self._connector.client()
+                rv = self._list(client)
+                self.synced.set()
+                self.healthy = True
+                self.last_error = None
+                backoff_s = 0.2
+                self._changed()
+                self._watch(client, rv)
+            except Exception as exc:
+                if self._stop.is_set():
+                    break
+                self.healthy = False
+                gone = isinstance(exc, ApiError) and exc.status.code == 410
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                if not gone:
+                    log.warning(
+                        "watch failed; relisting", extra={"informer": self.name, "error": self.last_error,
+                                                          "retry_in_s": backoff_s}
+                    )
+                    self._stop.wait(backoff_s)
+                    backoff_s = min(backoff_s * 2, 30.0)
+            finally:
+                client, self._client = self._client, None
+                if client is not None:
+                    with contextlib.suppress(Exception):
+                        client.close()
+
+
+# -------------------------------------------------------------------------------------- observer
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    """What the caches hold at one instant (copies; safe to use while the watches go on).
+
+    ``revision`` changes whenever any of the three caches changed, so derived values can be reused
+    while it stays the same.
+    """
+
+    nodes: tuple[NodeState, ...]
+    pods: tuple[PodState, ...]
+    jobs: tuple[PyTorchJobState, ...]
+    revision: tuple[int, ...] = ()
+
+
+class KubernetesObserver:
+    """The Kubernetes side of observation: informers for Nodes, unfinished Pods and managed
+    PyTorchJobs, plus (optionally) the policy ConfigMap.
+
+    Args:
+        connector: the cluster connection.
+        namespace: manage PyTorchJobs of one namespace only (None: all). Pods are watched in
+            every namespace either way.
+        managed_selector: label selector of managed PyTorchJobs.
+        configmap: ``(namespace, name)`` of the policy ConfigMap to watch, or None.
+        on_configmap_change: called when that ConfigMap changes (e.g. to wake the loop).
+        watch_timeout_s: server-side timeout of each watch request.
+
+    Reads cost no API request: :meth:`state` copies the stores.
+    """
+
+    def __init__(
+        self,
+        connector: KubeConnector,
+        *,
+        namespace: str | None = None,
+        managed_selector: Mapping[str, str] | None = None,
+        configmap: tuple[str, str] | None = None,
+        on_configmap_change: Callable[[], None] | None = None,
+        watch_timeout_s: int = 300,
+    ) -> None:
+        self.nodes: Informer[NodeState] = Informer(
+            connector, Node, node_state, name="nodes", watch_timeout_s=watch_timeout_s
+        )
+        # Pods of every namespace: GPUs held by other workloads must be counted even when only
+        # one namespace's jobs are managed.
+        self.pods: Informer[PodState] = Informer(
+            connector, Pod, pod_state, name="pods",
+            fields={"status.phase": _not_in(("Succeeded", "Failed"))}, watch_timeout_s=watch_timeout_s,
+        )
+        self.jobs: Informer[PyTorchJobState] = Informer(
+            connector, PyTorchJob, lambda o: pytorchjob_state(_as_dict(o)), name="pytorchjobs",
+            namespace=namespace, labels=managed_selector or {MANAGED_LABEL: "true"},
+            watch_timeout_s=watch_timeout_s,
+        )
+        self.configmap: Informer[dict[str, str]] | None = None
+        if configmap is not None:
+            ns, cm_name = configmap
+            self.configmap = Informer(
+                connector, ConfigMap, lambda o: dict(o.data or {}), name="configmap", namespace=ns,
+                fields={"metadata.name": cm_name}, watch_timeout_s=watch_timeout_s,
+                on_change=on_configmap_change,
+            )
+            self._configmap_key = f"{ns}/{cm_name}"
+        self._informers: list[Informer[Any]] = [self.nodes, self.pods, self.jobs]
+        if self.configmap is not None:
+            self._informers.append(self.configmap)
+
+    def start(self) -> KubernetesObserver:
+        for informer in self._informers:
+            informer.start()
+        return self
+
+    def stop(self) -> None:
+        for informer in self._informers:
+            informer.stop(timeout_s=0.1)
+        for informer in self._informers:
+            informer.stop(timeout_s=5.0)
+
+    def wait_synced(self, timeout_s: float) -> bool:
+        """True once every informer has listed at least once (within ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        return all(i.wait_synced(max(0.0, deadline - time.monotonic())) for i in self._informers)
+
+    def unsynced(self) -> list[str]:
+        """Informers not synced, or whose watch failed and has not been re-established, with their
+        last error (their caches may be stale: the controller changes nothing meanwhile)."""
+        return [
+            f"{i.name} ({i.last_error or 'not listed yet'})"
+            for i in self._informers if not i.synced.is_set() or not i.healthy
+        ]
+
+    def state(self) -> ClusterState:
+        """Copy the caches.
+
+        Raises:
+            KubernetesUnavailable: some informer has not synced or lost its watch (the reason
+                names it).
+        """
+        missing = self.unsynced()
+        if missing:
+            raise KubernetesUnavailable("Kubernetes caches not synced: " + "; ".join(missing))
+        (rn, nodes), (rp, pods), (rj, jobs) = self.nodes.snapshot(), self.pods.snapshot(), self.jobs.snapshot()
+        return ClusterState(nodes=tuple(nodes), pods=tuple(pods), jobs=tuple(jobs),
+                            revision=(id(self), rn, self.nodes.relists, rp, self.pods.relists, rj, self.jobs.relists))
+
+    def policy_configmap(self) -> dict[str, str] | None:
+        """The policy ConfigMap's data, or None if it does not exist (or is not watched)."""
+        if self.configmap is None:
+            return None
+        return self.configmap.get(self._configmap_key)
+
+
+def _not_in(values: Iterable[str]) -> Any:
+    from lightkube import operators
+
+    return operators.not_in(list(values))

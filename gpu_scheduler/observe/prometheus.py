@@ -1,0 +1,206 @@
+"""Read GPU use and training throughput from Prometheus (HTTP API v1, instant queries over httpx).
+
+Queries are named constants below; :func:`parse_vector` and :func:`metrics_from_results` are pure
+and tested on canned JSON. What is read:
+
+Three instant queries per tick, sent concurrently:
+
+* DCGM exporter (NVIDIA ``dcgm-exporter``, default counters ``etc/default-counters.csv``), with pod
+  attribution on (``--kubernetes``, the Helm chart's default), which labels each GPU's series with
+  the ``namespace`` / ``pod`` / ``container`` holding it:
+
+  - ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` — fraction of time the graphics/compute engine was busy,
+    0..1 (profiling metric; tracks useful work better than ``GPU_UTIL``);
+  - ``DCGM_FI_DEV_GPU_UTIL`` — percent of time any kernel ran, 0..100 (coarse; used when the
+    profiling metric is not exported, e.g. on GPUs without DCP support).
+
+  GPUs held by no pod carry ``pod=""``; they are ignored (``{pod!=""}``). One query returns, per
+  pod, the engine-active ratio or, for pods whose GPUs do not export it, utilisation / 100.
+* The trainer (``components/training/metrics.py``), labelled ``job_key``:
+  ``trainflow_samples_per_second`` (all ranks) and ``trainflow_world_size``. A throughput is
+  attributed to a worker count only if the world size did not change within the window
+  (``min_over_time == max_over_time``, filtered server-side), so measurements across a resize are
+  not mixed.
+
+Every value is averaged over ``window_s`` (``avg_over_time``), evaluated at the controller's clock.
+Any failure (connection refused, timeout, HTTP error, ``status: error``, malformed JSON) raises
+:class:`PrometheusUnavailable`: the controller then changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from types import MappingProxyType
+from typing import Any
+
+import httpx
+
+from gpu_scheduler.model import SchedulerError
+from gpu_scheduler.observe.readings import JobThroughput, MetricsSample, PodGpu
+
+__all__ = [
+    "QUERIES",
+    "QUERY_GPU_BUSY_BY_POD",
+    "QUERY_SAMPLES_PER_SECOND_BY_JOB",
+    "QUERY_STABLE_WORLD_SIZE_BY_JOB",
+    "JobThroughput",
+    "MetricsSample",
+    "PodGpu",
+    "PrometheusObserver",
+    "PrometheusUnavailable",
+    "metrics_from_results",
+    "parse_vector",
+]
+
+#: Busy fraction (0..1) per pod over the window, averaged over the pod's GPUs: the engine-active
+#: ratio where the GPU exports profiling metrics, else GPU utilisation / 100 (``or on`` keeps the
+#: right side only for pods the left side lacks); the ``source`` label says which.
+QUERY_GPU_BUSY_BY_POD = (
+    'label_replace(avg by (namespace, pod) (avg_over_time(DCGM_FI_PROF_GR_ENGINE_ACTIVE{{pod!=""}}[{window}])),'
+    ' "source", "gr_engine_active", "", "")'
+    " or on (namespace, pod) "
+    'label_replace(avg by (namespace, pod) (avg_over_time(DCGM_FI_DEV_GPU_UTIL{{pod!=""}}[{window}])) / 100,'
+    ' "source", "gpu_util", "", "")'
+)
+#: Mean training throughput (samples/s) per job over the window.
+QUERY_SAMPLES_PER_SECOND_BY_JOB = "avg by (job_key) (avg_over_time(trainflow_samples_per_second[{window}]))"
+#: The world size of each job whose world size did not change within the window (a filtering
+#: comparison: jobs with min != max over the window are absent).
+QUERY_STABLE_WORLD_SIZE_BY_JOB = (
+    "min by (job_key) (min_over_time(trainflow_world_size[{window}]))"
+    " == on (job_key) max by (job_key) (max_over_time(trainflow_world_size[{window}]))"
+)
+
+QUERIES: Mapping[str, str] = MappingProxyType({
+    "gpu_busy": QUERY_GPU_BUSY_BY_POD,
+    "samples": QUERY_SAMPLES_PER_SECOND_BY_JOB,
+    "world_size": QUERY_STABLE_WORLD_SIZE_BY_JOB,
+})
+
+
+class PrometheusUnavailable(SchedulerError):
+    """Prometheus could not answer (the message says why, in one line)."""
+
+
+def parse_vector(payload: Any) -> list[tuple[dict[str, str], float]]:
+    """Parse an instant-query answer (``/api/v1/query`` JSON) of result type ``vector``.
+
+    Returns:
+        ``(labels, value)`` pairs; NaN and infinite samples are dropped.
+
+    Raises:
+        PrometheusUnavailable: ``status`` is not ``success`` or the shape is not a vector.
+    """
+    if not isinstance(payload, Mapping):
+        raise PrometheusUnavailable(f"Prometheus answered {type(payload).__name__}, not a JSON object")
+    if payload.get("status") != "success":
+        raise PrometheusUnavailable(
+            f"Prometheus query failed: {payload.get('errorType', 'error')}: {payload.get('error', 'no message')}"
+        )
+    data = payload.get("data")
+    if not isinstance(data, Mapping) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+        raise PrometheusUnavailable("Prometheus answer is not an instant vector")
+    out: list[tuple[dict[str, str], float]] = []
+    for item in data["result"]:
+        try:
+            labels = {str(k): str(v) for k, v in (item.get("metric") or {}).items()}
+            value = float(item["value"][1])
+        except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
+            raise PrometheusUnavailable(f"malformed sample in Prometheus answer: {item!r}") from exc
+        if math.isfinite(value):
+            out.append((labels, value))
+    return out
+
+
+def metrics_from_results(
+    results: Mapping[str, Sequence[tuple[Mapping[str, str], float]]], *, taken_at_s: float, window_s: float
+) -> MetricsSample:
+    """Combine the parsed answers of :data:`QUERIES` (by key) into a :class:`MetricsSample`. Pure."""
+    pods: dict[tuple[str, str], PodGpu] = {}
+    for labels, value in results.get("gpu_busy", ()):
+        key = (labels.get("namespace", ""), labels.get("pod", ""))
+        if key[1]:
+            pods[key] = PodGpu(busy=min(max(value, 0.0), 1.0), source=labels.get("source", "gr_engine_active"))
+    stable = {lbl.get("job_key", ""): v for lbl, v in results.get("world_size", ())}
+    jobs: dict[str, JobThroughput] = {}
+    for labels, value in results.get("samples", ()):
+        key = labels.get("job_key", "")
+        if not key or value < 0:
+            continue
+        size = stable.get(key)
+        ok = size is not None and size >= 1 and float(size).is_integer()
+        jobs[key] = JobThroughput(samples_per_s=value, world_size=int(size) if ok else None)  # type: ignore[arg-type]
+    return MetricsSample(
+        taken_at_s=taken_at_s, window_s=window_s, pods=MappingProxyType(pods), jobs=MappingProxyType(jobs)
+    )
+
+
+def _window(window_s: float) -> str:
+    return f"{max(1, round(window_s))}s"
+
+
+class PrometheusObserver:
+    """Runs :data:`QUERIES` against one Prometheus.
+
+    Args:
+        url: base URL, e.g. ``http://prometheus-operated.monitoring:9090``.
+        window_s: averaging window of every query (seconds; a few scrape intervals at least).
+        timeout_s: per-request timeout.
+        client: an httpx client to use (tests may inject one); a new one otherwise.
+
+    Raises:
+        ValueError: on a non-http(s) URL or a non-positive window / timeout.
+    """
+
+    def __init__(
+        self, url: str, *, window_s: float = 300.0, timeout_s: float = 5.0, client: httpx.Client | None = None
+    ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"Prometheus URL must start with http:// or https://, got {url!r}")
+        if window_s <= 0 or timeout_s <= 0:
+            raise ValueError(f"window_s and timeout_s must be > 0, got {window_s} and {timeout_s}")
+        self.url = url.rstrip("/")
+        self.window_s = window_s
+        self._client = client or httpx.Client(timeout=timeout_s)
+        self.requests = 0
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self._client.close()
+
+    def query(self, promql: str, at_s: float) -> list[tuple[dict[str, str], float]]:
+        """One instant query at ``at_s``.
+
+        Raises:
+            PrometheusUnavailable: on any transport, HTTP or answer error.
+        """
+        with self._lock:
+            self.requests += 1
+        try:
+            response = self._client.post(
+                f"{self.url}/api/v1/query", data={"query": promql, "time": f"{at_s:.3f}"}
+            )
+        except httpx.HTTPError as exc:
+            raise PrometheusUnavailable(f"Prometheus at {self.url} unreachable: {type(exc).__name__}: {exc}") from exc
+        try:
+            payload = response.json()
+        except ValueError:
+            raise PrometheusUnavailable(
+                f"Prometheus at {self.url} answered HTTP {response.status_code} without JSON"
+            ) from None
+        return parse_vector(payload)
+
+    def observe(self, now_s: float) -> MetricsSample:
+        """Run every query at ``now_s`` (concurrently).
+
+        Raises:
+            PrometheusUnavailable: if any query fails (partial readings are never used).
+        """
+        window = _window(self.window_s)
+        with ThreadPoolExecutor(max_workers=len(QUERIES), thread_name_prefix="promql") as pool:
+            futures = {key: pool.submit(self.query, q.format(window=window), now_s) for key, q in QUERIES.items()}
+            results = {key: f.result() for key, f in futures.items()}
+        return metrics_from_results(results, taken_at_s=now_s, window_s=self.window_s)

@@ -1,0 +1,376 @@
+"""Merge what Kubernetes and Prometheus say into the model's :class:`ClusterSnapshot` — pure.
+
+Three steps, each a function of its inputs only (the controller calls them once per tick):
+
+1. :func:`cluster_view` joins pods to their managed PyTorchJobs: bound workers by node
+   (the placement), pending workers, and the GPUs held on each node by everything else
+   ("foreign" pods: other workloads, finished jobs, pods being deleted).
+2. :class:`Ledger` carries what must be remembered between ticks: attained service (GPU-seconds,
+   integrated tick by tick; seeded from the job's annotations or its pods' start times after a
+   restart) and measured throughput per worker count.
+3. :func:`build_snapshot` makes the policy's input. A job the controller must not touch this tick
+   is *left out* of the snapshot and its GPUs are marked unavailable on their nodes, so the policy
+   can neither change it nor hand its GPUs to someone else. Reasons to leave a job out: it asks for
+   no GPUs; someone other than the scheduler suspended it; a scale-up or GPUs-per-worker change is
+   still in flight; a failed start is on hold; its workers are being deleted; or — the "missing
+   metrics mean no change" rule — a running job has no DCGM series for some of its pods (e.g.
+   dcgm-exporter without pod attribution).
+
+Throughput (``Job.throughput``) is the trainer's ``trainflow_samples_per_second`` at the worker
+count it was measured at. For a job that exports no trainer metrics, the stand-in is the GPU
+busy time its pods show in DCGM (``sum over pods of busy fraction x GPUs``, "busy GPUs"), the
+measured analogue of the simulator's goodput-weighted utilisation; the two units are never mixed
+within one job.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gpu_scheduler.kube import JobMemo, JobView, NodeState, PodState, PyTorchJobState
+from gpu_scheduler.model import ClusterSnapshot, Job, Node, Placement
+from gpu_scheduler.observe.readings import MetricsSample
+
+__all__ = [
+    "UNIT_BUSY_GPUS",
+    "UNIT_SAMPLES_PER_S",
+    "ClusterView",
+    "Ledger",
+    "SnapshotBuild",
+    "ThroughputBook",
+    "build_snapshot",
+    "cluster_view",
+]
+
+UNIT_SAMPLES_PER_S = "samples/s"
+UNIT_BUSY_GPUS = "busy-gpus"
+
+_INDEX = re.compile(r"(\d+)$")
+
+
+def _pod_order(pod: PodState) -> tuple[int, str]:
+    m = _INDEX.search(pod.name)
+    return (int(m.group(1)) if m else 1 << 30, pod.name)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """Managed jobs joined with their pods, and the GPUs other pods hold.
+
+    Attributes:
+        nodes: every node, by name order.
+        jobs: active (unfinished) managed jobs by key, in submission order.
+        foreign_gpus: GPUs held on each node by bound pods that are not live workers of an
+            active managed job (terminating workers included: they hold GPUs until gone).
+        pods_by_job: every live worker pod of each active managed job.
+    """
+
+    nodes: tuple[NodeState, ...]
+    jobs: Mapping[str, JobView]
+    foreign_gpus: Mapping[str, int]
+    pods_by_job: Mapping[str, tuple[PodState, ...]] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def cluster_view(
+    nodes: Iterable[NodeState], pods: Iterable[PodState], jobs: Iterable[PyTorchJobState]
+) -> ClusterView:
+    """Join pods to jobs (see the module docstring). Finished jobs are dropped."""
+    active = {j.key: j for j in sorted(jobs, key=lambda j: (j.created_at_s, j.key)) if not j.finished}
+    foreign: dict[str, int] = {}
+    by_job: dict[str, list[PodState]] = {key: [] for key in active}
+    for pod in pods:
+        key = pod.job
+        if key in by_job and pod.worker and not pod.terminating:
+            by_job[key].append(pod)
+            continue
+        if key in by_job and pod.worker:
+            by_job[key].append(pod)  # terminating: counted below as foreign, and as terminating
+        if pod.bound and pod.gpus:
+            foreign[pod.node] = foreign.get(pod.node, 0) + pod.gpus  # type: ignore[index]
+    views: dict[str, JobView] = {}
+    for key, job in active.items():
+        workers = sorted(by_job[key], key=_pod_order)
+        live = [p for p in workers if not p.terminating]
+        bound = [p for p in live if p.bound]
+        since = max((p.started_at_s or p.created_at_s for p in bound), default=None)
+        views[key] = JobView(
+            job=job,
+            placement=Placement.of((p.node, 1) for p in bound),  # type: ignore[misc]
+            pending_workers=sum(1 for p in live if not p.bound),
+            terminating_workers=len(workers) - len(live),
+            pods=tuple(sorted(p.name for p in live)),
+            placement_since_s=since,
+        )
+    return ClusterView(
+        nodes=tuple(sorted(nodes, key=lambda n: n.name)),
+        jobs=MappingProxyType(views),
+        foreign_gpus=MappingProxyType(foreign),
+        pods_by_job=MappingProxyType({k: tuple(v) for k, v in by_job.items()}),
+    )
+
+
+# ---------------------------------------------------------------------------------------- ledger
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputBook:
+    """Throughput measured per worker count for one job, in one unit."""
+
+    unit: str = UNIT_SAMPLES_PER_S
+    by_workers: Mapping[int, float] = field(default_factory=lambda: MappingProxyType({}))
+
+    def with_measurement(self, unit: str, workers: int, value: float) -> ThroughputBook:
+        """Record ``value`` at ``workers``. Samples/s replace busy-GPU values entirely; a busy-GPU
+        value is ignored once samples/s exist."""
+        if unit != self.unit:
+            if unit == UNIT_BUSY_GPUS and self.by_workers:
+                return self
+            return ThroughputBook(unit=unit, by_workers=MappingProxyType({workers: value}))
+        return ThroughputBook(unit=unit, by_workers=MappingProxyType({**self.by_workers, workers: value}))
+
+
+@dataclass(slots=True)
+class _JobLedger:
+    attained_gpu_s: float
+    at_s: float
+    book: ThroughputBook
+
+
+class Ledger:
+    """What the controller remembers between ticks, per job (in memory; persisted on the job's
+    annotations whenever the controller patches it anyway, and re-read after a restart).
+
+    All methods are deterministic functions of their arguments and the ledger's contents.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, _JobLedger] = {}
+
+    def _seed(self, view: JobView, pods: Sequence[PodState], now_s: float) -> _JobLedger:
+        memo = view.job.memo
+        gpw = view.job.gpus_per_worker
+        from_pods = sum(gpw * max(0.0, now_s - (p.started_at_s or now_s)) for p in pods if p.bound)
+        from_memo = 0.0
+        if memo.attained_service_gpu_s is not None and memo.attained_at_s is not None:
+            from_memo = memo.attained_service_gpu_s + view.placement.gpus(gpw) * max(0.0, now_s - memo.attained_at_s)
+        unit = memo.throughput_unit if memo.throughput_unit in (UNIT_SAMPLES_PER_S, UNIT_BUSY_GPUS) else (
+            UNIT_SAMPLES_PER_S)
+        book = ThroughputBook(unit=unit, by_workers=memo.throughput)
+        return _JobLedger(attained_gpu_s=max(from_memo, from_pods), at_s=now_s, book=book)
+
+    def advance(self, view: ClusterView, now_s: float) -> None:
+        """Integrate attained service up to ``now_s`` (GPUs held x seconds since the last call);
+        seed new jobs; forget jobs that are gone."""
+        for key in [k for k in self._jobs if k not in view.jobs]:
+            del self._jobs[key]
+        for key, jv in view.jobs.items():
+            entry = self._jobs.get(key)
+            if entry is None:
+                self._jobs[key] = self._seed(jv, view.pods_by_job.get(key, ()), now_s)
+                continue
+            dt_s = max(0.0, now_s - entry.at_s)
+            entry.attained_gpu_s += jv.placement.gpus(jv.job.gpus_per_worker) * dt_s
+            entry.at_s = now_s
+
+    def record(self, view: ClusterView, metrics: MetricsSample, now_s: float) -> dict[str, tuple[str, int, float]]:
+        """Record throughput for every running job whose configuration was stable over the
+        metrics window. Returns the new measurements as ``{job: (unit, workers, value)}``."""
+        out: dict[str, tuple[str, int, float]] = {}
+        for key, jv in view.jobs.items():
+            entry = self._jobs.get(key)
+            workers = jv.bound_workers
+            if entry is None or workers == 0 or jv.pending_workers or jv.terminating_workers:
+                continue
+            job = jv.job
+            ranks_per_worker = job.nproc_per_node or job.gpus_per_worker or 1
+            tp = metrics.jobs.get(job.metrics_key)
+            if tp is not None:
+                if tp.world_size is not None and tp.world_size == workers * ranks_per_worker:
+                    entry.book = entry.book.with_measurement(UNIT_SAMPLES_PER_S, workers, tp.samples_per_s)
+                    out[key] = (UNIT_SAMPLES_PER_S, workers, tp.samples_per_s)
+                continue
+            stable = jv.placement_since_s is not None and now_s - jv.placement_since_s >= metrics.window_s
+            pods = [p for p in view.pods_by_job.get(key, ()) if p.bound and not p.terminating]
+            readings = [metrics.pods.get((p.namespace, p.name)) for p in pods]
+            if stable and readings and all(r is not None for r in readings):
+                busy = sum(r.busy * p.gpus for r, p in zip(readings, pods, strict=True))  # type: ignore[union-attr]
+                before = entry.book
+                entry.book = entry.book.with_measurement(UNIT_BUSY_GPUS, workers, busy)
+                if entry.book is not before:
+                    out[key] = (UNIT_BUSY_GPUS, workers, busy)
+        return out
+
+    def attained_gpu_s(self, key: str) -> float:
+        entry = self._jobs.get(key)
+        return entry.attained_gpu_s if entry else 0.0
+
+    def book(self, key: str) -> ThroughputBook:
+        entry = self._jobs.get(key)
+        return entry.book if entry else ThroughputBook()
+
+    def memo(self, key: str, base: JobMemo, now_s: float) -> JobMemo:
+        """``base`` with this ledger's attained service and throughput (for persisting)."""
+        entry = self._jobs.get(key)
+        if entry is None:
+            return base
+        return base.but(
+            attained_service_gpu_s=entry.attained_gpu_s, attained_at_s=now_s,
+            throughput=entry.book.by_workers, throughput_unit=entry.book.unit,
+        )
+
+
+# -------------------------------------------------------------------------------------- snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotBuild:
+    """The policy's input and what was left out of it.
+
+    Attributes:
+        snapshot: nodes and the jobs the policy may decide for.
+        excluded: job key -> one-line reason, for active managed jobs left out this tick.
+    """
+
+    snapshot: ClusterSnapshot
+    excluded: Mapping[str, str]
+
+
+def missing_dcgm(view: ClusterView, key: str, metrics: MetricsSample) -> list[str]:
+    """Bound worker pods of ``key`` without DCGM readings."""
+    return [
+        p.name
+        for p in view.pods_by_job.get(key, ())
+        if p.bound and not p.terminating and (p.namespace, p.name) not in metrics.pods
+    ]
+
+
+def _exclusion(jv: JobView, view: ClusterView, metrics: MetricsSample, now_s: float) -> str | None:
+    job = jv.job
+    memo = job.memo
+    if job.gpus_per_worker < 1:
+        return "its workers request no nvidia.com/gpu"
+    if job.suspended and not memo.suspended_by_scheduler and memo.reshape is None:
+        return "suspended by someone other than the scheduler"
+    if memo.reshape is not None:
+        return f"changing GPUs per worker to {memo.reshape[0]}"
+    if memo.scale_up is not None:
+        return (f"waiting for {memo.scale_up.to_workers - jv.bound_workers} worker pod(s) to be bound "
+                f"(scale {memo.scale_up.from_workers}->{memo.scale_up.to_workers})")
+    if memo.held(now_s) and memo.hold_max_workers == 0:
+        return f"start rolled back; held until {memo.hold_until_s:.0f}"
+    if jv.terminating_workers:
+        return f"{jv.terminating_workers} worker pod(s) still terminating"
+    if jv.bound_workers:
+        missing = missing_dcgm(view, jv.key, metrics)
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            return f"no DCGM metrics for pod(s) {shown} (is dcgm-exporter attributing GPUs to pods?)"
+    return None
+
+
+def _first_start(jv: JobView, pods: Sequence[PodState]) -> float | None:
+    starts = [p.started_at_s for p in pods if p.started_at_s is not None]
+    candidates = [t for t in (jv.job.started_at_s, min(starts, default=None)) if t is not None]
+    if candidates:
+        return min(candidates)
+    if jv.placement:
+        return jv.placement_since_s
+    return None
+
+
+def _reserve(free: dict[str, int], order: Sequence[str], workers: int, gpw: int) -> dict[str, int]:
+    """Take ``workers`` x ``gpw`` GPUs from the nodes with the most free GPUs (whole workers)."""
+    taken: dict[str, int] = {}
+    for _ in range(workers):
+        best = max(order, key=lambda n: free[n], default=None)
+        if best is None or free[best] < gpw:
+            break
+        free[best] -= gpw
+        taken[best] = taken.get(best, 0) + gpw
+    return taken
+
+
+def build_snapshot(
+    view: ClusterView,
+    metrics: MetricsSample,
+    ledger: Ledger,
+    now_s: float,
+    *,
+    skip: Mapping[str, str] | None = None,
+) -> SnapshotBuild:
+    """The policy's snapshot (see the module docstring).
+
+    Args:
+        view: from :func:`cluster_view`.
+        metrics: this tick's Prometheus readings.
+        ledger: advanced to ``now_s``.
+        now_s: the tick's clock.
+        skip: jobs already handled this tick (rollbacks, confirmations), with the reason.
+    """
+    skip = skip or {}
+    excluded: dict[str, str] = {}
+    jobs: list[Job] = []
+    held_elsewhere: dict[str, int] = dict(view.foreign_gpus)
+    excluded_views: list[JobView] = []
+    for key, jv in view.jobs.items():
+        reason = skip.get(key) or _exclusion(jv, view, metrics, now_s)
+        if reason is not None:
+            excluded[key] = reason
+            excluded_views.append(jv)
+            for node, workers in jv.placement:
+                held_elsewhere[node] = held_elsewhere.get(node, 0) + workers * jv.job.gpus_per_worker
+            continue
+        job, memo = jv.job, jv.job.memo
+        max_workers = job.max_workers
+        if memo.held(now_s) and memo.hold_max_workers:
+            max_workers = max(job.min_workers, min(max_workers, memo.hold_max_workers, ))
+        requested = memo.requested_workers or job.spec_workers
+        requested = min(max(requested, job.min_workers), max_workers)
+        pods = view.pods_by_job.get(key, ())
+        jobs.append(Job(
+            name=key,
+            submit_time_s=job.created_at_s,
+            min_workers=job.min_workers,
+            max_workers=max_workers,
+            requested_workers=requested,
+            gpus_per_worker=job.gpus_per_worker,
+            placement=jv.placement,
+            attained_service_gpu_s=ledger.attained_gpu_s(key),
+            throughput=ledger.book(key).by_workers,
+            restarts=memo.restarts,
+            first_start_s=_first_start(jv, pods),
+            placement_since_s=jv.placement_since_s if jv.placement else None,
+            annotations=job.policy_annotations,
+        ))
+    # Nodes referenced by placements must exist in the snapshot even without GPUs now.
+    used = {n: 0 for n in held_elsewhere}
+    for job in jobs:
+        for node, workers in job.placement:
+            used[node] = used.get(node, 0) + workers * job.gpus_per_worker
+    node_states = {n.name: n for n in view.nodes}
+    free = {
+        n.name: max(0, n.gpus - held_elsewhere.get(n.name, 0) - used.get(n.name, 0))
+        for n in view.nodes if n.schedulable
+    }
+    order = [n.name for n in view.nodes if n.schedulable]
+    for jv in excluded_views:  # pending workers of frozen jobs will need GPUs somewhere
+        if jv.pending_workers:
+            for node, gpus in _reserve(free, order, jv.pending_workers, jv.job.gpus_per_worker).items():
+                held_elsewhere[node] = held_elsewhere.get(node, 0) + gpus
+    nodes: list[Node] = []
+    for name in sorted(set(node_states) | {n for n, u in used.items() if u}):
+        ns = node_states.get(name)
+        gpus = ns.gpus if ns else 0
+        schedulable = bool(ns and ns.schedulable)
+        mine = used.get(name, 0)
+        if gpus < mine:  # jobs hold more than the node now reports: freeze the node
+            gpus, schedulable = mine + held_elsewhere.get(name, 0), False
+        if gpus == 0 and not mine:
+            continue
+        unavailable = min(held_elsewhere.get(name, 0), max(0, gpus - mine))
+        nodes.append(Node(name=name, gpus=gpus, gpus_unavailable=unavailable, schedulable=schedulable))
+    snapshot = ClusterSnapshot(nodes=tuple(nodes), jobs=tuple(jobs), taken_at_s=now_s)
+    return SnapshotBuild(snapshot=snapshot, excluded=MappingProxyType(excluded))

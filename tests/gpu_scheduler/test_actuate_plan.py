@@ -1,0 +1,216 @@
+"""The planner (pure): decisions and safety rules -> patches and Events."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gpu_scheduler.actuate.plan import (
+    GPUS_PER_WORKER_REQUEST,
+    ActionKind,
+    PlanSettings,
+    order_actions,
+    plan_decision,
+    plan_safety,
+)
+from gpu_scheduler.kube import ANNOTATION_PREFIX, FIELD_MANAGER, POLICY_ANNOTATION_PREFIX, JobMemo, JobView
+from gpu_scheduler.model import ClusterSnapshot, Decision, Job, Node, Outcome, Placement
+from gpu_scheduler.observe.kubernetes import pytorchjob_state
+from tests.gpu_scheduler.kube_objects import T0, pytorchjob
+
+SETTINGS = PlanSettings(pending_timeout_s=120, rollback_hold_s=600)
+SCALE_UP = ANNOTATION_PREFIX + "scale-up"
+HOLD = ANNOTATION_PREFIX + "hold"
+SUSPENDED_BY = ANNOTATION_PREFIX + "suspended-by"
+
+
+def jview(name: str = "a", *, bound: dict[str, int] | None = None, pending: int = 0, **kw: Any) -> JobView:
+    state = pytorchjob_state(pytorchjob("ns", name, **kw))
+    assert state is not None
+    placement = Placement.of(bound or {})
+    pods = tuple(f"{name}-worker-{i}" for i in range(placement.workers + pending))
+    return JobView(job=state, placement=placement, pending_workers=pending, pods=pods,
+                   placement_since_s=T0 - 100 if placement else None)
+
+
+def decide(views: dict[str, JobView], targets: dict[str, dict[str, int]], *, reason: str = "because",
+           annotations: dict[str, dict[str, str]] | None = None) -> tuple[Decision, ClusterSnapshot]:
+    jobs = tuple(Job(name=k, submit_time_s=T0, min_workers=v.job.min_workers, max_workers=v.job.max_workers,
+                     gpus_per_worker=v.job.gpus_per_worker, placement=v.placement) for k, v in views.items())
+    snap = ClusterSnapshot(nodes=(Node(name="n0", gpus=8), Node(name="n1", gpus=8)), jobs=jobs, taken_at_s=T0)
+    decision = Decision.from_placements(snap, {k: Placement.of(t) for k, t in targets.items()}, policy="p",
+                                        now_s=T0, reasons={k: reason for k in targets}, annotations=annotations)
+    decision.validate(snap)
+    return decision, snap
+
+
+def only(actions: tuple, kind: ActionKind):
+    assert [a.kind for a in actions] == [kind]
+    return actions[0]
+
+
+def test_scale_up_is_one_merge_patch_with_replicas_watch_and_resource_version() -> None:
+    views = {"ns/a": jview(bound={"n0": 2}, replicas=2, rv="7")}
+    decision, snap = decide(views, {"ns/a": {"n0": 2, "n1": 2}})
+    a = only(plan_decision(decision, snap, views, T0, SETTINGS), ActionKind.SCALE_UP)
+    (patch,) = a.patches
+    assert patch.patch_type == "merge" and patch.subresource == ""
+    assert patch.body["spec"] == {"pytorchReplicaSpecs": {"Worker": {"replicas": 4}}}
+    meta = patch.body["metadata"]
+    assert meta["resourceVersion"] == "7"
+    assert dict(patch.guard) == {("spec", "pytorchReplicaSpecs", "Worker", "replicas"): 2,
+                                 ("spec", "runPolicy", "suspend"): None}
+    assert json.loads(meta["annotations"][SCALE_UP]) == {"from": 2, "to": 4, "at": T0}
+    assert meta["annotations"][ANNOTATION_PREFIX + "requested-workers"] == "2"
+    assert meta["annotations"][ANNOTATION_PREFIX + "restarts"] == "1"
+    assert (a.from_workers, a.to_workers, a.outcome) == (2, 4, Outcome.SCALE_UP)
+    assert a.event is not None and a.event.reason == "ScaledUp" and "p: because" in a.event.message
+
+
+def test_scale_subresource_variant_splits_replicas_from_annotations() -> None:
+    views = {"ns/a": jview(bound={"n0": 3}, replicas=3)}
+    decision, snap = decide(views, {"ns/a": {"n0": 1}})
+    a = only(plan_decision(decision, snap, views, T0, PlanSettings(replicas_via="scale")), ActionKind.SCALE_DOWN)
+    merge, scale = a.patches
+    assert "spec" not in merge.body and merge.body["metadata"]["annotations"]
+    assert scale.subresource == "scale" and scale.body == {"spec": {"replicas": 1}}
+
+
+def test_wait_suspends_and_marks_a_job_that_never_ran_and_start_resumes_it() -> None:
+    views = {"ns/a": jview(replicas=2, pending=2)}
+    decision, snap = decide(views, {})
+    a = only(plan_decision(decision, snap, views, T0, SETTINGS), ActionKind.QUEUE)
+    assert a.patches[0].body["spec"] == {"runPolicy": {"suspend": True}}
+    assert a.patches[0].body["metadata"]["annotations"][SUSPENDED_BY] == FIELD_MANAGER
+    queued = {"ns/a": jview(replicas=2, suspend=True, annotations={SUSPENDED_BY: FIELD_MANAGER})}
+    decision, snap = decide(queued, {"ns/a": {"n0": 3}})
+    a = only(plan_decision(decision, snap, queued, T0, SETTINGS), ActionKind.START)
+    body = a.patches[0].body
+    assert body["spec"] == {"runPolicy": {"suspend": False}, "pytorchReplicaSpecs": {"Worker": {"replicas": 3}}}
+    assert body["metadata"]["annotations"][SUSPENDED_BY] is None
+    assert json.loads(body["metadata"]["annotations"][SCALE_UP])["from"] == 0
+    assert ANNOTATION_PREFIX + "restarts" not in body["metadata"]["annotations"]  # first start is free
+
+
+def test_preempt_then_resume_counts_a_restart() -> None:
+    views = {"ns/a": jview(bound={"n0": 2}, replicas=2, started_at=T0 - 50)}
+    decision, snap = decide(views, {})
+    only(plan_decision(decision, snap, views, T0, SETTINGS), ActionKind.PREEMPT)
+    resumed = {"ns/a": jview(replicas=2, suspend=True, started_at=T0 - 50,
+                             annotations={SUSPENDED_BY: FIELD_MANAGER})}
+    decision, snap = decide(resumed, {"ns/a": {"n1": 2}})
+    a = only(plan_decision(decision, snap, resumed, T0, SETTINGS), ActionKind.RESUME)
+    assert a.patches[0].body["metadata"]["annotations"][ANNOTATION_PREFIX + "restarts"] == "1"
+
+
+def test_keep_changes_nothing_and_pending_extras_are_trimmed_or_watched() -> None:
+    views = {"ns/a": jview(bound={"n0": 2}, replicas=2), "ns/b": jview("b", bound={"n1": 1}, pending=1, replicas=2),
+             "ns/c": jview("c", bound={"n1": 1}, pending=1, replicas=2)}
+    decision, snap = decide(views, {"ns/a": {"n0": 2}, "ns/b": {"n1": 1}, "ns/c": {"n1": 2}})
+    actions = {a.job: a for a in plan_decision(decision, snap, views, T0, SETTINGS)}
+    assert "ns/a" not in actions
+    assert actions["ns/b"].kind is ActionKind.TRIM
+    assert actions["ns/b"].patches[0].body["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
+    assert actions["ns/c"].kind is ActionKind.WATCH and actions["ns/c"].event is None
+    assert "spec" not in actions["ns/c"].patches[0].body
+
+
+def test_policy_annotations_are_prefixed_and_deleted_with_empty_values() -> None:
+    views = {"ns/a": jview(bound={"n0": 2}, replicas=2, annotations={POLICY_ANNOTATION_PREFIX + "old": "1"})}
+    decision, snap = decide(views, {"ns/a": {"n0": 2}}, annotations={"ns/a": {"queue": "2", "old": ""}})
+    a = only(plan_decision(decision, snap, views, T0, SETTINGS), ActionKind.ANNOTATE)
+    assert a.patches[0].body["metadata"]["annotations"] == {
+        POLICY_ANNOTATION_PREFIX + "queue": "2", POLICY_ANNOTATION_PREFIX + "old": None}
+    assert "spec" not in a.patches[0].body and a.event is None
+
+
+def test_watched_scale_up_is_confirmed_once_all_workers_are_bound() -> None:
+    watch = json.dumps({"from": 2, "to": 4, "at": T0 - 10})
+    views = {"ns/a": jview(bound={"n0": 4}, replicas=4, annotations={SCALE_UP: watch})}
+    a = only(plan_safety(views, T0, SETTINGS), ActionKind.CONFIRM)
+    assert a.patches[0].body["metadata"]["annotations"][SCALE_UP] is None
+    assert a.event is None
+
+
+def test_pending_scale_up_rolls_back_after_the_timeout_with_a_warning_and_a_hold() -> None:
+    watch = json.dumps({"from": 2, "to": 4, "at": T0 - 121})
+    views = {"ns/a": jview(bound={"n0": 2}, pending=2, replicas=4, annotations={SCALE_UP: watch})}
+    assert plan_safety(views, T0 - 2, SETTINGS) == ()  # not yet
+    a = only(plan_safety(views, T0, SETTINGS), ActionKind.ROLLBACK)
+    body = a.patches[0].body
+    assert body["spec"] == {"pytorchReplicaSpecs": {"Worker": {"replicas": 2}}}
+    assert body["metadata"]["annotations"][SCALE_UP] is None
+    assert json.loads(body["metadata"]["annotations"][HOLD]) == {"until": T0 + 600, "max_workers": 2}
+    assert a.event is not None and a.event.type == "Warning" and a.event.reason == "ScaleUpRolledBack"
+    assert "2 worker pod(s) still not bound 121 s after scaling 2->4" in a.event.message
+
+
+def test_failed_start_rolls_back_to_suspended() -> None:
+    watch = json.dumps({"from": 0, "to": 2, "at": T0 - 500})
+    views = {"ns/a": jview(pending=2, replicas=2, annotations={SCALE_UP: watch})}
+    a = only(plan_safety(views, T0, SETTINGS), ActionKind.ROLLBACK)
+    body = a.patches[0].body
+    assert body["spec"] == {"runPolicy": {"suspend": True}}
+    assert body["metadata"]["annotations"][SUSPENDED_BY] == FIELD_MANAGER
+    assert json.loads(body["metadata"]["annotations"][HOLD])["max_workers"] == 0
+
+
+def test_watch_superseded_by_someone_elses_change_is_dropped() -> None:
+    watch = json.dumps({"from": 2, "to": 4, "at": T0 - 500})
+    views = {"ns/a": jview(bound={"n0": 2}, pending=1, replicas=3, annotations={SCALE_UP: watch})}
+    a = only(plan_safety(views, T0, SETTINGS), ActionKind.CONFIRM)
+    assert "superseded" in a.reason and "spec" not in a.patches[0].body
+
+
+def test_gpus_per_worker_change_goes_suspend_then_patch_then_resume() -> None:
+    start = {"ns/a": jview(bound={"n0": 4}, replicas=4, gpus=1, annotations={GPUS_PER_WORKER_REQUEST: "2"})}
+    a = only(plan_safety(start, T0, SETTINGS), ActionKind.RESHAPE_SUSPEND)
+    body = a.patches[0].body
+    assert body["spec"] == {"runPolicy": {"suspend": True}}
+    ann = body["metadata"]["annotations"]
+    assert json.loads(ann[ANNOTATION_PREFIX + "reshape"]) == {"gpus_per_worker": 2, "workers": 2}
+    assert ann[GPUS_PER_WORKER_REQUEST] is None and ann[SUSPENDED_BY] == FIELD_MANAGER
+    memo = {k: v for k, v in ann.items() if v is not None}
+    # pods still terminating: wait
+    waiting = {"ns/a": JobView(job=pytorchjob_state(pytorchjob("ns", "a", replicas=4, gpus=1, suspend=True,
+                                                               annotations=memo)), terminating_workers=2)}
+    assert plan_safety(waiting, T0 + 5, SETTINGS) == ()
+    gone = {"ns/a": jview(replicas=4, gpus=1, suspend=True, rv="9", annotations=memo)}
+    a = only(plan_safety(gone, T0 + 10, SETTINGS), ActionKind.RESHAPE_RESUME)
+    template, resume = a.patches
+    assert template.patch_type == "json"
+    ops = template.body
+    assert ops[0] == {"op": "test", "path": "/spec/runPolicy/suspend", "value": True}
+    assert ops[1]["path"] == "/spec/pytorchReplicaSpecs/Worker/template/spec/containers/1/resources"
+    assert ops[1]["value"]["limits"] == {"nvidia.com/gpu": "2", "memory": "4Gi"}
+    assert ops[2] == {"op": "replace", "path": "/spec/nprocPerNode", "value": "2"}
+    assert resume.body["spec"] == {"runPolicy": {"suspend": False}, "pytorchReplicaSpecs": {"Worker": {"replicas": 2}}}
+    assert resume.body["metadata"]["annotations"][ANNOTATION_PREFIX + "reshape"] is None
+
+
+def test_order_releases_before_claims() -> None:
+    views = {"ns/a": jview(bound={"n0": 2}, replicas=2), "ns/b": jview("b", bound={"n1": 4}, replicas=4)}
+    decision, snap = decide(views, {"ns/a": {"n0": 4}, "ns/b": {"n1": 1}})
+    kinds = [a.kind for a in order_actions(plan_decision(decision, snap, views, T0, SETTINGS))]
+    assert kinds == [ActionKind.SCALE_DOWN, ActionKind.SCALE_UP]
+
+
+def test_no_plan_ever_uses_a_strategic_merge_patch() -> None:
+    views = {"ns/a": jview(bound={"n0": 2}, replicas=2)}
+    for targets in ({"ns/a": {"n0": 4}}, {"ns/a": {"n0": 1}}, {}):
+        decision, snap = decide(views, targets)
+        for action in plan_decision(decision, snap, views, T0, SETTINGS):
+            assert all(p.patch_type in ("merge", "json") for p in action.patches)
+
+
+def test_settings_validate() -> None:
+    with pytest.raises(ValueError, match="replicas_via"):
+        PlanSettings(replicas_via="strategic")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="pending_timeout_s"):
+        PlanSettings(pending_timeout_s=0)
+
+
+def test_memo_defaults_are_stable() -> None:
+    assert JobMemo.parse({}) == JobMemo()

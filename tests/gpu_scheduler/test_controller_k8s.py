@@ -1,0 +1,472 @@
+"""The live controller against the real test bed (issue 5, integration test 2).
+
+Real parts only: kube-apiserver + etcd + kube-scheduler + KWOK GPU nodes + the Kubeflow training
+operator (tests/support/k8s.py), a real Prometheus (Debian) scraping a simulated DCGM exporter that
+follows the namespace's worker pods (tests/support/dcgm_exporter.py), and the controller wired
+exactly as ``python -m gpu_scheduler run`` wires it (:func:`gpu_scheduler.controller.build_runtime`).
+Ticks are driven by the test (``runtime.controller.tick()``) so every step can be asserted; the
+last test runs the real command line as a subprocess.
+
+Policies come from tests/gpu_scheduler/policies_for_tests.py: ``test-grow`` (every job at its
+maximum), ``test-shrink`` (at its minimum), ``test-keep`` (no change).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ConfigMap, Event, Pod
+from lightkube.types import PatchType
+
+import tests.gpu_scheduler.policies_for_tests  # noqa: F401  (registers test-grow / test-shrink / test-keep)
+from components.launcher.pytorchjob import PyTorchJobSpec, render_pytorchjob
+from gpu_scheduler.actuate.apply import Actuator
+from gpu_scheduler.actuate.plan import ActionKind, PlanSettings, plan_decision
+from gpu_scheduler.controller import Runtime, build_runtime
+from gpu_scheduler.kube import ANNOTATION_PREFIX, FIELD_MANAGER
+from gpu_scheduler.leader import LeaderElector
+from gpu_scheduler.observe.kubernetes import KubeConnector
+from gpu_scheduler.settings import ControllerSettings
+from tests.support.k8s import KubeTestBed, pytorchjob_resource, wait_until
+from tests.support.processes import free_port
+
+pytestmark = [pytest.mark.k8s, pytest.mark.prometheus]
+
+POLICY_CONFIGMAP = "trainflow-gpu-scheduler-policy"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Live:
+    """One test's world: namespace, GPU nodes, exporter, Prometheus, and controller factory."""
+
+    bed: KubeTestBed
+    namespace: str
+    exporter: Any
+    prometheus: Any
+    runtimes: list[Runtime] = field(default_factory=list)
+
+    @property
+    def client(self) -> Any:
+        return self.bed.client()
+
+    def controller(self, **overrides: Any) -> Runtime:
+        """A controller wired like ``python -m gpu_scheduler run`` (its own connector and caches)."""
+        settings = ControllerSettings(**{
+            "prometheus_url": self.prometheus.url,
+            "kubeconfig": str(self.bed.kubeconfig),
+            "namespace": self.namespace,
+            "watch_namespace": self.namespace,
+            "policy": "test-keep",
+            "policy_configmap": POLICY_CONFIGMAP,
+            "metrics_window_s": 3.0,
+            "pending_timeout_s": 300.0,
+            "leader_election": False,
+            "metrics_port": 0,
+            **overrides,
+        })
+        runtime = build_runtime(settings)
+        self.runtimes.append(runtime)
+        runtime.observer.start()
+        assert runtime.observer.wait_synced(30), runtime.observer.unsynced()
+        return runtime
+
+    def create_job(self, task: str, *, replicas: int, min_replicas: int = 1, max_replicas: int = 4,
+                   gpus: int = 1, cpu: str = "100m") -> str:
+        spec = PyTorchJobSpec(run_id="run-1", task_name=task, namespace=self.namespace, image="trainflow:test",
+                              min_replicas=min_replicas, max_replicas=max_replicas, replicas=replicas,
+                              nproc_per_node=gpus, gpus_per_worker=gpus, cpu=cpu, memory="1Gi")
+        manifest = render_pytorchjob(spec)
+        self.client.create(pytorchjob_resource()(manifest))
+        return spec.name
+
+    def job(self, name: str) -> Any:
+        return self.client.get(pytorchjob_resource(), name, namespace=self.namespace)
+
+    def replicas(self, name: str) -> int:
+        return self.job(name)["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"]
+
+    def pods(self, name: str) -> list[Any]:
+        return [p for p in self.client.list(Pod, namespace=self.namespace,
+                                            labels={"training.kubeflow.org/job-name": name})
+                if p.metadata.deletionTimestamp is None]
+
+    def running(self, name: str) -> int:
+        return sum(1 for p in self.pods(name) if p.spec.nodeName and p.status and p.status.phase == "Running")
+
+    def wait_running(self, name: str, count: int, *, timeout_s: float = 60) -> None:
+        """Until exactly ``count`` workers run and Prometheus has a DCGM series for each."""
+        wait_until(lambda: self.running(name) == count and len(self.pods(name)) == count, timeout_s=timeout_s,
+                   what=f"{count} running workers of {name}")
+        pods = {p.metadata.name for p in self.pods(name)}
+        self.prometheus.wait_for(
+            f'count(DCGM_FI_DEV_GPU_UTIL{{namespace="{self.namespace}",pod=~"{name}-worker-.*"}}) by (pod)',
+            lambda r: {s["metric"]["pod"] for s in r} == pods if self.exporter.pod_labels else True,
+            timeout_s=timeout_s,
+        )
+
+    def events(self, name: str) -> list[Any]:
+        """The controller's Events about job ``name`` (the operator records its own too)."""
+        for runtime in self.runtimes:
+            assert runtime.actuator.flush_events(30), "events still queued after 30 s"
+        return [e for e in self.client.list(Event, namespace=self.namespace, fields={"involvedObject.name": name})
+                if e.source and e.source.component == FIELD_MANAGER]
+
+    def set_policy(self, policy: str) -> None:
+        data = {"policy.yaml": f"policy: {policy}\nparams: {{}}\ninterval_s: 60\n"}
+        try:
+            self.client.patch(ConfigMap, POLICY_CONFIGMAP, {"data": data}, namespace=self.namespace,
+                              patch_type=PatchType.MERGE)
+        except Exception:
+            self.client.create(ConfigMap(metadata=ObjectMeta(name=POLICY_CONFIGMAP, namespace=self.namespace),
+                                         data=data))
+
+
+def own_client(bed: KubeTestBed) -> Any:
+    """A separate lightkube client (its own connection pool) for a background thread."""
+    from lightkube import Client
+    from lightkube.config.kubeconfig import KubeConfig
+
+    return Client(KubeConfig.from_file(bed.kubeconfig), field_manager="trainflow-tests")
+
+
+@pytest.fixture
+def live(k8s_testbed, k8s_namespace, prometheus_server, dcgm_exporter) -> Iterator[Live]:
+    exporter = dcgm_exporter()
+    exporter.follow(own_client(k8s_testbed), k8s_namespace)
+    prom = prometheus_server([exporter.target], scrape_interval_s=0.5)
+    world = Live(bed=k8s_testbed, namespace=k8s_namespace, exporter=exporter, prometheus=prom)
+    yield world
+    for runtime in world.runtimes:
+        runtime.close()
+    exporter.stop_following()
+
+
+def test_scales_workers_up_to_max_and_confirms_once_bound(live: Live, kwok_gpu_nodes) -> None:
+    kwok_gpu_nodes(2, gpus_per_node=4)
+    name = live.create_job("grow", replicas=1, max_replicas=3)
+    live.wait_running(name, 1)
+    runtime = live.controller(policy="test-grow")
+    report = runtime.controller.tick()
+    assert report.skipped is None, report.skipped
+    assert [(r.action.kind, r.status) for r in report.results] == [(ActionKind.SCALE_UP, "applied")]
+    assert live.replicas(name) == 3  # the job's maximum, although 8 GPUs are free
+    job = live.job(name)
+    assert ANNOTATION_PREFIX + "scale-up" in job.metadata.annotations
+    assert FIELD_MANAGER in {m.manager for m in job.metadata.managedFields}
+    live.wait_running(name, 3)
+    wait_until(lambda: runtime.observer.jobs.get(f"{live.namespace}/{name}") is not None and len(
+        [p for p in runtime.observer.pods.items() if p.job == f"{live.namespace}/{name}" and p.bound]) == 3,
+        timeout_s=30, what="the controller's caches to see 3 bound workers")
+    report = runtime.controller.tick()
+    assert [r.action.kind for r in report.results] == [ActionKind.CONFIRM]
+    assert ANNOTATION_PREFIX + "scale-up" not in (live.job(name).metadata.annotations or {})
+    report = runtime.controller.tick()
+    assert report.results == [] and report.excluded == {}  # at max: nothing more to do
+    events = live.events(name)
+    assert [e.reason for e in events] == ["ScaledUp"]
+    assert "workers 1->3 (test-grow" in events[0].message and events[0].type == "Normal"
+    assert events[0].source.component == FIELD_MANAGER
+
+
+def test_rolls_back_a_scale_up_whose_pods_stay_pending(live: Live, kwok_gpu_nodes) -> None:
+    # 8 GPUs but CPU for only two 1-CPU workers: the policy sees free GPUs, kube-scheduler cannot bind
+    # more than two workers (kubeflow/trainer#1751's NotEnoughResources).
+    kwok_gpu_nodes(1, gpus_per_node=8, cpu="2")
+    name = live.create_job("pending", replicas=1, max_replicas=4, cpu="1")
+    live.wait_running(name, 1)
+    runtime = live.controller(policy="test-grow", pending_timeout_s=4.0, rollback_hold_s=600.0)
+    report = runtime.controller.tick()
+    assert [r.action.kind for r in report.results] == [ActionKind.SCALE_UP] and live.replicas(name) == 4
+    wait_until(lambda: len(live.pods(name)) == 4 and live.running(name) == 2, timeout_s=60,
+               what="2 running and 2 pending workers")
+    report = runtime.controller.tick()  # within the timeout: left alone, no thrash
+    assert report.results == [] and "waiting for 2 worker pod(s)" in report.excluded[f"{live.namespace}/{name}"]
+    time.sleep(4.0)  # the timeout under test (4 s) must pass
+    report = runtime.controller.tick()
+    assert [(r.action.kind, r.status) for r in report.results] == [(ActionKind.ROLLBACK, "applied")]
+    assert live.replicas(name) == 1
+    annotations = live.job(name).metadata.annotations
+    assert json.loads(annotations[ANNOTATION_PREFIX + "hold"])["max_workers"] == 1
+    warning = [e for e in live.events(name) if e.reason == "ScaleUpRolledBack"]
+    assert len(warning) == 1 and warning[0].type == "Warning"
+    assert "2 worker pod(s) still not bound" in warning[0].message
+    live.wait_running(name, 1)  # the operator removed the pending pods
+    wait_until(lambda: sum(1 for p in runtime.observer.pods.items() if p.job == f"{live.namespace}/{name}") == 1,
+               timeout_s=30, what="the caches to drop the removed pods")
+    for _ in range(2):  # held: test-grow may not scale it up again
+        report = runtime.controller.tick()
+        assert report.results == [] and live.replicas(name) == 1
+
+
+def test_switches_policy_through_its_configmap_without_a_restart(live: Live, kwok_gpu_nodes) -> None:
+    kwok_gpu_nodes(1, gpus_per_node=8)
+    live.set_policy("test-keep")
+    name = live.create_job("switch", replicas=3, max_replicas=4)
+    live.wait_running(name, 3)
+    runtime = live.controller(policy="test-grow")  # the ConfigMap wins over the flag
+    controller = runtime.controller
+    report = controller.tick()
+    assert report.policy == "test-keep" and report.results == [] and live.replicas(name) == 3
+    switches = controller.policies.switches
+    runtime.wake.clear()
+    live.set_policy("test-shrink")
+    assert runtime.wake.wait(10), "the ConfigMap watch did not wake the controller"
+    report = controller.tick()  # the very next tick, same process and object
+    assert report.policy_switched and report.policy == "test-shrink"
+    assert report.decision is not None and report.decision.policy == "test-shrink"
+    assert [(r.action.kind, r.status) for r in report.results] == [(ActionKind.SCALE_DOWN, "applied")]
+    assert live.replicas(name) == 1 and runtime.controller is controller
+    assert controller.policies.switches == switches + 1
+
+
+def test_prometheus_stopped_keeps_every_job_as_it_is_and_logs_why(
+    live: Live, kwok_gpu_nodes, caplog: pytest.LogCaptureFixture
+) -> None:
+    kwok_gpu_nodes(1, gpus_per_node=8)
+    name = live.create_job("outage", replicas=2, max_replicas=4)
+    queued = live.create_job("outage-queued", replicas=2, max_replicas=2, gpus=8)  # cannot fit: Pending
+    live.wait_running(name, 2)
+    runtime = live.controller(policy="test-shrink")
+    live.prometheus.stop()
+    before = {n: live.job(n).metadata.resourceVersion for n in (name, queued)}
+    with caplog.at_level(logging.INFO, logger="gpu_scheduler"):
+        for _ in range(2):
+            report = runtime.controller.tick()
+            assert report.skipped is not None
+            assert report.skipped.startswith("keeping every job as it is: Prometheus at http://127.0.0.1:")
+            assert report.results == [] and report.decision is None
+    assert {n: live.job(n).metadata.resourceVersion for n in (name, queued)} == before  # untouched
+    reasons = [getattr(r, "reason", "") for r in caplog.records if r.name == "gpu_scheduler.controller"]
+    assert any(r.startswith("keeping every job as it is: Prometheus at") and "unreachable" in r for r in reasons)
+    assert b"trainflow_scheduler_prometheus_up 0.0" in _metrics_text(runtime)
+    live.prometheus.start()
+    live.wait_running(name, 2)
+    report = runtime.controller.tick()  # Prometheus back: the policy acts again
+    kinds = sorted(r.action.kind.value for r in report.results if r.ok)
+    assert kinds == ["Queued", "ScaledDown"] and live.replicas(name) == 1, [
+        (r.action.job, r.action.kind, r.action.reason, r.status) for r in report.results]
+
+
+def test_exporter_without_pod_labels_means_no_change_for_running_jobs(
+    live: Live, kwok_gpu_nodes, dcgm_exporter
+) -> None:
+    kwok_gpu_nodes(1, gpus_per_node=8)
+    unlabelled = dcgm_exporter(pod_labels=False)
+    unlabelled.follow(own_client(live.bed), live.namespace)
+    live.exporter.stop_following()
+    live.prometheus.set_targets([unlabelled.target])
+    live.exporter = unlabelled
+    name = live.create_job("nolabels", replicas=2, max_replicas=4)
+    live.wait_running(name, 2)
+    live.prometheus.wait_for('DCGM_FI_DEV_GPU_UTIL{pod=""}', lambda r: len(r) == 2)
+    runtime = live.controller(policy="test-shrink")
+    rv = live.job(name).metadata.resourceVersion
+    report = runtime.controller.tick()
+    assert report.skipped is None and report.results == []
+    assert "no DCGM metrics for pod(s)" in report.excluded[f"{live.namespace}/{name}"]
+    assert live.job(name).metadata.resourceVersion == rv
+
+
+def test_dry_run_validates_on_the_server_but_persists_nothing(live: Live, kwok_gpu_nodes) -> None:
+    kwok_gpu_nodes(1, gpus_per_node=8)
+    name = live.create_job("dry", replicas=1, max_replicas=4)
+    live.wait_running(name, 1)
+    runtime = live.controller(policy="test-grow", dry_run=True)
+    report = runtime.controller.tick()
+    assert [(r.action.kind, r.status, r.event_recorded) for r in report.results] == [
+        (ActionKind.SCALE_UP, "dry_run", True)]
+    assert live.replicas(name) == 1 and live.events(name) == []
+
+
+def test_scale_subresource_and_optimistic_concurrency(live: Live, kwok_gpu_nodes) -> None:
+    kwok_gpu_nodes(1, gpus_per_node=8)
+    name = live.create_job("subres", replicas=1, max_replicas=4)
+    live.wait_running(name, 1)
+    runtime = live.controller(policy="test-grow", replicas_via="scale")
+    report = runtime.controller.tick()
+    assert [(r.action.kind, r.status) for r in report.results] == [(ActionKind.SCALE_UP, "applied")]
+    assert [p.subresource for p in report.results[0].action.patches] == ["", "scale"]
+    assert live.replicas(name) == 4
+    # Plans made from a stale observation: resent after an unrelated change (as the operator's
+    # status updates are), refused when a field the decision depends on changed.
+    from gpu_scheduler.kube import JobView
+    from gpu_scheduler.model import ClusterSnapshot, Decision, Job, Node, Placement
+
+    key = f"{live.namespace}/{name}"
+    client = KubeConnector(live.bed.kubeconfig).client()
+
+    def stale_plan(current: int, target: int) -> tuple:
+        wait_until(lambda: any(j.name == name and j.spec_workers == current for j in runtime.observer.state().jobs),
+                   timeout_s=30, what=f"the cache to see {current} workers")
+        stale = next(j for j in runtime.observer.state().jobs if j.name == name)
+        snap = ClusterSnapshot(nodes=(Node(name="x", gpus=8),), jobs=(
+            Job(name=key, submit_time_s=0, max_workers=4, placement=Placement.of({"x": current})),), taken_at_s=0)
+        decision = Decision.from_placements(snap, {key: Placement.of({"x": target})}, policy="t", now_s=0)
+        return plan_decision(decision, snap, {key: JobView(job=stale, placement=Placement.of({"x": current}))},
+                             0, PlanSettings())
+
+    actions = stale_plan(4, 2)
+    live.client.patch(pytorchjob_resource(), name, {"metadata": {"labels": {"touched": "yes"}}},
+                      namespace=live.namespace, patch_type=PatchType.MERGE)
+    (result,) = Actuator(client).apply(actions)
+    assert result.status == "applied", result.message  # 409, re-read, guard holds, resent
+    assert live.replicas(name) == 2
+    actions = stale_plan(2, 1)
+    live.client.patch(pytorchjob_resource(), name, {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 3}}}},
+                      namespace=live.namespace, patch_type=PatchType.MERGE)
+    (result,) = Actuator(client).apply(actions)
+    assert result.status == "conflict" and live.replicas(name) == 3
+    assert result.message == "spec.pytorchReplicaSpecs.Worker.replicas changed since it was observed (2 -> 3)"
+
+
+def test_leader_election_lets_one_replica_act(live: Live) -> None:
+    connector = KubeConnector(live.bed.kubeconfig)
+    a = LeaderElector(connector.client(), namespace=live.namespace, name="sched", identity="a",
+                      lease_duration_s=3, renew_deadline_s=2, retry_period_s=0.5)
+    b = LeaderElector(connector.client(), namespace=live.namespace, name="sched", identity="b",
+                      lease_duration_s=3, renew_deadline_s=2, retry_period_s=0.5)
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()
+    assert a.try_acquire_or_renew() and not b.try_acquire_or_renew()  # renewals keep it
+    a.release()
+    assert b.try_acquire_or_renew() and not a.try_acquire_or_renew()
+    lease_holder = live.client.get(_lease(), "sched", namespace=live.namespace).spec.holderIdentity
+    assert lease_holder == "b"
+    # b goes silent: a takes over once it has seen the same record for lease_duration_s
+    wait_until(a.try_acquire_or_renew, timeout_s=10, interval_s=0.5, what="a to take over the silent lease")
+    assert not b.is_leader() or b.try_acquire_or_renew() is False
+
+
+def test_command_line_runs_the_controller_until_sigterm(live: Live, kwok_gpu_nodes, tmp_path: Path) -> None:
+    kwok_gpu_nodes(1, gpus_per_node=8)
+    name = live.create_job("cli", replicas=1, max_replicas=2)
+    live.wait_running(name, 1)
+    port = free_port()
+    log_path = tmp_path / "controller.log"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "POD_NAMESPACE": live.namespace}
+    argv = [sys.executable, "-m", "gpu_scheduler", "run", f"--prometheus-url={live.prometheus.url}",
+            f"--kubeconfig={live.bed.kubeconfig}", f"--watch-namespace={live.namespace}",
+            "--plugin=tests.gpu_scheduler.policies_for_tests", "--policy=test-grow", "--interval-s=1",
+            "--metrics-window-s=3", "--metrics-addr=127.0.0.1", f"--metrics-port={port}"]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+                                start_new_session=True)
+    try:
+        wait_until(lambda: live.replicas(name) == 2, timeout_s=60, what="the CLI controller to scale the job")
+        metrics = wait_until(lambda: _scrape(port), timeout_s=20, what="/metrics")
+        assert "trainflow_scheduler_ticks_total" in metrics and 'trainflow_scheduler_leader 1.0' in metrics
+        holder = live.client.get(_lease(), "trainflow-gpu-scheduler", namespace=live.namespace).spec.holderIdentity
+        assert holder
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 0
+    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    assert any(rec["msg"] == "action applied" and rec["action"] == "ScaledUp" and rec["job"].endswith(name)
+               for rec in lines)
+    assert all({"ts", "level", "logger", "msg"} <= rec.keys() for rec in lines)
+    lease = live.client.get(_lease(), "trainflow-gpu-scheduler", namespace=live.namespace)
+    assert not lease.spec.holderIdentity  # released on SIGTERM
+
+
+def _lease() -> Any:
+    from lightkube.resources.coordination_v1 import Lease
+
+    return Lease
+
+
+def _scrape(port: int) -> str | None:
+    try:
+        response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+    except httpx.HTTPError:
+        return None
+    return response.text if response.status_code == 200 and "trainflow_scheduler_ticks_total" in response.text else None
+
+
+def _metrics_text(runtime: Runtime) -> bytes:
+    from prometheus_client import generate_latest
+
+    return generate_latest(runtime.metrics.registry)
+
+
+
+def test_runs_under_the_manifests_least_privilege_rbac(live: Live, kwok_gpu_nodes, tmp_path: Path) -> None:
+    """The controller as the ``trainflow-gpu-scheduler`` ServiceAccount bound by
+    manifests/base/scheduler/rbac.yaml: watches, a scale-up through the scale subresource, an
+    Event, the Lease and the ConfigMap all work; a Secret read is forbidden."""
+    import uuid
+
+    import yaml
+    from lightkube import codecs
+    from lightkube.core.exceptions import ApiError
+    from lightkube.models.authentication_v1 import TokenRequestSpec
+    from lightkube.resources.core_v1 import Secret, ServiceAccount
+    from lightkube.resources.core_v1 import ServiceAccountToken as TokenRequest
+
+    kwok_gpu_nodes(1, gpus_per_node=8)
+    client = live.client
+    sa = "trainflow-gpu-scheduler"
+    client.create(ServiceAccount(metadata=ObjectMeta(name=sa, namespace=live.namespace)))
+    suffix = uuid.uuid4().hex[:6]
+    created_cluster_objects = []
+    for doc in yaml.safe_load_all((REPO / "manifests/base/scheduler/rbac.yaml").read_text()):
+        if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            doc["metadata"]["name"] += f"-{suffix}"  # cluster-scoped: unique per test
+        if doc["kind"] == "ClusterRoleBinding":
+            doc["roleRef"]["name"] += f"-{suffix}"
+        for subject in doc.get("subjects", []):
+            subject["namespace"] = live.namespace
+        if doc["kind"] in ("Role", "RoleBinding"):
+            doc["metadata"]["namespace"] = live.namespace
+        obj = codecs.from_dict(doc)
+        client.create(obj)
+        if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            created_cluster_objects.append(obj)
+    try:
+        token = client.create(TokenRequest(metadata=ObjectMeta(name=sa, namespace=live.namespace),
+                                           spec=TokenRequestSpec(audiences=[], expirationSeconds=3600)),
+                              sa, namespace=live.namespace).status.token
+        kubeconfig = tmp_path / "scheduler.kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "bed", "cluster": {"server": live.bed.server,
+                                                     "certificate-authority": str(live.bed.root / "pki" / "ca.crt")}}],
+            "users": [{"name": sa, "user": {"token": token}}],
+            "contexts": [{"name": "bed", "context": {"cluster": "bed", "user": sa, "namespace": live.namespace}}],
+            "current-context": "bed",
+        }))
+        live.set_policy("test-grow")
+        name = live.create_job("rbac", replicas=1, max_replicas=3)
+        live.wait_running(name, 1)
+        runtime = live.controller(kubeconfig=str(kubeconfig), watch_namespace=None, leader_election=True,
+                                  replicas_via="scale", lease_duration_s=6, renew_deadline_s=4, retry_period_s=1)
+        runtime.leader.start()
+        wait_until(runtime.leader.is_leader, timeout_s=15, what="the Lease")
+        report = runtime.controller.tick()
+        assert report.skipped is None and report.policy == "test-grow"
+        assert [(r.action.kind, r.status, r.event_recorded) for r in report.results] == [
+            (ActionKind.SCALE_UP, "applied", True)]
+        assert live.replicas(name) == 3
+        assert [e.reason for e in live.events(name)] == ["ScaledUp"]  # created as the ServiceAccount
+        scheduler_client = KubeConnector(kubeconfig).client()
+        with pytest.raises(ApiError) as denied:
+            list(scheduler_client.list(Secret, namespace=live.namespace))
+        assert denied.value.status.code == 403
+    finally:
+        for obj in created_cluster_objects:
+            with contextlib.suppress(Exception):
+                client.delete(type(obj), obj.metadata.name)

@@ -1,0 +1,132 @@
+"""Pure parsing of the observe layer: API objects -> kube values, Prometheus JSON -> readings, and
+the controller's annotations (no servers)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from lightkube.resources.core_v1 import Node, Pod
+
+from gpu_scheduler.kube import ANNOTATION_PREFIX, JobMemo, ScaleUpWatch
+from gpu_scheduler.observe.kubernetes import node_state, pod_state, pytorchjob_state
+from gpu_scheduler.observe.prometheus import (
+    QUERIES,
+    PrometheusUnavailable,
+    metrics_from_results,
+    parse_vector,
+)
+from tests.gpu_scheduler.kube_objects import T0, node, pod, pytorchjob, vector
+
+
+def test_node_state_reads_allocatable_gpus_and_schedulability() -> None:
+    assert node_state(Node.from_dict(node("n0", 8))).gpus == 8
+    assert node_state(Node.from_dict(node("n0", 8))).schedulable
+    assert not node_state(Node.from_dict(node("n1", 8, ready=False))).schedulable
+    assert not node_state(Node.from_dict(node("n2", 4, unschedulable=True))).schedulable
+    plain = node("cpu-only")
+    del plain["status"]["allocatable"]["nvidia.com/gpu"]
+    assert node_state(Node.from_dict(plain)).gpus == 0
+
+
+def test_pod_state_joins_worker_pods_to_their_job() -> None:
+    p = pod_state(Pod.from_dict(pod("ns", "job-a-worker-1", job="job-a", node="n0", gpus=2, started_at=T0 + 5)))
+    assert (p.job, p.worker, p.node, p.phase, p.gpus) == ("ns/job-a", True, "n0", "Running", 2)
+    assert p.started_at_s == pytest.approx(T0 + 5) and p.created_at_s == pytest.approx(T0)
+    pending = pod_state(Pod.from_dict(pod("ns", "job-a-worker-2", job="job-a")))
+    assert not pending.bound and pending.phase == "Pending"
+    other = pod_state(Pod.from_dict(pod("ns", "inference-0", gpus=1, node="n0")))
+    assert other.job is None and not other.worker and other.gpus == 1
+    going = pod_state(Pod.from_dict(pod("ns", "job-a-worker-0", job="job-a", node="n0", terminating=True)))
+    assert going.terminating
+
+
+def test_pytorchjob_state_reads_bounds_gpus_and_suspension() -> None:
+    job = pytorchjob_state(pytorchjob("ns", "a", replicas=3, min_replicas=2, max_replicas=6, gpus=4, suspend=True,
+                                      annotations={"x": "y"}, rv="42", started_at=T0 + 9))
+    assert job is not None
+    assert (job.key, job.spec_workers, job.min_workers, job.max_workers) == ("ns/a", 3, 2, 6)
+    assert (job.gpus_per_worker, job.nproc_per_node, job.suspended, job.finished) == (4, 4, True, False)
+    assert job.resource_version == "42" and job.uid == "uid-a" and job.started_at_s == pytest.approx(T0 + 9)
+    assert job.gpu_container == 1  # the container named "pytorch", not the sidecar
+    assert job.gpu_container_resources["limits"]["memory"] == "4Gi"
+    assert job.metrics_key == "ns/a"
+
+
+def test_pytorchjob_state_defaults_and_finished_jobs() -> None:
+    rigid = pytorchjob_state(pytorchjob("ns", "r", replicas=3, min_replicas=None, max_replicas=None))
+    assert rigid is not None and (rigid.min_workers, rigid.max_workers) == (3, 3)
+    done = pytorchjob_state(pytorchjob("ns", "d", conditions=[{"type": "Succeeded", "status": "True"}]))
+    assert done is not None and done.finished
+    auto = pytorchjob_state(pytorchjob("ns", "g", nproc="auto",
+                                       annotations={"trainflow.dev/job-key": "runs/abc/train"}))
+    assert auto is not None and auto.nproc_per_node is None and auto.metrics_key == "runs/abc/train"
+    no_worker = pytorchjob("ns", "m")
+    no_worker["spec"]["pytorchReplicaSpecs"] = {"Master": {"replicas": 1}}
+    assert pytorchjob_state(no_worker) is None
+
+
+def test_parse_vector_accepts_vectors_and_drops_nan() -> None:
+    payload = vector(({"namespace": "ns", "pod": "p"}, 0.5), ({"namespace": "ns", "pod": "q"}, float("nan")))
+    assert parse_vector(payload) == [({"namespace": "ns", "pod": "p"}, 0.5)]
+
+
+@pytest.mark.parametrize(
+    ("payload", "match"),
+    [
+        ({"status": "error", "errorType": "bad_data", "error": "parse error at char 3"}, "bad_data: parse error"),
+        ({"status": "success", "data": {"resultType": "matrix", "result": []}}, "not an instant vector"),
+        ({"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}}]}}, "malformed sample"),
+        ([], "not a JSON object"),
+    ],
+)
+def test_parse_vector_rejects_errors_with_one_line(payload: object, match: str) -> None:
+    with pytest.raises(PrometheusUnavailable, match=match):
+        parse_vector(payload)
+
+
+def test_metrics_carry_the_busy_source_and_keep_only_stable_world_sizes() -> None:
+    results = {
+        "gpu_busy": [({"namespace": "ns", "pod": "a-0", "source": "gr_engine_active"}, 0.8),
+                     ({"namespace": "ns", "pod": "b-0", "source": "gpu_util"}, 0.4),
+                     ({"namespace": "", "pod": ""}, 0.1)],
+        "samples": [({"job_key": "ns/a"}, 120.0), ({"job_key": "ns/b"}, 50.0)],
+        "world_size": [({"job_key": "ns/a"}, 4.0)],  # ns/b was resized within the window
+    }
+    m = metrics_from_results(results, taken_at_s=T0, window_s=60)
+    assert m.pods[("ns", "a-0")].busy == pytest.approx(0.8) and m.pods[("ns", "a-0")].source == "gr_engine_active"
+    assert m.pods[("ns", "b-0")].busy == pytest.approx(0.4) and m.pods[("ns", "b-0")].source == "gpu_util"
+    assert ("", "") not in m.pods
+    assert m.jobs["ns/a"].world_size == 4 and m.jobs["ns/a"].samples_per_s == 120.0
+    assert m.jobs["ns/b"].world_size is None
+
+
+def test_queries_are_formatted_with_the_window() -> None:
+    q = QUERIES["samples"].format(window="60s")
+    assert q == "avg by (job_key) (avg_over_time(trainflow_samples_per_second[60s]))"
+    assert all("{window}" in q for q in QUERIES.values())
+    assert 'DCGM_FI_PROF_GR_ENGINE_ACTIVE{pod!=""}[60s]' in QUERIES["gpu_busy"].format(window="60s")
+
+
+def test_job_memo_round_trips_through_annotations() -> None:
+    memo = JobMemo(requested_workers=3, restarts=2, throughput={1: 10.0, 2: 19.5}, attained_service_gpu_s=3600.0,
+                   attained_at_s=T0, scale_up=ScaleUpWatch(from_workers=1, to_workers=3, at_s=T0),
+                   hold_until_s=T0 + 600, hold_max_workers=1, suspended_by_scheduler=True, reshape=(2, 4))
+    annotations = {k: v for k, v in memo.annotations().items() if v is not None}
+    assert JobMemo.parse(annotations) == memo
+    assert json.loads(annotations[ANNOTATION_PREFIX + "throughput"]) == {
+        "unit": "samples/s", "by_workers": {"1": 10.0, "2": 19.5}}
+    assert memo.held(T0 + 1) and not memo.held(T0 + 600)
+
+
+def test_job_memo_ignores_malformed_values_and_diffs_minimally() -> None:
+    bad = {ANNOTATION_PREFIX + "restarts": "many", ANNOTATION_PREFIX + "scale-up": "{not json",
+           ANNOTATION_PREFIX + "throughput": '{"by_workers": {"0": 5, "2": "x"}}',
+           ANNOTATION_PREFIX + "requested-workers": "2"}
+    memo = JobMemo.parse(bad)
+    assert memo.restarts == 0 and memo.scale_up is None and memo.throughput == {}
+    assert memo.requested_workers == 2
+    same = {ANNOTATION_PREFIX + "requested-workers": "2"}
+    assert JobMemo(requested_workers=2).changed_annotations(same) == {}
+    assert JobMemo(requested_workers=2, restarts=1).changed_annotations(same) == {ANNOTATION_PREFIX + "restarts": "1"}
+    assert JobMemo().changed_annotations(same) == {ANNOTATION_PREFIX + "requested-workers": None}

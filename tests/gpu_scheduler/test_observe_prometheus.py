@@ -1,0 +1,88 @@
+"""The Prometheus side of observation against a real Prometheus scraping the simulated DCGM exporter."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gpu_scheduler.observe.prometheus import PrometheusObserver, PrometheusUnavailable
+
+pytestmark = pytest.mark.prometheus
+
+
+def test_observe_returns_per_pod_gpu_use_and_per_job_throughput(prometheus_server, dcgm_exporter) -> None:
+    exporter = dcgm_exporter()
+    exporter.set_pod("team-a", "bert-worker-0", gpus=2, busy=0.8, node="gpu-0")
+    exporter.set_pod("team-a", "bert-worker-1", gpus=2, busy=0.6, node="gpu-1")
+    exporter.set_pod("team-b", "cnn-worker-0", gpus=1, busy=0.25, node="gpu-0")
+    exporter.set_job("team-a/bert", 512.0, 4)
+    prom = prometheus_server([exporter.target], scrape_interval_s=0.5)
+    prom.wait_for('count(DCGM_FI_PROF_GR_ENGINE_ACTIVE{pod!=""})', lambda r: r and float(r[0]["value"][1]) == 5)
+    observer = PrometheusObserver(prom.url, window_s=10)
+    sample = observer.observe(time.time())
+    assert sample.pods[("team-a", "bert-worker-0")].busy == pytest.approx(0.8)
+    assert sample.pods[("team-a", "bert-worker-1")].busy == pytest.approx(0.6)
+    assert sample.pods[("team-b", "cnn-worker-0")].busy == pytest.approx(0.25)
+    assert sample.pods[("team-a", "bert-worker-0")].source == "gr_engine_active"
+    assert sample.jobs["team-a/bert"].samples_per_s == pytest.approx(512.0)
+    assert sample.jobs["team-a/bert"].world_size == 4
+    assert observer.requests == 3  # one instant query per named PromQL constant
+
+
+def test_resize_within_the_window_yields_no_world_size(prometheus_server, dcgm_exporter) -> None:
+    exporter = dcgm_exporter()
+    exporter.set_job("ns/j", 100.0, 2)
+    prom = prometheus_server([exporter.target], scrape_interval_s=0.5)
+    prom.wait_for("trainflow_world_size", lambda r: len(r) == 1)
+    exporter.set_job("ns/j", 190.0, 4)
+    prom.wait_for("trainflow_world_size", lambda r: r and r[0]["value"][1] == "4")
+    sample = PrometheusObserver(prom.url, window_s=30).observe(time.time())
+    assert sample.jobs["ns/j"].world_size is None  # 2 and 4 both inside the window
+
+
+def test_gpu_util_is_used_without_profiling_metrics(prometheus_server, dcgm_exporter) -> None:
+    exporter = dcgm_exporter(profiling=False)
+    exporter.set_pod("ns", "p-worker-0", gpus=1, busy=0.4)
+    prom = prometheus_server([exporter.target], scrape_interval_s=0.5)
+    prom.wait_for('DCGM_FI_DEV_GPU_UTIL{pod="p-worker-0"}')
+    sample = PrometheusObserver(prom.url, window_s=10).observe(time.time())
+    reading = sample.pods[("ns", "p-worker-0")]
+    assert reading.source == "gpu_util" and reading.busy == pytest.approx(0.4)
+
+
+def test_mixed_fleet_uses_engine_active_where_exported_and_utilisation_elsewhere(
+    prometheus_server, dcgm_exporter
+) -> None:
+    h100 = dcgm_exporter()  # profiling metrics exported
+    t4 = dcgm_exporter(profiling=False)
+    h100.set_pod("ns", "a-worker-0", gpus=1, busy=0.7, node="gpu-h100")
+    t4.set_pod("ns", "b-worker-0", gpus=1, busy=0.3, node="gpu-t4")
+    prom = prometheus_server([h100.target, t4.target], scrape_interval_s=0.5)
+    prom.wait_for('DCGM_FI_DEV_GPU_UTIL{pod!=""}', lambda r: len(r) == 2)
+    sample = PrometheusObserver(prom.url, window_s=10).observe(time.time())
+    assert (sample.pods[("ns", "a-worker-0")].source, sample.pods[("ns", "b-worker-0")].source) == (
+        "gr_engine_active", "gpu_util")
+    assert sample.pods[("ns", "a-worker-0")].busy == pytest.approx(0.7)
+    assert sample.pods[("ns", "b-worker-0")].busy == pytest.approx(0.3)
+
+
+def test_exporter_without_pod_labels_gives_no_pod_readings(prometheus_server, dcgm_exporter) -> None:
+    exporter = dcgm_exporter(pod_labels=False)
+    exporter.set_pod("ns", "p-worker-0", gpus=2, busy=0.9)
+    prom = prometheus_server([exporter.target], scrape_interval_s=0.5)
+    prom.wait_for("DCGM_FI_DEV_GPU_UTIL", lambda r: len(r) == 2)
+    sample = PrometheusObserver(prom.url, window_s=10).observe(time.time())
+    assert sample.pods == {}
+
+
+def test_stopped_prometheus_raises_a_one_line_reason(prometheus_server, dcgm_exporter) -> None:
+    exporter = dcgm_exporter()
+    prom = prometheus_server([exporter.target])
+    observer = PrometheusObserver(prom.url, window_s=10, timeout_s=2)
+    observer.observe(time.time())
+    prom.stop()
+    with pytest.raises(PrometheusUnavailable, match=r"^Prometheus at http://127\.0\.0\.1:\d+ unreachable: ConnectError"):
+        observer.observe(time.time())
+    prom.start()
+    assert observer.observe(time.time()).taken_at_s > 0

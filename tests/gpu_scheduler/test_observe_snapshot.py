@@ -1,0 +1,168 @@
+"""Pure merge of Kubernetes and Prometheus observations into the policy's snapshot."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+from lightkube.resources.core_v1 import Node, Pod
+
+from gpu_scheduler.kube import ANNOTATION_PREFIX, POLICY_ANNOTATION_PREFIX
+from gpu_scheduler.model import Placement
+from gpu_scheduler.observe.kubernetes import node_state, pod_state, pytorchjob_state
+from gpu_scheduler.observe.prometheus import JobThroughput, MetricsSample, PodGpu
+from gpu_scheduler.observe.snapshot import (
+    UNIT_BUSY_GPUS,
+    UNIT_SAMPLES_PER_S,
+    ClusterView,
+    Ledger,
+    build_snapshot,
+    cluster_view,
+)
+from tests.gpu_scheduler.kube_objects import T0, node, pod, pytorchjob
+
+
+def view_of(nodes: Iterable[dict[str, Any]], pods: Iterable[dict[str, Any]], jobs: Iterable[dict[str, Any]]) -> ClusterView:
+    return cluster_view(
+        [node_state(Node.from_dict(n)) for n in nodes],
+        [pod_state(Pod.from_dict(p)) for p in pods],
+        [s for s in (pytorchjob_state(j) for j in jobs) if s is not None],
+    )
+
+
+def dcgm_for(view: ClusterView, busy: float = 0.9, *, skip: Iterable[str] = ()) -> dict[tuple[str, str], PodGpu]:
+    return {
+        (p.namespace, p.name): PodGpu(busy=busy, source="gr_engine_active")
+        for pods in view.pods_by_job.values() for p in pods if p.bound and p.name not in set(skip)
+    }
+
+
+def metrics(pods: dict | None = None, jobs: dict | None = None, window_s: float = 60.0) -> MetricsSample:
+    return MetricsSample(taken_at_s=T0, window_s=window_s, pods=pods or {}, jobs=jobs or {})
+
+
+def running_job(ns: str, name: str, nodes: list[str], *, gpus: int = 1, started: float = T0, **kw: Any):
+    pods = [pod(ns, f"{name}-worker-{i}", job=name, node=n, gpus=gpus, started_at=started)
+            for i, n in enumerate(nodes)]
+    return pytorchjob(ns, name, replicas=len(nodes), gpus=gpus, started_at=started, **kw), pods
+
+
+def test_view_joins_pods_and_counts_foreign_gpus() -> None:
+    job, pods = running_job("ns", "a", ["n0", "n0", "n1"], gpus=2)
+    pods.append(pod("ns", "a-worker-3", job="a", gpus=2))                       # pending
+    pods.append(pod("ns", "a-worker-4", job="a", node="n1", gpus=2, terminating=True))
+    pods.append(pod("other", "serving-0", node="n1", gpus=1))                   # not ours
+    pods.append(pod("ns", "old-worker-0", job="old", node="n0", gpus=1))         # finished job's pod
+    finished = pytorchjob("ns", "old", conditions=[{"type": "Succeeded", "status": "True"}])
+    view = view_of([node("n0"), node("n1")], pods, [job, finished])
+    assert list(view.jobs) == ["ns/a"]
+    jv = view.jobs["ns/a"]
+    assert jv.placement == Placement((("n0", 2), ("n1", 1)))
+    assert (jv.pending_workers, jv.terminating_workers) == (1, 1)
+    assert view.foreign_gpus == {"n1": 2 + 1, "n0": 1}
+
+
+def test_snapshot_builds_jobs_with_bounds_throughput_and_policy_state() -> None:
+    ann = {POLICY_ANNOTATION_PREFIX + "queue": "1", ANNOTATION_PREFIX + "requested-workers": "3",
+           ANNOTATION_PREFIX + "restarts": "2", "unrelated": "x"}
+    job, pods = running_job("ns", "a", ["n0", "n0"], gpus=2, started=T0 - 600, annotations=ann)
+    view = view_of([node("n0"), node("n1")], pods, [job])
+    ledger = Ledger()
+    ledger.advance(view, T0)
+    m = metrics(dcgm_for(view), {"ns/a": JobThroughput(samples_per_s=200.0, world_size=4)})
+    assert ledger.record(view, m, T0) == {"ns/a": (UNIT_SAMPLES_PER_S, 2, 200.0)}
+    build = build_snapshot(view, m, ledger, T0)
+    assert build.excluded == {}
+    (j,) = build.snapshot.jobs
+    assert (j.name, j.min_workers, j.max_workers, j.requested_workers, j.gpus_per_worker) == ("ns/a", 1, 4, 3, 2)
+    assert j.placement.workers == 2 and j.restarts == 2 and j.annotations == {"queue": "1"}
+    assert j.throughput == {2: 200.0}
+    assert j.attained_service_gpu_s == pytest.approx(2 * 2 * 600)  # seeded from the pods' start times
+    assert j.first_start_s == pytest.approx(T0 - 600) and j.placement_since_s == pytest.approx(T0 - 600)
+    assert [(n.name, n.gpus, n.gpus_unavailable) for n in build.snapshot.nodes] == [("n0", 8, 0), ("n1", 8, 0)]
+
+
+def test_missing_dcgm_leaves_the_job_out_and_keeps_its_gpus() -> None:
+    a, a_pods = running_job("ns", "a", ["n0", "n0"], gpus=2)
+    b, b_pods = running_job("ns", "b", ["n1"], gpus=1, created_at=T0 + 1)
+    view = view_of([node("n0", 4), node("n1", 4)], a_pods + b_pods, [a, b])
+    ledger = Ledger()
+    ledger.advance(view, T0)
+    build = build_snapshot(view, metrics(dcgm_for(view, skip={"a-worker-1"})), ledger, T0)
+    assert "no DCGM metrics for pod(s) a-worker-1" in build.excluded["ns/a"]
+    assert [j.name for j in build.snapshot.jobs] == ["ns/b"]
+    n0 = build.snapshot.node("n0")
+    assert (n0.gpus, n0.gpus_unavailable) == (4, 4)  # a's 2x2 GPUs are off limits to the policy
+
+
+def test_jobs_left_out_for_their_own_state() -> None:
+    watch = f'{{"from":1,"to":3,"at":{T0}}}'
+    jobs = [
+        pytorchjob("ns", "cpu", gpus=0),
+        pytorchjob("ns", "theirs", suspend=True),
+        pytorchjob("ns", "ours", suspend=True, annotations={ANNOTATION_PREFIX + "suspended-by": "trainflow-gpu-scheduler"}),
+        pytorchjob("ns", "watched", replicas=3, annotations={ANNOTATION_PREFIX + "scale-up": watch}),
+        pytorchjob("ns", "held", suspend=True, annotations={
+            ANNOTATION_PREFIX + "suspended-by": "trainflow-gpu-scheduler",
+            ANNOTATION_PREFIX + "hold": '{"until":%s,"max_workers":0}' % (T0 + 100)}),
+    ]
+    pods = [pod("ns", "watched-worker-0", job="watched", node="n0"), pod("ns", "watched-worker-1", job="watched"),
+            pod("ns", "watched-worker-2", job="watched")]
+    view = view_of([node("n0", 4)], pods, jobs)
+    ledger = Ledger()
+    ledger.advance(view, T0)
+    build = build_snapshot(view, metrics(dcgm_for(view)), ledger, T0)
+    assert set(build.excluded) == {"ns/cpu", "ns/theirs", "ns/watched", "ns/held"}
+    assert "no nvidia.com/gpu" in build.excluded["ns/cpu"]
+    assert "someone other than the scheduler" in build.excluded["ns/theirs"]
+    assert "waiting for 2 worker pod(s)" in build.excluded["ns/watched"]
+    assert "held until" in build.excluded["ns/held"]
+    assert [j.name for j in build.snapshot.jobs] == ["ns/ours"]
+    # watched: 1 bound GPU + 2 pending workers reserved on the only node
+    assert build.snapshot.node("n0").gpus_unavailable == 3
+
+
+def test_hold_caps_max_workers_until_it_expires() -> None:
+    hold = {ANNOTATION_PREFIX + "hold": '{"until":%s,"max_workers":2}' % (T0 + 100),
+            ANNOTATION_PREFIX + "requested-workers": "4"}
+    job, pods = running_job("ns", "a", ["n0", "n0"], annotations=hold)
+    view = view_of([node("n0")], pods, [job])
+    ledger = Ledger()
+    ledger.advance(view, T0)
+    m = metrics(dcgm_for(view))
+    held = build_snapshot(view, m, ledger, T0).snapshot.job("ns/a")
+    assert (held.max_workers, held.requested_workers) == (2, 2)
+    later = build_snapshot(view, m, ledger, T0 + 100).snapshot.job("ns/a")
+    assert (later.max_workers, later.requested_workers) == (4, 4)
+
+
+def test_ledger_integrates_attained_service_and_only_records_stable_throughput() -> None:
+    job, pods = running_job("ns", "a", ["n0", "n0"], gpus=2, started=T0)
+    view = view_of([node("n0")], pods, [job])
+    ledger = Ledger()
+    ledger.advance(view, T0)
+    ledger.advance(view, T0 + 30)
+    assert ledger.attained_gpu_s("ns/a") == pytest.approx(4 * 30)
+    # world size 2 while the job has 2 workers x 2 ranks: a resize is under way, nothing recorded
+    assert ledger.record(view, metrics(dcgm_for(view), {"ns/a": JobThroughput(100.0, 2)}), T0 + 30) == {}
+    # no trainer metrics: busy GPUs from DCGM, once the placement is older than the window
+    assert ledger.record(view, metrics(dcgm_for(view, 0.5), window_s=60), T0 + 30) == {}
+    assert ledger.record(view, metrics(dcgm_for(view, 0.5), window_s=60), T0 + 60) == {
+        "ns/a": (UNIT_BUSY_GPUS, 2, pytest.approx(2.0))}
+    # samples/s replace the stand-in entirely
+    ledger.record(view, metrics(dcgm_for(view), {"ns/a": JobThroughput(300.0, 4)}), T0 + 90)
+    assert ledger.book("ns/a").unit == UNIT_SAMPLES_PER_S and dict(ledger.book("ns/a").by_workers) == {2: 300.0}
+    memo = ledger.memo("ns/a", view.jobs["ns/a"].job.memo, T0 + 90)
+    assert memo.throughput == {2: 300.0} and memo.attained_at_s == T0 + 90
+
+
+def test_ledger_seeds_from_annotations_after_a_restart() -> None:
+    ann = {ANNOTATION_PREFIX + "attained-service": '{"gpu_s":1000,"at":%s}' % (T0 - 10),
+           ANNOTATION_PREFIX + "throughput": '{"unit":"busy-gpus","by_workers":{"1":0.9}}'}
+    job, pods = running_job("ns", "a", ["n0"], gpus=1, started=T0 - 20, annotations=ann)
+    view = view_of([node("n0")], pods, [job])
+    ledger = Ledger()
+    ledger.advance(view, T0)
+    assert ledger.attained_gpu_s("ns/a") == pytest.approx(1010.0)
+    assert ledger.book("ns/a").unit == UNIT_BUSY_GPUS and dict(ledger.book("ns/a").by_workers) == {1: 0.9}

@@ -1,0 +1,271 @@
+"""A simulated NVIDIA dcgm-exporter (plus the trainer's gauges) on 127.0.0.1, for tests.
+
+There are no GPUs here, so GPU metrics come from this exporter: a prometheus_client server whose
+series have the names and labels of the real dcgm-exporter with pod attribution on
+(``DCGM_FI_DEV_GPU_UTIL`` in percent, ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` as a 0..1 ratio; labels
+``gpu``, ``UUID``, ``device``, ``modelName``, ``Hostname``, ``container``, ``namespace``, ``pod``;
+one series per GPU), and the trainer's ``trainflow_samples_per_second`` /
+``trainflow_world_size`` labelled ``job_key``. Values are set per pod and per job by the test.
+
+``pod_labels=False`` serves the same GPUs with empty ``pod``/``namespace``/``container`` — what
+dcgm-exporter does without ``--kubernetes`` — to test the "missing metrics" path.
+
+:meth:`DcgmExporter.follow` keeps the series in step with a namespace's PyTorchJob worker pods on
+a real API server (polled through lightkube): a pod gets series while it is Running on a node, and
+each job's throughput is ``speedup(workers)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from tests.support.processes import free_port
+
+GPU_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "container", "namespace", "pod"]
+
+
+@dataclass
+class _Pod:
+    gpus: int
+    busy: float
+    node: str
+    container: str
+
+
+class DcgmExporter(Collector):
+    """Serves ``/metrics`` on ``127.0.0.1:<port>``; mutate it with the ``set_*`` / ``remove_*`` methods."""
+
+    def __init__(self, *, pod_labels: bool = True, profiling: bool = True) -> None:
+        self.pod_labels = pod_labels
+        self.profiling = profiling
+        self._pods: dict[tuple[str, str], _Pod] = {}
+        self._jobs: dict[str, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self._follow_stop = threading.Event()
+        self._follow_thread: threading.Thread | None = None
+        self.port = 0
+
+    # -- values ---------------------------------------------------------------------------------
+
+    def set_pod(self, namespace: str, pod: str, *, gpus: int = 1, busy: float = 0.9, node: str = "node-0",
+                container: str = "pytorch") -> None:
+        with self._lock:
+            self._pods[(namespace, pod)] = _Pod(gpus=gpus, busy=busy, node=node, container=container)
+
+    def remove_pod(self, namespace: str, pod: str) -> None:
+        with self._lock:
+            self._pods.pop((namespace, pod), None)
+
+    def set_job(self, job_key: str, samples_per_s: float, world_size: int) -> None:
+        with self._lock:
+            self._jobs[job_key] = (samples_per_s, world_size)
+
+    def remove_job(self, job_key: str) -> None:
+        with self._lock:
+            self._jobs.pop(job_key, None)
+
+    def pods(self) -> set[tuple[str, str]]:
+        with self._lock:
+            return set(self._pods)
+
+    # -- exposition -----------------------------------------------------------------------------
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        util = GaugeMetricFamily("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", labels=GPU_LABELS)
+        active = GaugeMetricFamily("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.",
+                                   labels=GPU_LABELS)
+        samples = GaugeMetricFamily("trainflow_samples_per_second", "Training throughput.", labels=["job_key"])
+        world = GaugeMetricFamily("trainflow_world_size", "Ranks in the worker group.", labels=["job_key"])
+        with self._lock:
+            pods = sorted(self._pods.items())
+            jobs = sorted(self._jobs.items())
+        gpu_index: dict[str, int] = {}
+        for (namespace, name), p in pods:
+            for _ in range(p.gpus):
+                i = gpu_index.get(p.node, 0)
+                gpu_index[p.node] = i + 1
+                attributed = (p.container, namespace, name) if self.pod_labels else ("", "", "")
+                labels = [str(i), f"GPU-{p.node}-{i:02d}", f"nvidia{i}", "NVIDIA H100 80GB HBM3", p.node, *attributed]
+                util.add_metric(labels, round(p.busy * 100.0, 3))
+                active.add_metric(labels, p.busy)
+        for key, (sps, ws) in jobs:
+            samples.add_metric([key], sps)
+            world.add_metric([key], float(ws))
+        yield util
+        if self.profiling:
+            yield active
+        yield samples
+        yield world
+
+    def start(self) -> DcgmExporter:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)
+        self.port = free_port()
+        self._server, _ = start_http_server(self.port, addr="127.0.0.1", registry=registry)
+        return self
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.stop_following()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                self._server.shutdown()
+                self._server.server_close()
+            self._server = None
+
+    # -- following a namespace's pods -------------------------------------------------------------
+
+    def follow(
+        self,
+        client: Any,
+        namespace: str,
+        *,
+        speedup: Callable[[str, int], float] = lambda job, workers: 100.0 * workers**0.9,
+        busy: Callable[[str, int], float] = lambda job, workers: 0.9,
+        trainer_metrics: bool = True,
+        interval_s: float = 0.25,
+    ) -> None:
+        """Follow the namespace's pods (LIST + WATCH); every ``interval_s`` serve DCGM series for the
+        Running PyTorchJob worker pods with GPUs and, per job,
+        ``trainflow_samples_per_second = speedup(job, workers)`` with
+        ``trainflow_world_size = workers x GPUs per worker`` (``job_key`` = ``namespace/job``)."""
+        from lightkube.resources.core_v1 import Pod
+
+        running: dict[str, tuple[str, int, str]] = {}  # pod -> (job, gpus, node)
+        seen_lock = threading.Lock()
+
+        def info(pod: Any) -> tuple[str, int, str] | None:
+            labels = pod.metadata.labels or {}
+            job = labels.get("training.kubeflow.org/job-name")
+            if not job or pod.metadata.deletionTimestamp is not None:
+                return None
+            if not pod.spec.nodeName or (pod.status.phase if pod.status else None) != "Running":
+                return None
+            gpus = 0
+            for c in pod.spec.containers:
+                limits = (c.resources.limits if c.resources else None) or {}
+                gpus += int(limits.get("nvidia.com/gpu", 0))
+            return (job, gpus, pod.spec.nodeName) if gpus else None
+
+        def watch() -> None:
+            while not self._follow_stop.is_set():
+                try:
+                    listed = client.list(Pod, namespace=namespace)
+                    fresh = {p.metadata.name: i for p in listed if (i := info(p)) is not None}
+                    with seen_lock:
+                        running.clear()
+                        running.update(fresh)
+                    synced.set()
+                    for kind, pod in client.watch(Pod, namespace=namespace, server_timeout=30,
+                                                  resource_version=listed.resourceVersion):
+                        if self._follow_stop.is_set():
+                            return
+                        i = None if kind == "DELETED" else info(pod)
+                        with seen_lock:
+                            if i is None:
+                                running.pop(pod.metadata.name, None)
+                            else:
+                                running[pod.metadata.name] = i
+                except Exception:
+                    self._follow_stop.wait(0.5)
+
+        def publish() -> None:
+            with seen_lock:
+                seen = dict(running)
+            workers: dict[str, list[int]] = {}
+            for job, gpus, _node in seen.values():
+                workers.setdefault(job, []).append(gpus)
+            for key in self.pods() - {(namespace, name) for name in seen}:
+                if key[0] == namespace:
+                    self.remove_pod(*key)
+            for name, (job, gpus, node) in seen.items():
+                self.set_pod(namespace, name, gpus=gpus, busy=busy(job, len(workers[job])), node=node)
+            with self._lock:
+                stale = [k for k in self._jobs if k.startswith(f"{namespace}/") and k.split("/", 1)[1] not in workers]
+            for key in stale:
+                self.remove_job(key)
+            if trainer_metrics:
+                for job, gpu_list in workers.items():
+                    self.set_job(f"{namespace}/{job}", speedup(job, len(gpu_list)), sum(gpu_list))
+
+        def loop() -> None:
+            while not self._follow_stop.is_set():
+                with contextlib.suppress(Exception):
+                    publish()
+                self._follow_stop.wait(interval_s)
+
+        synced = threading.Event()
+        self._follow_stop.clear()
+        watcher = threading.Thread(target=watch, name="dcgm-watch", daemon=True)
+        watcher.start()
+        synced.wait(30)
+        publish()
+        self._follow_thread = threading.Thread(target=loop, name="dcgm-follow", daemon=True)
+        self._follow_thread.start()
+
+    def stop_following(self) -> None:
+        self._follow_stop.set()
+        if self._follow_thread is not None:
+            self._follow_thread.join(timeout=5)
+            self._follow_thread = None
+
+
+@pytest.fixture
+def dcgm_exporter() -> Iterator[Callable[..., DcgmExporter]]:
+    """Factory ``make(pod_labels=True, profiling=True) -> started DcgmExporter``; stopped after the test."""
+    made: list[DcgmExporter] = []
+
+    def make(**kwargs: Any) -> DcgmExporter:
+        exporter = DcgmExporter(**kwargs).start()
+        made.append(exporter)
+        return exporter
+
+    yield make
+    for exporter in made:
+        exporter.stop()
+
+
+def main() -> None:
+    """Run the exporter as its own process, following one namespace's worker pods, until SIGTERM:
+    ``python -m tests.support.dcgm_exporter --kubeconfig FILE --namespace NS --port N``
+    (the scale benchmark does, so the exporter's work does not share the controller's interpreter)."""
+    import argparse
+    import signal
+
+    from lightkube import Client
+    from lightkube.config.kubeconfig import KubeConfig
+
+    parser = argparse.ArgumentParser(description="Simulated dcgm-exporter following a namespace's worker pods.")
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--interval-s", type=float, default=2.0)
+    args = parser.parse_args()
+    exporter = DcgmExporter()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(exporter)
+    exporter.port = args.port
+    exporter._server, _ = start_http_server(args.port, addr="127.0.0.1", registry=registry)
+    exporter.follow(Client(KubeConfig.from_file(args.kubeconfig)), args.namespace, interval_s=args.interval_s)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+    exporter.stop()
+
+
+if __name__ == "__main__":
+    main()
