@@ -7,7 +7,8 @@ was staged; ``stall_s`` blocking seconds), ``checkpoint_committed`` / ``checkpoi
 persist thread), ``preempted``, ``finished``.
 
 Prometheus metrics (all prefixed ``trainflow_``, labelled with ``job_key``) — the GPU scheduler reads
-``trainflow_samples_per_second`` to learn each job's throughput at its current world size.
+``trainflow_samples_per_second`` to learn each job's throughput at its current world size, and
+``trainflow_step`` / ``trainflow_total_steps`` / ``trainflow_global_batch_size`` for the work left.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class PrometheusSink:
         self.loss = g("trainflow_loss", "Training loss of the last step (global mean).")
         self.samples_per_s = g("trainflow_samples_per_second", "Training throughput of the last step, all ranks.")
         self.world_size = g("trainflow_world_size", "Ranks in the current worker group.")
+        self.total_steps = g("trainflow_total_steps", "Optimizer steps the job trains for (fixed epochs).")
+        self.global_batch = g("trainflow_global_batch_size", "Samples per optimizer step, all ranks.")
         self.stall_s = g("trainflow_checkpoint_stall_seconds", "Blocking time of the last checkpoint save.")
         self.persist_s = g("trainflow_checkpoint_persist_seconds", "Background persist time of the last checkpoint.")
         self.committed = c("trainflow_checkpoints_committed", "Checkpoints committed.")
@@ -81,6 +84,9 @@ class PrometheusSink:
             self.loss.set(rec["loss"])
             self.samples_per_s.set(rec["samples_per_s"])
             self.world_size.set(rec["world_size"])
+        if rec.get("event") == "start":
+            self.total_steps.set(rec.get("total_steps", 0))
+            self.global_batch.set(rec.get("global_batch_size", 0))
         if rec.get("event") == "checkpoint":
             self.stall_s.set(rec.get("stall_s", 0.0))
         if rec.get("event") == "checkpoint_committed":

@@ -361,6 +361,7 @@ class Trainer:
             (loaded.step if loaded else None, {"id": uuid.uuid4().hex[:12], "started": time.time()})
         )
         self.metrics.record({"event": "start", "world_size": self.env.world_size, "total_steps": self.total_steps,
+                             "global_batch_size": self.cfg.data.global_batch_size,
                              "restart_count": self.env.restart_count, "resume_step": step,
                              "incarnation": self.incarnation["id"]})
         if step is None:

@@ -51,6 +51,7 @@ def test_trainer_serves_prometheus_metrics(digits_dataset, tmp_path) -> None:
         assert metrics["trainflow_samples_per_second"] > 0 and metrics["trainflow_loss"] > 0
         assert metrics["trainflow_checkpoint_persist_seconds"] > 0
         assert metrics["trainflow_resumes_total"] == 0
+        assert metrics["trainflow_total_steps"] == 135 and metrics["trainflow_global_batch_size"] == 32
         proc.send_signal(signal.SIGTERM)  # preemption: saves, then exits 143
         assert proc.wait(120) == 143
     finally:
