@@ -283,6 +283,9 @@ def run(opts: RunOptions, *, console: Console | None = None) -> RunReport:
         RunInputError: bad input (nothing was started).
     """
     console = console or Console()
+    # Pin the console to today's stdout: a rich Console without a file writes to whatever sys.stdout is
+    # at print time, and kfp.local's output is redirected to pipeline.log below.
+    console.file = console.file
     validate(opts)
     out = _output_dir(opts)
     out.mkdir(parents=True, exist_ok=True)

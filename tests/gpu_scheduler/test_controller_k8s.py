@@ -239,8 +239,11 @@ def test_prometheus_stopped_keeps_every_job_as_it_is_and_logs_why(
 ) -> None:
     kwok_gpu_nodes(1, gpus_per_node=8)
     name = live.create_job("outage", replicas=2, max_replicas=4)
-    queued = live.create_job("outage-queued", replicas=2, max_replicas=2, gpus=8)  # cannot fit: Pending
     live.wait_running(name, 2)
+    # Created only now: a worker of 8 GPUs bound first would fill the node and leave ``outage`` Pending.
+    queued = live.create_job("outage-queued", replicas=2, max_replicas=2, gpus=8)  # cannot fit: Pending
+    wait_until(lambda: len(live.pods(queued)) == 2, timeout_s=60, what=f"the Pending workers of {queued}")
+    assert live.running(queued) == 0
     runtime = live.controller(policy="test-shrink")
     live.prometheus.stop()
     before = {n: live.job(n).metadata.resourceVersion for n in (name, queued)}
