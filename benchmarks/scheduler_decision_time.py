@@ -60,7 +60,7 @@ def make_snapshot(n_jobs: int, n_nodes: int, gpn: int, seed: int, oracle: bool) 
             throughput={n: tp(n) for n in counts} if (placement or oracle) else {},
             restarts=rng.randint(0, 3), first_start_s=submit + 60 if placement else None,
             placement_since_s=now - rng.uniform(0, 3000) if placement else None,
-            global_batch_size=1024, remaining_samples=rng.uniform(1e5, 1e8) if oracle else None,
+            global_batch_size=1024, remaining_samples=rng.uniform(1e5, 1e8),  # trainflow trainers report it
         ))
     return ClusterSnapshot(nodes=nodes, jobs=tuple(jobs), taken_at_s=now)
 

@@ -239,8 +239,10 @@ class Job:
         placement_since_s: When the current placement took effect (None if it never ran);
             the basis for hysteresis and time slices.
         global_batch_size: Samples per optimizer step (constant across worker counts), if known.
-        remaining_samples: Samples left to train, if the trainer reports it (None if unknown;
-            the simulator fills it only in oracle mode).
+        remaining_samples: Samples left to train, if the trainer reports it (None if unknown):
+            trainflow's trainer exports ``(trainflow_total_steps − trainflow_step) ×
+            trainflow_global_batch_size``; the simulator fills the same quantity
+            (``SimConfig.report_remaining_work``), and for oracle policies Optimus's estimate.
         annotations: Small string state a policy asked to keep on the job (see
             :attr:`JobDecision.annotations`); live it is stored as PyTorchJob annotations.
 

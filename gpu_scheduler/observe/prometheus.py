@@ -3,7 +3,7 @@
 Queries are named constants below; :func:`parse_vector` and :func:`metrics_from_results` are pure
 and tested on canned JSON. What is read:
 
-Three instant queries per tick, sent concurrently:
+Four instant queries per tick, sent concurrently:
 
 * DCGM exporter (NVIDIA ``dcgm-exporter``, default counters ``etc/default-counters.csv``), with pod
   attribution on (``--kubernetes``, the Helm chart's default), which labels each GPU's series with
@@ -21,6 +21,11 @@ Three instant queries per tick, sent concurrently:
   attributed to a worker count only if the world size did not change within the window
   (``min_over_time == max_over_time``, filtered server-side), so measurements across a resize are
   not mixed.
+* The trainer's progress (rank 0, labelled ``job_key``): ``trainflow_step``,
+  ``trainflow_total_steps`` and ``trainflow_global_batch_size``, the latest value of each in the
+  window (``last_over_time``; ``max`` over a job's series, so a restarted trainer's newest step
+  wins), tagged by a ``gauge`` label in one query. Work left = ``(total − step) × batch`` samples
+  (``Job.remaining_samples``).
 
 Every value is averaged over ``window_s`` (``avg_over_time``), evaluated at the controller's clock.
 Any failure (connection refused, timeout, HTTP error, ``status: error``, malformed JSON) raises
@@ -39,14 +44,16 @@ from typing import Any
 import httpx
 
 from gpu_scheduler.model import SchedulerError
-from gpu_scheduler.observe.readings import JobThroughput, MetricsSample, PodGpu
+from gpu_scheduler.observe.readings import JobThroughput, JobWork, MetricsSample, PodGpu
 
 __all__ = [
     "QUERIES",
     "QUERY_GPU_BUSY_BY_POD",
     "QUERY_SAMPLES_PER_SECOND_BY_JOB",
     "QUERY_STABLE_WORLD_SIZE_BY_JOB",
+    "QUERY_WORK_BY_JOB",
     "JobThroughput",
+    "JobWork",
     "MetricsSample",
     "PodGpu",
     "PrometheusObserver",
@@ -74,10 +81,19 @@ QUERY_STABLE_WORLD_SIZE_BY_JOB = (
     " == on (job_key) max by (job_key) (max_over_time(trainflow_world_size[{window}]))"
 )
 
+#: The trainer's step, total steps and global batch size per job (latest value in the window),
+#: one series per job and gauge, told apart by the ``gauge`` label.
+WORK_GAUGES = ("step", "total_steps", "global_batch_size")
+QUERY_WORK_BY_JOB = " or ".join(
+    f'label_replace(max by (job_key) (last_over_time(trainflow_{g}[{{window}}])), "gauge", "{g}", "", "")'
+    for g in WORK_GAUGES
+)
+
 QUERIES: Mapping[str, str] = MappingProxyType({
     "gpu_busy": QUERY_GPU_BUSY_BY_POD,
     "samples": QUERY_SAMPLES_PER_SECOND_BY_JOB,
     "world_size": QUERY_STABLE_WORLD_SIZE_BY_JOB,
+    "work": QUERY_WORK_BY_JOB,
 })
 
 
@@ -133,8 +149,19 @@ def metrics_from_results(
         size = stable.get(key)
         ok = size is not None and size >= 1 and float(size).is_integer()
         jobs[key] = JobThroughput(samples_per_s=value, world_size=int(size) if ok else None)  # type: ignore[arg-type]
+    gauges: dict[str, dict[str, float]] = {}
+    for labels, value in results.get("work", ()):
+        key, gauge = labels.get("job_key", ""), labels.get("gauge", "")
+        if key and gauge in WORK_GAUGES:
+            gauges.setdefault(key, {})[gauge] = value
+    work = {
+        key: JobWork(step=g["step"], total_steps=g["total_steps"], global_batch_size=g["global_batch_size"])
+        for key, g in gauges.items()
+        if len(g) == len(WORK_GAUGES) and g["step"] >= 0 and g["total_steps"] > 0 and g["global_batch_size"] > 0
+    }
     return MetricsSample(
-        taken_at_s=taken_at_s, window_s=window_s, pods=MappingProxyType(pods), jobs=MappingProxyType(jobs)
+        taken_at_s=taken_at_s, window_s=window_s, pods=MappingProxyType(pods), jobs=MappingProxyType(jobs),
+        work=MappingProxyType(work),
     )
 
 

@@ -21,6 +21,10 @@ count it was measured at. For a job that exports no trainer metrics, the stand-i
 busy time its pods show in DCGM (``sum over pods of busy fraction x GPUs``, "busy GPUs"), the
 measured analogue of the simulator's goodput-weighted utilisation; the two units are never mixed
 within one job.
+
+Work left (``Job.remaining_samples``, ``Job.global_batch_size``) is the trainer's
+``(trainflow_total_steps − trainflow_step) × trainflow_global_batch_size`` (None for jobs that do
+not export all three, or whose throughput is measured in busy GPUs).
 """
 
 from __future__ import annotations
@@ -330,6 +334,9 @@ def build_snapshot(
         requested = memo.requested_workers or job.spec_workers
         requested = min(max(requested, job.min_workers), max_workers)
         pods = view.pods_by_job.get(key, ())
+        work = metrics.work.get(job.metrics_key)
+        if ledger.book(key).unit != UNIT_SAMPLES_PER_S:
+            work = None  # remaining samples only beside a samples/s throughput
         jobs.append(Job(
             name=key,
             submit_time_s=job.created_at_s,
@@ -343,6 +350,8 @@ def build_snapshot(
             restarts=memo.restarts,
             first_start_s=_first_start(jv, pods),
             placement_since_s=jv.placement_since_s if jv.placement else None,
+            global_batch_size=round(work.global_batch_size) if work else None,
+            remaining_samples=work.remaining_samples if work else None,
             annotations=job.policy_annotations,
         ))
     # Nodes referenced by placements must exist in the snapshot even without GPUs now.

@@ -47,6 +47,10 @@ class SimConfig:
         restart_cost_s: Seconds without progress after each (re)allocation.
         max_time_s: Give up (SimulationError) if jobs are still unfinished at this time.
         validate: Validate every decision (capacity, bounds); costs a little time.
+        report_remaining_work: Fill ``Job.remaining_samples`` for every job with what
+            trainflow's trainer reports (fixed-epoch, fixed-batch jobs know their steps left).
+            False: None, as for a trainer that does not export it. Oracle policies always get
+            the Optimus+Oracle estimate instead (kept for fidelity with the published anchor).
     """
 
     nodes: int = 16
@@ -55,6 +59,7 @@ class SimConfig:
     restart_cost_s: int = 30
     max_time_s: float = 60 * 86400.0
     validate: bool = True
+    report_remaining_work: bool = True
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -244,6 +249,20 @@ class _SimJob:
             self.oracle_tp = MappingProxyType(curve)
         return self.oracle_tp
 
+    def remaining_samples(self) -> float:
+        """Samples left to train, as trainflow's trainer reports them: optimizer steps left
+        (``trainflow_total_steps − trainflow_step``) × the job's fixed global batch
+        (``trainflow_global_batch_size``).
+
+        Progress in the job model is statistical-efficiency-adjusted, not samples; it is turned
+        into optimizer steps at the job's batch size (:meth:`Application.remaining_steps`), so
+        ``remaining_samples / samples-per-second`` is the time left at that throughput, exactly
+        what the live number means. (Steps are counted at the workload's batch size; the batch a
+        placement actually processes differs from it by the rounding of the per-GPU batch.)
+        """
+        b = self.spec.batch_size
+        return self.app.remaining_steps(b, self.epoch, self.progress) * b
+
     def oracle_remaining_samples(self) -> float:
         """Samples left at the job's batch size: measured optimizer steps from the end of the
         current epoch to the end of training (Optimus+Oracle's remaining-iterations estimate,
@@ -299,7 +318,8 @@ class Simulator:
             first_start_s=job.first_start,
             placement_since_s=job.placement_since,
             global_batch_size=spec.batch_size,
-            remaining_samples=job.oracle_remaining_samples() if self.oracle else None,
+            remaining_samples=(job.oracle_remaining_samples() if self.oracle
+                               else job.remaining_samples() if self.config.report_remaining_work else None),
             annotations=job.annotations,
         )
 

@@ -268,6 +268,37 @@ class Application:
         """Progress at the end of ``epoch`` epochs (0 for epoch 0)."""
         return self._progress_targets[epoch]
 
+    def steps_after_epochs(self, batch_size: int) -> tuple[float, ...]:
+        """Optimizer steps a job at global batch ``batch_size`` trains after each epoch boundary.
+
+        Element ``e`` (0 .. ``max_epochs``) is the number of steps from the start of epoch ``e`` to
+        the end of training: epoch ``e`` needs ``(progress_target(e + 1) − progress_target(e)) /
+        efficiency_gain(batch_size, e)`` steps, because progress (statistical-efficiency-adjusted
+        samples, in units of the smallest measured batch) grows by the gain per step. This is the
+        simulator's counterpart of the trainer's ``trainflow_total_steps − trainflow_step``.
+        Memoised per batch size.
+        """
+        key = ("steps_after", batch_size)
+        hit = self._grad_cache.get(key)
+        if hit is None:
+            epochs = self.max_epochs
+            after = [0.0] * (epochs + 1)
+            for e in range(epochs - 1, -1, -1):
+                span = self._progress_targets[e + 1] - self._progress_targets[e]
+                after[e] = after[e + 1] + span / self.efficiency_gain(batch_size, e)
+            hit = tuple(after)
+            self._grad_cache[key] = hit
+        return hit
+
+    def remaining_steps(self, batch_size: int, epoch: int, progress: float) -> float:
+        """Optimizer steps left for a job at global batch ``batch_size`` that is in ``epoch`` with
+        ``progress`` reached (see :meth:`steps_after_epochs`); 0 once it has finished."""
+        if epoch >= self.max_epochs:
+            return 0.0
+        after = self.steps_after_epochs(batch_size)
+        left_in_epoch = max(self._progress_targets[epoch + 1] - progress, 0.0) / self.efficiency_gain(batch_size, epoch)
+        return left_in_epoch + after[epoch + 1]
+
     def iterations_after(self, batch_size: int, epoch: int) -> float:
         """Measured optimizer steps after ``epoch + 1`` epochs at ``batch_size`` (interpolated)."""
         return self._interp_row(batch_size, "iteration", epoch)

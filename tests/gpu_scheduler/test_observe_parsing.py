@@ -101,6 +101,31 @@ def test_metrics_carry_the_busy_source_and_keep_only_stable_world_sizes() -> Non
     assert m.jobs["ns/b"].world_size is None
 
 
+def test_work_left_comes_from_the_three_trainer_gauges_of_one_canned_answer() -> None:
+    answer = vector(
+        ({"job_key": "ns/a", "gauge": "step"}, 250.0),
+        ({"job_key": "ns/a", "gauge": "total_steps"}, 1000.0),
+        ({"job_key": "ns/a", "gauge": "global_batch_size"}, 512.0),
+        ({"job_key": "ns/done", "gauge": "step"}, 1010.0),            # past its total: nothing left
+        ({"job_key": "ns/done", "gauge": "total_steps"}, 1000.0),
+        ({"job_key": "ns/done", "gauge": "global_batch_size"}, 64.0),
+        ({"job_key": "ns/old", "gauge": "step"}, 10.0),              # an older trainer: no total
+        ({"job_key": "ns/bad", "gauge": "step"}, 1.0),
+        ({"job_key": "ns/bad", "gauge": "total_steps"}, 10.0),
+        ({"job_key": "ns/bad", "gauge": "global_batch_size"}, 0.0),   # nonsense batch: ignored
+        ({"job_key": "ns/x", "gauge": "other"}, 1.0),
+    )
+    m = metrics_from_results({"work": parse_vector(answer)}, taken_at_s=T0, window_s=60)
+    assert set(m.work) == {"ns/a", "ns/done"}
+    assert m.work["ns/a"].remaining_samples == (1000 - 250) * 512
+    assert m.work["ns/done"].remaining_samples == 0.0
+    q = QUERIES["work"].format(window="120s")
+    for gauge in ("step", "total_steps", "global_batch_size"):
+        assert (f'label_replace(max by (job_key) (last_over_time(trainflow_{gauge}[120s])), "gauge", "{gauge}", "", "")'
+                in q)
+    assert q.count(" or ") == 2
+
+
 def test_queries_are_formatted_with_the_window() -> None:
     q = QUERIES["samples"].format(window="60s")
     assert q == "avg by (job_key) (avg_over_time(trainflow_samples_per_second[60s]))"

@@ -17,8 +17,10 @@ def test_observe_returns_per_pod_gpu_use_and_per_job_throughput(prometheus_serve
     exporter.set_pod("team-a", "bert-worker-1", gpus=2, busy=0.6, node="gpu-1")
     exporter.set_pod("team-b", "cnn-worker-0", gpus=1, busy=0.25, node="gpu-0")
     exporter.set_job("team-a/bert", 512.0, 4)
+    exporter.set_work("team-a/bert", step=100, total_steps=900, global_batch_size=256)
     prom = prometheus_server([exporter.target], scrape_interval_s=0.5)
     prom.wait_for('count(DCGM_FI_PROF_GR_ENGINE_ACTIVE{pod!=""})', lambda r: r and float(r[0]["value"][1]) == 5)
+    prom.wait_for("trainflow_total_steps", lambda r: len(r) == 1)
     observer = PrometheusObserver(prom.url, window_s=10)
     sample = observer.observe(time.time())
     assert sample.pods[("team-a", "bert-worker-0")].busy == pytest.approx(0.8)
@@ -27,7 +29,20 @@ def test_observe_returns_per_pod_gpu_use_and_per_job_throughput(prometheus_serve
     assert sample.pods[("team-a", "bert-worker-0")].source == "gr_engine_active"
     assert sample.jobs["team-a/bert"].samples_per_s == pytest.approx(512.0)
     assert sample.jobs["team-a/bert"].world_size == 4
-    assert observer.requests == 3  # one instant query per named PromQL constant
+    assert sample.work["team-a/bert"].remaining_samples == pytest.approx((900 - 100) * 256)
+    assert set(sample.work) == {"team-a/bert"}  # the other job's trainer exports no progress
+    assert observer.requests == 4  # one instant query per named PromQL constant
+
+
+def test_work_left_follows_the_latest_step(prometheus_server, dcgm_exporter) -> None:
+    exporter = dcgm_exporter()
+    exporter.set_work("ns/j", step=10, total_steps=100, global_batch_size=64)
+    prom = prometheus_server([exporter.target], scrape_interval_s=0.5)
+    prom.wait_for("trainflow_step", lambda r: len(r) == 1)
+    exporter.set_work("ns/j", step=60, total_steps=100, global_batch_size=64)
+    prom.wait_for("trainflow_step", lambda r: r and r[0]["value"][1] == "60")
+    sample = PrometheusObserver(prom.url, window_s=30).observe(time.time())
+    assert sample.work["ns/j"].remaining_samples == pytest.approx(40 * 64)  # the latest, not the mean
 
 
 def test_resize_within_the_window_yields_no_world_size(prometheus_server, dcgm_exporter) -> None:

@@ -11,7 +11,7 @@ from lightkube.resources.core_v1 import Node, Pod
 from gpu_scheduler.kube import ANNOTATION_PREFIX, POLICY_ANNOTATION_PREFIX
 from gpu_scheduler.model import Placement
 from gpu_scheduler.observe.kubernetes import node_state, pod_state, pytorchjob_state
-from gpu_scheduler.observe.prometheus import JobThroughput, MetricsSample, PodGpu
+from gpu_scheduler.observe.prometheus import JobThroughput, JobWork, MetricsSample, PodGpu
 from gpu_scheduler.observe.snapshot import (
     UNIT_BUSY_GPUS,
     UNIT_SAMPLES_PER_S,
@@ -81,6 +81,26 @@ def test_snapshot_builds_jobs_with_bounds_throughput_and_policy_state() -> None:
     assert j.attained_service_gpu_s == pytest.approx(2 * 2 * 600)  # seeded from the pods' start times
     assert j.first_start_s == pytest.approx(T0 - 600) and j.placement_since_s == pytest.approx(T0 - 600)
     assert [(n.name, n.gpus, n.gpus_unavailable) for n in build.snapshot.nodes] == [("n0", 8, 0), ("n1", 8, 0)]
+
+
+def test_snapshot_fills_work_left_from_the_trainer_only_beside_samples_per_second() -> None:
+    job_a, pods_a = running_job("ns", "a", ["n0"], started=T0 - 600)
+    job_b, pods_b = running_job("ns", "b", ["n1"], started=T0 - 600)
+    view = view_of([node("n0"), node("n1")], pods_a + pods_b, [job_a, job_b])
+    ledger = Ledger()
+    ledger.advance(view, T0)
+    work = {"ns/a": JobWork(step=100, total_steps=400, global_batch_size=256),
+            "ns/b": JobWork(step=1, total_steps=2, global_batch_size=8)}
+    m = MetricsSample(taken_at_s=T0, window_s=60.0, pods=dcgm_for(view),
+                      jobs={"ns/a": JobThroughput(samples_per_s=50.0, world_size=1)}, work=work)
+    ledger.record(view, m, T0)  # ns/b has no samples/s: its throughput is in busy GPUs
+    snap = build_snapshot(view, m, ledger, T0).snapshot
+    a, b = snap.job("ns/a"), snap.job("ns/b")
+    assert (a.remaining_samples, a.global_batch_size) == (300 * 256, 256)
+    assert b.remaining_samples is None and b.global_batch_size is None
+    # No gauges at all (an older trainer): unknown, as before.
+    bare = build_snapshot(view, metrics(dcgm_for(view), {"ns/a": JobThroughput(50.0, 1)}), ledger, T0).snapshot
+    assert bare.job("ns/a").remaining_samples is None
 
 
 def test_missing_dcgm_leaves_the_job_out_and_keeps_its_gpus() -> None:

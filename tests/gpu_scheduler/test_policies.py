@@ -239,11 +239,54 @@ def test_default_job_that_restarts_anyway_takes_idle_gpus_during_its_cooldown() 
     assert strict["j0"].outcome is Outcome.SCALE_DOWN and workers(strict) == {"j0": 3, "j1": 2, "j2": 2}
 
 
+def test_default_drain_gives_widths_so_the_last_long_jobs_finish_together() -> None:
+    linear = {n: 100.0 * n for n in range(1, 9)}
+    long_ago = 200 * 3600.0  # both far past drain_attained_gpu_s: no short job is left
+    a = job("a", 0, req=4, max_w=8, on={"n0": 4}, since=0, attained=long_ago, tp=linear,
+            remaining_samples=3.0e6)
+    b = job("b", 1, req=4, max_w=8, on={"n1": 4}, since=0, attained=long_ago, tp=linear,
+            remaining_samples=1.0e6)
+    snap = ClusterSnapshot(nodes=cluster(2), jobs=(a, b), taken_at_s=90_000.0)
+    d = DefaultPolicy().decide(snap, 90_000.0)
+    # 3e6 samples at 600/s and 1e6 at 200/s: both 5,000 s, instead of 7,500 s for a at 4 workers.
+    assert workers(d) == {"a": 6, "b": 2}
+    assert "drain" in d["a"].reason and d["b"].outcome is Outcome.SCALE_DOWN
+    # Nearly balanced already (less than drain_gain to win): nobody restarts.
+    even = ClusterSnapshot(nodes=snap.nodes, jobs=(a, Job(**{**_fields(b), "remaining_samples": 2.9e6})),
+                          taken_at_s=90_000.0)
+    kept = DefaultPolicy().decide(even, 90_000.0)
+    assert all(x.outcome is Outcome.KEEP for x in kept)
+    # Without the observable (or switched off) the policy is what it was without it.
+    blind = ClusterSnapshot(nodes=snap.nodes, jobs=tuple(Job(**{**_fields(j), "remaining_samples": None})
+                                                          for j in snap.jobs), taken_at_s=90_000.0)
+    assert workers(DefaultPolicy().decide(blind, 90_000.0)) == workers(
+        DefaultPolicy(use_remaining_work=False).decide(snap, 90_000.0)) == {"a": 4, "b": 4}
+
+
+def _fields(j: Job) -> dict:
+    return {f: getattr(j, f) for f in Job.__dataclass_fields__}
+
+
+def test_default_remaining_work_lets_a_nearly_finished_job_go_first() -> None:
+    curve = {n: 100.0 * n / (1 + 0.05 * (n - 1)) for n in range(1, 9)}
+    near = job("near", 0, req=8, max_w=8, attained=3600.0, tp=curve, remaining_samples=2.0e4)
+    far = job("far", 0, req=8, max_w=8, attained=3600.0, tp=curve, remaining_samples=2.0e7)
+    snap = ClusterSnapshot(nodes=cluster(1, 8), jobs=(far, near), taken_at_s=5000.0)
+    d = DefaultPolicy().decide(snap, 5000.0)
+    assert d["near"].workers > d["far"].workers >= 1
+    off = DefaultPolicy(use_remaining_work=False).decide(snap, 5000.0)
+    assert workers(off) == {"near": 4, "far": 4}
+
+
 def test_default_validates_its_parameters() -> None:
     with pytest.raises(UnknownPolicy, match="prior_efficiency must be in"):
         create("default", prior_efficiency=1.5)
     with pytest.raises(UnknownPolicy, match="tolerance must be >= 0"):
         create("default", tolerance=-1)
+    with pytest.raises(UnknownPolicy, match="drain_gain must be >= 0"):
+        create("default", drain_gain=-0.1)
+    with pytest.raises(UnknownPolicy, match="remaining_base_gpu_s must be > 0"):
+        create("default", remaining_base_gpu_s=0)
 
 
 # ----------------------------------------------------------------------------- every policy

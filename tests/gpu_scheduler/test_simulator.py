@@ -204,3 +204,38 @@ def test_fidelity_tiresias_reproduces_the_published_workload_6_result() -> None:
     assert doc["summary"]["avg_jct_s"] == pytest.approx(3469.69375, abs=1e-6)
     optimus = simulate_file(data / "workloads" / "workload-6.csv", "optimus")
     assert optimus["summary"]["avg_jct_s"] == pytest.approx(5301.875, rel=0.10)
+
+
+class _Recording:
+    """Wraps a policy and keeps every snapshot it is shown."""
+
+    uses_oracle = False
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name, self.snapshots = inner, inner.name, []
+
+    def decide(self, snapshot, now_s):
+        self.snapshots.append(snapshot)
+        return self.inner.decide(snapshot, now_s)
+
+
+@pytest.mark.parametrize("batch", [32, 64])
+def test_remaining_samples_is_what_the_trainer_reports_and_predicts_the_time_left(toy_apps, batch) -> None:
+    app = toy_apps["toy"]
+    spec = WorkloadJob(name="a", submit_time_s=10.0, application="toy", requested_workers=4, batch_size=batch)
+    policy = _Recording(create("fifo"))
+    rec = Simulator([spec], toy_apps, policy, SimConfig(nodes=1, interval_s=5)).run().jobs[0]
+    first = policy.snapshots[0].jobs[0]
+    # Before it starts: all of its optimizer steps × its global batch (steps per epoch = progress span / gain).
+    steps = sum((app.progress_target(e + 1) - app.progress_target(e)) / app.efficiency_gain(batch, e)
+                for e in range(app.max_epochs))
+    assert first.remaining_samples == pytest.approx(steps * batch)
+    running = [(s.taken_at_s, s.jobs[0]) for s in policy.snapshots
+               if s.jobs and s.jobs[0].running and s.jobs[0].workers in s.jobs[0].throughput]
+    assert len(running) >= 3, "several rounds while it trains"
+    for now_s, job in running:
+        left_s = job.remaining_samples / job.throughput[job.workers]
+        assert left_s == pytest.approx(rec.finish_time_s - now_s, abs=3)
+    hidden = _Recording(create("fifo"))
+    Simulator([spec], toy_apps, hidden, SimConfig(nodes=1, report_remaining_work=False)).run()
+    assert all(j.remaining_samples is None for s in hidden.snapshots for j in s.jobs)

@@ -5,7 +5,8 @@ series have the names and labels of the real dcgm-exporter with pod attribution 
 (``DCGM_FI_DEV_GPU_UTIL`` in percent, ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` as a 0..1 ratio; labels
 ``gpu``, ``UUID``, ``device``, ``modelName``, ``Hostname``, ``container``, ``namespace``, ``pod``;
 one series per GPU), and the trainer's ``trainflow_samples_per_second`` /
-``trainflow_world_size`` labelled ``job_key``. Values are set per pod and per job by the test.
+``trainflow_world_size`` (and, where set, ``trainflow_step`` / ``trainflow_total_steps`` /
+``trainflow_global_batch_size``) labelled ``job_key``. Values are set per pod and per job by the test.
 
 ``pod_labels=False`` serves the same GPUs with empty ``pod``/``namespace``/``container`` — what
 dcgm-exporter does without ``--kubernetes`` — to test the "missing metrics" path.
@@ -49,6 +50,7 @@ class DcgmExporter(Collector):
         self.profiling = profiling
         self._pods: dict[tuple[str, str], _Pod] = {}
         self._jobs: dict[str, tuple[float, int]] = {}
+        self._work: dict[str, tuple[float, float, float]] = {}
         self._lock = threading.Lock()
         self._server: Any = None
         self._follow_stop = threading.Event()
@@ -73,6 +75,12 @@ class DcgmExporter(Collector):
     def remove_job(self, job_key: str) -> None:
         with self._lock:
             self._jobs.pop(job_key, None)
+            self._work.pop(job_key, None)
+
+    def set_work(self, job_key: str, step: float, total_steps: float, global_batch_size: float) -> None:
+        """The trainer's progress gauges (rank 0) for ``job_key``."""
+        with self._lock:
+            self._work[job_key] = (step, total_steps, global_batch_size)
 
     def pods(self) -> set[tuple[str, str]]:
         with self._lock:
@@ -89,6 +97,7 @@ class DcgmExporter(Collector):
         with self._lock:
             pods = sorted(self._pods.items())
             jobs = sorted(self._jobs.items())
+            work = sorted(self._work.items())
         gpu_index: dict[str, int] = {}
         for (namespace, name), p in pods:
             for _ in range(p.gpus):
@@ -106,6 +115,13 @@ class DcgmExporter(Collector):
             yield active
         yield samples
         yield world
+        gauges = [GaugeMetricFamily(f"trainflow_{g}", g, labels=["job_key"])
+                  for g in ("step", "total_steps", "global_batch_size")]
+        for key, values in work:
+            for family, value in zip(gauges, values, strict=True):
+                family.add_metric([key], float(value))
+        if work:
+            yield from gauges
 
     def start(self) -> DcgmExporter:
         registry = CollectorRegistry(auto_describe=False)
