@@ -48,7 +48,7 @@ run: venv
 	$(BIN)/trainflow run
 
 test: venv system-deps testbed
-	$(BIN)/python -m pytest -p no:cacheprovider tests
+	$(BIN)/python -m pytest -p no:cacheprovider --durations=15 tests
 
 test-fast: venv
 	$(BIN)/python -m pytest -p no:cacheprovider -m "not (s3 or prometheus or airflow or browser or k8s or slow)" tests

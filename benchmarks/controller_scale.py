@@ -149,7 +149,7 @@ def main() -> int:
     parser.add_argument("--warmup-ticks", type=int, default=20)
     parser.add_argument("--log", type=Path, help="controller JSON log file")
     parser.add_argument("--pause-s", type=float, default=0.5, help="pause between measured ticks")
-    parser.add_argument("--policy", default="elastic_fifo", help="policy the controller runs")
+    parser.add_argument("--policy", default="default", help="policy the controller runs (trainflow's default policy unless given)")
     parser.add_argument("--plugin", action="append", default=[], help="module registering more policies")
     parser.add_argument("--settle-timeout-s", type=float, default=900.0)
     parser.add_argument("--out", type=Path, help="write the results as JSON here")

@@ -37,13 +37,10 @@ def _sized(snapshot: ClusterSnapshot, want: dict[str, int], name: str, now_s: fl
         if current:
             placements[job.name] = current
             for extra in range(target - current.workers, 0, -1):
-                free.release(current, job.gpus_per_worker)
-                grown = free.grow(current, extra, job.gpus_per_worker)
-                if grown is None:
-                    free.hold(current, job.gpus_per_worker)
-                    continue
-                placements[job.name] = grown
-                break
+                grown = free.grow(current, extra, job.gpus_per_worker)  # ``current`` stays held; all or nothing
+                if grown is not None:
+                    placements[job.name] = grown
+                    break
             continue
         for workers in range(target, job.min_workers - 1, -1):
             placed = free.place(workers, job.gpus_per_worker)
