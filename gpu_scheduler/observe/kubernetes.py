@@ -590,11 +590,17 @@ class KubernetesObserver:
             informer.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop every informer, waiting at most ``timeout_s`` seconds for all of them together.
+
+        A watch blocked on a read may outlive the wait (its thread is a daemon and ends at its next
+        event or server-side timeout), so the wait is shared rather than paid once per informer.
+        """
         for informer in self._informers:
-            informer.stop(timeout_s=0.1)
+            informer.stop(timeout_s=0.0)
+        deadline = time.monotonic() + timeout_s
         for informer in self._informers:
-            informer.stop(timeout_s=5.0)
+            informer.stop(timeout_s=max(0.0, deadline - time.monotonic()))
 
     def wait_synced(self, timeout_s: float) -> bool:
         """True once every informer has listed at least once (within ``timeout_s``)."""
