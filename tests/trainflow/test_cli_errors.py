@@ -72,41 +72,14 @@ def test_models_errors_are_one_line(tmp_path) -> None:
 
 
 def test_training_runtime_rejects_bad_config_before_starting(tmp_path) -> None:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "components.training",
-            "--dataset",
-            str(tmp_path / "none"),
-            "--checkpoint-uri",
-            str(tmp_path / "c"),
-            "--job-key",
-            "k",
-            "--lr",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    def runtime(*extra: str) -> subprocess.CompletedProcess:
+        args = ["--dataset", str(tmp_path / "none"), "--checkpoint-uri", str(tmp_path / "c"), "--job-key", "k"]
+        return subprocess.run([sys.executable, "-m", "components.training", *args, *extra],
+                              capture_output=True, text=True, timeout=120)
+
+    proc = runtime("--lr", "0")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "invalid training config: lr must be a positive number, got 0.0" in proc.stderr
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "components.training",
-            "--dataset",
-            str(tmp_path / "none"),
-            "--checkpoint-uri",
-            str(tmp_path / "c"),
-            "--job-key",
-            "k",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = runtime()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"dataset folder {tmp_path / 'none'} does not exist" in proc.stderr
