@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -250,7 +250,24 @@ def _int(value: str | None, name: str) -> int | None:
         raise invalid_argument(f"{name} must be an integer, got {value!r}") from err
 
 
-def _list_response(items_key: str, items: list[dict[str, Any]], total: int, token: str) -> dict[str, Any]:
+def _page(
+    store: Store,
+    kind: str,
+    items_key: str,
+    *,
+    id_field: str,
+    filter_text: str | None,
+    sort_by: str | None,
+    page_size: str | None,
+    page_token: str | None,
+    where: dict[str, Any],
+    keep: Callable[[dict[str, Any]], bool] | None = None,
+) -> dict[str, Any]:
+    """One page of a list endpoint in the API's shape: ``{items_key: [...], total_size, next_page_token}``."""
+    items, total, token = store.list(
+        kind, id_field=id_field, filter_text=filter_text, where=where, keep=keep, sort_by=sort_by,
+        page_size=_int(page_size, "page_size"), page_token=page_token,
+    )
     return {items_key: items, "total_size": total, "next_page_token": token}
 
 
@@ -353,16 +370,9 @@ def create_app(
         filter: str | None = None,
         namespace: str | None = None,
     ) -> dict[str, Any]:
-        items, total, token = server.store.list(
-            "experiments",
-            id_field="experiment_id",
-            filter_text=filter,
-            where={"namespace": namespace},
-            sort_by=sort_by,
-            page_size=_int(page_size, "page_size"),
-            page_token=page_token,
-        )
-        return _list_response("experiments", items, total, token)
+        return _page(server.store, "experiments", "experiments", id_field="experiment_id", filter_text=filter,
+                     where={"namespace": namespace}, sort_by=sort_by, page_size=page_size,
+                     page_token=page_token)
 
     @app.get(f"{API}/experiments/{{experiment_id}}")
     def get_experiment(experiment_id: str) -> dict[str, Any]:
@@ -452,16 +462,9 @@ def create_app(
         sort_by: str | None = None,
         filter: str | None = None,
     ) -> dict[str, Any]:
-        items, total, token = server.store.list(
-            "pipelines",
-            id_field="pipeline_id",
-            filter_text=filter,
-            where={"namespace": namespace},
-            sort_by=sort_by,
-            page_size=_int(page_size, "page_size"),
-            page_token=page_token,
-        )
-        return _list_response("pipelines", items, total, token)
+        return _page(server.store, "pipelines", "pipelines", id_field="pipeline_id", filter_text=filter,
+                     where={"namespace": namespace}, sort_by=sort_by, page_size=page_size,
+                     page_token=page_token)
 
     @app.get(f"{API}/pipelines/names/{{name}}")
     def get_pipeline_by_name(name: str, namespace: str | None = None) -> dict[str, Any]:
@@ -512,16 +515,9 @@ def create_app(
         filter: str | None = None,
     ) -> dict[str, Any]:
         server.store.get("pipelines", pipeline_id, label="Pipeline")
-        items, total, token = server.store.list(
-            "versions",
-            id_field="pipeline_version_id",
-            filter_text=filter,
-            where={"pipeline_id": pipeline_id},
-            sort_by=sort_by,
-            page_size=_int(page_size, "page_size"),
-            page_token=page_token,
-        )
-        return _list_response("pipeline_versions", items, total, token)
+        return _page(server.store, "versions", "pipeline_versions", id_field="pipeline_version_id", filter_text=filter,
+                     where={"pipeline_id": pipeline_id}, sort_by=sort_by, page_size=page_size,
+                     page_token=page_token)
 
     @app.get(f"{API}/pipelines/{{pipeline_id}}/versions/{{pipeline_version_id}}")
     def get_pipeline_version(pipeline_id: str, pipeline_version_id: str) -> dict[str, Any]:
@@ -557,17 +553,9 @@ def create_app(
                 for e in server.store.find("experiments", lambda e: e.get("namespace") == namespace)
             }
             keep = lambda r: r["experiment_id"] in exp_ids  # noqa: E731
-        items, total, token = server.store.list(
-            "runs",
-            id_field="run_id",
-            filter_text=filter,
-            where={"experiment_id": experiment_id},
-            keep=keep,
-            sort_by=sort_by,
-            page_size=_int(page_size, "page_size"),
-            page_token=page_token,
-        )
-        return _list_response("runs", items, total, token)
+        return _page(server.store, "runs", "runs", id_field="run_id", filter_text=filter,
+                     where={"experiment_id": experiment_id}, keep=keep, sort_by=sort_by, page_size=page_size,
+                     page_token=page_token)
 
     @app.get(f"{API}/runs/{{run_id}}")
     def get_run(run_id: str) -> dict[str, Any]:
