@@ -133,12 +133,23 @@ def test_marking_the_running_task_failed_terminates_the_kfp_run(
     expected = {"running"} if dag_id == "kfp_sync_training" else {"deferred"}
     airflow_cluster.wait_task(dag_id, run_id, "train", expected | {"failed", "success"}, timeout_s=240)
     kfp_run = wait_kfp_run(kfp_server, dag_id, run_id, {"RUNNING"})
-    assert airflow_cluster.task_instance(dag_id, run_id, "train")["state"] in expected
+    ti = airflow_cluster.task_instance(dag_id, run_id, "train")
+    assert ti["state"] in expected
+    if ti["state"] == "deferred":  # as a user would see it: the trigger is following the run
+        airflow_cluster.wait_trigger_running(dag_id, run_id, "train", ti["try_number"])
 
     response = airflow_cluster.set_task_state(dag_id, run_id, "train", "failed")
     assert response.status_code == 200, response.text
     t0 = time.monotonic()
-    done = wait_kfp_run(kfp_server, dag_id, run_id, {"CANCELED", "SUCCEEDED", "FAILED"}, timeout_s=90)
+    try:
+        done = wait_kfp_run(kfp_server, dag_id, run_id, {"CANCELED", "SUCCEEDED", "FAILED"}, timeout_s=90)
+    except AssertionError as err:  # say why: the task log holds the trigger's on_kill lines
+        ti = airflow_cluster.task_instance(dag_id, run_id, "train")
+        raise AssertionError(
+            f"{err}\ntask instance: {ti}\n--- task log ---\n"
+            f"{airflow_cluster.task_log(dag_id, run_id, 'train', ti['try_number'])[-6000:]}\n"
+            f"{airflow_cluster.tails()}\n--- kfp-server ---\n{kfp_server.process.tail(4000)}"
+        ) from None
     assert done["run_id"] == kfp_run["run_id"]
     assert done["state"] == "CANCELED", f"{dag_id}: KFP run ended {done['state']}"
     print(f"{dag_id}: KFP run CANCELED {time.monotonic() - t0:.1f} s after 'mark failed'")

@@ -137,6 +137,26 @@ class AirflowCluster:
             assert time.monotonic() < deadline, f"task {task_id} still {ti['state']}:\n{self.tails()}"
             time.sleep(0.5)
 
+    def trigger_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
+        """What the triggerer wrote for this task try (``attempt=N.log.trigger.<job id>.log``)."""
+        folder = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+        return "".join(
+            p.read_text(errors="replace") for p in sorted(folder.glob(f"attempt={try_number}.log.trigger.*"))
+        )
+
+    def wait_trigger_running(
+        self, dag_id: str, run_id: str, task_id: str, try_number: int, timeout_s: float = 60
+    ) -> None:
+        """Wait until the triggerer has started the deferred task's trigger.
+
+        Between "deferred" and this point, a user's "mark failed" deletes the trigger before it
+        runs, and Airflow (3.3) calls ``on_kill`` only for triggers it has started.
+        """
+        deadline = time.monotonic() + timeout_s
+        while "starting" not in self.trigger_log(dag_id, run_id, task_id, try_number):
+            assert time.monotonic() < deadline, f"trigger of {task_id} not started:\n{self.tails()}"
+            time.sleep(0.2)
+
     def set_task_state(self, dag_id: str, run_id: str, task_id: str, state: str) -> httpx.Response:
         """What "Mark as failed/success" in the UI does."""
         return self.api(
