@@ -27,6 +27,9 @@ The model (as described in the Pollux paper §5.3 "Simulator construction" and i
   ``grad_sqr``/``grad_var`` interpolated linearly between the measured batch sizes around ``B``.
 * **Completion**: a job finishes when its progress reaches the progress of the application's last
   epoch (the minimum over batch sizes, since no target metric is set for these applications).
+* **Adaptive batch** (experiment, :meth:`Application.best_step_config`): instead of a fixed ``B``,
+  the job picks the global batch of largest goodput ``efficiency_gain(B, epoch) / step time`` for
+  its placement (Pollux §3 / AdaptDL's per-job tuning), over a grid of batch sizes.
 
 Per-application settings (epochs; YOLOv3's 8-sample memory limit) are those of the artifact's
 ``simulator/applications.py``.
