@@ -301,7 +301,8 @@ class _SimJob:
     # ---------------------------------------------------------------- oracle knowledge
 
     def oracle_throughput(self, gpus_per_node: int) -> Mapping[int, float]:
-        """True samples/s for every worker count at a compact placement (full nodes first)."""
+        """True samples/s for every worker count at a compact placement (full nodes first); with an
+        adaptive batch, true goodput (samples/s at ``init_batch_size``) at the current epoch."""
         if self.oracle_tp is None or (self.adaptive and self.oracle_epoch != self.epoch):
             curve = {}
             app = self.app
