@@ -36,6 +36,9 @@ def simulate_command(
         help="Folder of measured job models (default: ../traces beside the workload folder, else the "
              "shared Pollux data).")] = None,
     plot: Annotated[Path | None, typer.Option(help="PNG path (default: result path with .png).")] = None,
+    adaptive_batch: Annotated[bool, typer.Option(
+        "--adaptive-batch", help="Experiment: jobs re-pick the global batch of largest goodput per "
+                                 "allocation and epoch (AdaptDL-style; trainflow's trainer does not do this).")] = False,
 ) -> None:
     """Simulate one policy on one workload and write result.json (+ a PNG plot)."""
     from gpu_scheduler.policies import parse_params
@@ -49,7 +52,7 @@ def simulate_command(
             raise _fail(f"workload {workload} does not exist")
         params = parse_params(policy, param or [])
         config = SimConfig(nodes=nodes, gpus_per_node=gpus_per_node, interval_s=interval_s,
-                           restart_cost_s=restart_cost_s)
+                           restart_cost_s=restart_cost_s, adaptive_batch=adaptive_batch)
         doc = simulate_file(workload, policy, params=params, config=config, traces=traces)
         write_result(doc, out)
         png = plot or out.with_suffix(".png")
@@ -75,6 +78,9 @@ def report_command(
     load: Annotated[list[str] | None, typer.Option(help="Loads: 0.5, 1.0, 1.5, 2.0 (repeatable).")] = None,
     workloads: Annotated[int, typer.Option(help="Workloads 1..N per load.")] = 8,
     processes: Annotated[int | None, typer.Option(help="Worker processes (default: CPU count).")] = None,
+    adaptive_batch: Annotated[bool, typer.Option(
+        "--adaptive-batch", help="Experiment: simulate AdaptDL-style adaptive batch sizes (write the report "
+                                 "elsewhere with --out; the committed report is fixed-batch).")] = False,
 ) -> None:
     """Run every policy on the Pollux workloads and write the side-by-side benchmark report."""
     from gpu_scheduler.policies import names
@@ -93,7 +99,8 @@ def report_command(
         if not 1 <= workloads <= 8:
             raise _fail(f"--workloads must be 1..8, got {workloads}")
         spec = ReportSpec(data_dir=find_pollux_dir(data), out=out, policies=chosen, loads=loads,
-                          workloads=tuple(range(1, workloads + 1)), processes=processes)
+                          workloads=tuple(range(1, workloads + 1)), processes=processes,
+                          adaptive_batch=adaptive_batch)
         run_report(spec, log=typer.echo)
     except SchedulerError as exc:
         raise _fail(str(exc)) from None

@@ -213,6 +213,10 @@ class DefaultPolicy:
         drain_gain: In the drain, the placements change only if the expected end of the last job
             comes at least this fraction earlier.
         drain_any_width: Drain widths step by one worker (else as in step 2: whole nodes past one).
+        cap_at_request: Step 2 never grows a job past ``max(requested, largest measured)``
+            workers. False lets it grow to ``max_workers`` — meant for jobs that adapt their
+            batch size to the allocation (the simulator's ``adaptive_batch`` experiment), whose
+            measured speedup keeps rising past the request; measured worse for fixed-batch jobs.
     """
 
     service_base_gpu_s: float = 3600.0
@@ -234,6 +238,7 @@ class DefaultPolicy:
     drain_attained_gpu_s: float = 144000.0
     drain_gain: float = 0.05
     drain_any_width: bool = True
+    cap_at_request: bool = True
 
     def __post_init__(self) -> None:
         for field_name in ("service_base_gpu_s", "prior_efficiency", "remaining_base_gpu_s", "remaining_cap_gpu_s"):
@@ -302,7 +307,8 @@ class DefaultPolicy:
                 weight[j.name] *= (1.0 + min(left, self.remaining_cap_gpu_s) / self.remaining_base_gpu_s) ** (
                     -self.remaining_exponent)
             measured_max = max(j.throughput, default=0)
-            cap[j.name] = min(j.max_workers, max(j.requested_workers, measured_max))
+            cap[j.name] = (min(j.max_workers, max(j.requested_workers, measured_max)) if self.cap_at_request
+                           else j.max_workers)
             nodes_of_request = -(-j.requested_workers // per_node[j.name]) * per_node[j.name]
             if j.requested_workers > per_node[j.name]:
                 explore = int(max(measured_max, j.requested_workers) * self.idle_explore_factor)

@@ -51,6 +51,16 @@ class SimConfig:
             trainflow's trainer reports (fixed-epoch, fixed-batch jobs know their steps left).
             False: None, as for a trainer that does not export it. Oracle policies always get
             the Optimus+Oracle estimate instead (kept for fidelity with the published anchor).
+        adaptive_batch: Experiment (off by default): every job whose application is not
+            capped at one worker (NCF keeps its batch) picks, at every (re)allocation and every
+            epoch boundary, the global batch of largest goodput for its placement
+            (:meth:`Application.best_step_config`; AdaptDL's job-side half of Pollux), without a
+            restart. Such a job may use up to ``max_batch_size // min_local_bsz`` workers; it
+            reports throughput as goodput (samples/s at ``init_batch_size`` that make the same
+            statistical progress) and ``remaining_samples`` in the same unit (progress left ×
+            ``init_batch_size``, invariant under batch changes), so remaining ÷ throughput is
+            still the time left at the current rate; ``global_batch_size`` is None (not
+            constant). trainflow's trainer does not do this today (it shards a fixed batch).
     """
 
     nodes: int = 16
@@ -60,6 +70,7 @@ class SimConfig:
     max_time_s: float = 60 * 86400.0
     validate: bool = True
     report_remaining_work: bool = True
+    adaptive_batch: bool = False
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -87,6 +98,8 @@ class JobRecord:
         start_time_s: First round in which it held GPUs (None if never).
         finish_time_s: Completion time (None if unfinished).
         restarts: Re-allocations after the first start.
+        batch_sizes: ``(time_s, global batch)`` at every change of the processed batch
+            (filled only with ``SimConfig.adaptive_batch``).
         attained_service_gpu_s: GPU-seconds held.
         allocations: ``(time_s, workers, placement)`` at every change (placement as
             ``"node-0:4,node-3:2"``, ``"-"`` for none).
@@ -103,6 +116,7 @@ class JobRecord:
     restarts: int = 0
     attained_service_gpu_s: float = 0.0
     allocations: list[tuple[float, int, str]] = field(default_factory=list)
+    batch_sizes: list[tuple[float, int]] = field(default_factory=list)
 
     @property
     def jct_s(self) -> float | None:
@@ -132,6 +146,7 @@ class _SimJob:
     """Mutable state of one simulated job."""
 
     __slots__ = (
+        "adaptive",
         "annotations",
         "app",
         "attained",
@@ -140,6 +155,9 @@ class _SimJob:
         "epoch",
         "first_start",
         "max_workers",
+        "measured_at",
+        "measured_epoch",
+        "oracle_epoch",
         "oracle_tp",
         "per_node",
         "placement",
@@ -155,10 +173,11 @@ class _SimJob:
         "throughput_view",
     )
 
-    def __init__(self, spec: WorkloadJob, app: Application, cluster_gpus: int) -> None:
+    def __init__(self, spec: WorkloadJob, app: Application, cluster_gpus: int, adaptive_batch: bool = False) -> None:
         self.spec = spec
         self.app = app
-        self.max_workers = app.max_workers(spec.batch_size, cluster_gpus)
+        self.adaptive = adaptive_batch and app.settings.max_workers_cap != 1
+        self.max_workers = app.max_workers(app.max_batch_size if self.adaptive else spec.batch_size, cluster_gpus)
         self.requested = max(1, min(spec.requested_workers, self.max_workers))
         self.placement = Placement()
         self.per_node: tuple[int, ...] = ()
@@ -173,8 +192,11 @@ class _SimJob:
         self.first_start: float | None = None
         self.placement_since: float | None = None
         self.throughput: dict[int, float] = {}
+        self.measured_at: dict[int, tuple[int, ...]] = {}  # adaptive: width -> placement last run at
+        self.measured_epoch = -1
         self.throughput_view: Mapping[int, float] = MappingProxyType({})
         self.oracle_tp: Mapping[int, float] | None = None
+        self.oracle_epoch = -1
         self.annotations: dict[str, str] = {}
         self.record = JobRecord(name=spec.name, application=spec.application, batch_size=spec.batch_size,
                                 requested_workers=spec.requested_workers, max_workers=self.max_workers,
@@ -195,11 +217,8 @@ class _SimJob:
         app, cfg = self.app, self.cfg
         assert cfg is not None
         total = self.step_s
-        workers = self.placement.workers
-        measured = cfg.batch_size / total
-        if self.throughput.get(workers) != measured and seconds > 0:
-            self.throughput[workers] = measured
-            self.throughput_view = MappingProxyType(dict(self.throughput))
+        if seconds > 0:
+            self._measure()
         while seconds > 0:
             rate = app.efficiency_gain(cfg.batch_size, self.epoch) / total  # progress per second
             target = app.progress_target(self.epoch + 1)
@@ -217,6 +236,49 @@ class _SimJob:
             if self.epoch >= app.max_epochs:
                 self.completion = elapsed
                 return
+            if self.adaptive:  # re-tune the batch between epochs (no restart)
+                self._configure(elapsed)
+                cfg, total = self.cfg, self.step_s
+                if seconds > 0:
+                    self._measure()
+
+    def _measure(self) -> None:
+        """Record the rate at the current width as the trainer reports it.
+
+        Fixed batch: samples/s. Adaptive batch: goodput in samples/s at ``init_batch_size``, and,
+        as an AdaptDL job reports a goodput *model* (step times fitted per placement, efficiency
+        from the current gradient statistics), every width the job has run at is re-evaluated
+        at the current epoch on the placement it last had there; without that, a rate measured
+        in an early epoch (where small batches win and scaling is poor) would stand for the
+        width long after.
+        """
+        cfg, workers = self.cfg, self.placement.workers
+        assert cfg is not None
+        if not self.adaptive:
+            measured = cfg.batch_size / self.step_s
+            if self.throughput.get(workers) != measured:
+                self.throughput[workers] = measured
+                self.throughput_view = MappingProxyType(dict(self.throughput))
+            return
+        app = self.app
+        if self.measured_at.get(workers) == self.per_node and self.measured_epoch == self.epoch:
+            return
+        self.measured_at[workers] = self.per_node
+        self.measured_epoch = self.epoch
+        self.throughput = {n: app.goodput(pn, app.best_step_config(pn, self.epoch), self.epoch) * app.init_batch_size
+                           for n, pn in self.measured_at.items()}
+        self.throughput_view = MappingProxyType(dict(self.throughput))
+
+    def _configure(self, now_s: float) -> None:
+        """Step configuration for the current placement (and epoch, if the batch adapts)."""
+        if self.adaptive:
+            cfg = self.app.best_step_config(self.per_node, self.epoch)
+            if not self.record.batch_sizes or self.record.batch_sizes[-1][1] != cfg.batch_size:
+                self.record.batch_sizes.append((now_s, cfg.batch_size))
+        else:
+            cfg = self.app.step_config(self.spec.batch_size, self.placement.workers)
+        self.cfg = cfg
+        self.step_s = self.app.optimizer_step_time(self.per_node, cfg)
 
     def reallocate(self, placement: Placement, now_s: float, restart_cost_s: float) -> None:
         """Move to ``placement`` (empty = release GPUs) at ``now_s``."""
@@ -227,8 +289,7 @@ class _SimJob:
         if not placement:
             self.cfg = None
             return
-        self.cfg = self.app.step_config(self.spec.batch_size, placement.workers)
-        self.step_s = self.app.optimizer_step_time(self.per_node, self.cfg)
+        self._configure(now_s)
         self.restart_left = restart_cost_s
         if self.restarts is None:
             self.restarts = 0
@@ -240,13 +301,20 @@ class _SimJob:
     # ---------------------------------------------------------------- oracle knowledge
 
     def oracle_throughput(self, gpus_per_node: int) -> Mapping[int, float]:
-        """True samples/s for every worker count at a compact placement (full nodes first)."""
-        if self.oracle_tp is None:
+        """True samples/s for every worker count at a compact placement (full nodes first); with an
+        adaptive batch, true goodput (samples/s at ``init_batch_size``) at the current epoch."""
+        if self.oracle_tp is None or (self.adaptive and self.oracle_epoch != self.epoch):
             curve = {}
+            app = self.app
             for n in range(1, self.max_workers + 1):
                 per_node = (gpus_per_node,) * (n // gpus_per_node) + ((n % gpus_per_node,) if n % gpus_per_node else ())
-                curve[n] = self.app.throughput(per_node, self.app.step_config(self.spec.batch_size, n))
+                if self.adaptive:
+                    best = app.best_step_config(per_node, self.epoch)
+                    curve[n] = app.goodput(per_node, best, self.epoch) * app.init_batch_size
+                else:
+                    curve[n] = app.throughput(per_node, app.step_config(self.spec.batch_size, n))
             self.oracle_tp = MappingProxyType(curve)
+            self.oracle_epoch = self.epoch
         return self.oracle_tp
 
     def remaining_samples(self) -> float:
@@ -259,14 +327,22 @@ class _SimJob:
         ``remaining_samples / samples-per-second`` is the time left at that throughput, exactly
         what the live number means. (Steps are counted at the workload's batch size; the batch a
         placement actually processes differs from it by the rounding of the per-GPU batch.)
+
+        With an adaptive batch: progress left × ``init_batch_size`` (samples at the initial batch
+        that make the same statistical progress), the unit its throughput is reported in.
         """
+        if self.adaptive:
+            return self.app.remaining_progress(self.epoch, self.progress) * self.app.init_batch_size
         b = self.spec.batch_size
         return self.app.remaining_steps(b, self.epoch, self.progress) * b
 
     def oracle_remaining_samples(self) -> float:
         """Samples left at the job's batch size: measured optimizer steps from the end of the
         current epoch to the end of training (Optimus+Oracle's remaining-iterations estimate,
-        Peng et al., EuroSys'18 §4, with perfect knowledge)."""
+        Peng et al., EuroSys'18 §4, with perfect knowledge). With an adaptive batch: the true
+        progress left, as :meth:`remaining_samples`."""
+        if self.adaptive:
+            return self.remaining_samples()
         app, b = self.app, self.spec.batch_size
         last = app.max_epochs - 1
         if last <= self.epoch:
@@ -298,7 +374,8 @@ class Simulator:
         if missing:
             raise SimulationError(f"no measured model for application(s) {', '.join(missing)}")
         gpus = self.config.total_gpus
-        self.jobs = [_SimJob(spec, applications[spec.application], gpus) for spec in workload]
+        self.jobs = [_SimJob(spec, applications[spec.application], gpus, self.config.adaptive_batch)
+                     for spec in workload]
         self.nodes = tuple(Node(name=f"node-{i}", gpus=self.config.gpus_per_node) for i in range(self.config.nodes))
         self.now_s = 0.0
 
@@ -317,7 +394,7 @@ class Simulator:
             restarts=job.restarts or 0,
             first_start_s=job.first_start,
             placement_since_s=job.placement_since,
-            global_batch_size=spec.batch_size,
+            global_batch_size=None if job.adaptive else spec.batch_size,
             remaining_samples=(job.oracle_remaining_samples() if self.oracle
                                else job.remaining_samples() if self.config.report_remaining_work else None),
             annotations=job.annotations,

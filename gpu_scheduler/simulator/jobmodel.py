@@ -27,6 +27,9 @@ The model (as described in the Pollux paper §5.3 "Simulator construction" and i
   ``grad_sqr``/``grad_var`` interpolated linearly between the measured batch sizes around ``B``.
 * **Completion**: a job finishes when its progress reaches the progress of the application's last
   epoch (the minimum over batch sizes, since no target metric is set for these applications).
+* **Adaptive batch** (experiment, :meth:`Application.best_step_config`): instead of a fixed ``B``,
+  the job picks the global batch of largest goodput ``efficiency_gain(B, epoch) / step time`` for
+  its placement (Pollux §3 / AdaptDL's per-job tuning), over a grid of batch sizes.
 
 Per-application settings (epochs; YOLOv3's 8-sample memory limit) are those of the artifact's
 ``simulator/applications.py``.
@@ -298,6 +301,75 @@ class Application:
         after = self.steps_after_epochs(batch_size)
         left_in_epoch = max(self._progress_targets[epoch + 1] - progress, 0.0) / self.efficiency_gain(batch_size, epoch)
         return left_in_epoch + after[epoch + 1]
+
+    # ------------------------------------------------------------------ adaptive batch size
+
+    def goodput(self, per_node: tuple[int, ...], cfg: StepConfig, epoch: int) -> float:
+        """Progress per second on a placement during ``epoch``: ``efficiency_gain / optimizer step time``.
+
+        This is Pollux's goodput (throughput × statistical efficiency, Qiao et al., OSDI'21 §3)
+        expressed in progress units: throughput ``B / T`` times efficiency ``gain / (B / B0)``
+        equals ``B0 · gain / T``, so maximising ``gain / T`` maximises goodput.
+
+        Raises:
+            JobModelError: if the configuration lies outside the measured range.
+        """
+        return self.efficiency_gain(cfg.batch_size, epoch) / self.optimizer_step_time(per_node, cfg)
+
+    def batch_candidates(self, workers: int) -> tuple[int, ...]:
+        """Global batch sizes an adaptive job on ``workers`` GPUs considers: the measured batch
+        sizes and 16 geometric steps between ``max(init_batch_size, workers × min_local_bsz)``
+        (every GPU gets at least the smallest measured per-GPU batch) and ``max_batch_size``.
+        Empty if no batch fits."""
+        lo = max(self.init_batch_size, workers * self.min_local_bsz)
+        hi = self.max_batch_size
+        if lo > hi:
+            return ()
+        grid = {round(float(b)) for b in np.geomspace(lo, hi, 16)}
+        grid.update(b for b in self.validation if lo <= b <= hi)
+        return tuple(sorted(b for b in grid | {lo, hi} if lo <= b <= hi))
+
+    def best_step_config(self, per_node: tuple[int, ...], epoch: int) -> StepConfig:
+        """The step configuration of largest :meth:`goodput` on a placement during ``epoch``.
+
+        The job-side half of Pollux's co-adaptation (AdaptDL's per-job batch-size tuning): each
+        candidate of :meth:`batch_candidates` is run through :meth:`step_config` (per-GPU batch
+        and gradient accumulation as for a fixed batch); configurations whose per-GPU batch or
+        processed global batch leave the measured range are skipped; ties go to the smaller
+        batch. Uses the true measured model (an AdaptDL job fits it online from its own steps).
+        Memoised per (placement, epoch).
+
+        Raises:
+            JobModelError: if no candidate batch size fits the placement.
+        """
+        key = ("best", per_node, epoch)
+        hit = self._grad_cache.get(key)
+        if hit is not None:
+            return hit
+        workers = sum(per_node)
+        best: tuple[float, StepConfig] | None = None
+        for b in self.batch_candidates(workers):
+            cfg = self.step_config(b, workers)
+            if not (self.min_local_bsz <= cfg.atomic_bsz <= self.max_local_bsz
+                    and self.init_batch_size <= cfg.batch_size <= self.max_batch_size):
+                continue
+            try:
+                value = self.goodput(per_node, cfg, epoch)
+            except JobModelError:
+                continue
+            if best is None or value > best[0] * (1 + 1e-12):
+                best = (value, cfg)
+        if best is None:
+            raise JobModelError(f"{self.name}: no batch size in [{self.init_batch_size}, {self.max_batch_size}] "
+                                f"fits {workers} GPUs on placement {per_node}")
+        self._grad_cache[key] = best[1]
+        return best[1]
+
+    def remaining_progress(self, epoch: int, progress: float) -> float:
+        """Progress left to completion (units of optimizer steps at ``init_batch_size``)."""
+        if epoch >= self.max_epochs:
+            return 0.0
+        return max(self._progress_targets[self.max_epochs] - progress, 0.0)
 
     def iterations_after(self, batch_size: int, epoch: int) -> float:
         """Measured optimizer steps after ``epoch + 1`` epochs at ``batch_size`` (interpolated)."""

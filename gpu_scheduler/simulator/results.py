@@ -74,6 +74,7 @@ def result_document(result: SimResult, *, workload: str, policy_params: dict[str
             "total_gpus": cfg.total_gpus,
             "interval_s": cfg.interval_s,
             "restart_cost_s": cfg.restart_cost_s,
+            **({"adaptive_batch": True} if cfg.adaptive_batch else {}),
         },
         "summary": summary,
         "jobs": [
@@ -91,6 +92,7 @@ def result_document(result: SimResult, *, workload: str, policy_params: dict[str
                 "restarts": j.restarts,
                 "attained_service_gpu_s": round(j.attained_service_gpu_s, 3),
                 "allocations": [[t, w, p] for t, w, p in j.allocations],
+                **({"batch_sizes": [[t, b] for t, b in j.batch_sizes]} if j.batch_sizes else {}),
             }
             for j in result.jobs
         ],

@@ -53,6 +53,24 @@ def test_simulate_writes_result_json_and_a_plot(tmp_path: Path, data: Path) -> N
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+def test_simulate_adaptive_batch_flag_records_the_batch_sizes(tmp_path: Path, data: Path) -> None:
+    lines = (data / "workloads" / "workload-1.csv").read_text().splitlines()
+    workload = tmp_path / "small.csv"
+    workload.write_text("\n".join(lines[:7]) + "\n")  # header + the first 6 jobs
+    docs = {}
+    for flag in ((), ("--adaptive-batch",)):
+        out = tmp_path / f"r{len(flag)}.json"
+        proc = cli("simulate", "--workload", str(workload), "--policy", "default", "--nodes", "2", "--out", str(out),
+                   "--traces", str(data / "traces"), *flag, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        docs[bool(flag)] = json.loads(out.read_text())
+    assert "adaptive_batch" not in docs[False]["cluster"] and docs[True]["cluster"]["adaptive_batch"] is True
+    assert all("batch_sizes" not in j for j in docs[False]["jobs"])
+    adaptive = {j["name"]: j for j in docs[True]["jobs"]}
+    assert adaptive["cifar10-0"]["batch_sizes"][0][0] == adaptive["cifar10-0"]["start_time_s"]
+    assert "batch_sizes" not in adaptive["ncf-2"]  # NCF keeps its batch
+
+
 def test_bad_input_is_a_one_line_error(tmp_path: Path, data: Path) -> None:
     workload = data / "workloads" / "workload-1.csv"
     cases = [

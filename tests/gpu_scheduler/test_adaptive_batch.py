@@ -1,0 +1,139 @@
+"""Adaptive batch size in the simulator (``SimConfig.adaptive_batch``, an experiment): the goodput
+choice, progress accounting across a batch change, what the policy is shown, and that the flag
+off leaves every result as it was."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpu_scheduler.model import Placement
+from gpu_scheduler.policies import create
+from gpu_scheduler.simulator import simulate_file
+from gpu_scheduler.simulator.data import find_pollux_dir
+from gpu_scheduler.simulator.engine import SimConfig, Simulator, _SimJob
+from gpu_scheduler.simulator.jobmodel import JobModelError, load_applications
+from gpu_scheduler.simulator.workload import WorkloadJob
+from tests.gpu_scheduler.test_simulator import TOY, write_toy_traces
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def toy_apps(tmp_path: Path):
+    return load_applications(write_toy_traces(tmp_path / "traces"), settings=TOY)
+
+
+@pytest.fixture(scope="module")
+def pollux_apps():
+    return load_applications(find_pollux_dir() / "traces")
+
+
+def test_goodput_choice_picks_a_larger_batch_on_more_gpus(pollux_apps) -> None:
+    app = pollux_apps["imagenet"]
+    epoch = 45
+    chosen = {pn: app.best_step_config(pn, epoch) for pn in ((1,), (4,), (4, 4), (4, 4, 4, 4))}
+    sizes = [cfg.batch_size for cfg in chosen.values()]
+    assert sizes == sorted(sizes) and sizes[0] == app.init_batch_size and sizes[-1] > 4 * sizes[0]
+    for pn, cfg in chosen.items():
+        best = app.goodput(pn, cfg, epoch)
+        # Nothing on the grid or at a measured batch size is better.
+        for b in app.batch_candidates(sum(pn)):
+            other = app.step_config(b, sum(pn))
+            if app.min_local_bsz <= other.atomic_bsz <= app.max_local_bsz and other.batch_size >= app.init_batch_size:
+                assert app.goodput(pn, other, epoch) <= best * (1 + 1e-9)
+    # On 16 GPUs the chosen batch beats the workloads' fixed 3,200 by goodput.
+    fixed = app.step_config(3200, 16)
+    assert app.goodput((4, 4, 4, 4), chosen[(4, 4, 4, 4)], epoch) > app.goodput((4, 4, 4, 4), fixed, epoch)
+    # Early in training a small batch is best even on many GPUs (low gradient noise scale).
+    assert app.best_step_config((4, 4, 4, 4), 0).batch_size < chosen[(4, 4, 4, 4)].batch_size
+
+
+def test_candidates_respect_the_per_gpu_minimum_and_no_fit_is_an_error(toy_apps) -> None:
+    app = toy_apps["toy"]  # batches 32..64, per-GPU batch 8..32
+    assert app.batch_candidates(1)[0] == 32 and app.batch_candidates(1)[-1] == 64
+    assert app.batch_candidates(8) == (64,)  # 8 GPUs × 8 samples at least
+    assert app.batch_candidates(9) == ()
+    with pytest.raises(JobModelError, match="no batch size in \\[32, 64\\] fits 9 GPUs"):
+        app.best_step_config((4, 4, 1), 0)
+
+
+def test_progress_is_accounted_across_a_batch_change(toy_apps) -> None:
+    app = toy_apps["toy"]
+    spec = WorkloadJob(name="a", submit_time_s=0.0, application="toy", requested_workers=1, batch_size=64)
+    job = _SimJob(spec, app, cluster_gpus=16, adaptive_batch=True)
+    assert job.max_workers == 8  # max batch 64 / per-GPU minimum 8, not the workload's batch alone
+    job.reallocate(Placement.of({"node-0": 1}), 0.0, 30)
+    # One GPU: batch 32 (0.32 s per step, gain 1) beats 64 (two passes, 0.64 s, gain 1.5).
+    assert job.cfg.batch_size == 32
+    rate_one = app.goodput((1,), job.cfg, 0)
+    assert rate_one == pytest.approx(1 / 0.32)
+    job.advance(0.0, 60.0)  # 30 s restart, 30 s training
+    assert job.progress == pytest.approx(30 * rate_one) and job.epoch == 0
+    assert job.throughput[1] == pytest.approx(rate_one * 32)  # goodput in samples/s at the initial batch
+    assert job.remaining_samples() == pytest.approx((300 - 30 * rate_one) * 32)
+
+    job.reallocate(Placement.of({"node-0": 4, "node-1": 4}), 60.0, 30)
+    # Eight GPUs need at least 8 samples each: batch 64, one pass of 8 per GPU, 0.08 + 0.02 s.
+    assert job.cfg.batch_size == 64
+    rate_eight = app.goodput((4, 4), job.cfg, 0)
+    assert rate_eight == pytest.approx(1.5 / 0.10)
+    before = job.progress
+    job.advance(60.0, 40.0)  # 30 s restart, 10 s at the new rate; crosses epoch ends (whole seconds)
+    assert job.progress == pytest.approx(before + 10 * rate_eight, abs=rate_eight * 1.0)
+    assert job.epoch == 2
+    assert job.record.batch_sizes == [(0.0, 32), (60.0, 64)]
+    left = job.remaining_samples() / job.throughput[8]
+    assert left == pytest.approx((300 - job.progress) / rate_eight)
+
+
+def test_the_batch_is_retuned_at_epoch_ends_without_a_restart(pollux_apps) -> None:
+    spec = WorkloadJob(name="c", submit_time_s=0.0, application="cifar10", requested_workers=4, batch_size=2048)
+    fixed = Simulator([spec], pollux_apps, create("fifo"), SimConfig(nodes=1)).run().jobs[0]
+    result = Simulator([spec], pollux_apps, create("fifo"), SimConfig(nodes=1, adaptive_batch=True)).run()
+    rec = result.jobs[0]
+    assert rec.restarts == 0 and len(rec.allocations) == 1
+    sizes = [b for _, b in rec.batch_sizes]
+    assert len(sizes) >= 3 and sizes[0] < 2048 and max(sizes) > sizes[0]
+    # Choosing the batch of largest goodput every epoch beats the fixed tuned batch.
+    assert rec.jct_s < fixed.jct_s
+    assert fixed.batch_sizes == []
+
+
+def test_ncf_keeps_its_batch_and_the_policy_sees_goodput(pollux_apps) -> None:
+    jobs = [WorkloadJob(name="n", submit_time_s=0.0, application="ncf", requested_workers=1, batch_size=32768),
+            WorkloadJob(name="y", submit_time_s=0.0, application="yolov3", requested_workers=4, batch_size=64)]
+    seen = []
+
+    class Recording:
+        name, uses_oracle = "fifo", False
+
+        def __init__(self) -> None:
+            self.inner = create("fifo")
+
+        def decide(self, snapshot, now_s):
+            seen.append(snapshot)
+            return self.inner.decide(snapshot, now_s)
+
+    result = Simulator(jobs, pollux_apps, Recording(), SimConfig(nodes=2, adaptive_batch=True)).run()
+    ncf, yolo = result.jobs
+    assert ncf.batch_sizes == [] and yolo.batch_sizes
+    views = {j.name: j for j in seen[1].jobs}
+    assert views["n"].global_batch_size == 32768 and views["y"].global_batch_size is None
+    assert views["y"].max_workers == 8  # two nodes; the max batch 512 alone would allow 128
+
+
+@pytest.mark.parametrize("policy", ["default", "tiresias"])
+def test_flag_off_reproduces_the_committed_report(policy) -> None:
+    """With ``adaptive_batch`` off (the default) the simulator gives the committed report's numbers."""
+    committed = json.loads((REPO / "docs" / "scheduler-report.json").read_text())
+    want = next(r["summary"] for r in committed["runs"]
+                if r["policy"] == policy and r["load"] == "1.0" and r["workload"] == 6)
+    got = simulate_file(find_pollux_dir() / "workloads" / "workload-6.csv", policy, config=SimConfig())["summary"]
+    for metric in ("avg_jct_s", "p99_jct_s", "makespan_s", "restarts_per_job", "gpu_allocation"):
+        assert got[metric] == pytest.approx(want[metric], rel=1e-9), metric
+    on = simulate_file(find_pollux_dir() / "workloads" / "workload-6.csv", policy,
+                       config=SimConfig(adaptive_batch=True))["summary"]
+    assert on["avg_jct_s"] != got["avg_jct_s"]
