@@ -274,7 +274,8 @@ class JobMemo:
         restarts: re-allocations the controller caused (first start not counted).
         throughput: throughput measured per worker count, in ``throughput_unit``
             (JSON ``{"unit": "samples/s", "by_workers": {"2": 101.5}}``).
-        throughput_unit: ``"samples/s"`` (trainer metric) or ``"busy-gpus"`` (DCGM stand-in).
+        throughput_unit: ``"samples/s"`` (trainer metric), ``"goodput-samples/s"`` (adaptive-batch
+            trainer's goodput curve) or ``"busy-gpus"`` (DCGM stand-in).
         attained_service_gpu_s: GPU-seconds held, as last persisted, and when (``attained_at_s``).
         scale_up: an unconfirmed scale-up, for the Pending rollback.
         hold_until_s: no scale-up beyond ``hold_max_workers`` before this time (after a rollback).

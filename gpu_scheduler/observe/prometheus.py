@@ -3,7 +3,7 @@
 Queries are named constants below; :func:`parse_vector` and :func:`metrics_from_results` are pure
 and tested on canned JSON. What is read:
 
-Four instant queries per tick, sent concurrently:
+Five instant queries per tick, sent concurrently:
 
 * DCGM exporter (NVIDIA ``dcgm-exporter``, default counters ``etc/default-counters.csv``), with pod
   attribution on (``--kubernetes``, the Helm chart's default), which labels each GPU's series with
@@ -25,7 +25,13 @@ Four instant queries per tick, sent concurrently:
   ``trainflow_total_steps`` and ``trainflow_global_batch_size``, the latest value of each in the
   window (``last_over_time``; ``max`` over a job's series, so a restarted trainer's newest step
   wins), tagged by a ``gauge`` label in one query. Work left = ``(total − step) × batch`` samples
-  (``Job.remaining_samples``).
+  (``Job.remaining_samples``). A trainer whose global batch adapts to its allocation exports
+  ``trainflow_remaining_samples`` instead (samples at its initial batch size), read by the same
+  query.
+* Adaptive-batch trainers' goodput curves: ``trainflow_goodput_samples_per_second`` labelled
+  ``job_key`` and ``world_size`` (predicted samples/s at the initial batch size, re-evaluated by
+  the trainer with its current gradient noise scale at every world size it has run at), the
+  latest value per world size. For such a job this curve *is* ``Job.throughput``.
 
 Every value is averaged over ``window_s`` (``avg_over_time``), evaluated at the controller's clock.
 Any failure (connection refused, timeout, HTTP error, ``status: error``, malformed JSON) raises
@@ -48,6 +54,7 @@ from gpu_scheduler.observe.readings import JobThroughput, JobWork, MetricsSample
 
 __all__ = [
     "QUERIES",
+    "QUERY_GOODPUT_BY_JOB",
     "QUERY_GPU_BUSY_BY_POD",
     "QUERY_SAMPLES_PER_SECOND_BY_JOB",
     "QUERY_STABLE_WORLD_SIZE_BY_JOB",
@@ -82,11 +89,18 @@ QUERY_STABLE_WORLD_SIZE_BY_JOB = (
 )
 
 #: The trainer's step, total steps and global batch size per job (latest value in the window),
-#: one series per job and gauge, told apart by the ``gauge`` label.
-WORK_GAUGES = ("step", "total_steps", "global_batch_size")
+#: one series per job and gauge, told apart by the ``gauge`` label; adaptive-batch trainers
+#: export ``remaining_samples`` (and the current global batch size) instead of the steps.
+STEP_GAUGES = ("step", "total_steps", "global_batch_size")
+WORK_GAUGES = (*STEP_GAUGES, "remaining_samples")
 QUERY_WORK_BY_JOB = " or ".join(
     f'label_replace(max by (job_key) (last_over_time(trainflow_{g}[{{window}}])), "gauge", "{g}", "", "")'
     for g in WORK_GAUGES
+)
+
+#: Adaptive-batch jobs' predicted goodput per world size (latest value in the window).
+QUERY_GOODPUT_BY_JOB = (
+    "max by (job_key, world_size) (last_over_time(trainflow_goodput_samples_per_second[{window}]))"
 )
 
 QUERIES: Mapping[str, str] = MappingProxyType({
@@ -94,6 +108,7 @@ QUERIES: Mapping[str, str] = MappingProxyType({
     "samples": QUERY_SAMPLES_PER_SECOND_BY_JOB,
     "world_size": QUERY_STABLE_WORLD_SIZE_BY_JOB,
     "work": QUERY_WORK_BY_JOB,
+    "goodput": QUERY_GOODPUT_BY_JOB,
 })
 
 
@@ -154,14 +169,22 @@ def metrics_from_results(
         key, gauge = labels.get("job_key", ""), labels.get("gauge", "")
         if key and gauge in WORK_GAUGES:
             gauges.setdefault(key, {})[gauge] = value
-    work = {
-        key: JobWork(step=g["step"], total_steps=g["total_steps"], global_batch_size=g["global_batch_size"])
-        for key, g in gauges.items()
-        if len(g) == len(WORK_GAUGES) and g["step"] >= 0 and g["total_steps"] > 0 and g["global_batch_size"] > 0
-    }
+    work: dict[str, JobWork] = {}
+    for key, g in gauges.items():
+        if g.get("remaining_samples", -1.0) >= 0:
+            work[key] = JobWork(global_batch_size=g.get("global_batch_size", 0.0),
+                                reported_remaining_samples=g["remaining_samples"])
+        elif all(k in g for k in STEP_GAUGES) and g["step"] >= 0 and g["total_steps"] > 0 and g["global_batch_size"] > 0:
+            work[key] = JobWork(step=g["step"], total_steps=g["total_steps"], global_batch_size=g["global_batch_size"])
+    goodput: dict[str, dict[int, float]] = {}
+    for labels, value in results.get("goodput", ()):
+        key, size = labels.get("job_key", ""), labels.get("world_size", "")
+        if key and size.isdigit() and int(size) >= 1 and value > 0:
+            goodput.setdefault(key, {})[int(size)] = value
     return MetricsSample(
         taken_at_s=taken_at_s, window_s=window_s, pods=MappingProxyType(pods), jobs=MappingProxyType(jobs),
         work=MappingProxyType(work),
+        goodput=MappingProxyType({k: MappingProxyType(v) for k, v in goodput.items()}),
     )
 
 

@@ -40,21 +40,36 @@ class JobThroughput:
 
 @dataclass(frozen=True, slots=True)
 class JobWork:
-    """The trainer's progress of one job (latest values in the window).
+    """The trainer's work left for one job (latest values in the window).
+
+    A fixed-batch trainer exports its steps; an adaptive-batch trainer (its global batch follows
+    the allocation) exports the work left directly, in samples at its initial batch size that
+    make the same statistical progress (``trainflow_remaining_samples``).
 
     Attributes:
         step: completed optimizer steps (``trainflow_step``).
         total_steps: optimizer steps the job trains for (``trainflow_total_steps``; fixed epochs).
-        global_batch_size: samples per optimizer step, all ranks (``trainflow_global_batch_size``).
+        global_batch_size: samples per optimizer step, all ranks (``trainflow_global_batch_size``);
+            the current one for an adaptive job.
+        reported_remaining_samples: ``trainflow_remaining_samples`` (adaptive jobs), else None.
     """
 
-    step: float
-    total_steps: float
-    global_batch_size: float
+    step: float = 0.0
+    total_steps: float = 0.0
+    global_batch_size: float = 0.0
+    reported_remaining_samples: float | None = None
+
+    @property
+    def adaptive(self) -> bool:
+        """The trainer adapts its batch (its work is reported in samples, not steps)."""
+        return self.reported_remaining_samples is not None
 
     @property
     def remaining_samples(self) -> float:
-        """``(total_steps − step) × global_batch_size``, never negative."""
+        """The reported samples left, else ``(total_steps − step) × global_batch_size``; never
+        negative."""
+        if self.reported_remaining_samples is not None:
+            return max(self.reported_remaining_samples, 0.0)
         return max(self.total_steps - self.step, 0.0) * self.global_batch_size
 
 
@@ -67,7 +82,10 @@ class MetricsSample:
         window_s: averaging window.
         pods: GPU activity by ``(namespace, pod)``.
         jobs: trainer throughput by ``job_key``.
-        work: trainer progress by ``job_key`` (jobs exporting all three gauges only).
+        work: trainer progress by ``job_key`` (jobs exporting all three step gauges, or
+            ``trainflow_remaining_samples``).
+        goodput: adaptive-batch jobs' goodput curves by ``job_key``: world size -> samples/s at
+            the initial batch size (``trainflow_goodput_samples_per_second``), the latest values.
     """
 
     taken_at_s: float
@@ -75,3 +93,4 @@ class MetricsSample:
     pods: Mapping[tuple[str, str], PodGpu] = field(default_factory=lambda: MappingProxyType({}))
     jobs: Mapping[str, JobThroughput] = field(default_factory=lambda: MappingProxyType({}))
     work: Mapping[str, JobWork] = field(default_factory=lambda: MappingProxyType({}))
+    goodput: Mapping[str, Mapping[int, float]] = field(default_factory=lambda: MappingProxyType({}))

@@ -17,14 +17,19 @@ Three steps, each a function of its inputs only (the controller calls them once 
    dcgm-exporter without pod attribution).
 
 Throughput (``Job.throughput``) is the trainer's ``trainflow_samples_per_second`` at the worker
-count it was measured at. For a job that exports no trainer metrics, the stand-in is the GPU
+count it was measured at. For a trainer that adapts its global batch to its allocation it is the
+goodput curve the trainer exports (``trainflow_goodput_samples_per_second`` per world size,
+samples/s at its initial batch size), taken whole every tick: the trainer re-evaluates it with its
+current gradient noise scale, so an old measurement never stands for a width. For a job that exports no trainer metrics, the stand-in is the GPU
 busy time its pods show in DCGM (``sum over pods of busy fraction x GPUs``, "busy GPUs"), the
 measured analogue of the simulator's goodput-weighted utilisation; the two units are never mixed
 within one job.
 
 Work left (``Job.remaining_samples``, ``Job.global_batch_size``) is the trainer's
 ``(trainflow_total_steps − trainflow_step) × trainflow_global_batch_size`` (None for jobs that do
-not export all three, or whose throughput is measured in busy GPUs).
+not export all three, or whose throughput is measured in busy GPUs); for an adaptive-batch job,
+its ``trainflow_remaining_samples`` (in the unit of its goodput), with ``global_batch_size`` None
+(not constant).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from gpu_scheduler.observe.readings import MetricsSample
 
 __all__ = [
     "UNIT_BUSY_GPUS",
+    "UNIT_GOODPUT",
     "UNIT_SAMPLES_PER_S",
     "ClusterView",
     "Ledger",
@@ -51,6 +57,8 @@ __all__ = [
 
 UNIT_SAMPLES_PER_S = "samples/s"
 UNIT_BUSY_GPUS = "busy-gpus"
+UNIT_GOODPUT = "goodput-samples/s"
+_UNITS = (UNIT_SAMPLES_PER_S, UNIT_BUSY_GPUS, UNIT_GOODPUT)
 
 _INDEX = re.compile(r"(\d+)$")
 
@@ -135,6 +143,11 @@ class ThroughputBook:
             return ThroughputBook(unit=unit, by_workers=MappingProxyType({workers: value}))
         return ThroughputBook(unit=unit, by_workers=MappingProxyType({**self.by_workers, workers: value}))
 
+    @staticmethod
+    def goodput_curve(by_workers: Mapping[int, float]) -> ThroughputBook:
+        """An adaptive-batch trainer's whole goodput curve; it replaces any earlier book."""
+        return ThroughputBook(unit=UNIT_GOODPUT, by_workers=MappingProxyType(dict(by_workers)))
+
 
 @dataclass(slots=True)
 class _JobLedger:
@@ -160,8 +173,7 @@ class Ledger:
         from_memo = 0.0
         if memo.attained_service_gpu_s is not None and memo.attained_at_s is not None:
             from_memo = memo.attained_service_gpu_s + view.placement.gpus(gpw) * max(0.0, now_s - memo.attained_at_s)
-        unit = memo.throughput_unit if memo.throughput_unit in (UNIT_SAMPLES_PER_S, UNIT_BUSY_GPUS) else (
-            UNIT_SAMPLES_PER_S)
+        unit = memo.throughput_unit if memo.throughput_unit in _UNITS else UNIT_SAMPLES_PER_S
         book = ThroughputBook(unit=unit, by_workers=memo.throughput)
         return _JobLedger(attained_gpu_s=max(from_memo, from_pods), at_s=now_s, book=book)
 
@@ -190,6 +202,13 @@ class Ledger:
                 continue
             job = jv.job
             ranks_per_worker = job.nproc_per_node or job.gpus_per_worker or 1
+            curve = metrics.goodput.get(job.metrics_key)
+            if curve:
+                by_workers = {size // ranks_per_worker: v for size, v in curve.items() if size % ranks_per_worker == 0}
+                if by_workers and by_workers != dict(entry.book.by_workers):
+                    entry.book = ThroughputBook.goodput_curve(by_workers)
+                    out[key] = (UNIT_GOODPUT, workers, by_workers.get(workers, 0.0))
+                continue
             tp = metrics.jobs.get(job.metrics_key)
             if tp is not None:
                 if tp.world_size is not None and tp.world_size == workers * ranks_per_worker:
@@ -335,8 +354,9 @@ def build_snapshot(
         requested = min(max(requested, job.min_workers), max_workers)
         pods = view.pods_by_job.get(key, ())
         work = metrics.work.get(job.metrics_key)
-        if ledger.book(key).unit != UNIT_SAMPLES_PER_S:
-            work = None  # remaining samples only beside a samples/s throughput
+        unit = ledger.book(key).unit
+        if work is not None and unit != (UNIT_GOODPUT if work.adaptive else UNIT_SAMPLES_PER_S):
+            work = None  # remaining samples only beside a throughput in the same unit
         jobs.append(Job(
             name=key,
             submit_time_s=job.created_at_s,
@@ -350,7 +370,7 @@ def build_snapshot(
             restarts=memo.restarts,
             first_start_s=_first_start(jv, pods),
             placement_since_s=jv.placement_since_s if jv.placement else None,
-            global_batch_size=round(work.global_batch_size) if work else None,
+            global_batch_size=round(work.global_batch_size) if work and not work.adaptive else None,
             remaining_samples=work.remaining_samples if work else None,
             annotations=job.policy_annotations,
         ))

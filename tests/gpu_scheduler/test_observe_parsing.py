@@ -123,7 +123,29 @@ def test_work_left_comes_from_the_three_trainer_gauges_of_one_canned_answer() ->
     for gauge in ("step", "total_steps", "global_batch_size"):
         assert (f'label_replace(max by (job_key) (last_over_time(trainflow_{gauge}[120s])), "gauge", "{gauge}", "", "")'
                 in q)
-    assert q.count(" or ") == 2
+    assert q.count(" or ") == 3  # and remaining_samples, for adaptive-batch trainers
+
+
+def test_adaptive_batch_trainers_report_work_left_in_samples_and_a_goodput_curve() -> None:
+    work = vector(
+        ({"job_key": "ns/ad", "gauge": "remaining_samples"}, 4.0e6),
+        ({"job_key": "ns/ad", "gauge": "global_batch_size"}, 768.0),   # current batch: not a step unit
+        ({"job_key": "ns/ad", "gauge": "step"}, 120.0),                 # steps of varying size: ignored
+        ({"job_key": "ns/neg", "gauge": "remaining_samples"}, -5.0),    # nonsense: ignored
+    )
+    goodput = vector(
+        ({"job_key": "ns/ad", "world_size": "2"}, 180.0),
+        ({"job_key": "ns/ad", "world_size": "8"}, 610.0),
+        ({"job_key": "ns/ad", "world_size": "x"}, 1.0),                 # malformed label: dropped
+        ({"job_key": "ns/z", "world_size": "4"}, 0.0),                  # no goodput: dropped
+    )
+    m = metrics_from_results({"work": parse_vector(work), "goodput": parse_vector(goodput)}, taken_at_s=T0,
+                             window_s=60)
+    assert set(m.work) == {"ns/ad"}
+    assert m.work["ns/ad"].adaptive and m.work["ns/ad"].remaining_samples == 4.0e6
+    assert dict(m.goodput) == {"ns/ad": {2: 180.0, 8: 610.0}}
+    assert QUERIES["goodput"].format(window="60s") == (
+        "max by (job_key, world_size) (last_over_time(trainflow_goodput_samples_per_second[60s]))")
 
 
 def test_queries_are_formatted_with_the_window() -> None:

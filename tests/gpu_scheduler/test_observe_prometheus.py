@@ -31,7 +31,7 @@ def test_observe_returns_per_pod_gpu_use_and_per_job_throughput(prometheus_serve
     assert sample.jobs["team-a/bert"].world_size == 4
     assert sample.work["team-a/bert"].remaining_samples == pytest.approx((900 - 100) * 256)
     assert set(sample.work) == {"team-a/bert"}  # the other job's trainer exports no progress
-    assert observer.requests == 4  # one instant query per named PromQL constant
+    assert observer.requests == 5  # one instant query per named PromQL constant
 
 
 def test_work_left_follows_the_latest_step(prometheus_server, dcgm_exporter) -> None:
@@ -43,6 +43,19 @@ def test_work_left_follows_the_latest_step(prometheus_server, dcgm_exporter) -> 
     prom.wait_for("trainflow_step", lambda r: r and r[0]["value"][1] == "60")
     sample = PrometheusObserver(prom.url, window_s=30).observe(time.time())
     assert sample.work["ns/j"].remaining_samples == pytest.approx(40 * 64)  # the latest, not the mean
+
+
+def test_adaptive_batch_trainer_gauges_reach_the_sample(prometheus_server, dcgm_exporter) -> None:
+    exporter = dcgm_exporter()
+    exporter.set_adaptive("ns/ad", remaining_samples=2.5e6, goodput_by_world_size={1: 95.0, 4: 330.0})
+    prom = prometheus_server([exporter.target], scrape_interval_s=0.5)
+    prom.wait_for("trainflow_goodput_samples_per_second", lambda r: len(r) == 2)
+    exporter.set_adaptive("ns/ad", remaining_samples=2.0e6, goodput_by_world_size={1: 90.0, 4: 300.0})
+    prom.wait_for("trainflow_remaining_samples", lambda r: r and float(r[0]["value"][1]) == 2.0e6)
+    prom.wait_for('trainflow_goodput_samples_per_second{world_size="4"}', lambda r: r and r[0]["value"][1] == "300")
+    sample = PrometheusObserver(prom.url, window_s=30).observe(time.time())
+    assert dict(sample.goodput["ns/ad"]) == {1: 90.0, 4: 300.0}  # the latest curve, not a mean
+    assert sample.work["ns/ad"].adaptive and sample.work["ns/ad"].remaining_samples == pytest.approx(2.0e6)
 
 
 def test_resize_within_the_window_yields_no_world_size(prometheus_server, dcgm_exporter) -> None:

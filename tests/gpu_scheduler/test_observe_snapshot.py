@@ -83,6 +83,29 @@ def test_snapshot_builds_jobs_with_bounds_throughput_and_policy_state() -> None:
     assert [(n.name, n.gpus, n.gpus_unavailable) for n in build.snapshot.nodes] == [("n0", 8, 0), ("n1", 8, 0)]
 
 
+def test_adaptive_batch_job_throughput_is_its_latest_goodput_curve_and_work_left_is_reported() -> None:
+    job_a, pods_a = running_job("ns", "a", ["n0", "n1"], started=T0 - 600)
+    view = view_of([node("n0"), node("n1")], pods_a, [job_a])
+    ledger = Ledger()
+    ledger.advance(view, T0)
+    work = {"ns/a": JobWork(global_batch_size=512, reported_remaining_samples=3.0e6)}
+    first = MetricsSample(taken_at_s=T0, window_s=60.0, pods=dcgm_for(view), work=work,
+                          jobs={"ns/a": JobThroughput(samples_per_s=999.0, world_size=2)},  # raw rate: not used
+                          goodput={"ns/a": {1: 100.0, 2: 170.0}})
+    assert ledger.record(view, first, T0) == {"ns/a": ("goodput-samples/s", 2, 170.0)}
+    snap = build_snapshot(view, first, ledger, T0).snapshot
+    a = snap.job("ns/a")
+    assert dict(a.throughput) == {1: 100.0, 2: 170.0}
+    assert (a.remaining_samples, a.global_batch_size) == (3.0e6, None)
+    # The trainer re-evaluates the curve (its gradient noise scale grew): the whole curve is replaced.
+    later = MetricsSample(taken_at_s=T0 + 60, window_s=60.0, pods=dcgm_for(view), work=work,
+                          goodput={"ns/a": {1: 80.0, 2: 150.0, 4: 260.0}})
+    ledger.record(view, later, T0 + 60)
+    assert dict(build_snapshot(view, later, ledger, T0 + 60).snapshot.job("ns/a").throughput) == {
+        1: 80.0, 2: 150.0, 4: 260.0}
+    assert ledger.memo("ns/a", view.jobs["ns/a"].job.memo, T0 + 60).throughput_unit == "goodput-samples/s"
+
+
 def test_snapshot_fills_work_left_from_the_trainer_only_beside_samples_per_second() -> None:
     job_a, pods_a = running_job("ns", "a", ["n0"], started=T0 - 600)
     job_b, pods_b = running_job("ns", "b", ["n1"], started=T0 - 600)

@@ -6,7 +6,9 @@ series have the names and labels of the real dcgm-exporter with pod attribution 
 ``gpu``, ``UUID``, ``device``, ``modelName``, ``Hostname``, ``container``, ``namespace``, ``pod``;
 one series per GPU), and the trainer's ``trainflow_samples_per_second`` /
 ``trainflow_world_size`` (and, where set, ``trainflow_step`` / ``trainflow_total_steps`` /
-``trainflow_global_batch_size``) labelled ``job_key``. Values are set per pod and per job by the test.
+``trainflow_global_batch_size``; for an adaptive-batch job ``trainflow_remaining_samples`` and
+``trainflow_goodput_samples_per_second`` per ``world_size``) labelled ``job_key``. Values are set per
+pod and per job by the test.
 
 ``pod_labels=False`` serves the same GPUs with empty ``pod``/``namespace``/``container`` — what
 dcgm-exporter does without ``--kubernetes`` — to test the "missing metrics" path.
@@ -51,6 +53,7 @@ class DcgmExporter(Collector):
         self._pods: dict[tuple[str, str], _Pod] = {}
         self._jobs: dict[str, tuple[float, int]] = {}
         self._work: dict[str, tuple[float, float, float]] = {}
+        self._adaptive: dict[str, tuple[float, dict[int, float]]] = {}
         self._lock = threading.Lock()
         self._server: Any = None
         self._follow_stop = threading.Event()
@@ -76,11 +79,17 @@ class DcgmExporter(Collector):
         with self._lock:
             self._jobs.pop(job_key, None)
             self._work.pop(job_key, None)
+            self._adaptive.pop(job_key, None)
 
     def set_work(self, job_key: str, step: float, total_steps: float, global_batch_size: float) -> None:
         """The trainer's progress gauges (rank 0) for ``job_key``."""
         with self._lock:
             self._work[job_key] = (step, total_steps, global_batch_size)
+
+    def set_adaptive(self, job_key: str, remaining_samples: float, goodput_by_world_size: dict[int, float]) -> None:
+        """An adaptive-batch trainer's gauges (rank 0) for ``job_key``."""
+        with self._lock:
+            self._adaptive[job_key] = (remaining_samples, dict(goodput_by_world_size))
 
     def pods(self) -> set[tuple[str, str]]:
         with self._lock:
@@ -98,6 +107,7 @@ class DcgmExporter(Collector):
             pods = sorted(self._pods.items())
             jobs = sorted(self._jobs.items())
             work = sorted(self._work.items())
+            adaptive = sorted(self._adaptive.items())
         gpu_index: dict[str, int] = {}
         for (namespace, name), p in pods:
             for _ in range(p.gpus):
@@ -122,6 +132,16 @@ class DcgmExporter(Collector):
                 family.add_metric([key], float(value))
         if work:
             yield from gauges
+        if adaptive:
+            left = GaugeMetricFamily("trainflow_remaining_samples", "Work left.", labels=["job_key"])
+            goodput = GaugeMetricFamily("trainflow_goodput_samples_per_second", "Goodput per world size.",
+                                        labels=["job_key", "world_size"])
+            for key, (remaining, curve) in adaptive:
+                left.add_metric([key], float(remaining))
+                for size, value in sorted(curve.items()):
+                    goodput.add_metric([key, str(size)], float(value))
+            yield left
+            yield goodput
 
     def start(self) -> DcgmExporter:
         registry = CollectorRegistry(auto_describe=False)
