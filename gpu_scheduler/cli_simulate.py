@@ -78,14 +78,14 @@ def report_command(
     load: Annotated[list[str] | None, typer.Option(help="Loads: 0.5, 1.0, 1.5, 2.0 (repeatable).")] = None,
     workloads: Annotated[int, typer.Option(help="Workloads 1..N per load.")] = 8,
     processes: Annotated[int | None, typer.Option(help="Worker processes (default: CPU count).")] = None,
-    adaptive_batch: Annotated[bool, typer.Option(
-        "--adaptive-batch", help="Experiment: simulate AdaptDL-style adaptive batch sizes (write the report "
-                                 "elsewhere with --out; the committed report is fixed-batch).")] = False,
+    job_model: Annotated[list[str] | None, typer.Option(
+        help="Job models: fixed (the workload's global batch), adaptive (goodput-adaptive batch, "
+             "trainer --adaptive-batch); repeatable, default both.")] = None,
 ) -> None:
     """Run every policy on the Pollux workloads and write the side-by-side benchmark report."""
     from gpu_scheduler.policies import names
     from gpu_scheduler.simulator.data import find_pollux_dir
-    from gpu_scheduler.simulator.report import DEFAULT_POLICIES, LOADS, ReportSpec, run_report
+    from gpu_scheduler.simulator.report import DEFAULT_POLICIES, JOB_MODELS, LOADS, ReportSpec, run_report
 
     try:
         chosen = tuple(policy) if policy else DEFAULT_POLICIES
@@ -98,9 +98,12 @@ def report_command(
             raise _fail(f"unknown load {bad[0]!r}; choose from: {', '.join(LOADS)}")
         if not 1 <= workloads <= 8:
             raise _fail(f"--workloads must be 1..8, got {workloads}")
+        models = tuple(job_model) if job_model else JOB_MODELS
+        bad = [m for m in models if m not in JOB_MODELS]
+        if bad:
+            raise _fail(f"unknown job model {bad[0]!r}; choose from: {', '.join(JOB_MODELS)}")
         spec = ReportSpec(data_dir=find_pollux_dir(data), out=out, policies=chosen, loads=loads,
-                          workloads=tuple(range(1, workloads + 1)), processes=processes,
-                          adaptive_batch=adaptive_batch)
+                          workloads=tuple(range(1, workloads + 1)), processes=processes, job_models=models)
         run_report(spec, log=typer.echo)
     except SchedulerError as exc:
         raise _fail(str(exc)) from None

@@ -102,6 +102,12 @@ def test_report_runs_a_reduced_matrix(tmp_path: Path, data: Path) -> None:
     text = out.read_text()
     assert "| `tiresias` | 2,474 |" in text  # published: 2473.65 s on workload 1
     assert "## Fidelity" in text and "+0.0 %" in text
-    assert (tmp_path / "docs" / "scheduler" / "jct-cdf-and-usage-1.0x.png").is_file()
+    assert "## Fixed global batch" in text and "## Adaptive batch" in text
+    for suffix in ("", "-adaptive"):
+        assert (tmp_path / "docs" / "scheduler" / f"jct-cdf-and-usage-1.0x{suffix}.png").is_file()
     summary = json.loads(out.with_suffix(".json").read_text())
     assert summary["mean"]["1.0"]["tiresias"]["avg_jct_s"] == pytest.approx(2473.65, abs=0.01)
+    adaptive = summary["means"]["adaptive"]["1.0"]["tiresias"]["avg_jct_s"]
+    assert adaptive < summary["mean"]["1.0"]["tiresias"]["avg_jct_s"]  # larger batches on more GPUs
+    bad = cli("report", "--out", str(out), "--data", str(data), "--job-model", "elastic", cwd=tmp_path)
+    assert bad.returncode != 0 and "unknown job model 'elastic'" in bad.stderr
