@@ -94,6 +94,7 @@ class _HookBase(BaseHook):
     default_conn_name = DEFAULT_CONN_ID
     conn_type = CONN_TYPE
     hook_name = "Kubeflow Pipelines"
+    _sleep: Callable[[float], Any]  # time.sleep (sync hook) or asyncio.sleep (async hook)
 
     def __init__(
         self, kfp_conn_id: str = DEFAULT_CONN_ID, *, config: KfpConnectionConfig | None = None
@@ -118,6 +119,17 @@ class _HookBase(BaseHook):
     def _log_retry(self, retry_state: tenacity.RetryCallState) -> None:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         self.log.warning("KFP API call failed (attempt %d), retrying: %s", retry_state.attempt_number, exc)
+
+    def _retry_policy(self, cfg: KfpConnectionConfig, call: api.ApiCall) -> dict[str, Any]:
+        """tenacity arguments shared by the sync and async hooks: attempts, backoff, what retries."""
+        return {
+            "stop": tenacity.stop_after_attempt(cfg.max_attempts),
+            "wait": self._wait,
+            "retry": tenacity.retry_if_exception(lambda e: api.is_retryable(e, call)),
+            "before_sleep": self._log_retry,
+            "sleep": self._sleep,
+            "reraise": True,
+        }
 
 
 class KfpHook(_HookBase):
@@ -199,14 +211,7 @@ class KfpHook(_HookBase):
             )
             return api.decode(response, call, auth_mode=cfg.auth_mode.value)
 
-        retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(cfg.max_attempts),
-            wait=self._wait,
-            retry=tenacity.retry_if_exception(lambda e: api.is_retryable(e, call)),
-            before_sleep=self._log_retry,
-            sleep=self._sleep,
-            reraise=True,
-        )
+        retrying = tenacity.Retrying(**self._retry_policy(cfg, call))
         try:
             return retrying(attempt)
         except httpx.TransportError as err:
@@ -518,14 +523,7 @@ class KfpAsyncHook(_HookBase):
                 )
                 return api.decode(response, call, auth_mode=cfg.auth_mode.value)
 
-            retrying = tenacity.AsyncRetrying(
-                stop=tenacity.stop_after_attempt(cfg.max_attempts),
-                wait=self._wait,
-                retry=tenacity.retry_if_exception(lambda e: api.is_retryable(e, call)),
-                before_sleep=self._log_retry,
-                sleep=self._sleep,
-                reraise=True,
-            )
+            retrying = tenacity.AsyncRetrying(**self._retry_policy(cfg, call))
             try:
                 return await retrying(attempt)
             except httpx.TransportError as err:
