@@ -8,9 +8,13 @@ once its B0-equivalent progress reaches epochs x dataset size.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from components.training.data import PreparedDataset
+from components.training.metrics import read_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -47,3 +51,21 @@ def test_adaptive_job_grows_its_batch_resumes_and_finishes(digits_dataset, make_
     chosen = [r for r in records if r.get("event") == "batch_size_chosen"]
     assert all(r["global_batch_size"] % 2 == 0 and r["global_batch_size"] <= 8 * B0 for r in chosen)
     assert any(r.get("event") == "finished" for r in records)
+
+
+def test_adaptive_job_at_world_size_one_stays_at_base_batch(digits_dataset, tmp_path) -> None:
+    """One rank measures no noise scale (local batch == global batch): the job keeps B0 and still
+    finishes by progress (E(B0) = 1: exactly the fixed-batch job's steps)."""
+    metrics = tmp_path / "metrics.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "components.training", "--dataset", str(digits_dataset), "--checkpoint-uri",
+         str(tmp_path / "ckpt"), "--job-key", "solo", "--epochs", "1", "--global-batch-size", str(B0),
+         "--adaptive-batch", "--threads-per-rank", "1", "--metrics-path", str(metrics)],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    steps = [r for r in read_jsonl(metrics) if "loss" in r]
+    n_train = len(PreparedDataset(digits_dataset).split("train"))
+    assert {r["global_batch_size"] for r in steps} == {B0}
+    assert {r["gradient_noise_scale"] for r in steps} == {None}
+    assert len(steps) == -(-n_train // B0) and steps[-1]["remaining_samples"] == 0.0
