@@ -39,11 +39,33 @@ class DataConfig:
         metadata=_opt("--global-batch-size", "samples per optimizer step over all ranks; fixed when the world size changes"),
     )
     loader_workers: int = field(default=0, metadata=_opt("--loader-workers", "DataLoader processes per rank (image folders)"))
+    adaptive_batch: bool = field(
+        default=False,
+        metadata=_opt("--adaptive-batch", "opt-in: pick the global batch of largest goodput at every (re)start and "
+                      "epoch end, starting from --global-batch-size (components/training/goodput.py)"),
+    )
+    max_global_batch_size: int | None = field(
+        default=None, metadata=_opt("--max-global-batch-size", "adaptive batch: largest global batch (default 8x "
+                                    "--global-batch-size)")
+    )
+    max_local_batch_size: int | None = field(
+        default=None, metadata=_opt("--max-local-batch-size", "adaptive batch: largest batch per rank (memory bound)")
+    )
 
     def __post_init__(self) -> None:
         _check(bool(self.path), "dataset path must not be empty (--dataset)")
         _check(self.global_batch_size >= 1, f"global_batch_size must be >= 1, got {self.global_batch_size}")
         _check(self.loader_workers >= 0, f"loader_workers must be >= 0, got {self.loader_workers}")
+        _check(self.max_global_batch_size is None or self.max_global_batch_size >= self.global_batch_size,
+               f"max_global_batch_size must be >= global_batch_size ({self.global_batch_size}), "
+               f"got {self.max_global_batch_size}")
+        _check(self.max_local_batch_size is None or self.max_local_batch_size >= 1,
+               f"max_local_batch_size must be >= 1, got {self.max_local_batch_size}")
+
+    @property
+    def max_global_batch(self) -> int:
+        """``max_global_batch_size`` or its default, 8 x ``global_batch_size`` (adaptive batch)."""
+        return self.max_global_batch_size or 8 * self.global_batch_size
 
 
 ModelName = Literal["small_cnn", "resnet18"]
@@ -222,8 +244,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per config field (``--lr``, ``--checkpoint-uri``, ...) plus ``--config FILE``."""
     parser.add_argument("--config", help="JSON training config file; flags override its values")
     parser.add_argument("--config-json", help="JSON training config given inline")
+    hints = {**get_type_hints(TrainConfig), **{n: t for sec in _SECTIONS.values() for n, t in get_type_hints(sec).items()}}
     for flag, _section, f in _flag_fields():
-        parser.add_argument(flag, dest=flag[2:].replace("-", "_"), default=None, help=f.metadata["help"])
+        # A bool flag alone means true (``--adaptive-batch``); ``--flag false`` still works.
+        extra: dict[str, Any] = {"nargs": "?", "const": "true"} if hints.get(f.name) is bool else {}
+        parser.add_argument(flag, dest=flag[2:].replace("-", "_"), default=None, help=f.metadata["help"], **extra)
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:

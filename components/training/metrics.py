@@ -9,6 +9,14 @@ persist thread), ``preempted``, ``finished``.
 Prometheus metrics (all prefixed ``trainflow_``, labelled with ``job_key``) — the GPU scheduler reads
 ``trainflow_samples_per_second`` to learn each job's throughput at its current world size, and
 ``trainflow_step`` / ``trainflow_total_steps`` / ``trainflow_global_batch_size`` for the work left.
+
+Adaptive batch only (``--adaptive-batch``; absent otherwise): step records also carry
+``global_batch_size`` (current B), ``gradient_noise_scale`` (phi, samples; null until measured),
+``adascale_gain``, ``progress_samples`` and ``remaining_samples`` (B0-equivalent samples) and
+``goodput_samples_per_second`` (``{"<world size>": B0-equivalent samples/s}``); the endpoint adds
+``trainflow_goodput_samples_per_second{job_key, world_size}`` (predicted goodput at every width the
+job has run at, each at its best batch under the current phi), ``trainflow_remaining_samples`` and
+``trainflow_gradient_noise_scale``, and ``trainflow_global_batch_size`` follows the current batch.
 """
 
 from __future__ import annotations
@@ -75,6 +83,8 @@ class PrometheusSink:
         self.persist_s = g("trainflow_checkpoint_persist_seconds", "Background persist time of the last checkpoint.")
         self.committed = c("trainflow_checkpoints_committed", "Checkpoints committed.")
         self.resumes = c("trainflow_resumes", "Starts that resumed from a checkpoint.")
+        self._job_key = job_key
+        self._adaptive: dict[str, Any] | None = None  # created on the first adaptive-batch record
         self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
 
     def record(self, rec: dict[str, Any]) -> None:
@@ -94,6 +104,29 @@ class PrometheusSink:
             self.committed.inc()
         if rec.get("event") == "resume":
             self.resumes.inc()
+        if "remaining_samples" in rec:
+            self._record_adaptive(rec)
+
+    def _record_adaptive(self, rec: dict[str, Any]) -> None:
+        from prometheus_client import Gauge
+
+        if self._adaptive is None:
+            self._adaptive = {
+                "goodput": Gauge("trainflow_goodput_samples_per_second",
+                                 "Predicted goodput (samples/s at the base batch B0) at each world size the job has "
+                                 "run at, at its best global batch under the current gradient noise scale.",
+                                 ["job_key", "world_size"], registry=self.registry),
+                "remaining": Gauge("trainflow_remaining_samples", "Work left, in samples at the base batch B0.",
+                                   ["job_key"], registry=self.registry).labels(self._job_key),
+                "phi": Gauge("trainflow_gradient_noise_scale", "Gradient noise scale phi = tr(Sigma)/|G|^2 (samples).",
+                             ["job_key"], registry=self.registry).labels(self._job_key),
+            }
+        self._adaptive["remaining"].set(rec["remaining_samples"])
+        if rec.get("gradient_noise_scale") is not None:
+            self._adaptive["phi"].set(rec["gradient_noise_scale"])
+        self.global_batch.set(rec["global_batch_size"])
+        for world, value in rec.get("goodput_samples_per_second", {}).items():
+            self._adaptive["goodput"].labels(self._job_key, str(world)).set(value)
 
     def close(self) -> None:
         self._server.shutdown()

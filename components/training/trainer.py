@@ -11,6 +11,13 @@ saves) and on stopping after SIGTERM; a disagreement between ranks is impossible
 Bit-exact resume (same world size, CPU or 2 GPUs): data order is a pure function of
 (seed, epoch, position) (``components.training.data``), RNG states are restored per rank, kernels are
 deterministic (``torch.use_deterministic_algorithms``), and saving never consumes randomness.
+
+Adaptive batch (opt-in, ``--adaptive-batch``; ``components.training.goodput``): the global batch is
+re-chosen for goodput at every (re)start and epoch end, the learning rate follows AdaScale, and the job
+ends when its B0-equivalent progress reaches ``epochs x`` the dataset size. A DDP communication hook
+measures each rank's local gradient before the all-reduce for the gradient noise scale. A resume
+restores batch, progress, noise-scale averages and step timings exactly but is NOT bit-exact: the batch
+choice depends on measured step times.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from components.training import data as datamod
 from components.training import distributed as dist_utils
-from components.training import rng
+from components.training import goodput, rng
 from components.training.checkpoint.manager import CheckpointManager, LoadedCheckpoint
 from components.training.checkpoint.storage import CheckpointStorage, join_uri, storage_for
 from components.training.config import TrainConfig
@@ -151,6 +158,18 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, _lr_lambda(self.total_steps, cfg.optim.warmup_steps, cfg.optim.lr_schedule)
         )
+        self.adaptive: goodput.AdaptiveBatch | None = None
+        if cfg.data.adaptive_batch:
+            self.adaptive = goodput.AdaptiveBatch(
+                base_batch=cfg.data.global_batch_size, max_global_batch=min(cfg.data.max_global_batch, self.num_samples),
+                max_local_batch=cfg.data.max_local_batch_size, target_samples=float(cfg.epochs * self.num_samples))
+            self._gns_local: list[torch.Tensor] = []
+            self._gns_global_sq = 0.0
+            self._gns_local_sq = 0.0
+            self._step_s = 0.0
+            self._time_next_step = False  # the first step after a (re)start or batch change is not timed
+            if self.dist_active:
+                self.net.register_comm_hook(None, self._gns_comm_hook)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.optim.amp == "fp16")
         self.autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.optim.amp)
         rng.seed_all(cfg.seed * 1_000 + env.rank)  # per-rank streams (dropout) from here on
@@ -222,7 +241,7 @@ class Trainer:
         t0 = self.clock()
         try:
             self._load()
-            while self.state.step < self.total_steps:
+            while not self._done():
                 self._run_epoch()
             self._close()
         finally:
@@ -243,25 +262,66 @@ class Trainer:
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._stop_requested = True
 
+    def _done(self) -> bool:
+        if self.adaptive is None:
+            return self.state.step >= self.total_steps
+        return self.adaptive.done or (self.cfg.max_steps is not None and self.state.step >= self.cfg.max_steps)
+
+    def _choose_batch(self) -> int:
+        """Adaptive mode: rank 0 picks the batch from its timings; every rank takes its choice."""
+        assert self.adaptive is not None
+        before = self.adaptive.batch_size
+        batch = dist_utils.broadcast_object(self.adaptive.choose(self.env.world_size) if self.env.is_main else None)
+        self.adaptive.batch_size = batch
+        self._time_next_step = False
+        self.metrics.record({"event": "batch_size_chosen", "step": self.state.step, "epoch": self.state.epoch,
+                             "world_size": self.env.world_size, "previous_global_batch_size": before,
+                             "global_batch_size": batch, "gradient_noise_scale": self.adaptive.phi})
+        if self.env.is_main and batch != before:
+            log.info("adaptive batch: global batch %d -> %d at world size %d (phi %s)", before, batch,
+                     self.env.world_size, self.adaptive.phi)
+        return batch
+
     def _run_epoch(self) -> None:
         cfg = self.cfg
         epoch = self.state.epoch
+        batch_size = self._choose_batch() if self.adaptive is not None else cfg.data.global_batch_size
         perm = datamod.epoch_permutation(self.num_samples, cfg.seed, epoch)
         batches = datamod.iter_local_batches(
             self.train_split, perm=perm, start=self.state.samples_in_epoch,
-            global_batch_size=cfg.data.global_batch_size, rank=self.env.rank, world_size=self.env.world_size,
+            global_batch_size=batch_size, rank=self.env.rank, world_size=self.env.world_size,
             loader_workers=cfg.data.loader_workers, loader_seed=cfg.seed * 1_000_003 + epoch,
         )
         for x, y, ids, n_global in batches:
             t_start = time.perf_counter()
             loss_sum, correct = self._step(x, y, n_global)
             self._after_step(loss_sum, correct, ids, n_global, t_start, epoch)
-            if self.state.step >= self.total_steps or self.state.epoch != epoch:
+            if self._done() or self.state.epoch != epoch:
                 break
+
+    def _gns_comm_hook(self, state, bucket):  # unannotated: DDP rejects string annotations here
+        """DDP communication hook: the squared norm of this rank's gradient bucket before the
+        all-reduce (for the gradient noise scale), then DDP's own averaging all-reduce."""
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        self._gns_local.append(bucket.buffer().detach().float().pow(2).sum())
+        return default_hooks.allreduce_hook(state, bucket)
+
+    def _measure_gns(self, n_global: int, n_local: int) -> None:
+        """Squared norms of this rank's mean-loss gradient (from the hook) and of the averaged one."""
+        inv_scale_sq = 1.0 / float(self.scaler.get_scale()) ** 2 if self.scaler.is_enabled() else 1.0
+        grads = [p.grad.detach().float().pow(2).sum() for p in self.model.parameters() if p.grad is not None]
+        self._gns_global_sq = float(torch.stack(grads).sum()) * inv_scale_sq if grads else 0.0
+        local = float(sum(self._gns_local)) if self._gns_local else float("nan")
+        # The local loss is scaled by W / n_global (see _step): rescale to the mean over n_local samples.
+        k = n_global / (self.env.world_size * n_local) if n_local else 0.0
+        self._gns_local_sq = local * inv_scale_sq * k * k
+        self._gns_local.clear()
 
     def _step(self, x: torch.Tensor, y: torch.Tensor, n_global: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step. The local loss is scaled so DDP's gradient average equals the gradient
         of the mean loss over the whole global batch, however unevenly it is split over ranks."""
+        t0 = time.perf_counter()
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
         self.net.train()
@@ -274,14 +334,26 @@ class Trainer:
             per_sample = F.cross_entropy(logits.float(), y, reduction="none")
             loss = per_sample.sum() * (self.env.world_size / n_global)
         self.optimizer.zero_grad(set_to_none=True)
+        if self.adaptive is not None:
+            self._gns_local.clear()
         self.scaler.scale(loss).backward()
+        if self.adaptive is not None:
+            self._measure_gns(n_global, len(y))
+            lr = goodput.lr_factor(self.adaptive.progress_samples, self.adaptive.target_samples,
+                                   warmup_samples=self.cfg.optim.warmup_steps * self.adaptive.base_batch,
+                                   schedule=self.cfg.optim.lr_schedule) * self.adaptive.gain(n_global)
+            for group, base_lr in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
+                group["lr"] = base_lr * lr
         if self.cfg.optim.grad_clip_norm is not None:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip_norm)
         self.ckpt.wait_for_staging()  # the weights must not change while a snapshot reads them
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.scheduler.step()
+        if self.adaptive is None:
+            self.scheduler.step()
+        else:
+            self._step_s = time.perf_counter() - t0
         return per_sample.detach().sum().double(), (logits.detach().argmax(1) == y).sum().double()
 
     def _after_step(self, loss_sum, correct, ids, n_global, t_start, epoch) -> None:
@@ -290,12 +362,20 @@ class Trainer:
         save_due = 1.0 if self.env.is_main and self.schedule.due(step) else 0.0
         agreed = torch.stack([loss_sum.cpu(), correct.cpu(), torch.tensor(save_due, dtype=torch.float64),
                               torch.tensor(1.0 if self._stop_requested else 0.0, dtype=torch.float64)])
+        if self.adaptive is not None:
+            # + [local squared norm, 1 / local batch, rank had samples, averaged gradient's squared norm]:
+            # summed here so that every rank derives phi, progress and the end from the same numbers.
+            n_local = len(ids)
+            agreed = torch.cat([agreed, torch.tensor(
+                [self._gns_local_sq if n_local else 0.0, 1.0 / n_local if n_local else 0.0, 1.0 if n_local else 0.0,
+                 self._gns_global_sq], dtype=torch.float64)])
         if self.dist_active and self.device.type == "cuda":
             agreed = dist_utils.all_reduce_sum(agreed.to(self.device)).cpu()
         else:
             dist_utils.all_reduce_sum(agreed)
         loss = float(agreed[0]) / n_global
         self._last_loss = loss
+        adaptive_rec = self._adaptive_after_step(agreed, n_global) if self.adaptive is not None else {}
         if self._sample_log:
             self._sample_log.write(json.dumps({
                 "step": step, "epoch": epoch, "rank": self.env.rank, "world_size": self.env.world_size,
@@ -306,22 +386,45 @@ class Trainer:
             self._save(blocking=True, reason="preempted")
             self.metrics.record({"event": "preempted", "step": step})
             raise Preempted(f"SIGTERM received; checkpoint saved at step {step}")
-        if float(agreed[2]) > 0 and step < self.total_steps:
+        if float(agreed[2]) > 0 and not self._done():
             stall = self._save(blocking=False, reason="periodic")
         dt = time.perf_counter() - t_start
         rec = {"step": step, "epoch": epoch, "loss": loss, "accuracy": float(agreed[1]) / n_global,
                "samples_per_s": n_global / dt if dt > 0 else 0.0, "step_seconds": dt,
-               "world_size": self.env.world_size, "lr": self.scheduler.get_last_lr()[0], "ckpt_stall_s": stall}
+               "world_size": self.env.world_size, "lr": self.optimizer.param_groups[0]["lr"] if self.adaptive
+               else self.scheduler.get_last_lr()[0], "ckpt_stall_s": stall, **adaptive_rec}
         self.metrics.record(rec)
         if self._pending_first_step_event:
             self._pending_first_step_event = False
             self.metrics.record({"event": "first_step_after_resume", "step": step})
-        if self.env.is_main and (step % self.cfg.log_every_steps == 0 or step == self.total_steps):
+        if self.env.is_main and (step % self.cfg.log_every_steps == 0 or self._done()):
             log.info("step %d/%d epoch %d loss %.4f %.0f samples/s world %d", step, self.total_steps, epoch, loss,
                      rec["samples_per_s"], self.env.world_size)
         self.faults.maybe_fire(step)
         if self.cfg.throttle_step_s:
             time.sleep(self.cfg.throttle_step_s)
+
+    def _adaptive_after_step(self, agreed: torch.Tensor, n_global: int) -> dict[str, Any]:
+        """Adaptive mode, after the per-step all-reduce: count progress (at the phi this step's LR
+        used), update the noise scale, record the step time; returns the metrics fields."""
+        a = self.adaptive
+        assert a is not None
+        world = self.env.world_size
+        gain = a.gain(n_global)
+        a.advance(n_global)
+        if world >= 2 and int(agreed[6]) == world:
+            est = goodput.gns_sample(float(agreed[4]) / world, float(agreed[5]) / world, float(agreed[7]) / world,
+                                     float(n_global))
+            if est is not None:
+                a.gns.update(*est)
+        full_batch = n_global == a.batch_size
+        if self._time_next_step and full_batch:
+            a.observations.add(world, n_global / world, self._step_s)
+        self._time_next_step = full_batch
+        return {"global_batch_size": a.batch_size, "gradient_noise_scale": a.phi, "adascale_gain": gain,
+                "progress_samples": a.progress_samples, "remaining_samples": a.remaining_samples,
+                "goodput_samples_per_second": {str(w): g for w, g in a.goodput_by_world().items()}
+                if self.env.is_main else {}}
 
     # ------------------------------------------------------------------------ checkpointing
     def _training_state(self, rng_by_rank: list[dict]) -> dict[str, Any]:
@@ -332,6 +435,7 @@ class Trainer:
             "grad_scaler": self.scaler.state_dict(),
             "train_state": {**asdict(self.state), "world_size": self.env.world_size, "seed": self.cfg.seed},
             "rng": {"world_size": self.env.world_size, "ranks": rng_by_rank},
+            **({"adaptive_batch": self.adaptive.state_dict()} if self.adaptive is not None else {}),
         }
 
     def _save(self, *, blocking: bool, reason: str) -> float:
@@ -376,6 +480,15 @@ class Trainer:
         self.scaler.load_state_dict(st["grad_scaler"])
         ts = st["train_state"]
         self.state = TrainState(step=ts["step"], epoch=ts["epoch"], samples_in_epoch=ts["samples_in_epoch"])
+        adaptive_rec: dict[str, Any] = {}
+        if self.adaptive is not None:
+            if "adaptive_batch" in st:
+                self.adaptive.load_state_dict(st["adaptive_batch"])
+            else:  # a fixed-batch checkpoint: every sample so far was at B0 (E = 1)
+                self.adaptive.progress_samples = float(self.state.epoch * self.num_samples + self.state.samples_in_epoch)
+            adaptive_rec = {"global_batch_size": self.adaptive.batch_size,
+                            "progress_samples": self.adaptive.progress_samples,
+                            "gradient_noise_scale": self.adaptive.phi}
         saved_world = st["rng"]["world_size"]
         if saved_world == self.env.world_size:
             rng.restore(st["rng"]["ranks"][self.env.rank])
@@ -390,7 +503,8 @@ class Trainer:
         self._pending_first_step_event = True
         self.metrics.record({"event": "resume", "resumed_from_step": self.state.step, "epoch": self.state.epoch,
                              "world_size": self.env.world_size, "saved_world_size": saved_world,
-                             "restart_count": self.env.restart_count, "load_seconds": loaded.load_seconds})
+                             "restart_count": self.env.restart_count, "load_seconds": loaded.load_seconds,
+                             **adaptive_rec})
         if self.env.is_main:
             log.info("resumed from step %d (epoch %d, sample %d) in %.2f s", self.state.step, self.state.epoch,
                      self.state.samples_in_epoch, loaded.load_seconds)

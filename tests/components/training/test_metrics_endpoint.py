@@ -65,3 +65,30 @@ def test_metrics_endpoint_is_off_by_default(tmp_path) -> None:
 
     cfg = TrainConfig.from_dict({"data": {"path": "/d"}, "checkpoint": {"uri": "/c", "job_key": "k"}})
     assert cfg.metrics_port == 0 and cfg.metrics_addr == "127.0.0.1"
+
+
+def test_adaptive_batch_metrics_only_in_adaptive_mode() -> None:
+    """The names the GPU scheduler reads: absent for a fixed-batch job, present (per world size for
+    goodput) once a step record carries the adaptive-batch fields."""
+    from components.training.metrics import PrometheusSink
+
+    port = free_port()
+    sink = PrometheusSink(port=port, addr="127.0.0.1", job_key="metrics-job")
+    try:
+        step = {"step": 3, "epoch": 0, "loss": 1.0, "samples_per_s": 100.0, "world_size": 2}
+        sink.record({"event": "start", "total_steps": 10, "global_batch_size": 32})
+        sink.record(step)
+        fixed = _scrape(port)
+        assert not {"trainflow_goodput_samples_per_second", "trainflow_remaining_samples",
+                    "trainflow_gradient_noise_scale"} & set(fixed)
+        sink.record({**step, "global_batch_size": 64, "gradient_noise_scale": 40.5, "remaining_samples": 900.0,
+                     "goodput_samples_per_second": {"1": 150.0, "2": 280.0}})
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        goodput = {s.labels["world_size"]: s.value for f in text_string_to_metric_families(text)
+                   for s in f.samples if s.name == "trainflow_goodput_samples_per_second"}
+        assert goodput == {"1": 150.0, "2": 280.0}
+        adaptive = _scrape(port)
+        assert (adaptive["trainflow_remaining_samples"], adaptive["trainflow_gradient_noise_scale"],
+                adaptive["trainflow_global_batch_size"]) == (900.0, 40.5, 64)
+    finally:
+        sink.close()

@@ -1,0 +1,71 @@
+"""Adaptive batch end to end through a real torchrun agent (2 ranks, gloo on CPU).
+
+One job with ``--adaptive-batch``: the gradient noise scale is measured at world size 2, the batch
+grows above B0 at the first epoch boundary, a worker is SIGKILLed after a checkpoint, torchrun restarts
+the group, the resume restores the checkpointed batch, progress and phi exactly, and the job finishes
+once its B0-equivalent progress reaches epochs x dataset size.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from components.training.data import PreparedDataset
+from components.training.metrics import read_jsonl
+
+pytestmark = pytest.mark.slow
+
+B0 = 32
+
+
+def test_adaptive_job_grows_its_batch_resumes_and_finishes(digits_dataset, make_job) -> None:
+    job = make_job(digits_dataset, "adaptive", "--epochs", "2", "--global-batch-size", str(B0), "--adaptive-batch",
+                   "--checkpoint-interval-steps", "10", "--checkpoint-interval-s", "1e9", "--fault-at-step", "55")
+    assert job.agent().wait(300) == 0
+    records = job.records()
+    n_train = len(PreparedDataset(digits_dataset).split("train"))
+
+    resumes = [r for r in records if r.get("event") == "resume"]
+    assert [r["resumed_from_step"] for r in resumes] == [50]
+    first_attempt = {}
+    for r in records:
+        if r.get("event") == "resume":
+            break
+        if "loss" in r:
+            first_attempt[r["step"]] = r
+    saved = first_attempt[50]  # the state the step-50 checkpoint holds
+    assert (resumes[0]["global_batch_size"], resumes[0]["progress_samples"], resumes[0]["gradient_noise_scale"]) == (
+        saved["global_batch_size"], saved["progress_samples"], saved["gradient_noise_scale"])
+
+    steps = {r["step"]: r for r in records if "loss" in r}  # last execution of each step
+    assert steps[1]["global_batch_size"] == B0 and steps[1]["gradient_noise_scale"] > 0
+    epoch1 = [r for r in steps.values() if r["epoch"] == 1]
+    assert epoch1 and epoch1[0]["global_batch_size"] > B0, "the batch did not grow at the first epoch end"
+    last = steps[max(steps)]
+    assert last["remaining_samples"] == 0.0 and last["progress_samples"] >= 2 * n_train
+    assert max(steps) < 2 * -(-n_train // B0)  # fewer steps than the fixed-batch job's 90
+    assert set(last["goodput_samples_per_second"]) == {"2"} and last["goodput_samples_per_second"]["2"] > 0
+    chosen = [r for r in records if r.get("event") == "batch_size_chosen"]
+    assert all(r["global_batch_size"] % 2 == 0 and r["global_batch_size"] <= 8 * B0 for r in chosen)
+    assert any(r.get("event") == "finished" for r in records)
+
+
+def test_adaptive_job_at_world_size_one_stays_at_base_batch(digits_dataset, tmp_path) -> None:
+    """One rank measures no noise scale (local batch == global batch): the job keeps B0 and still
+    finishes by progress (E(B0) = 1: exactly the fixed-batch job's steps)."""
+    metrics = tmp_path / "metrics.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "components.training", "--dataset", str(digits_dataset), "--checkpoint-uri",
+         str(tmp_path / "ckpt"), "--job-key", "solo", "--epochs", "1", "--global-batch-size", str(B0),
+         "--adaptive-batch", "--threads-per-rank", "1", "--metrics-path", str(metrics)],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    steps = [r for r in read_jsonl(metrics) if "loss" in r]
+    n_train = len(PreparedDataset(digits_dataset).split("train"))
+    assert {r["global_batch_size"] for r in steps} == {B0}
+    assert {r["gradient_noise_scale"] for r in steps} == {None}
+    assert len(steps) == -(-n_train // B0) and steps[-1]["remaining_samples"] == 0.0

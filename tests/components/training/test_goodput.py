@@ -1,0 +1,148 @@
+"""Adaptive batch, pure parts: noise-scale estimator on synthetic gradients of known mean and noise,
+statistical efficiency, step-time fit, batch choice, progress-driven LR, state round trip, the flag."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+import torch
+
+from components.training import config as c
+from components.training import goodput as gp
+
+
+def _synthetic_step(g: torch.Generator, mean: torch.Tensor, sigma: float, world: int, local: int):
+    """Per-sample gradients ``mean + sigma * N(0, I)``: |G|^2 = |mean|^2, tr(Sigma) = d * sigma^2."""
+    per_sample = mean + sigma * torch.randn(world, local, mean.numel(), generator=g, dtype=torch.float64)
+    local_means = per_sample.mean(1)  # (W, d): each rank's gradient before the all-reduce
+    global_mean = local_means.mean(0)  # after it
+    return float(local_means.pow(2).sum(1).mean()), float(global_mean.pow(2).sum())
+
+
+@pytest.mark.parametrize(("world", "local"), [(2, 16), (4, 8)])
+def test_noise_scale_estimate_matches_known_gradient_statistics(world, local) -> None:
+    g = torch.Generator().manual_seed(0)
+    d, sigma = 200, 0.5
+    mean = torch.full((d,), 0.1, dtype=torch.float64)  # |G|^2 = 2.0; tr(Sigma) = 50.0; phi = 25 samples
+    ema = gp.NoiseScaleEMA(decay=0.999)
+    g2s, traces = [], []
+    for _ in range(3000):
+        local_sq, global_sq = _synthetic_step(g, mean, sigma, world, local)
+        est = gp.gns_sample(local_sq, 1.0 / local, global_sq, float(world * local))
+        assert est is not None
+        g2s.append(est[0])
+        traces.append(est[1])
+        ema.update(*est)
+    assert sum(g2s) / len(g2s) == pytest.approx(2.0, rel=0.03)  # unbiased
+    assert sum(traces) / len(traces) == pytest.approx(50.0, rel=0.03)
+    assert ema.phi == pytest.approx(25.0, rel=0.15)
+
+
+def test_noise_scale_needs_two_batch_sizes_and_keeps_last_value() -> None:
+    assert gp.gns_sample(1.0, 1 / 32, 1.0, 32.0) is None  # one rank: local batch == global batch
+    ema = gp.NoiseScaleEMA()
+    assert ema.phi is None
+    ema.update(2.0, 50.0)
+    assert ema.phi == pytest.approx(25.0)
+    ema.update(-100.0, 50.0)  # |G|^2 average now negative: undefined, the last value stays
+    assert ema.phi == pytest.approx(25.0)
+    ema2 = gp.NoiseScaleEMA()
+    ema2.update(1.0, -3.0)
+    assert ema2.phi == 0.0  # no measurable noise
+
+
+def test_efficiency_and_adascale_gain_values() -> None:
+    assert gp.efficiency(32, 100.0, 32) == 1.0
+    assert gp.efficiency(64, 100.0, 32) == pytest.approx(132 / 164)
+    assert gp.efficiency(64, None, 32) == pytest.approx(0.5)  # unknown phi counts as 0
+    assert gp.adascale_gain(64, 100.0, 32) == pytest.approx(2 * 132 / 164)
+    assert gp.adascale_gain(256, 1e9, 32) == pytest.approx(8.0, rel=1e-6)  # pure noise: linear scaling
+    assert gp.adascale_gain(256, 0.0, 32) == pytest.approx(1.0)  # no noise: no gain from a larger batch
+
+
+def test_step_time_fit() -> None:
+    exact = gp.fit_step_time({8.0: (3, 3 * (0.1 + 0.01 * 8)), 32.0: (2, 2 * (0.1 + 0.01 * 32))})
+    assert (exact.alpha_s, exact.beta_s_per_sample) == (pytest.approx(0.1), pytest.approx(0.01))
+    assert exact.max_observed_local_batch == 32.0
+    one = gp.fit_step_time({16.0: (4, 2.0)})
+    assert (one.alpha_s, one.beta_s_per_sample) == (0.0, pytest.approx(0.5 / 16))
+    flat = gp.fit_step_time({8.0: (1, 0.30), 16.0: (1, 0.20)})  # noise: slower at the smaller batch
+    assert (flat.alpha_s, flat.beta_s_per_sample) == (pytest.approx(0.25), 0.0)
+    assert gp.fit_step_time({}) is None
+
+
+def test_candidates_and_best_batch() -> None:
+    assert gp.candidate_batches(3, base_batch=32, max_global_batch=45, max_local_batch=None) == [33, 36, 39, 42, 45]
+    assert gp.candidate_batches(2, base_batch=32, max_global_batch=256, max_local_batch=20) == list(range(32, 41, 2))
+    assert gp.candidate_batches(4, base_batch=32, max_global_batch=256, max_local_batch=4) == []
+    overhead = gp.StepTimeModel(alpha_s=1.0, beta_s_per_sample=0.001, max_observed_local_batch=128)
+    kw = {"base_batch": 32, "max_global_batch": 256, "max_local_batch": None}
+    assert gp.best_batch(2, overhead, 1e4, **kw)[0] == 256  # noisy gradients + fixed overhead: largest
+    assert gp.best_batch(2, overhead, 0.0, **kw)[0] == 32  # no noise: no statistical gain
+    b, g = gp.best_batch(2, overhead, 10.0, **kw)
+    assert g == pytest.approx(max(gp.goodput(x, 2, overhead, 10.0, 32) for x in range(32, 257, 2)))
+    assert b == 142  # interior optimum near sqrt(alpha * phi * W / beta) = 141
+    capped = gp.StepTimeModel(alpha_s=1.0, beta_s_per_sample=0.001, max_observed_local_batch=16)
+    assert gp.best_batch(2, capped, 1e4, **kw)[0] == 64  # never beyond 2x the observed local batch
+    assert gp.best_batch(4, overhead, 1e4, base_batch=32, max_global_batch=256, max_local_batch=4)[0] == 32
+
+
+def test_choose_batch_explores_then_follows_the_fit() -> None:
+    kw = {"base_batch": 32, "max_global_batch": 256, "max_local_batch": None}
+    obs = gp.ThroughputObservations()
+    assert gp.choose_batch(obs, 2, 500.0, **kw) == 32  # no timings: B0
+    assert gp.choose_batch(obs, 3, 500.0, **kw) == 33  # ... rounded up to a multiple of the width
+    obs.add(2, 16, 0.1)
+    assert gp.choose_batch(obs, 2, 500.0, **kw) == 64  # one local batch seen: try 2x
+    assert gp.choose_batch(obs, 2, None, **kw) == 32  # unknown phi: stay
+    obs.add(2, 32, 0.2)  # purely proportional: a larger batch only costs
+    assert gp.choose_batch(obs, 2, 500.0, **kw) == 32
+    obs.add(4, 16, 0.05)
+    assert gp.choose_batch(obs, 8, 500.0, **kw) == 256  # unseen width 8 borrows width 4's model (x2 cap)
+
+
+def test_adaptive_state_progress_goodput_and_round_trip() -> None:
+    a = gp.AdaptiveBatch(base_batch=32, max_global_batch=256, max_local_batch=None, target_samples=100.0)
+    assert a.batch_size == 32 and a.remaining_samples == 100.0 and not a.done
+    a.gns.update(2.0, 200.0)  # phi = 100
+    assert a.advance(64) == pytest.approx(64 * 132 / 164)
+    assert a.remaining_samples == pytest.approx(100 - 64 * 132 / 164) and not a.done
+    a.advance(64)
+    assert a.done and a.remaining_samples == 0.0
+    a.observations.add(2, 16, 0.2)
+    a.observations.add(2, 32, 0.3)
+    a.observations.add(1, 32, 0.25)
+    rates = a.goodput_by_world()
+    assert set(rates) == {1, 2}
+    model2 = gp.StepTimeModel(0.1, 0.2 / 32 * 1, 32)  # t(b) = 0.1 + b / 160
+    assert rates[2] == pytest.approx(max(gp.goodput(b, 2, model2, 100.0, 32) for b in range(32, 129, 2)))
+    a.batch_size = 64
+    again = gp.AdaptiveBatch(base_batch=32, max_global_batch=256, max_local_batch=None, target_samples=100.0)
+    again.load_state_dict(json.loads(json.dumps(a.state_dict())))  # survives JSON too
+    assert again.state_dict() == a.state_dict() and again.phi == a.phi and again.batch_size == 64
+
+
+def test_lr_factor_follows_progress() -> None:
+    assert gp.lr_factor(0, 1000, warmup_samples=0, schedule="constant") == 1.0
+    assert gp.lr_factor(500, 1000, warmup_samples=0, schedule="cosine") == pytest.approx(0.5)
+    assert gp.lr_factor(1000, 1000, warmup_samples=0, schedule="cosine") == pytest.approx(0.0)
+    assert gp.lr_factor(49, 1000, warmup_samples=100, schedule="cosine") == pytest.approx(0.5)
+    assert gp.lr_factor(100 + 450, 1000, warmup_samples=100, schedule="cosine") == pytest.approx(
+        0.5 * (1 + math.cos(math.pi * 0.5))
+    )
+
+
+def test_adaptive_flag_and_limits() -> None:
+    parser = argparse.ArgumentParser()
+    c.add_arguments(parser)
+    cfg = c.from_args(parser.parse_args(["--dataset", "/d", "--checkpoint-uri", "/c", "--job-key", "k",
+                                         "--adaptive-batch", "--max-local-batch-size", "64"]))
+    assert cfg.data.adaptive_batch and cfg.data.max_local_batch_size == 64 and cfg.data.max_global_batch == 8 * 64
+    off = c.TrainConfig.from_dict({"data": {"path": "/d"}, "checkpoint": {"uri": "/c", "job_key": "k"}})
+    assert not off.data.adaptive_batch  # opt-in
+    with pytest.raises(c.ConfigError, match="max_global_batch_size must be >= global_batch_size"):
+        c.TrainConfig.from_dict({"data": {"path": "/d", "max_global_batch_size": 8},
+                                 "checkpoint": {"uri": "/c", "job_key": "k"}})
