@@ -6,7 +6,8 @@ Compile::
     trainflow compile --output training_pipeline.yaml          # the same
 
 Run on one machine (kfp.local + local torchrun): ``trainflow run``. On Kubeflow: upload the YAML and
-set ``backend=pytorchjob``, ``checkpoint_uri=s3://...`` and ``image``.
+set ``backend=pytorchjob``, ``checkpoint_uri=s3://...`` and ``image``. ``adaptive_batch=True``
+(off by default) opts into the goodput-adaptive global batch (docs/training.md, "Adaptive batch").
 
 ``train`` is retried (``set_retry``): a retry runs the same command, which resumes from the newest
 committed checkpoint under the same job key. Caching is off for ``train`` (it has side effects and
@@ -38,6 +39,8 @@ def training_pipeline(
     model_name: str = "small_cnn",
     epochs: int = 8,
     global_batch_size: int = 64,
+    adaptive_batch: bool = False,
+    max_global_batch_size: int = 0,
     learning_rate: float = 0.05,
     optimizer: str = "sgd",
     seed: int = 0,
@@ -66,6 +69,7 @@ def training_pipeline(
     training = train(
         dataset=data.outputs["dataset"],
         backend=backend, model_name=model_name, epochs=epochs, global_batch_size=global_batch_size,
+        adaptive_batch=adaptive_batch, max_global_batch_size=max_global_batch_size,
         learning_rate=learning_rate, optimizer=optimizer, seed=seed, min_workers=min_workers,
         max_workers=max_workers, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
         checkpoint_uri=checkpoint_uri, checkpoint_interval_steps=checkpoint_interval_steps,

@@ -84,6 +84,11 @@ def run(
     model: Annotated[str, typer.Option(help="small_cnn | resnet18")] = "small_cnn",
     epochs: Annotated[int, typer.Option(help="Passes over the training split")] = 8,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Global batch size (all ranks)")] = 64,
+    adaptive_batch: Annotated[bool, typer.Option(
+        "--adaptive-batch", help="Re-pick the global batch for goodput at every (re)start and epoch end, "
+        "from --batch-size up (docs/training.md, Adaptive batch)")] = False,
+    max_global_batch_size: Annotated[int, typer.Option(
+        help="Adaptive batch: largest global batch (0 = 8x --batch-size)")] = 0,
     lr: Annotated[float, typer.Option(help="Peak learning rate")] = 0.05,
     optimizer: Annotated[str, typer.Option(help="sgd | adamw")] = "sgd",
     seed: Annotated[int, typer.Option(help="Seed of weights, data order and RNG streams")] = 0,
@@ -103,7 +108,8 @@ def run(
 
     opts = RunOptions(
         output_dir=output_dir, dataset=dataset, model=model, epochs=epochs, global_batch_size=batch_size,
-        learning_rate=lr, optimizer=optimizer, seed=seed, workers=workers, max_restarts=max_restarts,
+        adaptive_batch=adaptive_batch, max_global_batch_size=max_global_batch_size, learning_rate=lr,
+        optimizer=optimizer, seed=seed, workers=workers, max_restarts=max_restarts,
         checkpoint_uri=checkpoint_uri, checkpoint_interval_steps=checkpoint_interval_steps,
         checkpoint_interval_s=checkpoint_interval_s, keep_last_k=keep_last_k, fault_at_step=fault_at_step,
         job_key=job_key, registered_model_name=model_name,

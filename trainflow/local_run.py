@@ -56,6 +56,10 @@ class RunOptions:
     model: str = "small_cnn"
     epochs: int = 8
     global_batch_size: int = 64
+    adaptive_batch: bool = False
+    """Opt-in goodput-adaptive global batch (docs/training.md, "Adaptive batch")."""
+    max_global_batch_size: int = 0
+    """Adaptive batch: largest global batch (0 = 8x ``global_batch_size``)."""
     learning_rate: float = 0.05
     optimizer: str = "sgd"
     seed: int = 0
@@ -74,7 +78,8 @@ class RunOptions:
     def pipeline_arguments(self, out: Path) -> dict[str, Any]:
         return {
             "dataset_source": self.dataset, "model_name": self.model, "epochs": self.epochs,
-            "global_batch_size": self.global_batch_size, "learning_rate": self.learning_rate,
+            "global_batch_size": self.global_batch_size, "adaptive_batch": self.adaptive_batch,
+            "max_global_batch_size": self.max_global_batch_size, "learning_rate": self.learning_rate,
             "optimizer": self.optimizer, "seed": self.seed, "backend": "local", "min_workers": 1,
             "max_workers": 1, "nproc_per_node": self.workers, "max_restarts": self.max_restarts,
             "checkpoint_uri": self.checkpoint_uri or str(out / "checkpoints"),
@@ -125,7 +130,8 @@ def validate(opts: RunOptions) -> None:
         raise RunInputError(f"fault_at_step must be a step >= 1 (or -1 for none), got {opts.fault_at_step}")
     request = TrainStepRequest(
         dataset_path="(prepared)", model_name=opts.model, epochs=opts.epochs,
-        global_batch_size=opts.global_batch_size, learning_rate=opts.learning_rate, optimizer=opts.optimizer,
+        global_batch_size=opts.global_batch_size, adaptive_batch=opts.adaptive_batch,
+        max_global_batch_size=opts.max_global_batch_size, learning_rate=opts.learning_rate, optimizer=opts.optimizer,
         seed=opts.seed, nproc_per_node=opts.workers, max_restarts=opts.max_restarts,
         checkpoint_interval_steps=opts.checkpoint_interval_steps, checkpoint_interval_s=opts.checkpoint_interval_s,
         keep_last_k=opts.keep_last_k, fault_at_step=opts.fault_at_step,

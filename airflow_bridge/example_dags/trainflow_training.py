@@ -3,8 +3,8 @@
 "Trigger DAG" in the UI shows a form built from the DAG's ``Param``s: one per parameter of the
 compiled ``training_pipeline`` (names, types, defaults and descriptions are read from the compiled
 YAML), with bounds for the knobs people set by hand (epochs, worker counts, checkpoint intervals,
-fault injection). The task submits the pipeline with those values (converted back to the declared
-types) and waits in the triggerer.
+fault injection, the opt-in adaptive batch). The task submits the pipeline with those values
+(converted back to the declared types) and waits in the triggerer.
 
 Where the compiled pipeline comes from (first that is set):
 
@@ -42,6 +42,8 @@ FALLBACK_PARAMETERS = [
     PipelineParameter(name="model_name", parameter_type="STRING", default="small_cnn"),
     PipelineParameter(name="epochs", parameter_type="NUMBER_INTEGER", default=8),
     PipelineParameter(name="global_batch_size", parameter_type="NUMBER_INTEGER", default=64),
+    PipelineParameter(name="adaptive_batch", parameter_type="BOOLEAN", default=False),
+    PipelineParameter(name="max_global_batch_size", parameter_type="NUMBER_INTEGER", default=0),
     PipelineParameter(name="learning_rate", parameter_type="NUMBER_DOUBLE", default=0.05),
     PipelineParameter(name="min_workers", parameter_type="NUMBER_INTEGER", default=1),
     PipelineParameter(name="max_workers", parameter_type="NUMBER_INTEGER", default=1),
@@ -56,6 +58,14 @@ FALLBACK_PARAMETERS = [
 CONSTRAINTS: dict[str, dict[str, Any]] = {
     "epochs": {"minimum": 1, "description": "Passes over the training data."},
     "global_batch_size": {"minimum": 1, "description": "Samples per step across all workers."},
+    "adaptive_batch": {
+        "description": "Opt-in: re-pick the global batch for goodput at every (re)start and epoch "
+        "end, starting from global_batch_size (docs/training.md, Adaptive batch).",
+    },
+    "max_global_batch_size": {
+        "minimum": 0,
+        "description": "Adaptive batch: largest global batch (0 = 8x global_batch_size).",
+    },
     "learning_rate": {"exclusiveMinimum": 0, "description": "Optimizer learning rate."},
     "min_workers": {"minimum": 1, "description": "Elastic lower bound on the number of workers."},
     "max_workers": {"minimum": 1, "description": "Elastic upper bound on the number of workers."},

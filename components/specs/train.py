@@ -17,6 +17,8 @@ def train(
     model_name: str = "small_cnn",
     epochs: int = 3,
     global_batch_size: int = 64,
+    adaptive_batch: bool = False,
+    max_global_batch_size: int = 0,
     learning_rate: float = 0.05,
     optimizer: str = "sgd",
     seed: int = 0,
@@ -45,8 +47,12 @@ def train(
     s3://bucket/prefix; default ``<pipeline root>/trainflow-checkpoints``) + the job key (default
     ``<KFP run id>/<task name>``), every ``checkpoint_interval_steps`` steps (0 = off) and/or
     ``checkpoint_interval_s`` seconds. ``fault_at_step`` > 0 SIGKILLs one worker once after that
-    step. Outputs the final model, scalar metrics, the job key, a JSON training summary (resumes,
-    lost steps, restart seconds) and the PyTorchJob it ran (cluster backend)."""
+    step. ``adaptive_batch`` (opt-in) lets the trainer re-pick the global batch for goodput at every
+    (re)start and epoch end, from ``global_batch_size`` up to ``max_global_batch_size`` (0 = 8x
+    ``global_batch_size``, capped at the training split), with the learning rate scaled by AdaScale
+    (docs/training.md, "Adaptive batch"); off, the batch stays ``global_batch_size``.
+    Outputs the final model, scalar metrics, the job key, a JSON training summary (resumes, lost
+    steps, restart seconds) and the PyTorchJob it ran (cluster backend)."""
     import json
     import tempfile
     from collections import namedtuple
@@ -56,7 +62,8 @@ def train(
 
     request = TrainStepRequest(
         dataset_path=dataset.path, backend=backend, model_name=model_name, epochs=epochs,
-        global_batch_size=global_batch_size, learning_rate=learning_rate, optimizer=optimizer, seed=seed,
+        global_batch_size=global_batch_size, adaptive_batch=adaptive_batch,
+        max_global_batch_size=max_global_batch_size, learning_rate=learning_rate, optimizer=optimizer, seed=seed,
         min_workers=min_workers, max_workers=max_workers, nproc_per_node=nproc_per_node,
         max_restarts=max_restarts, checkpoint_uri=checkpoint_uri,
         checkpoint_interval_steps=checkpoint_interval_steps, checkpoint_interval_s=checkpoint_interval_s,

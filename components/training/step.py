@@ -59,6 +59,9 @@ class TrainStepRequest:
     model_name: str = "small_cnn"
     epochs: int = 3
     global_batch_size: int = 64
+    adaptive_batch: bool = False
+    max_global_batch_size: int = 0
+    """Adaptive batch only: largest global batch (0 = the trainer's default, 8 x ``global_batch_size``)."""
     learning_rate: float = 0.05
     optimizer: str = "sgd"
     seed: int = 0
@@ -130,8 +133,12 @@ def build_config(req: TrainStepRequest, *, job_key: str, checkpoint_uri: str, me
         raise ConfigError(f"nproc_per_node must be >= 1, got {req.nproc_per_node}")
     if req.max_restarts < 0:
         raise ConfigError(f"max_restarts must be >= 0, got {req.max_restarts}")
+    if req.max_global_batch_size < 0:
+        raise ConfigError(f"max_global_batch_size must be >= 0 (0 = 8x global_batch_size), "
+                          f"got {req.max_global_batch_size}")
     return TrainConfig(
-        data=DataConfig(path=req.dataset_path, global_batch_size=req.global_batch_size),
+        data=DataConfig(path=req.dataset_path, global_batch_size=req.global_batch_size,
+                        adaptive_batch=req.adaptive_batch, max_global_batch_size=req.max_global_batch_size or None),
         model=ModelConfig(name=req.model_name),  # type: ignore[arg-type]
         optim=OptimConfig(optimizer=req.optimizer, lr=req.learning_rate),  # type: ignore[arg-type]
         checkpoint=CheckpointConfig(

@@ -38,8 +38,16 @@ def test_params_come_from_the_compiled_pipeline(tmp_path, monkeypatch, training_
     assert epochs.schema["type"] == "integer" and epochs.schema["minimum"] == 1
     assert params.get_param("fault_at_step").schema["minimum"] == -1
     assert params.get_param("learning_rate").schema["type"] == "number"
+    assert names[3:6] == ["global_batch_size", "adaptive_batch", "max_global_batch_size"]
+    adaptive = params.get_param("adaptive_batch")
+    assert adaptive.value is False and adaptive.schema["type"] == "boolean"
+    assert "goodput" in adaptive.description
+    max_batch = params.get_param("max_global_batch_size")
+    assert max_batch.value == 0 and max_batch.schema["type"] == "integer" and max_batch.schema["minimum"] == 0
+    assert "8x global_batch_size" in max_batch.description
     task = dag.get_task("train")
     assert task.parameters["epochs"] == "{{ params['epochs'] }}"
+    assert task.parameters["adaptive_batch"] == "{{ params['adaptive_batch'] }}"
     assert task.deferrable is True and task.pipeline_package_path == str(training_pipeline_package)
 
 
@@ -50,6 +58,8 @@ def test_missing_package_falls_back_to_the_documented_parameters(tmp_path, monke
         "model_name",
         "epochs",
         "global_batch_size",
+        "adaptive_batch",
+        "max_global_batch_size",
         "learning_rate",
         "min_workers",
         "max_workers",
@@ -59,3 +69,5 @@ def test_missing_package_falls_back_to_the_documented_parameters(tmp_path, monke
         "job_key",
         "backend",
     ]
+    assert dag.params.get_param("adaptive_batch").value is False
+    assert dag.params.get_param("adaptive_batch").schema["type"] == "boolean"

@@ -33,6 +33,12 @@ def test_template_strings_are_converted_to_declared_types(compiled_pipelines: di
     package = load_pipeline_package(compiled_pipelines["training_pipeline"])
     args = package.prepare_arguments({"epochs": "3", "learning_rate": "0.5", "dataset_source": "mnist"})
     assert args == {"epochs": 3, "learning_rate": 0.5, "dataset_source": "mnist"}
+    assert package.parameters["adaptive_batch"].parameter_type == "BOOLEAN"
+    # What Airflow renders from a boolean Param ("{{ params['adaptive_batch'] }}") comes back a bool.
+    for rendered, value in (("False", False), ("True", True), ("true", True), ("0", False)):
+        assert package.prepare_arguments({"adaptive_batch": rendered}) == {"adaptive_batch": value}
+    with pytest.raises(KfpPackageError, match="parameter 'adaptive_batch' expects BOOLEAN, got 'maybe'"):
+        package.prepare_arguments({"adaptive_batch": "maybe"})
 
 
 @pytest.mark.parametrize(
@@ -40,7 +46,7 @@ def test_template_strings_are_converted_to_declared_types(compiled_pipelines: di
     [
         (
             {"epoch": 3},
-            "pipeline 'training-pipeline' has no parameter(s) epoch; it declares: backend, checkpoint_interval_s",
+            "pipeline 'training-pipeline' has no parameter(s) epoch; it declares: adaptive_batch, backend",
         ),
         ({"epochs": "three"}, "parameter 'epochs' expects NUMBER_INTEGER, got 'three'"),
         ({"epochs": 2.5}, "parameter 'epochs' expects NUMBER_INTEGER, got 2.5"),

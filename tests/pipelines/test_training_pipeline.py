@@ -8,9 +8,11 @@ log a confusion matrix.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -58,6 +60,8 @@ def test_compiles_with_kfp_cli(tmp_path) -> None:
         "backend",
         "checkpoint_interval_steps",
         "checkpoint_interval_s",
+        "adaptive_batch",
+        "max_global_batch_size",
     } <= set(params)
     images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
     assert len(images) == 1 and images.pop().startswith("ghcr.io/trainflow/trainflow:")
@@ -70,6 +74,75 @@ def test_compiles_with_kfp_cli(tmp_path) -> None:
         timeout=300,
     )
     assert _docs(ours)[0]["root"] == spec["root"]
+
+
+def test_adaptive_batch_is_declared_off_and_reaches_the_train_config(tmp_path, monkeypatch) -> None:
+    """Pure: the compiled pipeline declares the opt-in (BOOLEAN, default false) and wires it into
+    ``train``; the component passes it to the step request; the request maps it into the trainer's
+    DataConfig (what the workers read). No training runs."""
+    from kfp import compiler
+
+    from components.specs import train
+    from components.training import step
+    from components.training.config import TrainConfig
+    from pipelines.training import training_pipeline
+
+    out = tmp_path / "training_pipeline.yaml"
+    compiler.Compiler().compile(training_pipeline, str(out))
+    spec = _docs(out)[0]
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert params["adaptive_batch"]["parameterType"] == "BOOLEAN"
+    assert params["adaptive_batch"]["defaultValue"] is False
+    assert params["max_global_batch_size"]["parameterType"] == "NUMBER_INTEGER"
+    assert params["max_global_batch_size"]["defaultValue"] == 0
+    wired = spec["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
+    for name in ("adaptive_batch", "max_global_batch_size"):
+        assert wired[name] == {"componentInputParameter": name}
+    declared = spec["components"]["comp-train"]["inputDefinitions"]["parameters"]
+    assert declared["adaptive_batch"] == {"defaultValue": False, "isOptional": True, "parameterType": "BOOLEAN"}
+
+    # The component body, with the training run replaced: which request does it build?
+    seen: list[step.TrainStepRequest] = []
+
+    def fake_run(req: step.TrainStepRequest, *, model_dir: Path, work_dir: Path) -> step.TrainStepResult:
+        seen.append(req)
+        cfg = step.build_config(req, job_key="k", checkpoint_uri=str(tmp_path / "ckpt"), metrics_path=None,
+                                model_output=None)
+        (work_dir / "train-config.json").write_text(cfg.to_json())
+        summary = step.summarize([], [], train_seconds=0.0)
+        return step.TrainStepResult(job_key="k", checkpoint_uri="c", summary=summary, train_seconds=0.0)
+
+    class Metrics:
+        def __init__(self) -> None:
+            self.logged: dict[str, float] = {}
+
+        def log_metric(self, key: str, value: float) -> None:
+            self.logged[key] = value
+
+    monkeypatch.setattr(step, "run_train_step", fake_run)
+    monkeypatch.setenv("TRAINFLOW_LOG_DIR", str(tmp_path / "logs"))
+    (tmp_path / "logs").mkdir()
+    model = SimpleNamespace(path=str(tmp_path / "model"), metadata={}, framework="")
+    train.python_func(dataset=SimpleNamespace(path="/data"), model=model, metrics=Metrics(),
+                      global_batch_size=32, adaptive_batch=True, max_global_batch_size=512)
+    assert (seen[0].adaptive_batch, seen[0].max_global_batch_size) == (True, 512)
+    assert model.metadata["train_config"]["data"]["adaptive_batch"] is True
+
+    cfg = TrainConfig.from_json(json.dumps(model.metadata["train_config"]))  # what a worker parses
+    assert cfg.data.adaptive_batch and cfg.data.max_global_batch == 512 and cfg.data.global_batch_size == 32
+    default = step.build_config(step.TrainStepRequest(dataset_path="/data"), job_key="k", checkpoint_uri="c",
+                                metrics_path=None, model_output=None)
+    assert default.data.adaptive_batch is False and default.data.max_global_batch_size is None
+    on = step.build_config(step.TrainStepRequest(dataset_path="/data", adaptive_batch=True), job_key="k",
+                           checkpoint_uri="c", metrics_path=None, model_output=None)
+    assert on.data.max_global_batch_size is None and on.data.max_global_batch == 8 * 64  # 0 = trainer default
+    for bad, message in ((-1, "max_global_batch_size must be >= 0"),
+                         (16, "max_global_batch_size must be >= global_batch_size (64), got 16")):
+        with pytest.raises(step.ConfigError, match=re.escape(message)) as info:
+            step.build_config(step.TrainStepRequest(dataset_path="/data", adaptive_batch=True,
+                                                    max_global_batch_size=bad),
+                              job_key="k", checkpoint_uri="c", metrics_path=None, model_output=None)
+        assert "\n" not in str(info.value)
 
 
 @pytest.mark.slow
@@ -131,3 +204,26 @@ def test_runs_under_kfp_local_with_a_fault(tmp_path) -> None:
     assert matrices and len(matrices[0]["metadata"]["confusionMatrix"]["rows"]) == 10
     assert "task train: success" in proc.stdout and "step 90/90" in proc.stdout  # progress lines (not a terminal)
     assert "trainflow run" in proc.stdout and "test accuracy" in proc.stdout  # the summary table
+
+
+@pytest.mark.slow
+def test_trainflow_run_adaptive_batch_smoke(tmp_path) -> None:
+    """``trainflow run --adaptive-batch`` reaches the trainer: the workers run the adaptive path (a
+    batch choice at start, a gradient noise scale measured per step at world size 2). ~20 s."""
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainflow.cli", "run", "--output-dir", str(out), "--dataset", "digits",
+         "--epochs", "1", "--batch-size", "32", "--adaptive-batch", "--max-global-batch-size", "256"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "run-report.json").read_text())
+    assert report["status"] == "succeeded" and report["steps"] > 0
+    assert (report["parameters"]["adaptive_batch"], report["parameters"]["max_global_batch_size"]) == (True, 256)
+    data = json.loads((out / "logs" / "train-config.json").read_text())["data"]
+    assert data["adaptive_batch"] is True and data["max_global_batch_size"] == 256
+    records = [json.loads(line) for line in (out / "logs" / "train-metrics.jsonl").read_text().splitlines()]
+    (choice,) = [r for r in records if r.get("event") == "batch_size_chosen"]  # 1 epoch: only the start
+    assert (choice["step"], choice["global_batch_size"]) == (0, 32)  # no noise scale yet: stays at B0
+    steps = [r for r in records if "loss" in r and "step" in r]
+    assert steps and all(r["gradient_noise_scale"] is not None for r in steps[1:])

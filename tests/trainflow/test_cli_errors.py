@@ -39,6 +39,10 @@ def _run(args: list[str], tmp_path: Path, env: dict | None = None) -> subprocess
         ),
         (["run", "--model", "vgg"], "invalid hyper-parameter: model must be one of"),
         (["run", "--workers", "0"], "workers must be >= 1, got 0"),
+        (
+            ["run", "--adaptive-batch", "--max-global-batch-size", "32"],
+            "invalid hyper-parameter: max_global_batch_size must be >= global_batch_size (64), got 32",
+        ),
         (["run", "--checkpoint-uri", "gs://bucket/x"], "no checkpoint storage accepts 'gs://bucket/x'"),
     ],
 )
