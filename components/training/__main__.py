@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         except Preempted as e:
             logging.getLogger("trainflow.trainer").warning("%s", e)
             return EXIT_PREEMPTED
+        except config_mod.ConfigError as e:  # found on load, e.g. a checkpoint of the other batch mode
+            print(f"trainflow: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         except Exception:
             traceback.print_exc()
             trainer.ckpt.wait(timeout_s=PERSIST_GRACE_S)  # a checkpoint being written is still worth having

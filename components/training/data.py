@@ -262,12 +262,16 @@ def iter_local_batches(
         return
     g = torch.Generator()
     g.manual_seed(loader_seed)
+    # A rank with no samples in a step (the epoch's last batch smaller than the world size) gets
+    # empty tensors from ``fetch``; the DataLoader only sees non-empty batches (it cannot collate none).
     loader = torch.utils.data.DataLoader(
         split,
-        batch_sampler=[ids.tolist() for ids, _ in plan],
+        batch_sampler=[ids.tolist() for ids, _ in plan if len(ids)],
         num_workers=loader_workers,
         generator=g,
         persistent_workers=False,
     )
-    for (ids, n), (x, y) in zip(plan, loader, strict=True):
+    loaded = iter(loader)
+    for ids, n in plan:
+        x, y = next(loaded) if len(ids) else split.fetch(ids)
         yield x, y, ids, n

@@ -117,10 +117,13 @@ class NoiseScaleEMA:
 def efficiency(batch: float, phi: float | None, base_batch: float) -> float:
     """``E(B) = (phi + B0) / (phi + B)``: progress per sample at ``B`` relative to ``B0`` (unitless).
 
-    An unknown ``phi`` (None) counts as 0, the pessimistic end: ``E(B) = B0 / B``.
+    An unknown ``phi`` (None) counts as 0 above ``B0``, the pessimistic end (``E(B) = B0 / B``), and
+    as 1 at or below it: a short batch (an epoch's last) then counts its samples, as the fixed-batch
+    job does, never a whole ``B0``.
     """
-    p = phi or 0.0
-    return (p + base_batch) / (p + batch)
+    if phi is None:
+        return min(1.0, base_batch / batch)
+    return (phi + base_batch) / (phi + batch)
 
 
 def adascale_gain(batch: float, phi: float | None, base_batch: float) -> float:
@@ -128,14 +131,16 @@ def adascale_gain(batch: float, phi: float | None, base_batch: float) -> float:
     return batch * efficiency(batch, phi, base_batch) / base_batch
 
 
-def lr_factor(progress: float, target: float, *, warmup_samples: float, schedule: str) -> float:
+def lr_factor(progress: float, target: float, *, warmup_samples: float, schedule: str,
+              base_batch: float) -> float:
     """Learning-rate multiplier at ``progress`` of ``target`` B0-equivalent samples (before the gain).
 
     Linear warm-up over ``warmup_samples``, then constant or cosine to zero at ``target``: the fixed
-    batch's step schedule with steps replaced by progress / B0.
+    batch's step schedule with steps replaced by progress / B0 (its step ``s`` warms up with
+    ``(s + 1) / warmup_steps``, so the first step here gets ``B0 / warmup_samples`` too).
     """
     if warmup_samples > 0 and progress < warmup_samples:
-        return min(1.0, (progress + 1.0) / warmup_samples)
+        return min(1.0, (progress + base_batch) / warmup_samples)
     if schedule == "constant":
         return 1.0
     frac = (progress - warmup_samples) / max(1.0, target - warmup_samples)
@@ -224,9 +229,13 @@ class ThroughputObservations:
 def candidate_batches(world_size: int, *, base_batch: int, max_global_batch: int,
                       max_local_batch: int | None) -> list[int]:
     """Global batches in ``[B0, max_global_batch]`` divisible by ``world_size`` whose local batch is
-    at most ``max_local_batch``, ascending (empty if none fits)."""
+    at most ``max_local_batch``, ascending. When even ``B0`` does not fit in ``max_local_batch`` per
+    rank (too few ranks), the one batch that does: ``max_local_batch x world_size`` (below ``B0``;
+    memory wins over the base batch)."""
     first = -(-base_batch // world_size) * world_size
     hi = max_global_batch if max_local_batch is None else min(max_global_batch, max_local_batch * world_size)
+    if first > hi and max_local_batch is not None:
+        return [max_local_batch * world_size]
     return list(range(first, hi + 1, world_size))
 
 
@@ -240,12 +249,14 @@ def best_batch(world_size: int, model: StepTimeModel, phi: float | None, *, base
                max_global_batch: int, max_local_batch: int | None) -> tuple[int, float]:
     """The candidate of largest goodput under ``model`` (ties: the smaller batch) and that goodput.
 
-    The model is not extrapolated past ``EXPLORE_FACTOR x`` its largest observed local batch. With no
-    valid candidate, ``B0`` (sharded unevenly, as the fixed-batch trainer does).
+    The model is not extrapolated past ``EXPLORE_FACTOR x`` its largest observed local batch (the
+    smallest batch that fits memory is always allowed). With no candidate at all (no memory bound and
+    ``B0`` above ``max_global_batch``: impossible after config validation), ``B0``.
     """
     cap = EXPLORE_FACTOR * model.max_observed_local_batch
-    cands = [b for b in candidate_batches(world_size, base_batch=base_batch, max_global_batch=max_global_batch,
-                                          max_local_batch=max_local_batch) if b / world_size <= cap]
+    fitting = candidate_batches(world_size, base_batch=base_batch, max_global_batch=max_global_batch,
+                                max_local_batch=max_local_batch)
+    cands = [b for b in fitting if b / world_size <= cap] or fitting[:1]
     if not cands:
         return base_batch, goodput(base_batch, world_size, model, phi, base_batch)
     best = max(cands, key=lambda b: (goodput(b, world_size, model, phi, base_batch), -b))

@@ -45,7 +45,7 @@ from components.training import distributed as dist_utils
 from components.training import goodput, rng
 from components.training.checkpoint.manager import CheckpointManager, LoadedCheckpoint
 from components.training.checkpoint.storage import CheckpointStorage, join_uri, storage_for
-from components.training.config import TrainConfig
+from components.training.config import ConfigError, TrainConfig
 from components.training.distributed import DistEnv
 from components.training.faults import FaultInjector
 from components.training.metrics import FanOut, JsonlSink, MetricsSink, NullSink, PrometheusSink
@@ -341,19 +341,22 @@ class Trainer:
             self._measure_gns(n_global, len(y))
             lr = goodput.lr_factor(self.adaptive.progress_samples, self.adaptive.target_samples,
                                    warmup_samples=self.cfg.optim.warmup_steps * self.adaptive.base_batch,
-                                   schedule=self.cfg.optim.lr_schedule) * self.adaptive.gain(n_global)
+                                   schedule=self.cfg.optim.lr_schedule,
+                                   base_batch=self.adaptive.base_batch) * self.adaptive.gain(n_global)
             for group, base_lr in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
                 group["lr"] = base_lr * lr
         if self.cfg.optim.grad_clip_norm is not None:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip_norm)
+        t_wait = time.perf_counter()
         self.ckpt.wait_for_staging()  # the weights must not change while a snapshot reads them
+        waited_s = time.perf_counter() - t_wait
         self.scaler.step(self.optimizer)
         self.scaler.update()
         if self.adaptive is None:
             self.scheduler.step()
-        else:
-            self._step_s = time.perf_counter() - t0
+        else:  # compute time only: a wait for a checkpoint snapshot is no property of the batch size
+            self._step_s = time.perf_counter() - t0 - waited_s
         return per_sample.detach().sum().double(), (logits.detach().argmax(1) == y).sum().double()
 
     def _after_step(self, loss_sum, correct, ids, n_global, t_start, epoch) -> None:
@@ -481,6 +484,10 @@ class Trainer:
         ts = st["train_state"]
         self.state = TrainState(step=ts["step"], epoch=ts["epoch"], samples_in_epoch=ts["samples_in_epoch"])
         adaptive_rec: dict[str, Any] = {}
+        if self.adaptive is None and "adaptive_batch" in st:
+            # Its LR schedule and step count are in progress units, not fixed-batch steps.
+            raise ConfigError(f"the checkpoint at step {step} was written with --adaptive-batch; resume it with "
+                              "--adaptive-batch, or start afresh under another --job-key")
         if self.adaptive is not None:
             if "adaptive_batch" in st:
                 self.adaptive.load_state_dict(st["adaptive_batch"])

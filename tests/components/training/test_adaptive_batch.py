@@ -69,3 +69,20 @@ def test_adaptive_job_at_world_size_one_stays_at_base_batch(digits_dataset, tmp_
     assert {r["global_batch_size"] for r in steps} == {B0}
     assert {r["gradient_noise_scale"] for r in steps} == {None}
     assert len(steps) == -(-n_train // B0) and steps[-1]["remaining_samples"] == 0.0
+
+
+def test_an_adaptive_checkpoint_is_not_resumed_in_fixed_batch_mode(digits_dataset, tmp_path) -> None:
+    """Its LR schedule and step count are in progress units: resuming it as a fixed-batch job would
+    restart the schedule; the trainer says so in one line instead."""
+    common = [sys.executable, "-m", "components.training", "--dataset", str(digits_dataset), "--checkpoint-uri",
+              str(tmp_path / "ckpt"), "--job-key", "mode", "--epochs", "1", "--global-batch-size", str(B0),
+              "--threads-per-rank", "1", "--checkpoint-interval-steps", "5", "--checkpoint-interval-s", "1e9"]
+    first = subprocess.run([*common, "--adaptive-batch", "--max-steps", "10"], capture_output=True, text=True,
+                           timeout=240)
+    assert first.returncode == 0, first.stderr[-2000:]
+    fixed = subprocess.run(common, capture_output=True, text=True, timeout=240)
+    assert fixed.returncode == 2
+    assert fixed.stderr.strip().splitlines()[-1] == (
+        "trainflow: the checkpoint at step 10 was written with --adaptive-batch; resume it with --adaptive-batch, "
+        "or start afresh under another --job-key")
+    assert "Traceback" not in fixed.stderr

@@ -76,6 +76,17 @@ def test_image_folder_source(tmp_path) -> None:
     x, y = d.PreparedDataset(tmp_path / "p").split("test").fetch(torch.arange(4))
     assert x.shape == (4, 3, 16, 16) and sorted(y.tolist()) == [0, 0, 1, 1]
 
+    # Through DataLoader workers, with an epoch whose last batch (16 mod 5 = 1 sample) leaves
+    # ranks 1 and 2 of 3 without samples: they get empty tensors, not a collate error.
+    split = d.PreparedDataset(tmp_path / "p").split("train")
+    perm = d.epoch_permutation(16, seed=0, epoch=0)
+    for rank in range(3):
+        steps = list(d.iter_local_batches(split, perm=perm, start=0, global_batch_size=5, rank=rank, world_size=3,
+                                          loader_workers=1, loader_seed=0))
+        assert [n for *_, n in steps] == [5, 5, 5, 1]
+        x_last, y_last, ids_last, _ = steps[-1]
+        assert x_last.shape == ((1, 3, 16, 16) if rank == 0 else (0, 3, 16, 16)) and len(y_last) == len(ids_last)
+
 
 @pytest.mark.parametrize(
     ("source", "message"),

@@ -57,7 +57,8 @@ def test_noise_scale_needs_two_batch_sizes_and_keeps_last_value() -> None:
 def test_efficiency_and_adascale_gain_values() -> None:
     assert gp.efficiency(32, 100.0, 32) == 1.0
     assert gp.efficiency(64, 100.0, 32) == pytest.approx(132 / 164)
-    assert gp.efficiency(64, None, 32) == pytest.approx(0.5)  # unknown phi counts as 0
+    assert gp.efficiency(64, None, 32) == pytest.approx(0.5)  # unknown phi counts as 0 above B0 ...
+    assert gp.efficiency(1, None, 32) == 1.0  # ... and as 1 below: a short last batch counts its samples
     assert gp.adascale_gain(64, 100.0, 32) == pytest.approx(2 * 132 / 164)
     assert gp.adascale_gain(256, 1e9, 32) == pytest.approx(8.0, rel=1e-6)  # pure noise: linear scaling
     assert gp.adascale_gain(256, 0.0, 32) == pytest.approx(1.0)  # no noise: no gain from a larger batch
@@ -77,7 +78,8 @@ def test_step_time_fit() -> None:
 def test_candidates_and_best_batch() -> None:
     assert gp.candidate_batches(3, base_batch=32, max_global_batch=45, max_local_batch=None) == [33, 36, 39, 42, 45]
     assert gp.candidate_batches(2, base_batch=32, max_global_batch=256, max_local_batch=20) == list(range(32, 41, 2))
-    assert gp.candidate_batches(4, base_batch=32, max_global_batch=256, max_local_batch=4) == []
+    # B0 does not fit 4 ranks x 4 samples: memory wins, the one batch that fits (below B0).
+    assert gp.candidate_batches(4, base_batch=32, max_global_batch=256, max_local_batch=4) == [16]
     overhead = gp.StepTimeModel(alpha_s=1.0, beta_s_per_sample=0.001, max_observed_local_batch=128)
     kw = {"base_batch": 32, "max_global_batch": 256, "max_local_batch": None}
     assert gp.best_batch(2, overhead, 1e4, **kw)[0] == 256  # noisy gradients + fixed overhead: largest
@@ -87,7 +89,9 @@ def test_candidates_and_best_batch() -> None:
     assert b == 142  # interior optimum near sqrt(alpha * phi * W / beta) = 141
     capped = gp.StepTimeModel(alpha_s=1.0, beta_s_per_sample=0.001, max_observed_local_batch=16)
     assert gp.best_batch(2, capped, 1e4, **kw)[0] == 64  # never beyond 2x the observed local batch
-    assert gp.best_batch(4, overhead, 1e4, base_batch=32, max_global_batch=256, max_local_batch=4)[0] == 32
+    assert gp.best_batch(4, overhead, 1e4, base_batch=32, max_global_batch=256, max_local_batch=4)[0] == 16
+    small = gp.StepTimeModel(alpha_s=1.0, beta_s_per_sample=0.001, max_observed_local_batch=2)  # cap 4 < 8
+    assert gp.best_batch(2, small, 1e4, base_batch=16, max_global_batch=64, max_local_batch=None)[0] == 16
 
 
 def test_choose_batch_explores_then_follows_the_fit() -> None:
@@ -126,11 +130,13 @@ def test_adaptive_state_progress_goodput_and_round_trip() -> None:
 
 
 def test_lr_factor_follows_progress() -> None:
-    assert gp.lr_factor(0, 1000, warmup_samples=0, schedule="constant") == 1.0
-    assert gp.lr_factor(500, 1000, warmup_samples=0, schedule="cosine") == pytest.approx(0.5)
-    assert gp.lr_factor(1000, 1000, warmup_samples=0, schedule="cosine") == pytest.approx(0.0)
-    assert gp.lr_factor(49, 1000, warmup_samples=100, schedule="cosine") == pytest.approx(0.5)
-    assert gp.lr_factor(100 + 450, 1000, warmup_samples=100, schedule="cosine") == pytest.approx(
+    assert gp.lr_factor(0, 1000, warmup_samples=0, schedule="constant", base_batch=1) == 1.0
+    assert gp.lr_factor(500, 1000, warmup_samples=0, schedule="cosine", base_batch=1) == pytest.approx(0.5)
+    assert gp.lr_factor(1000, 1000, warmup_samples=0, schedule="cosine", base_batch=1) == pytest.approx(0.0)
+    assert gp.lr_factor(49, 1000, warmup_samples=100, schedule="cosine", base_batch=1) == pytest.approx(0.5)
+    # As the fixed schedule's (step + 1) / warmup_steps: 10 warm-up steps of B0 = 64, first step 0.1.
+    assert gp.lr_factor(0, 6400, warmup_samples=640, schedule="cosine", base_batch=64) == pytest.approx(0.1)
+    assert gp.lr_factor(100 + 450, 1000, warmup_samples=100, schedule="cosine", base_batch=1) == pytest.approx(
         0.5 * (1 + math.cos(math.pi * 0.5))
     )
 
