@@ -98,7 +98,7 @@ def report_command(
             raise _fail(f"unknown load {bad[0]!r}; choose from: {', '.join(LOADS)}")
         if not 1 <= workloads <= 8:
             raise _fail(f"--workloads must be 1..8, got {workloads}")
-        models = tuple(job_model) if job_model else JOB_MODELS
+        models = tuple(dict.fromkeys(job_model)) if job_model else JOB_MODELS
         bad = [m for m in models if m not in JOB_MODELS]
         if bad:
             raise _fail(f"unknown job model {bad[0]!r}; choose from: {', '.join(JOB_MODELS)}")

@@ -205,7 +205,7 @@ class Ledger:
             curve = metrics.goodput.get(job.metrics_key)
             if curve:
                 by_workers = {size // ranks_per_worker: v for size, v in curve.items() if size % ranks_per_worker == 0}
-                if by_workers and by_workers != dict(entry.book.by_workers):
+                if by_workers and (entry.book.unit != UNIT_GOODPUT or by_workers != dict(entry.book.by_workers)):
                     entry.book = ThroughputBook.goodput_curve(by_workers)
                     out[key] = (UNIT_GOODPUT, workers, by_workers.get(workers, 0.0))
                 continue
