@@ -38,7 +38,10 @@ def simulate_command(
     plot: Annotated[Path | None, typer.Option(help="PNG path (default: result path with .png).")] = None,
     adaptive_batch: Annotated[bool, typer.Option(
         "--adaptive-batch", help="Experiment: jobs re-pick the global batch of largest goodput per "
-                                 "allocation and epoch (AdaptDL-style; trainflow's trainer does not do this).")] = False,
+                                 "allocation and epoch (AdaptDL-style; trainflow's trainer with --adaptive-batch).")] = False,
+    adaptive_throughput: Annotated[str, typer.Option(
+        "--adaptive-throughput", help="With --adaptive-batch: fitted (step times fitted from the configurations "
+                                      "the job has run, as the trainer does) or oracle (the true model).")] = "fitted",
 ) -> None:
     """Simulate one policy on one workload and write result.json (+ a PNG plot)."""
     from gpu_scheduler.policies import parse_params
@@ -52,7 +55,8 @@ def simulate_command(
             raise _fail(f"workload {workload} does not exist")
         params = parse_params(policy, param or [])
         config = SimConfig(nodes=nodes, gpus_per_node=gpus_per_node, interval_s=interval_s,
-                           restart_cost_s=restart_cost_s, adaptive_batch=adaptive_batch)
+                           restart_cost_s=restart_cost_s, adaptive_batch=adaptive_batch,
+                           adaptive_throughput=adaptive_throughput)
         doc = simulate_file(workload, policy, params=params, config=config, traces=traces)
         write_result(doc, out)
         png = plot or out.with_suffix(".png")

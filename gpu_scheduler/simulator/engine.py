@@ -27,9 +27,14 @@ from types import MappingProxyType
 from gpu_scheduler.model import ClusterSnapshot, Job, Node, Outcome, Placement, SchedulerError
 from gpu_scheduler.policies.base import Policy
 from gpu_scheduler.simulator.jobmodel import Application, StepConfig
+from gpu_scheduler.simulator.stepfit import StepTimeObservations
 from gpu_scheduler.simulator.workload import WorkloadJob
 
-__all__ = ["JobRecord", "SimConfig", "SimResult", "SimulationError", "Simulator"]
+__all__ = ["ADAPTIVE_THROUGHPUT", "JobRecord", "SimConfig", "SimResult", "SimulationError", "Simulator"]
+
+
+ADAPTIVE_THROUGHPUT = ("fitted", "oracle")
+"""Values of :attr:`SimConfig.adaptive_throughput`."""
 
 
 class SimulationError(SchedulerError):
@@ -60,7 +65,15 @@ class SimConfig:
             statistical progress) and ``remaining_samples`` in the same unit (progress left ×
             ``init_batch_size``, invariant under batch changes), so remaining ÷ throughput is
             still the time left at the current rate; ``global_batch_size`` is None (not
-            constant). trainflow's trainer does not do this today (it shards a fixed batch).
+            constant). trainflow's trainer does this with ``--adaptive-batch``.
+        adaptive_throughput: How an adaptive job knows step times (only with
+            ``adaptive_batch``). ``"fitted"`` (default, as trainflow's trainer and AdaptDL): it
+            keeps the optimizer step times of the configurations it has run, per world size,
+            fits ``t(local batch) = alpha + beta * local batch`` per width, picks among batches
+            whose local batch is at most ``EXPLORE_FACTOR`` (2) times the largest observed at
+            that width (an unseen width borrows the nearest observed width's model) and reports
+            the goodput curve of those fits (:mod:`gpu_scheduler.simulator.stepfit`).
+            ``"oracle"``: the true measured step time at every batch and width (an upper bound).
     """
 
     nodes: int = 16
@@ -71,8 +84,12 @@ class SimConfig:
     validate: bool = True
     report_remaining_work: bool = True
     adaptive_batch: bool = False
+    adaptive_throughput: str = "fitted"
 
     def __post_init__(self) -> None:
+        if self.adaptive_throughput not in ADAPTIVE_THROUGHPUT:
+            raise SimulationError(f"--adaptive-throughput must be one of {', '.join(ADAPTIVE_THROUGHPUT)}, "
+                                  f"got {self.adaptive_throughput!r}")
         if self.nodes < 1:
             raise SimulationError(f"--nodes must be >= 1, got {self.nodes}")
         if not 1 <= self.gpus_per_node <= 4:
@@ -154,9 +171,12 @@ class _SimJob:
         "completion",
         "epoch",
         "first_start",
+        "fitted",
         "max_workers",
         "measured_at",
         "measured_epoch",
+        "measured_version",
+        "observations",
         "oracle_epoch",
         "oracle_tp",
         "per_node",
@@ -173,10 +193,14 @@ class _SimJob:
         "throughput_view",
     )
 
-    def __init__(self, spec: WorkloadJob, app: Application, cluster_gpus: int, adaptive_batch: bool = False) -> None:
+    def __init__(self, spec: WorkloadJob, app: Application, cluster_gpus: int, adaptive_batch: bool = False,
+                 adaptive_throughput: str = "fitted") -> None:
         self.spec = spec
         self.app = app
         self.adaptive = adaptive_batch and app.settings.max_workers_cap != 1
+        self.fitted = self.adaptive and adaptive_throughput == "fitted"
+        self.observations = StepTimeObservations()
+        self.measured_version = -1
         self.max_workers = app.max_workers(app.max_batch_size if self.adaptive else spec.batch_size, cluster_gpus)
         self.requested = max(1, min(spec.requested_workers, self.max_workers))
         self.placement = Placement()
@@ -217,7 +241,7 @@ class _SimJob:
         app, cfg = self.app, self.cfg
         assert cfg is not None
         total = self.step_s
-        if seconds > 0:
+        if seconds > 0 and not self.fitted:
             self._measure()
         while seconds > 0:
             rate = app.efficiency_gain(cfg.batch_size, self.epoch) / total  # progress per second
@@ -225,6 +249,9 @@ class _SimJob:
             if self.progress + rate * seconds < target:
                 self.progress += rate * seconds
                 self.attained += seconds * gpus
+                if self.fitted:
+                    self._observe(seconds)
+                    self._measure()
                 return
             # The epoch ends inside this interval (resolved to whole seconds).
             delta = round((target - self.progress) / rate)
@@ -233,14 +260,26 @@ class _SimJob:
             self.attained += delta * gpus
             elapsed += delta
             seconds -= delta
+            if self.fitted:
+                self._observe(delta)
             if self.epoch >= app.max_epochs:
                 self.completion = elapsed
                 return
             if self.adaptive:  # re-tune the batch between epochs (no restart)
                 self._configure(elapsed)
                 cfg, total = self.cfg, self.step_s
-                if seconds > 0:
+                if seconds > 0 and not self.fitted:
                     self._measure()
+        if self.fitted:
+            self._measure()
+
+    def _observe(self, seconds: float) -> None:
+        """Record ``seconds`` of training in the current configuration (fitted step times): the
+        optimizer steps they hold at the true step time, under the world size and local batch."""
+        cfg, workers = self.cfg, self.placement.workers
+        assert cfg is not None
+        if seconds > 0:
+            self.observations.add(workers, cfg.batch_size / workers, seconds / self.step_s, seconds)
 
     def _measure(self) -> None:
         """Record the rate at the current width as the trainer reports it.
@@ -261,6 +300,19 @@ class _SimJob:
                 self.throughput_view = MappingProxyType(dict(self.throughput))
             return
         app = self.app
+        if self.fitted:
+            if workers not in self.observations.by_width:
+                return  # nothing run at this width yet (restart time only)
+            if (self.measured_at.get(workers) == self.per_node and self.measured_epoch == self.epoch
+                    and self.measured_version == self.observations.version):
+                return
+            self.measured_at[workers] = self.per_node
+            self.measured_epoch = self.epoch
+            self.measured_version = self.observations.version
+            self.throughput = {n: app.best_fitted_step_config(pn, self.epoch, self.observations.model(n))[1]
+                               * app.init_batch_size for n, pn in self.measured_at.items()}
+            self.throughput_view = MappingProxyType(dict(self.throughput))
+            return
         if self.measured_at.get(workers) == self.per_node and self.measured_epoch == self.epoch:
             return
         self.measured_at[workers] = self.per_node
@@ -271,7 +323,12 @@ class _SimJob:
 
     def _configure(self, now_s: float) -> None:
         """Step configuration for the current placement (and epoch, if the batch adapts)."""
-        if self.adaptive:
+        if self.fitted:
+            model = self.observations.choice_model(self.placement.workers)
+            cfg = self.app.best_fitted_step_config(self.per_node, self.epoch, model)[0]
+            if not self.record.batch_sizes or self.record.batch_sizes[-1][1] != cfg.batch_size:
+                self.record.batch_sizes.append((now_s, cfg.batch_size))
+        elif self.adaptive:
             cfg = self.app.best_step_config(self.per_node, self.epoch)
             if not self.record.batch_sizes or self.record.batch_sizes[-1][1] != cfg.batch_size:
                 self.record.batch_sizes.append((now_s, cfg.batch_size))
@@ -374,7 +431,8 @@ class Simulator:
         if missing:
             raise SimulationError(f"no measured model for application(s) {', '.join(missing)}")
         gpus = self.config.total_gpus
-        self.jobs = [_SimJob(spec, applications[spec.application], gpus, self.config.adaptive_batch)
+        self.jobs = [_SimJob(spec, applications[spec.application], gpus, self.config.adaptive_batch,
+                             self.config.adaptive_throughput)
                      for spec in workload]
         self.nodes = tuple(Node(name=f"node-{i}", gpus=self.config.gpus_per_node) for i in range(self.config.nodes))
         self.now_s = 0.0

@@ -29,7 +29,10 @@ The model (as described in the Pollux paper §5.3 "Simulator construction" and i
   epoch (the minimum over batch sizes, since no target metric is set for these applications).
 * **Adaptive batch** (experiment, :meth:`Application.best_step_config`): instead of a fixed ``B``,
   the job picks the global batch of largest goodput ``efficiency_gain(B, epoch) / step time`` for
-  its placement (Pollux §3 / AdaptDL's per-job tuning), over a grid of batch sizes.
+  its placement (Pollux §3 / AdaptDL's per-job tuning), over a grid of batch sizes: with the
+  true step times (:meth:`Application.best_step_config`, "oracle") or with a step-time model
+  fitted from the configurations the job has run (:meth:`Application.best_fitted_step_config`,
+  "fitted", :mod:`gpu_scheduler.simulator.stepfit`).
 
 Per-application settings (epochs; YOLOv3's 8-sample memory limit) are those of the artifact's
 ``simulator/applications.py``.
@@ -47,6 +50,7 @@ import numpy as np
 from scipy.interpolate import LinearNDInterpolator
 
 from gpu_scheduler.model import SchedulerError
+from gpu_scheduler.simulator.stepfit import LinearStepTime
 
 __all__ = ["APPLICATION_SETTINGS", "AppSettings", "Application", "JobModelError", "StepConfig", "load_applications"]
 
@@ -329,15 +333,41 @@ class Application:
         grid.update(b for b in self.validation if lo <= b <= hi)
         return tuple(sorted(b for b in grid | {lo, hi} if lo <= b <= hi))
 
-    def best_step_config(self, per_node: tuple[int, ...], epoch: int) -> StepConfig:
-        """The step configuration of largest :meth:`goodput` on a placement during ``epoch``.
+    def valid_step_configs(self, per_node: tuple[int, ...]) -> tuple[StepConfig, ...]:
+        """The step configurations an adaptive job may run on a placement, in candidate order.
 
-        The job-side half of Pollux's co-adaptation (AdaptDL's per-job batch-size tuning): each
-        candidate of :meth:`batch_candidates` is run through :meth:`step_config` (per-GPU batch
+        Each candidate of :meth:`batch_candidates` goes through :meth:`step_config` (per-GPU batch
         and gradient accumulation as for a fixed batch); configurations whose per-GPU batch or
-        processed global batch leave the measured range are skipped; ties go to the smaller
-        batch. Uses the true measured model (an AdaptDL job fits it online from its own steps).
-        Memoised per (placement, epoch).
+        processed global batch leave the measured range, or whose step time the measurements do
+        not cover, are skipped (duplicates too). Memoised per placement.
+        """
+        key = ("valid", per_node)
+        hit = self._grad_cache.get(key)
+        if hit is not None:
+            return hit
+        workers = sum(per_node)
+        out: list[StepConfig] = []
+        for b in self.batch_candidates(workers):
+            cfg = self.step_config(b, workers)
+            if not (self.min_local_bsz <= cfg.atomic_bsz <= self.max_local_bsz
+                    and self.init_batch_size <= cfg.batch_size <= self.max_batch_size) or cfg in out:
+                continue
+            try:
+                self.optimizer_step_time(per_node, cfg)
+            except JobModelError:
+                continue
+            out.append(cfg)
+        hit = tuple(out)
+        self._grad_cache[key] = hit
+        return hit
+
+    def best_step_config(self, per_node: tuple[int, ...], epoch: int) -> StepConfig:
+        """The step configuration of largest true :meth:`goodput` on a placement during ``epoch``.
+
+        The job-side half of Pollux's co-adaptation (AdaptDL's per-job batch-size tuning) with
+        perfect knowledge of step times (``SimConfig.adaptive_throughput="oracle"``; the default
+        "fitted" job uses :meth:`best_fitted_step_config` instead): the best of
+        :meth:`valid_step_configs`, ties to the smaller batch. Memoised per (placement, epoch).
 
         Raises:
             JobModelError: if no candidate batch size fits the placement.
@@ -346,24 +376,57 @@ class Application:
         hit = self._grad_cache.get(key)
         if hit is not None:
             return hit
-        workers = sum(per_node)
         best: tuple[float, StepConfig] | None = None
-        for b in self.batch_candidates(workers):
-            cfg = self.step_config(b, workers)
-            if not (self.min_local_bsz <= cfg.atomic_bsz <= self.max_local_bsz
-                    and self.init_batch_size <= cfg.batch_size <= self.max_batch_size):
-                continue
-            try:
-                value = self.goodput(per_node, cfg, epoch)
-            except JobModelError:
-                continue
+        for cfg in self.valid_step_configs(per_node):
+            value = self.goodput(per_node, cfg, epoch)
             if best is None or value > best[0] * (1 + 1e-12):
                 best = (value, cfg)
         if best is None:
             raise JobModelError(f"{self.name}: no batch size in [{self.init_batch_size}, {self.max_batch_size}] "
-                                f"fits {workers} GPUs on placement {per_node}")
+                                f"fits {sum(per_node)} GPUs on placement {per_node}")
         self._grad_cache[key] = best[1]
         return best[1]
+
+    def best_fitted_step_config(self, per_node: tuple[int, ...], epoch: int,
+                                model: LinearStepTime | None) -> tuple[StepConfig, float]:
+        """The step configuration of largest *predicted* goodput under a fitted step-time model.
+
+        Predicted goodput = ``efficiency_gain(B, epoch) / model.step_time_s(B / workers)`` (the
+        true statistical efficiency: the trainer measures the noise scale online), over
+        :meth:`valid_step_configs` whose local batch ``B / workers`` is at most
+        ``model.max_trusted_local_batch``; ties to the smaller batch. Without a model, or with no
+        configuration inside the trusted range, the smallest valid configuration (the trainer
+        starts at its base batch).
+
+        Returns:
+            ``(config, predicted goodput in progress per second)`` (0.0 without a model).
+
+        Raises:
+            JobModelError: if no candidate batch size fits the placement.
+        """
+        valid = self.valid_step_configs(per_node)
+        if not valid:
+            raise JobModelError(f"{self.name}: no batch size in [{self.init_batch_size}, {self.max_batch_size}] "
+                                f"fits {sum(per_node)} GPUs on placement {per_node}")
+        workers = sum(per_node)
+
+        def predicted(cfg: StepConfig) -> float:
+            t = model.step_time_s(cfg.batch_size / workers) if model is not None else 0.0
+            return self.efficiency_gain(cfg.batch_size, epoch) / t if t > 0 else 0.0
+
+        if model is None:
+            return valid[0], 0.0
+        cap = model.max_trusted_local_batch * (1 + 1e-9)
+        best: tuple[float, StepConfig] | None = None
+        for cfg in valid:
+            if cfg.batch_size / workers > cap:
+                continue
+            value = predicted(cfg)
+            if best is None or value > best[0] * (1 + 1e-12):
+                best = (value, cfg)
+        if best is None:
+            return valid[0], predicted(valid[0])
+        return best[1], best[0]
 
     def remaining_progress(self, epoch: int, progress: float) -> float:
         """Progress left to completion (units of optimizer steps at ``init_batch_size``)."""

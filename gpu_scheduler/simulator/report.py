@@ -209,8 +209,9 @@ def _markdown(spec: ReportSpec, agg: dict, by: dict, plot_dir: Path) -> str:
         "epoch, the global batch of largest goodput (throughput × statistical efficiency) for its "
         "placement, without a restart, and reports its goodput curve and work left in samples at its "
         "initial batch (trainflow's trainer with `--adaptive-batch`; the job model of Pollux's "
-        "published runs). The simulated job picks with the true measured model; a real trainer "
-        "estimates it online. See docs/scheduler.md.",
+        "published runs). The simulated job picks with step times it fitted from the configurations it "
+        "has run (per world size, trusted up to 2x the largest local batch observed there), as the "
+        "trainer does; `simulate --adaptive-throughput oracle` gives it the true model. See docs/scheduler.md.",
         "",
     ]
     for model in spec.job_models:

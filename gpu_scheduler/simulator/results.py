@@ -74,7 +74,8 @@ def result_document(result: SimResult, *, workload: str, policy_params: dict[str
             "total_gpus": cfg.total_gpus,
             "interval_s": cfg.interval_s,
             "restart_cost_s": cfg.restart_cost_s,
-            **({"adaptive_batch": True} if cfg.adaptive_batch else {}),
+            **({"adaptive_batch": True, "adaptive_throughput": cfg.adaptive_throughput}
+               if cfg.adaptive_batch else {}),
         },
         "summary": summary,
         "jobs": [

@@ -13,8 +13,14 @@ from gpu_scheduler.model import Placement
 from gpu_scheduler.policies import create
 from gpu_scheduler.simulator import simulate_file
 from gpu_scheduler.simulator.data import find_pollux_dir
-from gpu_scheduler.simulator.engine import SimConfig, Simulator, _SimJob
-from gpu_scheduler.simulator.jobmodel import JobModelError, load_applications
+from gpu_scheduler.simulator.engine import SimConfig, SimulationError, Simulator, _SimJob
+from gpu_scheduler.simulator.jobmodel import Application, JobModelError, load_applications
+from gpu_scheduler.simulator.stepfit import (
+    EXPLORE_FACTOR,
+    LinearStepTime,
+    StepTimeObservations,
+    fit_linear_step_time,
+)
 from gpu_scheduler.simulator.workload import WorkloadJob
 from tests.gpu_scheduler.test_simulator import TOY, write_toy_traces
 
@@ -138,3 +144,110 @@ def test_flag_off_reproduces_the_committed_report(policy) -> None:
     on = simulate_file(find_pollux_dir() / "workloads" / "workload-6.csv", policy,
                        config=SimConfig(adaptive_batch=True))["summary"]
     assert on["avg_jct_s"] != got["avg_jct_s"]
+
+
+# ------------------------------------------------------------------ fitted step times (default)
+
+def test_fit_recovers_a_linear_truth_and_handles_degenerate_points() -> None:
+    truth = LinearStepTime(0.05, 0.002, 0.0)
+    fit = fit_linear_step_time({b: (n, n * truth.step_time_s(b)) for b, n in ((8, 10), (16, 3), (64, 1))})
+    assert fit is not None
+    assert fit.alpha_s == pytest.approx(0.05) and fit.beta_s_per_sample == pytest.approx(0.002)
+    assert fit.max_observed_local_batch == 64 and fit.max_trusted_local_batch == EXPLORE_FACTOR * 64
+    # One local batch: proportional; slower at larger batches: constant at the weighted mean.
+    one = fit_linear_step_time({32: (4, 4 * 0.64)})
+    assert (one.alpha_s, one.beta_s_per_sample) == (0.0, pytest.approx(0.02))
+    flat = fit_linear_step_time({8: (1, 1.0), 16: (3, 3 * 0.6)})
+    assert (flat.alpha_s, flat.beta_s_per_sample) == (pytest.approx(0.7), 0.0)
+    # A negative intercept: the least-squares proportional model.
+    prop = fit_linear_step_time({10: (1, 0.5), 20: (1, 1.5)})
+    assert prop.alpha_s == 0.0 and prop.beta_s_per_sample == pytest.approx((5 + 30) / (100 + 400))
+    assert fit_linear_step_time({}) is None and fit_linear_step_time({8: (0, 0.0)}) is None
+
+
+def test_observations_borrow_the_nearest_width_and_explore_from_one_point() -> None:
+    obs = StepTimeObservations()
+    assert obs.choice_model(4) is None
+    obs.add(4, 50, 10, 10 * 0.4)
+    v = obs.version
+    obs.add(4, 50, 5, 5 * 0.4)  # same mean: no new version
+    assert obs.version == v
+    # One local batch: the choice assumes a constant step time up to 2x.
+    m = obs.choice_model(4)
+    assert (m.alpha_s, m.beta_s_per_sample, m.max_observed_local_batch) == (pytest.approx(0.4), 0.0, 50)
+    obs.add(1, 100, 2, 2 * 0.5)
+    obs.add(1, 200, 2, 2 * 0.9)
+    assert obs.nearest_width(2) == 1  # |log 2| ties between 1 and 4: the smaller
+    assert obs.nearest_width(16) == 4
+    borrowed = obs.choice_model(2)
+    assert borrowed.alpha_s == pytest.approx(0.1) and borrowed.beta_s_per_sample == pytest.approx(0.004)
+
+
+def test_fitted_choice_never_exceeds_twice_the_largest_observed_local_batch(pollux_apps) -> None:
+    app = pollux_apps["imagenet"]
+    epoch = 45
+    oracle = app.best_step_config((4,), epoch)
+    assert oracle.batch_size / 4 > 2 * 50  # the truth would go further than the trust region
+    obs = StepTimeObservations()
+    cfg50 = app.step_config(200, 4)
+    assert cfg50.batch_size == 200
+    obs.add(4, 50, 100, 100 * app.optimizer_step_time((4,), cfg50))
+    for per_node in ((4,), (4, 4), (4, 4, 4, 4), (2,)):
+        cfg, predicted = app.best_fitted_step_config(per_node, epoch, obs.choice_model(sum(per_node)))
+        assert cfg.batch_size / sum(per_node) <= 2 * 50 and predicted > 0
+    # On its own width the constant model explores exactly to the bound.
+    assert app.best_fitted_step_config((4,), epoch, obs.choice_model(4))[0].batch_size == 400
+
+
+def test_fitted_job_learns_the_toy_step_time_and_stays_in_its_trust_region(toy_apps) -> None:
+    app = toy_apps["toy"]  # step time on one node: 0.005 s + 0.01 s per local sample
+    spec = WorkloadJob(name="a", submit_time_s=0.0, application="toy", requested_workers=4, batch_size=32)
+    job = _SimJob(spec, app, cluster_gpus=16, adaptive_batch=True, adaptive_throughput="fitted")
+    job.reallocate(Placement.of({"node-0": 4}), 0.0, 30)
+    assert job.cfg.batch_size == 32  # nothing observed yet: the smallest batch
+    job.advance(0.0, 39.0)  # 30 s restart; epoch 1 ends after 8 s at local 8; re-pick; 1 s more
+    assert job.epoch == 1 and job.cfg.batch_size == 64  # local 16 = 2x the one observed local batch
+    steps, seconds = job.observations.by_width[4][8.0]
+    assert seconds == 8.0 and steps == pytest.approx(8.0 / 0.085)
+    assert job.observations.by_width[4][16.0] == [pytest.approx(1.0 / 0.165), 1.0]
+    job.advance(39.0, 15.0)  # epoch 2 ends at batch 64 (0.165 s per step, gain 1.5); re-pick
+    assert job.epoch == 2
+    fit = job.observations.model(4)
+    assert fit.alpha_s == pytest.approx(0.005) and fit.beta_s_per_sample == pytest.approx(0.01)
+    # With the slope learnt, batch 32 (1 / 0.085 per s) beats 64 (1.5 / 0.165 per s) again.
+    assert job.cfg.batch_size == 32
+    # The reported curve is the fitted goodput in samples/s at the initial batch.
+    assert job.throughput[4] == pytest.approx(app.goodput((4,), job.cfg, job.epoch) * 32)
+
+
+def test_fitted_simulation_respects_the_trust_region(pollux_apps, monkeypatch) -> None:
+    calls = []
+    real = Application.best_fitted_step_config
+
+    def spy(self, per_node, epoch, model):
+        cfg, value = real(self, per_node, epoch, model)
+        calls.append((sum(per_node), cfg, model, self.valid_step_configs(per_node)[0]))
+        return cfg, value
+
+    monkeypatch.setattr(Application, "best_fitted_step_config", spy)
+    spec = WorkloadJob(name="c", submit_time_s=0.0, application="cifar10", requested_workers=4, batch_size=2048)
+    rec = Simulator([spec], pollux_apps, create("fifo"), SimConfig(nodes=1, adaptive_batch=True)).run().jobs[0]
+    chosen = [(w, cfg, model, first) for w, cfg, model, first in calls if model is not None]
+    assert len(chosen) >= 3 and max(b for _, b in rec.batch_sizes) > rec.batch_sizes[0][1]
+    for w, cfg, model, first in chosen:
+        assert cfg.batch_size / w <= model.max_trusted_local_batch * (1 + 1e-9) or cfg == first
+
+
+def test_oracle_throughput_reproduces_the_previous_adaptive_figures() -> None:
+    """``adaptive_throughput="oracle"`` is the adaptive job model before fitted step times
+    (docs/scheduler-report.json as of 2026-11-22: default, workload 6, 1.0x)."""
+    path = find_pollux_dir() / "workloads" / "workload-6.csv"
+    got = simulate_file(path, "default", config=SimConfig(adaptive_batch=True, adaptive_throughput="oracle"))
+    s = got["summary"]
+    assert s["avg_jct_s"] == pytest.approx(2393.85, rel=1e-9)
+    assert s["makespan_s"] == pytest.approx(57715.0, rel=1e-9)
+    assert s["restarts_per_job"] == pytest.approx(1.80625, rel=1e-9)
+    assert got["cluster"]["adaptive_throughput"] == "oracle"
+    assert SimConfig(adaptive_batch=True).adaptive_throughput == "fitted"
+    with pytest.raises(SimulationError, match="--adaptive-throughput must be one of fitted, oracle"):
+        SimConfig(adaptive_throughput="truth")
