@@ -51,6 +51,10 @@ class DataConfig:
     max_local_batch_size: int | None = field(
         default=None, metadata=_opt("--max-local-batch-size", "adaptive batch: largest batch per rank (memory bound)")
     )
+    adaptive_interval_s: float = field(
+        default=60.0, metadata=_opt("--adaptive-interval-s", "adaptive batch: also re-pick the batch this often "
+                                    "(seconds; in place, no restart)")
+    )
 
     def __post_init__(self) -> None:
         _check(bool(self.path), "dataset path must not be empty (--dataset)")
@@ -61,6 +65,8 @@ class DataConfig:
                f"got {self.max_global_batch_size}")
         _check(self.max_local_batch_size is None or self.max_local_batch_size >= 1,
                f"max_local_batch_size must be >= 1, got {self.max_local_batch_size}")
+        _check(math.isfinite(self.adaptive_interval_s) and self.adaptive_interval_s > 0,
+               f"adaptive_interval_s must be a positive number of seconds, got {self.adaptive_interval_s}")
 
     @property
     def max_global_batch(self) -> int:

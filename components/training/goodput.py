@@ -341,10 +341,15 @@ class AdaptiveBatch:
 
     def goodput_by_world(self) -> dict[int, float]:
         """Predicted goodput (B0-equivalent samples/s) at every width with timings, each at its best
-        batch, under the current ``phi`` (re-evaluated, never a stale one-off measurement)."""
+        batch, under the current ``phi`` (re-evaluated, never a stale one-off measurement). A width
+        timed at one local batch only is rated with the constant model the choice uses there (the
+        proportional one would rate it as if a larger batch could never pay)."""
         out = {}
         for w in sorted(self.observations.by_world):
             model = self.observations.model(w)
+            if model is not None and self.observations.points(w) == 1:  # as the choice sees it
+                b = model.max_observed_local_batch
+                model = StepTimeModel(model.step_time_s(b), 0.0, b)
             if model is not None:
                 out[w] = best_batch(w, model, self.phi, base_batch=self.base_batch,
                                     max_global_batch=self.max_global_batch, max_local_batch=self.max_local_batch)[1]

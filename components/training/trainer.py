@@ -168,6 +168,8 @@ class Trainer:
             self._gns_local_sq = 0.0
             self._step_s = 0.0
             self._time_next_step = False  # the first step after a (re)start or batch change is not timed
+            self._picked_at_s = 0.0  # rank 0's clock at the last batch choice
+            self._retune_due = False
             if self.dist_active:
                 self.net.register_comm_hook(None, self._gns_comm_hook)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.optim.amp == "fp16")
@@ -273,9 +275,11 @@ class Trainer:
         before = self.adaptive.batch_size
         batch = dist_utils.broadcast_object(self.adaptive.choose(self.env.world_size) if self.env.is_main else None)
         self.adaptive.batch_size = batch
+        self._picked_at_s = time.monotonic()
+        self._retune_due = False
         self._time_next_step = False
         self.metrics.record({"event": "batch_size_chosen", "step": self.state.step, "epoch": self.state.epoch,
-                             "world_size": self.env.world_size, "previous_global_batch_size": before,
+                             "samples_in_epoch": self.state.samples_in_epoch, "world_size": self.env.world_size, "previous_global_batch_size": before,
                              "global_batch_size": batch, "gradient_noise_scale": self.adaptive.phi})
         if self.env.is_main and batch != before:
             log.info("adaptive batch: global batch %d -> %d at world size %d (phi %s)", before, batch,
@@ -297,6 +301,8 @@ class Trainer:
             loss_sum, correct = self._step(x, y, n_global)
             self._after_step(loss_sum, correct, ids, n_global, t_start, epoch)
             if self._done() or self.state.epoch != epoch:
+                break
+            if self.adaptive is not None and self._retune_due:  # re-pick mid-epoch: data resume in samples
                 break
 
     def _gns_comm_hook(self, state, bucket):  # unannotated: DDP rejects string annotations here
@@ -366,12 +372,14 @@ class Trainer:
         agreed = torch.stack([loss_sum.cpu(), correct.cpu(), torch.tensor(save_due, dtype=torch.float64),
                               torch.tensor(1.0 if self._stop_requested else 0.0, dtype=torch.float64)])
         if self.adaptive is not None:
-            # + [local squared norm, 1 / local batch, rank had samples, averaged gradient's squared norm]:
-            # summed here so that every rank derives phi, progress and the end from the same numbers.
+            # + [local squared norm, 1 / local batch, rank had samples, averaged gradient's squared norm,
+            # re-pick due (rank 0's clock)]: summed here so that every rank derives phi, progress, the
+            # end and the moment of the next batch choice from the same numbers.
             n_local = len(ids)
+            retune = self.env.is_main and time.monotonic() - self._picked_at_s >= self.cfg.data.adaptive_interval_s
             agreed = torch.cat([agreed, torch.tensor(
                 [self._gns_local_sq if n_local else 0.0, 1.0 / n_local if n_local else 0.0, 1.0 if n_local else 0.0,
-                 self._gns_global_sq], dtype=torch.float64)])
+                 self._gns_global_sq, 1.0 if retune else 0.0], dtype=torch.float64)])
         if self.dist_active and self.device.type == "cuda":
             agreed = dist_utils.all_reduce_sum(agreed.to(self.device)).cpu()
         else:
@@ -413,6 +421,7 @@ class Trainer:
         a = self.adaptive
         assert a is not None
         world = self.env.world_size
+        self._retune_due = float(agreed[8]) > 0
         gain = a.gain(n_global)
         a.advance(n_global)
         if world >= 2 and int(agreed[6]) == world:
@@ -424,7 +433,8 @@ class Trainer:
         if self._time_next_step and full_batch:
             a.observations.add(world, n_global / world, self._step_s)
         self._time_next_step = full_batch
-        return {"global_batch_size": a.batch_size, "gradient_noise_scale": a.phi, "adascale_gain": gain,
+        return {"global_batch_size": a.batch_size, "step_samples": n_global, "gradient_noise_scale": a.phi,
+                "adascale_gain": gain,
                 "progress_samples": a.progress_samples, "remaining_samples": a.remaining_samples,
                 "goodput_samples_per_second": {str(w): g for w, g in a.goodput_by_world().items()}
                 if self.env.is_main else {}}

@@ -72,8 +72,12 @@ class SimConfig:
             fits ``t(local batch) = alpha + beta * local batch`` per width, picks among batches
             whose local batch is at most ``EXPLORE_FACTOR`` (2) times the largest observed at
             that width (an unseen width borrows the nearest observed width's model) and reports
-            the goodput curve of those fits (:mod:`gpu_scheduler.simulator.stepfit`).
+            the goodput curve of the models its choice uses (a width timed at one local batch:
+            the constant model), as the trainer exports it (:mod:`gpu_scheduler.simulator.stepfit`).
             ``"oracle"``: the true measured step time at every batch and width (an upper bound).
+        adaptive_retune_s: An adaptive job also re-picks its batch when this many seconds have
+            passed since its last pick (checked at each round's start; the trainer's
+            ``--adaptive-interval-s``, default 60); None: only at (re)allocations and epoch ends.
     """
 
     nodes: int = 16
@@ -85,11 +89,14 @@ class SimConfig:
     report_remaining_work: bool = True
     adaptive_batch: bool = False
     adaptive_throughput: str = "fitted"
+    adaptive_retune_s: float | None = 60.0
 
     def __post_init__(self) -> None:
         if self.adaptive_throughput not in ADAPTIVE_THROUGHPUT:
             raise SimulationError(f"--adaptive-throughput must be one of {', '.join(ADAPTIVE_THROUGHPUT)}, "
                                   f"got {self.adaptive_throughput!r}")
+        if self.adaptive_retune_s is not None and not self.adaptive_retune_s > 0:
+            raise SimulationError(f"adaptive_retune_s must be > 0 or None, got {self.adaptive_retune_s}")
         if self.nodes < 1:
             raise SimulationError(f"--nodes must be >= 1, got {self.nodes}")
         if not 1 <= self.gpus_per_node <= 4:
@@ -164,6 +171,8 @@ class _SimJob:
 
     __slots__ = (
         "adaptive",
+        "picked_at_s",
+        "retune_s",
         "annotations",
         "app",
         "attained",
@@ -194,9 +203,11 @@ class _SimJob:
     )
 
     def __init__(self, spec: WorkloadJob, app: Application, cluster_gpus: int, adaptive_batch: bool = False,
-                 adaptive_throughput: str = "fitted") -> None:
+                 adaptive_throughput: str = "fitted", adaptive_retune_s: float | None = None) -> None:
         self.spec = spec
         self.app = app
+        self.retune_s = adaptive_retune_s
+        self.picked_at_s = 0.0
         self.adaptive = adaptive_batch and app.settings.max_workers_cap != 1
         self.fitted = self.adaptive and adaptive_throughput == "fitted"
         self.observations = StepTimeObservations()
@@ -238,6 +249,9 @@ class _SimJob:
         self.restart_left -= delay
         seconds -= delay
         elapsed = start_s + delay
+        if (self.adaptive and self.retune_s is not None and seconds > 0
+                and elapsed - self.picked_at_s >= self.retune_s - 1e-9):
+            self._configure(elapsed)  # periodic re-tune in place (no restart), as the trainer does
         app, cfg = self.app, self.cfg
         assert cfg is not None
         total = self.step_s
@@ -309,7 +323,7 @@ class _SimJob:
             self.measured_at[workers] = self.per_node
             self.measured_epoch = self.epoch
             self.measured_version = self.observations.version
-            self.throughput = {n: app.best_fitted_step_config(pn, self.epoch, self.observations.model(n))[1]
+            self.throughput = {n: app.best_fitted_step_config(pn, self.epoch, self.observations.choice_model(n))[1]
                                * app.init_batch_size for n, pn in self.measured_at.items()}
             self.throughput_view = MappingProxyType(dict(self.throughput))
             return
@@ -323,6 +337,7 @@ class _SimJob:
 
     def _configure(self, now_s: float) -> None:
         """Step configuration for the current placement (and epoch, if the batch adapts)."""
+        self.picked_at_s = now_s
         if self.fitted:
             model = self.observations.choice_model(self.placement.workers)
             cfg = self.app.best_fitted_step_config(self.per_node, self.epoch, model)[0]
@@ -432,7 +447,7 @@ class Simulator:
             raise SimulationError(f"no measured model for application(s) {', '.join(missing)}")
         gpus = self.config.total_gpus
         self.jobs = [_SimJob(spec, applications[spec.application], gpus, self.config.adaptive_batch,
-                             self.config.adaptive_throughput)
+                             self.config.adaptive_throughput, self.config.adaptive_retune_s)
                      for spec in workload]
         self.nodes = tuple(Node(name=f"node-{i}", gpus=self.config.gpus_per_node) for i in range(self.config.nodes))
         self.now_s = 0.0

@@ -86,3 +86,22 @@ def test_an_adaptive_checkpoint_is_not_resumed_in_fixed_batch_mode(digits_datase
         "trainflow: the checkpoint at step 10 was written with --adaptive-batch; resume it with --adaptive-batch, "
         "or start afresh under another --job-key")
     assert "Traceback" not in fixed.stderr
+
+
+def test_adaptive_job_re_picks_its_batch_mid_epoch_every_interval(digits_dataset, make_job) -> None:
+    """``--adaptive-interval-s``: rank 0's clock makes every rank leave the epoch's batch iterator at
+    the same step; the next batch starts at the same data position (samples), so the job still
+    finishes by progress with every sample of each epoch used."""
+    job = make_job(digits_dataset, "retune", "--epochs", "1", "--global-batch-size", str(B0), "--adaptive-batch",
+                   "--adaptive-interval-s", "0.2", "--checkpoint-interval-s", "1e9")
+    assert job.agent().wait(300) == 0
+    records = job.records()
+    chosen = [r for r in records if r.get("event") == "batch_size_chosen"]
+    assert any(r["samples_in_epoch"] > 0 for r in chosen), chosen  # re-picked inside the epoch
+    steps = {r["step"]: r for r in records if "loss" in r}
+    n_train = len(PreparedDataset(digits_dataset).split("train"))
+    by_epoch: dict[int, int] = {}
+    for r in steps.values():
+        by_epoch[r["epoch"]] = by_epoch.get(r["epoch"], 0) + r["step_samples"]
+    assert all(n == n_train for e, n in by_epoch.items() if e < max(by_epoch))  # whole epochs, no sample twice
+    assert steps[max(steps)]["remaining_samples"] == 0.0
