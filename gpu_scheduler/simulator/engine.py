@@ -171,8 +171,6 @@ class _SimJob:
 
     __slots__ = (
         "adaptive",
-        "picked_at_s",
-        "retune_s",
         "annotations",
         "app",
         "attained",
@@ -189,6 +187,7 @@ class _SimJob:
         "oracle_epoch",
         "oracle_tp",
         "per_node",
+        "picked_at_s",
         "placement",
         "placement_since",
         "progress",
@@ -196,6 +195,7 @@ class _SimJob:
         "requested",
         "restart_left",
         "restarts",
+        "retune_s",
         "spec",
         "step_s",
         "throughput",
