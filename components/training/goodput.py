@@ -210,6 +210,32 @@ class ThroughputObservations:
     def points(self, world_size: int) -> int:
         return len(self.by_world.get(world_size, {}))
 
+    def choice_model(self, world_size: int) -> StepTimeModel | None:
+        """The model a batch choice (and the exported goodput) at ``world_size`` uses.
+
+        This width's fit, else the nearest observed width's (the same local batch costs the same
+        compute). A width timed at one local batch only keeps its time there and takes the slope
+        of the nearest width timed at several (per-sample compute does not depend on the width),
+        trusted as far as that one was observed; with no such width, the constant model
+        ``t = t_observed`` (optimistic: a proportional model would never try a larger batch).
+        None without timings.
+        """
+        ref = self.nearest_world(world_size)
+        if ref is None:
+            return None
+        model = self.model(ref)
+        if model is None or self.points(ref) >= 2:
+            return model
+        b = model.max_observed_local_batch
+        t = model.step_time_s(b)
+        rich = [w for w, pts in self.by_world.items() if len(pts) >= 2]
+        if not rich:
+            return StepTimeModel(t, 0.0, b)
+        slope = self.model(min(rich, key=lambda w: (abs(math.log(w / world_size)), w)))
+        assert slope is not None
+        beta = slope.beta_s_per_sample
+        return StepTimeModel(max(0.0, t - beta * b), beta, max(b, slope.max_observed_local_batch))
+
     def nearest_world(self, world_size: int) -> int | None:
         """The observed width closest to ``world_size`` in ratio (its model stands in for an unseen one)."""
         seen = [w for w, pts in self.by_world.items() if pts]
@@ -269,18 +295,15 @@ def choose_batch(obs: ThroughputObservations, world_size: int, phi: float | None
 
     Model: this width's fit; an unseen width borrows the nearest observed width's (the same local
     batch costs the same compute); with no timings at all, ``B0`` (rounded up to a multiple of the
-    width). A model from a single local batch is replaced by the optimistic constant model (see the
-    module docstring), so a job with ``phi > 0`` tries ``EXPLORE_FACTOR x`` that local batch.
+    width). A width timed at a single local batch borrows the slope of another width, or else
+    becomes the optimistic constant model (:meth:`ThroughputObservations.choice_model`), so a job
+    with ``phi > 0`` tries a larger local batch.
     """
     kw = {"base_batch": base_batch, "max_global_batch": max_global_batch, "max_local_batch": max_local_batch}
-    ref = obs.nearest_world(world_size)
-    model = obs.model(ref) if ref is not None else None
+    model = obs.choice_model(world_size)
     if model is None:
         cands = candidate_batches(world_size, **kw)
         return cands[0] if cands else base_batch
-    if obs.points(ref) == 1:
-        b = model.max_observed_local_batch
-        model = StepTimeModel(model.step_time_s(b), 0.0, b)
     return best_batch(world_size, model, phi, **kw)[0]
 
 
@@ -346,10 +369,7 @@ class AdaptiveBatch:
         proportional one would rate it as if a larger batch could never pay)."""
         out = {}
         for w in sorted(self.observations.by_world):
-            model = self.observations.model(w)
-            if model is not None and self.observations.points(w) == 1:  # as the choice sees it
-                b = model.max_observed_local_batch
-                model = StepTimeModel(model.step_time_s(b), 0.0, b)
+            model = self.observations.choice_model(w)  # as the choice sees it
             if model is not None:
                 out[w] = best_batch(w, model, self.phi, base_batch=self.base_batch,
                                     max_global_batch=self.max_global_batch, max_local_batch=self.max_local_batch)[1]

@@ -12,10 +12,12 @@ The simulator's counterpart of what trainflow's trainer does with ``--adaptive-b
   negative slope gives the constant model at the mean time, a negative intercept the
   least-squares proportional model, a single observed local batch the proportional model.
 * **Trust region**: a model is used up to :data:`EXPLORE_FACTOR` times the largest local batch
-  observed at its width. For the *choice* a single observed local batch becomes the optimistic
-  constant model ``t(b) = t_observed`` (a proportional model would never try a larger batch, so it
-  could never learn the slope); the reported goodput curve keeps the proportional model, as the
-  trainer's exported ``trainflow_goodput_samples_per_second`` does.
+  observed at its width. A width timed at a single local batch keeps that time and takes the
+  slope of the nearest width timed at several (per-sample compute does not depend on the width),
+  trusted as far as that width was observed; with no such width, the optimistic constant model
+  ``t(b) = t_observed`` (a proportional model would never try a larger batch, so it could never
+  learn the slope). The choice and the reported goodput curve use the same model, as the
+  trainer's choice and its exported ``trainflow_goodput_samples_per_second`` do.
 * **Unseen width**: the model of the observed width nearest in ratio (``|log(w / W)|``, ties to the
   smaller width) stands in, in the local batch: the same local batch is assumed to cost the
   same time (the trainer's rule; it ignores the extra communication of a wider job).
@@ -144,5 +146,19 @@ class StepTimeObservations:
         assert model is not None
         if len(self.by_width[ref]) == 1:
             b = model.max_observed_local_batch
-            return LinearStepTime(model.step_time_s(b), 0.0, b)
+            t = model.step_time_s(b)
+            slope = self._slope_source(ref)
+            if slope is None:
+                return LinearStepTime(t, 0.0, b)
+            # Per-sample compute is the same at every width: this width's one point, the slope of
+            # the nearest width timed at several local batches, trusted as far as that one is.
+            beta = slope.beta_s_per_sample
+            return LinearStepTime(max(0.0, t - beta * b), beta, max(b, slope.max_observed_local_batch))
         return model
+
+    def _slope_source(self, world_size: int) -> LinearStepTime | None:
+        """The fit of the width nearest ``world_size`` (ratio) timed at two or more local batches."""
+        rich = [w for w, pts in self.by_width.items() if len(pts) >= 2]
+        if not rich:
+            return None
+        return self.model(min(rich, key=lambda w: (abs(math.log(w / world_size)), w)))

@@ -254,3 +254,21 @@ def test_oracle_throughput_reproduces_the_previous_adaptive_figures() -> None:
     assert SimConfig(adaptive_batch=True).adaptive_throughput == "fitted"
     with pytest.raises(SimulationError, match="--adaptive-throughput must be one of fitted, oracle"):
         SimConfig(adaptive_throughput="truth")
+
+
+def test_a_width_timed_at_one_local_batch_borrows_the_slope_of_a_richer_width() -> None:
+    """As the trainer's ``ThroughputObservations.choice_model``: width 2 fitted at 0.1 s + 1 ms per
+    sample; width 4, timed at one local batch (0.2 s at 16), keeps its time and takes that slope,
+    trusted up to 2x the largest local batch seen at width 2."""
+    from gpu_scheduler.simulator.stepfit import StepTimeObservations
+
+    obs = StepTimeObservations()
+    obs.add(4, 16.0, 10, 10 * 0.2)
+    lone = obs.choice_model(4)
+    assert (lone.alpha_s, lone.beta_s_per_sample) == (pytest.approx(0.2), 0.0)  # no slope known: constant
+    obs.add(2, 16.0, 5, 5 * 0.116)
+    obs.add(2, 32.0, 5, 5 * 0.132)
+    m = obs.choice_model(4)
+    assert (m.alpha_s, m.beta_s_per_sample, m.max_observed_local_batch) == (
+        pytest.approx(0.184), pytest.approx(0.001), 32.0)
+    assert m.max_trusted_local_batch == 64.0

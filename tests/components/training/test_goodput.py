@@ -105,7 +105,22 @@ def test_choose_batch_explores_then_follows_the_fit() -> None:
     obs.add(2, 32, 0.2)  # purely proportional: a larger batch only costs
     assert gp.choose_batch(obs, 2, 500.0, **kw) == 32
     obs.add(4, 16, 0.05)
-    assert gp.choose_batch(obs, 8, 500.0, **kw) == 256  # unseen width 8 borrows width 4's model (x2 cap)
+    # Width 4, timed at one local batch, takes width 2's slope (0.2 / 32 s per sample, no overhead):
+    # proportional, so a larger batch only costs there too; unseen width 8 borrows width 4's model.
+    assert obs.choice_model(4) == gp.StepTimeModel(0.0, 0.2 / 32, 32.0)
+    assert gp.choose_batch(obs, 8, 500.0, **kw) == 32
+
+    # A fixed overhead per step makes larger batches pay: width 2 is fitted at 0.1 s + 1 ms per
+    # sample; width 4's single point (0.2 s at 16) keeps its own time and borrows that slope.
+    obs = gp.ThroughputObservations()
+    obs.add(2, 16, 0.116)
+    obs.add(2, 32, 0.132)
+    obs.add(4, 16, 0.2)
+    m4 = obs.choice_model(4)
+    assert (m4.alpha_s, m4.beta_s_per_sample, m4.max_observed_local_batch) == (
+        pytest.approx(0.184), pytest.approx(0.001), 32.0)
+    assert gp.choose_batch(obs, 4, 500.0, **kw) == 256  # 2 x 32 local batch on 4 ranks (the trust region)
+    assert gp.choose_batch(obs, 8, 500.0, **kw) == 256  # unseen width 8 borrows width 4's model
 
 
 def test_adaptive_state_progress_goodput_and_round_trip() -> None:
