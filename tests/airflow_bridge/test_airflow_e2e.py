@@ -120,7 +120,7 @@ def test_failing_pipeline_fails_the_task_with_the_kfp_error(
     assert ti["state"] == "failed"
     (kfp_run,) = runs_for(kfp_server, "kfp_failing", run_id)
     assert kfp_run["state"] == "FAILED"
-    log = airflow_cluster.task_log("kfp_failing", run_id, "train", ti["try_number"])
+    log = airflow_cluster.wait_task_log("kfp_failing", run_id, "train", ti["try_number"], "KfpRunFailedError")
     assert "KfpRunFailedError" in log
     assert f"ValueError: {FAILURE_MESSAGE}" in log
 
@@ -179,7 +179,9 @@ def test_killing_the_worker_and_retrying_leaves_one_kfp_run(
     runs = runs_for(kfp_server, dag_id, run_id)
     assert [r["run_id"] for r in runs] == [first["run_id"]], "the retry submitted a second KFP run"
     assert runs[0]["state"] == "SUCCEEDED"
-    log = airflow_cluster.task_log(dag_id, run_id, "train", 2)
+    log = airflow_cluster.wait_task_log(
+        dag_id, run_id, "train", 2, "reattaching to KFP run", "already succeeded"
+    )
     reattached = f"reattaching to KFP run {first['run_id']}" in log
     assert reattached or "already succeeded" in log
     print(

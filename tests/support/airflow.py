@@ -137,6 +137,18 @@ class AirflowCluster:
             assert time.monotonic() < deadline, f"task {task_id} still {ti['state']}:\n{self.tails()}"
             time.sleep(0.5)
 
+    def wait_task_log(
+        self, dag_id: str, run_id: str, task_id: str, try_number: int, *needles: str, timeout_s: float = 30
+    ) -> str:
+        """The task log once it contains any of ``needles`` (the worker may still be writing the last
+        lines when the task instance already shows its final state), else the log at the timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            log = self.task_log(dag_id, run_id, task_id, try_number)
+            if any(n in log for n in needles) or time.monotonic() >= deadline:
+                return log
+            time.sleep(0.5)
+
     def trigger_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
         """What the triggerer wrote for this task try (``attempt=N.log.trigger.<job id>.log``)."""
         folder = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
