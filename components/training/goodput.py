@@ -27,9 +27,10 @@ Progress is counted in B0-equivalent samples: each step of ``n`` samples adds ``
 ends when progress reaches ``epochs x dataset size``, what the fixed-batch job processes at ``B0``.
 
 Exploration: a width's step-time model is never extrapolated beyond :data:`EXPLORE_FACTOR` times
-the largest local batch observed there. With a single observed local batch the choice assumes the
-optimistic constant model ``t(b) = t_observed`` up to that bound (our rule: the proportional model
-would never try a larger batch, so it could never learn the slope).
+the largest local batch observed. A width timed at a single local batch borrows the slope of the
+nearest width timed at several, else assumes the optimistic constant model ``t(b) = t_observed``
+(our rules: the proportional model would never try a larger batch, so it could never learn the
+slope). See :meth:`ThroughputObservations.choice_model`.
 """
 
 from __future__ import annotations
@@ -228,20 +229,17 @@ class ThroughputObservations:
             return model
         b = model.max_observed_local_batch
         t = model.step_time_s(b)
-        rich = [w for w, pts in self.by_world.items() if len(pts) >= 2]
-        if not rich:
+        rich = _nearest([w for w, pts in self.by_world.items() if len(pts) >= 2], ref)
+        if rich is None:
             return StepTimeModel(t, 0.0, b)
-        slope = self.model(min(rich, key=lambda w: (abs(math.log(w / world_size)), w)))
+        slope = self.model(rich)
         assert slope is not None
         beta = slope.beta_s_per_sample
         return StepTimeModel(max(0.0, t - beta * b), beta, max(b, slope.max_observed_local_batch))
 
     def nearest_world(self, world_size: int) -> int | None:
         """The observed width closest to ``world_size`` in ratio (its model stands in for an unseen one)."""
-        seen = [w for w, pts in self.by_world.items() if pts]
-        if not seen:
-            return None
-        return min(seen, key=lambda w: (abs(math.log(w / world_size)), w))
+        return _nearest([w for w, pts in self.by_world.items() if pts], world_size)
 
     def to_dict(self) -> dict[str, Any]:
         return {str(w): [[b, n, s] for b, (n, s) in sorted(pts.items())] for w, pts in sorted(self.by_world.items())}
@@ -249,6 +247,11 @@ class ThroughputObservations:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ThroughputObservations:
         return cls({int(w): {float(b): [int(n), float(s)] for b, n, s in rows} for w, rows in d.items()})
+
+
+def _nearest(widths: list[int], world_size: int) -> int | None:
+    """The width closest to ``world_size`` in ratio (``|log(w / W)|``; ties: the smaller); None if none."""
+    return min(widths, key=lambda w: (abs(math.log(w / world_size)), w), default=None)
 
 
 # ------------------------------------------------------------------------------- batch choice

@@ -146,6 +146,11 @@ def run_report(spec: ReportSpec, log=print) -> dict[str, Any]:
     return agg
 
 
+def _of_model(by: dict, model: str) -> dict:
+    """The runs of one job model, keyed ``(policy, load)``, from those keyed ``(policy, load, model)``."""
+    return {(p, load): rs for (p, load, m), rs in by.items() if m == model}
+
+
 def _suffix(model: str) -> str:
     """Plot file suffix: none for the fixed-batch model (the names plots always had)."""
     return "" if model == "fixed" else f"-{model}"
@@ -153,7 +158,7 @@ def _suffix(model: str) -> str:
 
 def _plots(spec: ReportSpec, by: dict, plot_dir: Path) -> None:
     for model in spec.job_models:
-        _plots_of(spec, {(p, load): rs for (p, load, m), rs in by.items() if m == model}, plot_dir, model)
+        _plots_of(spec, _of_model(by, model), plot_dir, model)
 
 
 def _plots_of(spec: ReportSpec, by: dict, plot_dir: Path, model: str) -> None:
@@ -215,9 +220,8 @@ def _markdown(spec: ReportSpec, agg: dict, by: dict, plot_dir: Path) -> str:
         "",
     ]
     for model in spec.job_models:
-        sub = {(p, load): rs for (p, load, m), rs in by.items() if m == model}
-        lines += _model_section(spec, agg["means"].get(model, {}), sub, rel, model)
-    lines += _fidelity(spec, {(p, load): rs for (p, load, m), rs in by.items() if m == "fixed"})
+        lines += _model_section(spec, agg["means"].get(model, {}), _of_model(by, model), rel, model)
+    lines += _fidelity(spec, _of_model(by, "fixed"))
     lines += _done_when(spec, agg["means"], by)
     return "\n".join(lines) + "\n"
 
@@ -290,7 +294,7 @@ def _fidelity(spec: ReportSpec, by: dict) -> list[str]:
 
 def _done_when(spec: ReportSpec, means: dict, by_model: dict) -> list[str]:
     rows = []
-    by = {(p, load): rs for (p, load, m), rs in by_model.items() if m == "fixed"}
+    by = _of_model(by_model, "fixed")
 
     def avg(p: str, load: str = "1.0", metric: str = "avg_jct_s", model: str = "fixed") -> float | None:
         m = means.get(model, {}).get(load, {}).get(p)

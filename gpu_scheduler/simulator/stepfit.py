@@ -28,7 +28,7 @@ Pure Python, no side effects.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 __all__ = ["EXPLORE_FACTOR", "LinearStepTime", "StepTimeObservations", "fit_linear_step_time"]
@@ -36,6 +36,11 @@ __all__ = ["EXPLORE_FACTOR", "LinearStepTime", "StepTimeObservations", "fit_line
 EXPLORE_FACTOR = 2.0
 """A fitted model is trusted up to this multiple of the largest local batch observed at a width
 (the trainer's ``EXPLORE_FACTOR``, ``components/training/goodput.py``)."""
+
+
+def _nearest(widths: Iterable[int], world_size: int) -> int | None:
+    """The width closest to ``world_size`` in ratio (``|log(w / W)|``; ties: the smaller); None if none."""
+    return min(widths, key=lambda w: (abs(math.log(w / world_size)), w), default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +136,7 @@ class StepTimeObservations:
 
     def nearest_width(self, world_size: int) -> int | None:
         """The observed width closest to ``world_size`` in ratio (ties: the smaller); None if none."""
-        if not self.by_width:
-            return None
-        return min(self.by_width, key=lambda w: (abs(math.log(w / world_size)), w))
+        return _nearest(self.by_width, world_size)
 
     def choice_model(self, world_size: int) -> LinearStepTime | None:
         """The model a batch choice at ``world_size`` uses: this width's fit, else the nearest
@@ -158,7 +161,5 @@ class StepTimeObservations:
 
     def _slope_source(self, world_size: int) -> LinearStepTime | None:
         """The fit of the width nearest ``world_size`` (ratio) timed at two or more local batches."""
-        rich = [w for w, pts in self.by_width.items() if len(pts) >= 2]
-        if not rich:
-            return None
-        return self.model(min(rich, key=lambda w: (abs(math.log(w / world_size)), w)))
+        rich = _nearest([w for w, pts in self.by_width.items() if len(pts) >= 2], world_size)
+        return None if rich is None else self.model(rich)
