@@ -77,7 +77,7 @@ clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
 
 scheduler-report: venv
-	nice -n 10 $(BIN)/python -m gpu_scheduler report --out docs/scheduler-report.md
+	OPENBLAS_NUM_THREADS=1 nice -n 10 $(BIN)/python -m gpu_scheduler report --out docs/scheduler-report.md
 
 scheduler-bench: venv
 	$(BIN)/python benchmarks/scheduler_decision_time.py
