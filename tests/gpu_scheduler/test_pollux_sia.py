@@ -155,3 +155,16 @@ def test_sia_keeps_a_job_inside_its_restart() -> None:
     job = _job("a", 0.0, on={"n0": 1}, model=_model(profiled=1), since=3590.0)
     snap = _snapshot([job], nodes=2)
     assert create("sia", restart_penalty_s=30.0).decide(snap, 3600.0)["a"].placement == job.placement
+
+
+def test_report_runs_pollux_sia_and_default_with_the_harness_restart_cost() -> None:
+    from gpu_scheduler.policies.default import FAST_RESTART_PARAMS
+    from gpu_scheduler.simulator.engine import MEASURED_RESTART_COST_S
+    from gpu_scheduler.simulator.report import report_params
+
+    assert report_params("pollux", MEASURED_RESTART_COST_S) == {"mating_attempts": 1, "restart_penalty_s": 4.4}
+    assert report_params("sia", 30) == {"restart_penalty_s": 30.0}
+    assert report_params("default", MEASURED_RESTART_COST_S) == dict(FAST_RESTART_PARAMS)
+    assert report_params("default", 30) == {} and report_params("tiresias", 4.4) == {}
+    for name in ("pollux", "sia", "default"):
+        create(name, **report_params(name, MEASURED_RESTART_COST_S))  # valid parameters
