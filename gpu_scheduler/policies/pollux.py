@@ -376,16 +376,60 @@ def _crowding(f: np.ndarray) -> np.ndarray:
     return out
 
 
+def _crowding_grouped(f: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """:func:`_crowding` of every group (front) at once; rows of one group in ascending order."""
+    n, m = f.shape
+    out = np.zeros(n)
+    if n == 0:
+        return out
+    idx = np.arange(n)
+    sizes = np.bincount(group)
+    small = sizes[group] <= 2
+    # duplicates within a group: every copy after the first gets 0
+    order = np.lexsort((idx, f[:, 1], f[:, 0], group))
+    fs, gs = f[order], group[order]
+    dup_sorted = np.zeros(n, dtype=bool)
+    dup_sorted[1:] = (gs[1:] == gs[:-1]) & np.all(fs[1:] == fs[:-1], axis=1)
+    unique = np.ones(n, dtype=bool)
+    unique[order[dup_sorted]] = False
+    u = np.flatnonzero(unique)
+    cd = np.zeros(u.size)
+    for k in range(m):
+        o = u[np.lexsort((u, f[u, k], group[u]))]
+        v, g = f[o, k], group[o]
+        same_prev = np.zeros(o.size, dtype=bool)
+        same_prev[1:] = g[1:] == g[:-1]
+        last = np.where(same_prev, v - np.roll(v, 1), np.inf)
+        same_next = np.zeros(o.size, dtype=bool)
+        same_next[:-1] = g[:-1] == g[1:]
+        nxt = np.where(same_next, np.roll(v, -1) - v, np.inf)
+        starts = np.flatnonzero(np.r_[True, ~same_prev[1:]])
+        norm = (np.maximum.reduceat(v, starts) - np.minimum.reduceat(v, starts))[np.cumsum(np.r_[True, ~same_prev[1:]]) - 1]
+        norm = np.where(norm == 0, np.nan, norm)
+        with np.errstate(invalid="ignore"):
+            part = np.nan_to_num(last / norm, nan=0.0, posinf=np.inf) + np.nan_to_num(nxt / norm, nan=0.0, posinf=np.inf)
+        pos = np.empty(o.size, dtype=int)
+        pos[np.searchsorted(u, o)] = np.arange(o.size)
+        cd += part[pos]
+    out[u] = cd / m
+    out[small] = np.inf
+    return out
+
+
 def _survive(f: np.ndarray, n_survive: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rank-and-crowding survival: indices of survivors, and rank and crowding of every individual."""
     rank = np.full(len(f), np.iinfo(np.int32).max)
     crowd = np.zeros(len(f))
-    survivors: list[int] = []
-    for k, front in enumerate(_fronts(f, n_survive)):
-        cd = _crowding(f[front])
+    fronts = _fronts(f, n_survive)
+    for k, front in enumerate(fronts):
         rank[front] = k
-        crowd[front] = cd
+    ranked = np.concatenate(fronts)
+    ranked.sort()
+    crowd[ranked] = _crowding_grouped(f[ranked], rank[ranked])
+    survivors: list[int] = []
+    for front in fronts:
         if len(survivors) + len(front) > n_survive:
+            cd = crowd[front]
             perm = rng.permutation(len(front))
             pick = perm[np.argsort(-cd[perm], kind="stable")][: n_survive - len(survivors)]
             survivors.extend(front[pick].tolist())
