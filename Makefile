@@ -82,10 +82,10 @@ clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
 
 scheduler-report: venv
-	nice -n 10 $(BIN)/python -m gpu_scheduler report --out docs/scheduler-report.md
+	OPENBLAS_NUM_THREADS=1 nice -n 10 $(BIN)/python -m gpu_scheduler report --out docs/scheduler-report.md
 
 scheduler-bench: venv
-	$(BIN)/python benchmarks/scheduler_decision_time.py
+	OPENBLAS_NUM_THREADS=1 $(BIN)/python benchmarks/scheduler_decision_time.py
 
 bench-controller: venv
 	nice -n 10 $(BIN)/python benchmarks/controller_scale.py
