@@ -74,12 +74,12 @@ class DataConfig:
         return self.max_global_batch_size or 8 * self.global_batch_size
 
 
-ModelName = Literal["small_cnn", "resnet18"]
+ModelName = Literal["small_cnn", "resnet18", "wide_resnet101_2"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig:
-    name: ModelName = field(default="small_cnn", metadata=_opt("--model", "small_cnn | resnet18"))
+    name: ModelName = field(default="small_cnn", metadata=_opt("--model", "small_cnn | resnet18 | wide_resnet101_2"))
 
     def __post_init__(self) -> None:
         _check(self.name in get_args(ModelName), f"model must be one of {get_args(ModelName)}, got {self.name!r}")
