@@ -571,10 +571,18 @@ class Trainer:
     # -------------------------------------------------------------------------------- close
     def _close(self) -> None:
         if self.cfg.checkpoint.save_final and self.ckpt.stats.last_committed_step != self.state.step:
-            existing = self.ckpt.committed_steps() if self.env.is_main else []
-            need = dist_utils.broadcast_object(self.state.step not in existing)
+            # a step already committed needs no final save, unless that checkpoint fails to verify
+            need = dist_utils.broadcast_object(not self.ckpt.has_good(self.state.step) if self.env.is_main else None)
             if need:
                 self._save(blocking=True, reason="final")
+        fenced = None
+        if self.env.is_main:
+            with contextlib.suppress(WriterFencedError):
+                self.ckpt.check_fence()  # a run that lost the key must not export over the new run's model
+            fenced = str(self.ckpt.fenced) if self.ckpt.fenced else None
+        fenced = dist_utils.broadcast_object(fenced)
+        if fenced:
+            raise WriterFencedError(fenced)
         if self.env.is_main:
             self.ckpt.close()
             if self.cfg.model_output:

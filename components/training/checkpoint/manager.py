@@ -545,7 +545,9 @@ class CheckpointManager:
         prefix = layout.step_prefix(step)
         self.check_fence()
         if self.storage.list(layout.manifest_key(step)):
-            return self._existing_commit(step, ours=None)
+            size = self._existing_commit(step, ours=None)
+            if size is not None:
+                return size
         name = layout.state_name(self.generation)
         with self.storage.open_write(f"{prefix}/{name}") as f:
             writer = _HashingWriter(f)
@@ -559,27 +561,52 @@ class CheckpointManager:
             "created_at": datetime.now(UTC).isoformat(),
             "files": files,
         }
-        self.check_fence()
-        try:
-            write_bytes(self.storage, layout.manifest_key(step), json.dumps(manifest, indent=1).encode(),
-                        create_only=True)
-        except ObjectExistsError:
-            return self._existing_commit(step, ours=name)
-        return writer.size_bytes
+        data = json.dumps(manifest, indent=1).encode()
+        for _ in range(2):
+            self.check_fence()
+            try:
+                write_bytes(self.storage, layout.manifest_key(step), data, create_only=True)
+                return writer.size_bytes
+            except ObjectExistsError:  # another writer committed this step meanwhile
+                size = self._existing_commit(step, ours=name)
+                if size is not None:
+                    return size
+        raise CheckpointStorageError(f"step {step}: could not commit its manifest (another writer keeps replacing it)")
 
-    def _existing_commit(self, step: int, *, ours: str | None) -> int:
-        """``step`` already has a manifest: ours (a retried write whose reply was lost), an earlier
-        writer's (that one stays; our state file ``ours`` is dropped), or a newer writer's (fenced)."""
+    def has_good(self, step: int) -> bool:
+        """Whether ``step`` is committed and verifies (sizes + SHA-256; cached once verified)."""
+        if step in self._good:
+            return True
+        try:
+            self.load_step(step, load_state=False)
+        except CheckpointCorruptError:
+            return False
+        return True
+
+    def _existing_commit(self, step: int, *, ours: str | None) -> int | None:
+        """``step`` already has a manifest. Ours (a retried write whose reply was lost) or an earlier
+        writer's that verifies: keep it, drop our state file ``ours``, return its size. A newer
+        writer's: we are fenced. An earlier writer's that is corrupt: un-commit it and return None
+        (the caller writes its own)."""
         try:
             existing = json.loads(read_bytes(self.storage, layout.manifest_key(step)))
             owner = existing.get("writer_generation", 0)
             size = sum(int(m["size_bytes"]) for m in existing["files"].values())
-        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:
-            raise CheckpointCorruptError(f"step {step} has an unreadable manifest; not overwriting it: {e}") from e
+        except ObjectNotFoundError:
+            return None  # deleted meanwhile
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+            owner, size = 0, 0
         if owner == self.generation:
             return size
         if isinstance(owner, int) and self.generation is not None and owner > self.generation:
             self.check_fence()
+        if not self.has_good(step):
+            log.warning("step %d holds a corrupt checkpoint of writer generation %s: replacing it", step, owner)
+            keys = self.storage.list(layout.step_prefix(step) + "/")
+            manifest = [k for k in keys if k.endswith("/" + layout.MANIFEST_NAME)]
+            self.storage.delete(manifest)  # un-commit first
+            self.storage.delete([k for k in keys if k not in manifest and not k.endswith("/" + (ours or "-"))])
+            return None
         if ours is not None:
             self.storage.delete([f"{layout.step_prefix(step)}/{ours}"])
         log.info("step %d was already committed by writer generation %s: keeping that checkpoint", step, owner)

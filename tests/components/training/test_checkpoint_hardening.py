@@ -201,3 +201,22 @@ def test_claims_are_create_only_and_numbered(tmp_path) -> None:
     assert gens == [1, 2, 3]
     claim = json.loads(read_bytes(storage, layout.writer_key(2)))
     assert claim["generation"] == 2 and claim["pid"] == os.getpid()
+
+
+def test_a_step_already_committed_is_kept_when_good_and_replaced_when_corrupt(tmp_path) -> None:
+    storage = LocalStorage(str(tmp_path / "job"))
+    first = CheckpointManager(storage)
+    first.save(30, _state(30), blocking=True)
+    second = CheckpointManager(storage)
+    second.claim()
+    assert second.save(30, _state(99), blocking=True) == "committed"  # e.g. SIGTERM right after a resume
+    kept = second.load_latest()
+    assert kept.manifest["writer_generation"] == 1 and torch.equal(kept.state["model"]["w"], torch.full((64,), 30.0))
+    assert storage.list("step-0000000030/") == ["step-0000000030/MANIFEST.json", f"step-0000000030/{layout.state_name(1)}"]
+    write_bytes(storage, f"step-0000000030/{layout.state_name(1)}", b"garbage")
+    third = CheckpointManager(storage)
+    third.claim()
+    assert third.save(30, _state(31), blocking=True) == "committed"
+    replaced = third.load_latest()
+    assert replaced.step == 30 and replaced.manifest["writer_generation"] == 3
+    assert storage.list("step-0000000030/") == ["step-0000000030/MANIFEST.json", f"step-0000000030/{layout.state_name(3)}"]
