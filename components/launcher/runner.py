@@ -591,7 +591,8 @@ class PyTorchJobRunner:
 
     def _delete_and_wait(self, ref: JobRef, *, workers_too: bool = False) -> None:
         """Delete the job and wait until it is gone; ``workers_too``: also until none of its worker
-        pods runs (the garbage collector deletes them; a worker still running could write a checkpoint)."""
+        pods runs or terminates (the garbage collector deletes them; a worker still running, or saving
+        its SIGTERM checkpoint, could write one more checkpoint)."""
         self.delete(ref)
         deadline = self.clock() + self.settings.delete_timeout_s
         while (job := self._get(ref.namespace, ref.name)) is not None and job.metadata.uid == ref.uid:
@@ -600,7 +601,10 @@ class PyTorchJobRunner:
                     f"PyTorchJob {ref} was not deleted within {self.settings.delete_timeout_s:.0f} s"
                 )
             time.sleep(0.5)
-        while workers_too and diagnose.running_workers(self._worker_pods(ref)):
+        # Terminating workers count too: on SIGTERM the trainer saves one more checkpoint.
+        deadline = self.clock() + self.settings.delete_timeout_s
+        while workers_too and [p for p in self._worker_pods(ref)
+                               if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]:
             if self.clock() > deadline:
                 raise LauncherError(
                     f"PyTorchJob {ref} was deleted but its workers still run after "
