@@ -4,7 +4,9 @@
 ``dict``; nothing here talks to Kubernetes (the runner in :mod:`components.launcher.runner` does).
 
 The job runs Worker replicas only (elastic training has no Master): every worker container runs
-``torchrun -m components.training <training_args>``, and the Kubeflow training operator fills in
+``python -m components.training.torchrun -m components.training <training_args>`` (torchrun, with exit
+codes the operator's ``ExitCode`` policy can act on: 2 for a permanent failure, 143 when the pod is
+stopped; :mod:`components.training.torchrun`), and the Kubeflow training operator fills in
 torchrun's settings as ``PET_*`` environment variables from ``elasticPolicy`` and ``nprocPerNode``
 (``PET_NNODES=min:max``, ``PET_RDZV_BACKEND``, ``PET_RDZV_ENDPOINT``, ``PET_RDZV_CONF``,
 ``PET_MAX_RESTARTS``, ``PET_NPROC_PER_NODE``: training-operator v1.9
@@ -18,9 +20,14 @@ Choices and their sources:
   launcher finds the job its earlier attempt created;
 * ``spec.nprocPerNode`` rather than the deprecated ``elasticPolicy.nProcPerNode`` (the v1.9 webhook
   warns on the latter and rejects both together);
-* ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: elastic restarts on torch 2.13 reuse a stale rendezvous
-  store otherwise (measured in this project, see DESIGN.md §4); ``rdzvConf last_call_timeout``
-  avoids torchrun's 30 s wait for late joiners at every start with ``--nnodes=min:max``;
+* ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: each worker group's rank 0 hosts a fresh process-group
+  store at ``MASTER_ADDR:MASTER_PORT`` (its pod's host name, which resolves through the operator's
+  per-replica Service; ``components.training.distributed``) instead of sharing the store of the
+  rank-0 agent. The pods of one job are several agents, and when the agent holding the shared store
+  leaves (a scale-down, a deleted pod) the others keep its stale address (pytorch#167301) — the case
+  ``launch.py`` sets the flag for on the local backend.
+  ``rdzvConf last_call_timeout`` avoids torchrun's 30 s wait for late joiners at every start with
+  ``--nnodes=min:max``;
 * ``sidecar.istio.io/inject: "false"``: an Istio sidecar never exits, so a finished worker pod would
   never complete on Kubeflow platforms that inject sidecars;
 * label ``trainflow.dev/managed: "true"`` on the job and its pods: the GPU scheduler resizes only
@@ -61,6 +68,9 @@ METRICS_PORT_NAME = "metrics"
 #: Environment variable carrying the checkpoint URI into the training containers.
 CHECKPOINT_URI_ENV = "TRAINFLOW_CHECKPOINT_URI"
 GPU_RESOURCE = "nvidia.com/gpu"
+#: What every worker container runs before ``training_args`` (the image puts its venv's ``python``
+#: first on ``PATH``).
+WORKER_COMMAND = ("python", "-m", "components.training.torchrun", "-m", "components.training")
 #: Longest job name rendered: leaves room for ``-worker-<index>`` within a 63-character label.
 MAX_NAME_LEN = 48
 _HASH_LEN = 10
@@ -156,7 +166,7 @@ class PyTorchJobSpec:
         task_name: KFP task name (slugged into the name).
         namespace: Kubernetes namespace of the job (DNS-1123 label).
         image: container image holding trainflow (``components.training``).
-        training_args: arguments after ``torchrun -m components.training`` (opaque here).
+        training_args: arguments after ``-m components.training`` (opaque here).
         min_replicas: fewest worker pods training may continue with (``elasticPolicy.minReplicas``).
         max_replicas: most worker pods (``elasticPolicy.maxReplicas``).
         replicas: worker pods created at start (default ``max_replicas``); the GPU scheduler may
@@ -182,9 +192,9 @@ class PyTorchJobSpec:
         env: extra environment variables for the training containers (not credentials: the
             ``AWS_*`` key variables are refused; they come from ``s3_secret_name``).
         restart_policy: worker restart policy. ``ExitCode`` (default): the operator recreates a
-            pod that died of a signal (exit code 128 and above: preemption, OOM kill) and fails the
-            job on any other non-zero exit — torchrun exits 1 once ``max_restarts`` are spent, so
-            the failure reaches KFP. ``OnFailure``: the kubelet restarts the container in place
+            pod that died of a signal (exit code 128 and above: preemption, OOM kill, a deleted
+            pod's SIGTERM) and fails the job on any other non-zero exit — torchrun exits 1 once
+            ``max_restarts`` are spent (2 for a permanent failure), so the failure reaches KFP. ``OnFailure``: the kubelet restarts the container in place
             and the job fails only past ``backoff_limit`` (never, if that is unset)
             (training-operator v1.9 ``pkg/controller.v1/common/pod.go``, ``job.go``).
         clean_pod_policy: which pods the operator deletes when the job finishes.
@@ -193,8 +203,9 @@ class PyTorchJobSpec:
         service_account_name: ServiceAccount of the worker pods (``None``: the namespace default).
         priority_class_name: PriorityClass of the worker pods (``None``: the cluster default).
         termination_grace_period_s: seconds a worker has between SIGTERM and SIGKILL (``None``:
-            Kubernetes' 30 s); the trainer saves a checkpoint on SIGTERM, so give it at least one
-            save's time.
+            Kubernetes' 30 s); the trainer saves a checkpoint on SIGTERM within
+            ``--preemption-save-deadline-s``, so give it at least that + 10 s (the train step sets
+            and checks this).
         image_pull_policy: ``IfNotPresent``, ``Always`` or ``Never``.
         node_selector: node labels the worker pods require.
         tolerations: pod tolerations (e.g. for ``nvidia.com/gpu`` taints), as Kubernetes dicts.
@@ -430,7 +441,7 @@ def render_pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
         "name": CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": ["torchrun", "-m", "components.training", *spec.training_args],
+        "command": [*WORKER_COMMAND, *spec.training_args],
         "env": _env(spec),
     }
     resources = _resources(spec)

@@ -490,7 +490,9 @@ class PyTorchJobRunner:
         return True
 
     def pod_failures(self, ref: JobRef) -> str:
-        """``pod=exit N (reason)`` for every terminated container with a non-zero exit code."""
+        """``pod=exit N (reason)`` for every terminated container with a non-zero exit code, followed
+        by the first line of its termination message if it left one (a worker's permanent failure:
+        ``components.training.torchrun``)."""
         from lightkube.resources.core_v1 import Pod
 
         out = []
@@ -499,7 +501,9 @@ class PyTorchJobRunner:
                 for status in (pod.status and pod.status.containerStatuses) or []:
                     term = status.state and status.state.terminated
                     if term and term.exitCode:
-                        out.append(f"{pod.metadata.name}=exit {term.exitCode} ({term.reason or 'Error'})")
+                        said = (term.message or "").strip().splitlines()
+                        out.append(f"{pod.metadata.name}=exit {term.exitCode} ({term.reason or 'Error'})"
+                                   + (f": {said[0][:400]}" if said else ""))
         return "; ".join(sorted(out))
 
     # -- the whole thing --------------------------------------------------------------------------

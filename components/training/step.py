@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -55,6 +56,12 @@ BACKENDS = ("local", "pytorchjob")
 TRAINER_METRICS_PORT = 9090
 """Port of rank 0's Prometheus endpoint in PyTorchJob pods."""
 #: Under ``<checkpoint uri>/<job key>/`` on the cluster backend (beside ``step-*/`` and ``faults/``).
+PREEMPTION_GRACE_MARGIN_S = 10
+"""Seconds a worker pod's ``terminationGracePeriodSeconds`` exceeds the trainer's SIGTERM save deadline
+(``CheckpointConfig.preemption_save_deadline_s``): torchrun's shutdown, the process exits and the last
+metrics write after the save (docs/training.md, "SIGTERM")."""
+DEFAULT_GRACE_PERIOD_S = 30
+"""Kubernetes' own default ``terminationGracePeriodSeconds``."""
 DATASET_KEY = "dataset"
 METRICS_KEY = "metrics"
 MODEL_KEY = "final-model"
@@ -376,6 +383,8 @@ def _run_pytorchjob(req: TrainStepRequest, cfg: TrainConfig, work_dir: Path) -> 
     cfg = dataclasses.replace(cfg, metrics_port=TRAINER_METRICS_PORT, metrics_addr="0.0.0.0")
     try:
         settings = worker_pod_settings(req.worker_pod_settings)
+        settings["termination_grace_period_s"] = worker_grace_period_s(
+            settings.get("termination_grace_period_s"), cfg.checkpoint.preemption_save_deadline_s)
         env = {**req.extra_env, **settings.pop("env", {})}
         job_spec = PyTorchJobSpec(
             run_id=req.kfp_run_id or cfg.checkpoint.job_key, task_name=req.kfp_task_name or "train",
@@ -402,6 +411,25 @@ def _run_pytorchjob(req: TrainStepRequest, cfg: TrainConfig, work_dir: Path) -> 
     except LauncherError as e:
         raise TrainStepError(f"PyTorchJob {job_spec.namespace}/{job_spec.name}: {e}") from e
     return f"{outcome.ref}"
+
+
+def worker_grace_period_s(requested: object, save_deadline_s: float) -> object:
+    """The workers' ``terminationGracePeriodSeconds``: at least the SIGTERM save deadline +
+    :data:`PREEMPTION_GRACE_MARGIN_S`, Kubernetes' 30 s if that is more; a value the user set
+    (``worker_pod_settings``) is kept if it is long enough.
+
+    Raises:
+        TrainStepError: the user's value would cut the SIGTERM checkpoint short.
+    """
+    needed = math.ceil(save_deadline_s) + PREEMPTION_GRACE_MARGIN_S
+    if requested is None:
+        return max(DEFAULT_GRACE_PERIOD_S, needed)
+    if isinstance(requested, int) and not isinstance(requested, bool) and requested < needed:
+        raise TrainStepError(
+            f"worker_pod_settings: termination_grace_period_s {requested} is shorter than the SIGTERM "
+            f"checkpoint needs: the save deadline ({save_deadline_s:g} s) + {PREEMPTION_GRACE_MARGIN_S} s "
+            f"= {needed} s")
+    return requested  # a wrong type is named by PyTorchJobSpec
 
 
 class _MetricsMirror:

@@ -278,9 +278,63 @@ def test_the_train_step_fails_within_two_minutes_naming_the_cause_and_cleans_up(
     env = {e["name"]: e for e in job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["env"]}
     assert env["AWS_SECRET_ACCESS_KEY"] == {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {
         "name": "trainflow-s3-credentials", "key": "AWS_SECRET_ACCESS_KEY"}}}
-    command = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
+    pod_spec = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    command = pod_spec["containers"][0]["command"]
+    assert command[:3] == ["python", "-m", "components.training.torchrun"]  # exit 2 stays permanent
     config = json.loads(command[command.index("--config-json") + 1])
+    # the SIGTERM checkpoint gets its deadline + 10 s before the kubelet's SIGKILL
+    assert pod_spec["terminationGracePeriodSeconds"] == config["checkpoint"]["preemption_save_deadline_s"] + 10 == 30
     assert config["data"]["path"] == f"s3://{bucket}/ckpt/failfast/2/dataset"  # never this pod's path
     assert config["metrics_path"] == f"s3://{bucket}/ckpt/failfast/2/metrics"
     written = json.dumps(job) + "".join(p.read_text() for p in (tmp_path / "work2").iterdir())
     assert s3_server.secret_key not in written and s3_server.access_key not in written
+
+
+@pytest.mark.s3
+def test_the_train_step_names_a_missing_bucket_a_refusal_and_unsatisfiable_requests(
+    k8s_testbed: KubeTestBed, k8s_namespace: str, kwok_gpu_nodes: Any, s3_server: Any, digits_dataset: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rest of issue 9's bad input, through the whole train step with its own settings (no
+    shortened graces): each fails within 2 minutes with one line naming the cause, and leaves no job."""
+    import json
+    from dataclasses import replace
+
+    from components.training.step import TrainStepError, TrainStepRequest, run_train_step
+
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("KUBECONFIG", str(k8s_testbed.kubeconfig))
+    client = k8s_testbed.client()
+    kwok_gpu_nodes(1, 8, labels={"pool": k8s_namespace})
+    bucket = s3_server.make_bucket("ckpt")
+    req = TrainStepRequest(
+        dataset_path=str(digits_dataset), dataset_uri=str(digits_dataset), backend="pytorchjob", epochs=1,
+        job_key="badinput/1", kfp_run_id="run-bad-1", kfp_task_name="train", checkpoint_uri=f"s3://{bucket}/ckpt",
+        image="registry.example/trainflow:1", namespace=k8s_namespace, gpus_per_worker=1, nproc_per_node=1,
+        worker_pod_settings=json.dumps({"node_selector": {"pool": k8s_namespace}}), poll_interval_s=2.0,
+    )
+
+    def fails(request: TrainStepRequest, name: str) -> tuple[str, float]:
+        t0 = time.monotonic()
+        with pytest.raises(TrainStepError) as failed:
+            run_train_step(request, model_dir=tmp_path / name / "model", work_dir=tmp_path / name / "work")
+        message, elapsed = str(failed.value), time.monotonic() - t0
+        assert "\n" not in message and elapsed < 120, (elapsed, message)
+        assert jobs(client, k8s_namespace) == []
+        return message, elapsed
+
+    message, elapsed = fails(replace(req, checkpoint_uri="s3://no-such-bucket-9/ckpt"), "bucket")
+    assert message.startswith("checkpoint storage: S3 bucket 'no-such-bucket-9' does not exist"), message
+    assert elapsed < 30
+
+    # The step's service account may not create PyTorchJobs in the namespace (here: one with no rights).
+    monkeypatch.setenv("KUBECONFIG", str(_sa_kubeconfig(k8s_testbed, k8s_namespace, "step-sa", tmp_path / "kubeconfig")))
+    message, elapsed = fails(replace(req, job_key="badinput/2", kfp_run_id="run-bad-2"), "forbidden")
+    assert "(403 Forbidden): the service account this step runs as may not do it in namespace" in message, message
+    assert elapsed < 30
+    monkeypatch.setenv("KUBECONFIG", str(k8s_testbed.kubeconfig))
+
+    # More CPU than any node has: the scheduler's own reason, after the unschedulable grace (60 s).
+    message, _ = fails(replace(req, job_key="badinput/3", kfp_run_id="run-bad-3", worker_cpu="640"), "cpu")
+    assert "no node can run it (Unschedulable): 0/" in message and "Insufficient cpu" in message, message

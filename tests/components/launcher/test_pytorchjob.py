@@ -96,7 +96,9 @@ def test_manifest_has_elastic_policy_resources_env_and_labels() -> None:
     assert template["metadata"]["labels"]["trainflow.dev/managed"] == "true"
     c = container(m)
     assert c["name"] == "pytorch"
-    assert c["command"] == ["torchrun", "-m", "components.training", "--epochs", "3"]
+    # torchrun through the wrapper whose exit codes the ExitCode policy can act on (2 permanent, 143 stopped)
+    assert c["command"] == ["python", "-m", "components.training.torchrun", "-m", "components.training",
+                            "--epochs", "3"]
     assert c["resources"] == {
         "requests": {"cpu": "1", "memory": "4Gi"},
         "limits": {"memory": "4Gi", "nvidia.com/gpu": "8"},
@@ -211,10 +213,12 @@ def test_example_manifest_runs_as_written() -> None:
         (Path(__file__).resolve().parents[3] / "manifests" / "examples" / "pytorchjob.yaml").read_text()
     )
     command = container(example)["command"]
-    assert command[:3] == ["torchrun", "-m", "components.training"]
+    assert command[:5] == ["python", "-m", "components.training.torchrun", "-m", "components.training"]
     parser = argparse.ArgumentParser()
     config_mod.add_arguments(parser)
-    cfg = config_mod.from_args(parser.parse_args(command[3:]))
+    cfg = config_mod.from_args(parser.parse_args(command[5:]))
+    grace = example["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace >= cfg.checkpoint.preemption_save_deadline_s + 10
     assert is_builtin(cfg.data.path)
     assert (cfg.checkpoint.uri, cfg.checkpoint.job_key) == ("s3://trainflow-checkpoints", "example-run/train")
     assert example["metadata"]["annotations"]["trainflow.dev/job-key"] == cfg.checkpoint.job_key
