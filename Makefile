@@ -40,6 +40,8 @@ $(STAMP): pyproject.toml requirements.lock
 lock:
 	$(BIN)/uv pip compile -q pyproject.toml --extra dev --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 -o requirements.lock
+	$(BIN)/uv pip compile -q pyproject.toml --extra train --extra kfp --extra scheduler -c requirements.lock \
+	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements-image.lock
 
 system-deps:
 	scripts/install-system-deps.sh
@@ -51,7 +53,7 @@ test: venv system-deps testbed
 	$(BIN)/python -m pytest -p no:cacheprovider --durations=15 tests
 
 test-fast: venv
-	$(BIN)/python -m pytest -p no:cacheprovider -m "not (s3 or prometheus or airflow or browser or k8s or slow)" tests
+	$(BIN)/python -m pytest -p no:cacheprovider -m "not (s3 or prometheus or airflow or browser or k8s or realnode or slow)" tests
 
 lint: venv
 	$(BIN)/ruff check .
