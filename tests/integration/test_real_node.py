@@ -25,7 +25,12 @@ import yaml
 from components.launcher.pytorchjob import PyTorchJobSpec, render_pytorchjob
 from tests.support.k8s import KubeTestBed, pytorchjob_resource, wait_until
 from tests.support.processes import ManagedProcess, free_port, port_open
-from tests.support.realnode import GPU_RESOURCE, RealNode
+from tests.support.realnode import (
+    GPU_RESOURCE,
+    RealNode,
+    RealNodeError,
+    build_pause_image,
+)
 
 pytestmark = pytest.mark.realnode
 
@@ -125,6 +130,34 @@ ECHO_CLIENT = textwrap.dedent(
     print("resolved", ip, "reply", conn.recv(1024).decode(), flush=True)
     """
 )
+
+
+def test_an_oci_archive_imported_under_a_new_name_runs_as_a_pod(
+    k8s_testbed: KubeTestBed, real_node: RealNode, k8s_namespace: str, tmp_path: Path
+) -> None:
+    """How other images (e.g. KFP's driver and launcher) reach the node: an OCI archive imported
+    into its containerd under the name the pods use; nothing is pulled."""
+    from scripts.image import build
+
+    archive = tmp_path / "tiny.tar"
+    build.write_archive(build_pause_image(), archive)  # /catatonit, a static binary
+    name = f"kfp-driver-smoke:{secrets.token_hex(4)}"  # a bare name: the CRI reads docker.io/library/...
+
+    stored = real_node.import_image(archive, name)
+
+    assert stored == f"docker.io/library/{name}"
+    assert stored.encode() in real_node.ctr("images", "ls", "-q").stdout
+    pod = _pod(real_node, "imported", ["/catatonit", "--version"])
+    pod["spec"]["containers"][0]["image"] = name
+    _apply(k8s_testbed, k8s_namespace, pod)
+    status = _wait_phase(k8s_testbed, k8s_namespace, "imported", {"Succeeded", "Failed"})
+    logs = k8s_testbed.kubectl("logs", "imported", "-n", k8s_namespace).stdout
+    assert status["status"]["phase"] == "Succeeded", logs
+    assert "catatonit" in logs
+    assert status["status"]["containerStatuses"][0]["image"] == stored
+    # A folder that is not an OCI layout is refused with its cause.
+    with pytest.raises(RealNodeError, match="not an OCI image layout"):
+        real_node.import_image(tmp_path, "x:1")
 
 
 def test_two_pods_find_each_other_through_a_headless_service_and_exchange_data(

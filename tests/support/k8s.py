@@ -16,7 +16,12 @@ Register with ``pytest_plugins = ["tests.support.k8s"]`` (tests/conftest.py does
 
 Every server listens on 127.0.0.1 only (``tests/integration/test_loopback_only.py`` checks it).
 
-No kube-controller-manager (it would double the build): there is no garbage collector, namespace
+A session with tests marked ``realnode`` gets a bed with a real node (:mod:`tests.support.realnode`:
+kubelet, containerd, CoreDNS, kube-proxy in a network namespace) and kube-controller-manager; its
+API server then listens on :attr:`KubeTestBed.node_host_ip` instead of 127.0.0.1. Fixture
+``real_node`` (session) returns the :class:`~tests.support.realnode.RealNode`.
+
+Without a real node there is no kube-controller-manager: no garbage collector, namespace
 controller or service-account controller. :meth:`KubeTestBed.create_namespace` therefore creates the
 ``default`` ServiceAccount itself, and :meth:`KubeTestBed.cleanup_namespace` deletes PyTorchJobs and
 then their pods (ownerReferences are not followed). Namespaces are never deleted (they would stay
@@ -30,6 +35,10 @@ Fixtures:
 * ``k8s_namespace`` (function): a fresh namespace with a ``default`` ServiceAccount, cleaned after.
 * ``kwok_gpu_nodes`` (function): ``create(count, gpus_per_node=8, **kw) -> list[str]`` making KWOK
   GPU nodes that are deleted after the test.
+* ``real_node`` (session; tests marked ``realnode``): the bed's real node — ``image``,
+  ``pod_placement()``, ``node_selector``, ``tolerations``, ``host_ip``, ``ip``, ``pod_cidr``,
+  ``import_image(source, ref)``, ``ctr(...)``, ``nsenter(...)``. This API is what the end-to-end
+  tests build on: keep it stable.
 
 The build takes ~15-25 minutes on 2 cores the first time and is cached by version under
 ``~/.cache/trainflow/testbed/``; a warm start takes about 10-20 s.

@@ -474,13 +474,14 @@ def _containerd_version() -> str:
     return _run(["containerd", "--version"], what="containerd --version").stdout.decode().strip()
 
 
-def _stream_layout(layout: Path, socket: Path, *, skip_blobs: Sequence[str] = (), what: str) -> None:
-    """``ctr images import`` of ``layout`` (a tar on stdin), leaving out ``skip_blobs`` (digests)."""
+def _stream_layout(layout: Path, socket: Path, *, skip_blobs: Sequence[str] = (), what: str,
+                   index_dir: Path | None = None) -> None:  # fmt: skip
+    """``ctr images import`` of ``layout`` (a tar on stdin), leaving out ``skip_blobs`` (digests);
+    ``oci-layout`` and ``index.json`` come from ``index_dir`` when given (a renamed index)."""
     skip = {d.split(":", 1)[1] for d in skip_blobs}
-    members = ["oci-layout", "index.json"] + [
-        f"blobs/sha256/{p.name}" for p in sorted((layout / "blobs" / "sha256").iterdir()) if p.name not in skip
-    ]
-    tar = subprocess.Popen(["tar", "--create", "--file=-", "--dereference", f"--directory={layout}", *members],
+    blobs = [f"blobs/sha256/{p.name}" for p in sorted((layout / "blobs" / "sha256").iterdir()) if p.name not in skip]
+    tar = subprocess.Popen(["tar", "--create", "--file=-", "--dereference", f"--directory={index_dir or layout}",
+                            "oci-layout", "index.json", f"--directory={layout}", *blobs],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     ctr = subprocess.run(["ctr", "--address", str(socket), "--namespace", "k8s.io", "images", "import",
                           "--all-platforms", "-"], stdin=tar.stdout, capture_output=True, check=False)  # fmt: skip
@@ -490,6 +491,97 @@ def _stream_layout(layout: Path, socket: Path, *, skip_blobs: Sequence[str] = ()
     if tar_rc != 0 or ctr.returncode != 0:
         err = (ctr.stdout + ctr.stderr + (tar.stderr.read() if tar.stderr else b"")).decode(errors="replace")
         raise RealNodeError(f"{what}: importing {layout} into containerd failed: {err.strip()[-3000:]}")
+
+
+#: The index annotation ``ctr images import`` names an image by (containerd's images/archive).
+CONTAINERD_IMAGE_NAME = "io.containerd.image.name"
+OCI_REF_NAME = "org.opencontainers.image.ref.name"
+
+
+def normalize_image_ref(ref: str) -> str:
+    """The full name the CRI stores and looks up ``ref`` by: ``busybox`` ->
+    ``docker.io/library/busybox:latest``, ``ghcr.io/x/y:1`` unchanged (the rules of
+    ``github.com/distribution/reference.ParseNormalizedNamed`` + ``TagNameOnly``).
+
+    Raises:
+        RealNodeError: ``ref`` is empty or has upper-case letters in its path.
+    """
+    if not ref or ref != ref.strip():
+        raise RealNodeError(f"image reference {ref!r} is empty or has blanks")
+    name, at, digest = ref.partition("@")
+    first, slash, rest = name.partition("/")
+    if not slash or ("." not in first and ":" not in first and first != "localhost"):
+        domain, path = "docker.io", name
+    else:
+        domain, path = first, rest
+    if domain == "docker.io" and "/" not in path:
+        path = f"library/{path}"
+    if not at and ":" not in path.rsplit("/", 1)[-1]:
+        path += ":latest"
+    if path.lower() != path:
+        raise RealNodeError(f"image reference {ref!r}: repository names must be lower-case")
+    return f"{domain}/{path}{at}{digest}"
+
+
+def import_oci_image(source: Path, socket: Path, ref: str | None = None) -> str:
+    """Import an OCI image into the containerd at ``socket`` (namespace ``k8s.io``, the CRI's),
+    unpacked for the overlayfs snapshotter, so that pods run it with ``imagePullPolicy:
+    IfNotPresent`` or ``Never``.
+
+    Args:
+        source: an OCI image layout folder (``scripts/image/build.py``'s ``IMAGE_LAYOUT``,
+            ``write_layout``) or an OCI archive (a tar of one: ``build.py --oci-archive``,
+            ``skopeo copy ... oci-archive:``). Its ``index.json`` must list exactly one image
+            (manifest or multi-platform index) when ``ref`` is given.
+        socket: containerd's socket (:attr:`NodeSlot.containerd_socket`).
+        ref: the name to store it under (normalized as the CRI does: ``kfp-driver:x`` ->
+            ``docker.io/library/kfp-driver:x``); default: the name in the index's
+            ``io.containerd.image.name`` annotation.
+
+    Returns:
+        The normalized name the image is stored under (what a pod's ``image`` resolves to).
+
+    Raises:
+        RealNodeError: the source is not an OCI layout/archive, lists no or several images for
+            one ``ref``, names no image without ``ref``, or ctr failed (its output in the message).
+    """
+    source = Path(source)
+    with contextlib.ExitStack() as stack:
+        if source.is_file():
+            import tarfile
+
+            scratch = _cache_root() / "realnode"
+            scratch.mkdir(parents=True, exist_ok=True)
+            layout = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=".import-", dir=scratch)))
+            try:
+                with tarfile.open(source) as archive:
+                    archive.extractall(layout, filter="data")
+            except (tarfile.TarError, OSError) as err:
+                raise RealNodeError(f"{source}: not a readable OCI archive ({err})") from None
+        else:
+            layout = source
+        try:
+            index = json.loads((layout / "index.json").read_text())
+            manifests = list(index["manifests"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise RealNodeError(f"{source}: not an OCI image layout (index.json: {err})") from None
+        if ref is None:
+            names = [m.get("annotations", {}).get(CONTAINERD_IMAGE_NAME) for m in manifests]
+            if not manifests or not all(names):
+                raise RealNodeError(f"{source}: its index names no image ({CONTAINERD_IMAGE_NAME}); pass ref=")
+            _stream_layout(layout, socket, what=str(source))
+            return normalize_image_ref(str(names[0]))
+        full = normalize_image_ref(ref)
+        if len(manifests) != 1:
+            raise RealNodeError(f"{source}: its index lists {len(manifests)} images; one is needed to name it {ref}")
+        tag = full.split("@", 1)[1] if "@" in full else full.rsplit(":", 1)[1]
+        entry = {**manifests[0], "annotations": {**manifests[0].get("annotations", {}),
+                                                 CONTAINERD_IMAGE_NAME: full, OCI_REF_NAME: tag}}  # fmt: skip
+        renamed = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="import-index-", dir=RUN_DIR)))
+        (renamed / "oci-layout").write_text((layout / "oci-layout").read_text())
+        (renamed / "index.json").write_text(json.dumps({**index, "manifests": [entry]}))
+        _stream_layout(layout, socket, what=str(source), index_dir=renamed)
+        return full
 
 
 def containerd_config(*, root: Path, state: Path, socket: Path, runc_root: Path, cni_conf_dir: Path) -> str:
@@ -747,6 +839,17 @@ class RealNode:
         """Run a command in the node's network namespace (e.g. ``iptables-save``)."""
         return subprocess.run(["nsenter", f"--net={self.slot.netns_path}", *argv], capture_output=True,
                               timeout=timeout_s, check=False)  # fmt: skip
+
+    def import_image(self, source: Path, ref: str | None = None) -> str:
+        """Import an OCI image layout or archive into the node's containerd under ``ref``; return
+        the normalized name pods resolve it to (see :func:`import_oci_image`). Pods then use
+        ``image: ref`` with ``imagePullPolicy: IfNotPresent``. The image goes with the node.
+
+        Raises:
+            RealNodeError: see :func:`import_oci_image`.
+        """
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
+        return import_oci_image(source, self.slot.containerd_socket, ref)
 
     def ctr(self, *argv: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[bytes]:
         """``ctr`` against the node's containerd, namespace ``k8s.io`` (the CRI's)."""
