@@ -421,7 +421,10 @@ def _overlay_step(
         shutil.copy("/etc/resolv.conf", resolv)
         for name, src in files.items():
             shutil.copy(src, build / name)
-        env = _step_env()
+        # Temporary files (uv building an sdist, e.g. kfp-server-api) go under /.build, which is
+        # removed after the step: /tmp of the layer stays as the base left it.
+        (build / "tmp").mkdir()
+        env = _step_env(TMPDIR="/.build/tmp")
         # Downloads trust what the host trusts (a proxy's CA, for one); the image keeps Debian's bundle.
         ca = os.environ.get("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt")
         if Path(ca).is_file():
