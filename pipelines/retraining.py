@@ -26,22 +26,25 @@ class RetrainingOutputs(NamedTuple):
 
 
 def _retrain_steps(*, dataset_source, registry_uri, registered_model_name, dataset_change, min_accuracy_to_promote,
-                   test_fraction, image_size, channels, seed, checkpoint_uri, job_key, **train_args) -> None:
+                   test_fraction, image_size, channels, seed, checkpoint_uri, job_key, s3_endpoint_url,
+                   **train_args) -> None:
     data = prepare_dataset(source=dataset_source, test_fraction=test_fraction, seed=seed, image_size=image_size,
-                           channels=channels).set_display_name("prepare dataset")
+                           channels=channels, s3_endpoint_url=s3_endpoint_url).set_display_name("prepare dataset")
     training = train(
         dataset=data.outputs["dataset"], seed=seed, checkpoint_uri=checkpoint_uri, job_key=job_key,
         kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, kfp_task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
-        pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER, **train_args,
+        pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER, s3_endpoint_url=s3_endpoint_url, **train_args,
     )
     training.set_display_name("train (elastic DDP)").set_retry(num_retries=TRAIN_RETRIES, backoff_duration="5s")
     training.set_caching_options(False)
-    scores = evaluate(dataset=data.outputs["dataset"], model=training.outputs["model"]).set_display_name("evaluate")
+    scores = evaluate(dataset=data.outputs["dataset"], model=training.outputs["model"],
+                      s3_endpoint_url=s3_endpoint_url).set_display_name("evaluate")
     registered = register_model(
         model=training.outputs["model"], eval_metrics=scores.outputs["metrics"], dataset=data.outputs["dataset"],
         registry_uri=registry_uri, checkpoint_uri=checkpoint_uri, pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
         model_name=registered_model_name, min_accuracy=min_accuracy_to_promote,
-        kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, must_beat_current=True, dataset_change=dataset_change,
+        kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, s3_endpoint_url=s3_endpoint_url, must_beat_current=True,
+        dataset_change=dataset_change,
     ).set_display_name("register model (if better)")
     registered.set_caching_options(False)
 
@@ -79,10 +82,11 @@ def retraining_pipeline(
     namespace: str = "kubeflow",
     gpus_per_worker: int = 0,
     s3_secret_name: str = "",
+    s3_endpoint_url: str = "",
 ) -> RetrainingOutputs:
     check = drift_check(source=dataset_source, registry_uri=registry_uri, model_name=registered_model_name,
                         alpha=drift_alpha, max_accuracy_drop=max_accuracy_drop,
-                        retrain_policy=retrain_policy).set_display_name("drift check")
+                        retrain_policy=retrain_policy, s3_endpoint_url=s3_endpoint_url).set_display_name("drift check")
     check.set_caching_options(False)
     with dsl.If(check.outputs["Output"] == True, name="retrain"):  # noqa: E712
         _retrain_steps(
@@ -94,5 +98,6 @@ def retraining_pipeline(
             nproc_per_node=nproc_per_node, checkpoint_uri=checkpoint_uri,
             checkpoint_interval_steps=checkpoint_interval_steps, job_key=job_key, image=image,
             namespace=namespace, gpus_per_worker=gpus_per_worker, s3_secret_name=s3_secret_name,
+            s3_endpoint_url=s3_endpoint_url,
         )
     return RetrainingOutputs(retrain=check.outputs["Output"], verdict=check.outputs["verdict"])

@@ -16,6 +16,7 @@ def drift_check(
     alpha: float = 0.01,
     max_accuracy_drop: float = 0.05,
     retrain_policy: str = "on-drift",
+    s3_endpoint_url: str = "",
 ) -> bool:
     """Compare the data under ``source`` (a folder, s3://bucket/prefix, mnist | digits) with the
     current version of ``model_name`` in ``registry_uri``: label counts (chi-square), per-image
@@ -30,6 +31,9 @@ def drift_check(
     from pathlib import Path
 
     from components.drift.check import DriftThresholds, run_drift_check
+    from components.training.step import use_s3_endpoint
+
+    use_s3_endpoint(s3_endpoint_url)
 
     if retrain_policy not in ("on-drift", "always"):
         raise ValueError(f"retrain_policy must be on-drift or always, got {retrain_policy!r}")

@@ -19,6 +19,7 @@ def register_model(
     model_name: str = "mnist-classifier",
     min_accuracy: float = 0.0,
     kfp_run_id: str = "",
+    s3_endpoint_url: str = "",
     must_beat_current: bool = False,
     dataset_change: str = "",
 ) -> NamedTuple("RegisterOutputs", [("version", int), ("uri", str), ("promoted", bool)]):
@@ -39,7 +40,9 @@ def register_model(
     from components.registry.store import ModelRegistry
     from components.training.checkpoint.storage import join_uri, storage_for
     from components.training.data import DatasetError
-    from components.training.step import resolve_checkpoint_uri
+    from components.training.step import resolve_checkpoint_uri, use_s3_endpoint
+
+    use_s3_endpoint(s3_endpoint_url)
 
     outputs = namedtuple("RegisterOutputs", ["version", "uri", "promoted"])
     metrics = {k: v for k, v in eval_metrics.metadata.items() if isinstance(v, int | float)}

@@ -33,7 +33,9 @@ def _check(cond: bool, msg: str) -> None:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DataConfig:
-    path: str = field(metadata=_opt("--dataset", "prepared dataset folder (output of prepare_dataset)"))
+    path: str = field(metadata=_opt("--dataset", "prepared dataset (output of prepare_dataset): a folder, "
+                                    "s3://BUCKET/PREFIX, or a built-in source (mnist, digits, synthetic-cifar[:N]) "
+                                    "prepared on the spot"))
     global_batch_size: int = field(
         default=64,
         metadata=_opt("--global-batch-size", "samples per optimizer step over all ranks; fixed when the world size changes"),
@@ -150,7 +152,8 @@ class TrainConfig:
     seed: int = field(default=0, metadata=_opt("--seed", "seed of weights, data order and RNG streams"))
     deterministic: bool = field(default=True, metadata=_opt("--deterministic", "deterministic kernels (bit-exact resume)"))
     threads_per_rank: int | None = field(default=None, metadata=_opt("--threads-per-rank", "torch CPU threads per rank"))
-    metrics_path: str | None = field(default=None, metadata=_opt("--metrics-path", "per-step JSONL file (rank 0)"))
+    metrics_path: str | None = field(default=None, metadata=_opt("--metrics-path", "per-step JSONL (rank 0): a file, "
+                                     "or a storage URI of segment objects (components/training/metrics.py)"))
     metrics_port: int = field(default=0, metadata=_opt("--metrics-port", "Prometheus /metrics port on rank 0; 0 = off"))
     metrics_addr: str = field(default="127.0.0.1", metadata=_opt("--metrics-addr", "address /metrics binds to"))
     model_output: str | None = field(default=None, metadata=_opt("--model-output", "folder for the final model (rank 0)"))

@@ -6,6 +6,14 @@ records carry ``event``: ``start``, ``resume``, ``first_step_after_resume``, ``c
 was staged; ``stall_s`` blocking seconds), ``checkpoint_committed`` / ``checkpoint_failed`` (from the
 persist thread), ``preempted``, ``finished``.
 
+Where the JSONL goes (``metrics_path``): a local file (appended; what ``trainflow run`` tails), or a
+storage URI (``s3://bucket/<checkpoint root>/<job key>/metrics``) when rank 0 runs in a pod and the
+step that reads the records runs elsewhere. On storage, each writer (one per worker-group start)
+writes segment objects ``<start time ns>-<pid>-<random>/<seq>.jsonl``: the current segment is
+rewritten every ``flush_interval_s`` seconds (and at once after ``start``, ``resume``,
+``preempted`` and ``finished``) and a new one begun past 1 MiB, so a killed writer loses at most the
+records of its last interval. :func:`read_jsonl` reads either form, records in write order.
+
 A sink that cannot write (``ENOSPC``, a vanished mount) logs one warning and drops records: metrics
 never stop training (review finding 7).
 
@@ -32,6 +40,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +49,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 log = logging.getLogger("trainflow.metrics")
+
+#: Records that are written out at once rather than at the next interval.
+URGENT_EVENTS = frozenset({"start", "resume", "preempted", "finished"})
 
 
 class MetricsSink(Protocol):
@@ -58,18 +71,32 @@ class NullSink:
 
 
 class JsonlSink:
-    """Appends one JSON line per record and flushes it (a reader can tail the file)."""
+    """Appends one JSON line per record: to a local file (flushed per line, so a reader can tail it),
+    or to segment objects under a storage URI (see the module docstring).
 
-    def __init__(self, path: str | Path) -> None:
+    Args:
+        path: a file path, or a storage URI (``s3://...``, ``file://...``) of the segments' folder.
+        flush_interval_s: storage only: seconds between writes of the current segment.
+    """
+
+    def __init__(self, path: str | Path, *, flush_interval_s: float = 5.0) -> None:
+        self._lock = threading.Lock()
+        self.dropped = 0
+        """Records that could not be written to a local file (full disk, ...)."""
+        self._segments: _Segments | None = None
+        if "://" in str(path):
+            self.path = None
+            self._segments = _Segments(str(path), flush_interval_s=flush_interval_s)
+            return
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = self.path.open("a", buffering=1)
-        self._lock = threading.Lock()
-        self.dropped = 0
-        """Records that could not be written (full disk, ...)."""
 
     def record(self, rec: dict[str, Any]) -> None:
         line = json.dumps({"time": time.time(), **rec})
+        if self._segments is not None:
+            self._segments.add(line, urgent=rec.get("event") in URGENT_EVENTS)
+            return
         with self._lock:
             try:
                 self._f.write(line + "\n")
@@ -79,10 +106,87 @@ class JsonlSink:
                     log.warning("metrics file %s not writable (%s): dropping records until it is", self.path, e)
 
     def close(self) -> None:
+        if self._segments is not None:
+            self._segments.close()
+            return
         try:
             self._f.close()
         except OSError as e:  # flushing the buffer onto a full disk
             log.warning("closing metrics file %s: %s", self.path, e)
+
+
+class _Segments:
+    """JSONL lines to numbered segment objects under a storage root, written by a background thread
+    (a slow or unreachable store never blocks training; a failed write is retried at the next flush)."""
+
+    SEGMENT_BYTES = 1 << 20
+
+    def __init__(self, uri: str, *, flush_interval_s: float) -> None:
+        from components.training.checkpoint.storage import storage_for
+
+        self.storage = storage_for(uri)
+        self.writer = f"{time.time_ns():020d}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.flush_interval_s = flush_interval_s
+        self._seq = 0
+        self._lines: list[str] = []
+        self._size = 0
+        self._dirty = False
+        self._closed = False
+        self._failures = 0
+        self._cv = threading.Condition()
+        self._io = threading.Lock()  # one write at a time (the thread's, or close's last one)
+        self._thread = threading.Thread(target=self._loop, name="metrics-segments", daemon=True)
+        self._thread.start()
+
+    def add(self, line: str, *, urgent: bool) -> None:
+        with self._cv:
+            self._lines.append(line)
+            self._size += len(line) + 1
+            self._dirty = True
+            if urgent:
+                self._cv.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                if not self._closed:
+                    self._cv.wait(self.flush_interval_s)
+                if self._closed:
+                    return
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the current segment if it changed; begin the next one once it is full."""
+        with self._io:
+            with self._cv:
+                if not self._dirty:
+                    return
+                seq, lines = self._seq, list(self._lines)
+                self._dirty = False
+            key = f"{self.writer}/{seq:06d}.jsonl"
+            try:
+                with self.storage.open_write(key) as f:
+                    f.write(("\n".join(lines) + "\n").encode())
+            except Exception as e:  # storage errors of any backend: keep the lines, try again later
+                with self._cv:
+                    self._dirty = True
+                self._failures += 1
+                if self._failures in (1, 10, 100):
+                    log.warning("writing metrics segment %s failed (%d times): %s", key, self._failures, e)
+                return
+            with self._cv:
+                if self._size >= self.SEGMENT_BYTES and self._seq == seq:
+                    del self._lines[: len(lines)]
+                    self._size = sum(len(line) + 1 for line in self._lines)
+                    self._seq += 1
+                    self._dirty = bool(self._lines)
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout=30)
+        self.flush()
 
 
 class PrometheusSink:
@@ -188,7 +292,10 @@ class FanOut:
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a metrics file (a torn last line, from a killed writer, is ignored)."""
+    """All records of a metrics file or storage URI, in write order (a torn line, from a killed
+    writer, is ignored; a missing file or empty prefix has none)."""
+    if "://" in str(path):
+        return [rec for _key, lines in read_segments(str(path)) for rec in _parse_lines(lines)]
     out = []
     try:
         with Path(path).open() as fh:
@@ -199,4 +306,30 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
                     continue
     except FileNotFoundError:
         return []
+    return out
+
+
+def read_segments(uri: str) -> list[tuple[str, list[str]]]:
+    """``(key, lines)`` of every segment under a metrics URI, in write order (writer start, then seq)."""
+    from components.training.checkpoint.storage import ObjectNotFoundError, read_bytes, storage_for
+
+    storage = storage_for(uri)
+    out = []
+    for key in storage.list(""):
+        if not key.endswith(".jsonl"):
+            continue
+        try:
+            out.append((key, read_bytes(storage, key).decode(errors="replace").splitlines()))
+        except ObjectNotFoundError:
+            continue
+    return out
+
+
+def _parse_lines(lines: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
     return out

@@ -72,6 +72,11 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 OUTCOME_ANNOTATION = "kwok.trainflow.dev/outcome"
 EXIT_CODE_ANNOTATION = "kwok.trainflow.dev/exit-code"
 DELAY_ANNOTATION = "kwok.trainflow.dev/delay"
+TERMINATION_MESSAGE_ANNOTATION = "kwok.trainflow.dev/termination-message"
+#: A bound pod with this annotation stays Pending, its containers waiting for the reason it names
+#: (``ErrImagePull``, ``CreateContainerConfigError``...; message from WAITING_MESSAGE_ANNOTATION).
+WAITING_REASON_ANNOTATION = "kwok.trainflow.dev/waiting-reason"
+WAITING_MESSAGE_ANNOTATION = "kwok.trainflow.dev/waiting-message"
 #: Label on every node the test bed creates.
 TESTBED_NODE_LABEL = "trainflow.dev/testbed-node"
 

@@ -88,3 +88,50 @@ def test_a_run_whose_key_was_taken_over_stops(digits_dataset, tmp_path) -> None:
     failed = [r for r in records if r.get("event") == "checkpoint_failed"]
     assert len(failed) == 1 and failed[0]["fenced"] is True
     assert max(r["step"] for r in records if "loss" in r) < 45  # it stopped long before the end
+
+
+def test_the_pod_command_keeps_exit_codes_the_operator_can_act_on(tmp_path) -> None:
+    """PyTorchJob workers run ``python -m components.training.torchrun`` under ``restartPolicy:
+    ExitCode`` (retryable: 128 and above). Plain torchrun exits 1 when SIGTERMed (a deleted or
+    scaled-down pod), which the operator would take as a permanent failure of the whole job; the
+    wrapper exits 143. A permanent failure's reason goes to the termination message."""
+    import os
+    import signal
+
+    worker = tmp_path / "worker.py"
+    worker.write_text("import signal, sys, time\n"
+                      "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
+                      "print('worker up', flush=True)\n"
+                      "time.sleep(120)\n")
+    torchrun = ["--standalone", "--nproc-per-node", "1", "--monitor-interval", "0.2", str(worker)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    codes = {}
+    for name, module in (("plain", "torch.distributed.run"), ("wrapped", "components.training.torchrun")):
+        proc = subprocess.Popen([sys.executable, "-m", module, *torchrun], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:  # the worker runs: torchrun is past its rendezvous
+                if "worker up" in line:
+                    break
+            proc.send_signal(signal.SIGTERM)
+            codes[name] = proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert codes == {"plain": 1, "wrapped": 143}
+
+    said = tmp_path / "termination-log"
+    said.write_text("")  # the kubelet creates the file; the wrapper only writes to one that exists
+    code = ("import sys; from pathlib import Path; from components.training.torchrun import main; "
+            "log = Path(sys.argv.pop(1)); sys.exit(main(sys.argv[1:], termination_log=log))")
+    args = ["--dataset", str(tmp_path / "no-such-dataset"), "--checkpoint-uri", str(tmp_path / "ckpt"),
+            "--job-key", "perm", "--threads-per-rank", "1"]
+    proc = subprocess.run([sys.executable, "-c", code, str(said), "--standalone", "--nproc-per-node", "1",
+                           "--max-restarts", "0", "--monitor-interval", "0.2", "-m", "components.training", *args],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    text = said.read_text()
+    assert text.startswith("permanent failure, not retried: trainflow: ") and "no-such-dataset" in text
+    assert "\n" not in text.strip()
