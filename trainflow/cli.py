@@ -3,6 +3,8 @@
 * ``trainflow run`` — the training pipeline on the embedded default (kfp.local + local torchrun);
 * ``trainflow compile --output FILE`` — the pipeline's KFP YAML (same as ``kfp dsl compile``);
 * ``trainflow models list|show|rollback`` — the versioned model store;
+* ``trainflow drift SOURCE`` — has the data under SOURCE drifted from what the current model version
+  was trained on? (components/drift; prints the verdict, writes it as JSON with ``--output``);
 * ``trainflow kfp-server --port N`` — a local KFP REST API v2beta1 server running pipelines with kfp.local.
 
 Bad input is one line on stderr and exit code 2, never a traceback.
@@ -242,6 +244,44 @@ def models_rollback(name: str, version: int, registry: RegistryOpt = "runs/lates
     except RegistryError as e:
         raise _fail(str(e)) from None
     typer.echo(f"{name}: current version is now {mv.version}")
+
+
+@app.command()
+def drift(
+    source: Annotated[str, typer.Argument(help="The new data: a folder or s3://bucket/prefix in ImageFolder layout, or mnist | digits")],
+    registry: RegistryOpt = "runs/latest/checkpoints/models",
+    model_name: Annotated[str, typer.Option(help="Name in the model store")] = "mnist-classifier",
+    alpha: Annotated[float, typer.Option(help="Significance level of each test family (labels, features, accuracy)")] = 0.01,
+    max_accuracy_drop: Annotated[float, typer.Option(help="Accuracy drop (0..1) that counts as drift when significant")] = 0.05,
+    output: Annotated[Path | None, typer.Option(help="Write the verdict (statistics, p-values, thresholds, decision) as JSON")] = None,
+    fail_on_drift: Annotated[bool, typer.Option("--fail-on-drift", help="Exit 1 when the verdict says retrain")] = False,
+) -> None:
+    """Compare new data with the data the current model version was trained on (docs/training.md, Drift check)."""
+    from components.drift.check import DriftThresholds, run_drift_check
+    from components.registry.store import RegistryError
+    from components.training.data import DatasetError
+    from components.training.evaluation import ModelFormatError
+
+    try:
+        thresholds = DriftThresholds(alpha=alpha, max_accuracy_drop=max_accuracy_drop)
+        report = run_drift_check(source, registry_uri=registry, model_name=model_name, thresholds=thresholds)
+    except (ValueError, DatasetError, RegistryError, ModelFormatError) as e:
+        raise _fail(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    verdict = report.to_json()
+    if output is not None:
+        try:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(json.dumps(verdict, indent=1))
+        except OSError as e:
+            raise _fail(f"cannot write --output {output}: {e.strerror or e}") from None
+    console = Console()
+    console.print(f"[bold]{report.decision}[/bold] (retrain: {'yes' if report.retrain else 'no'})", highlight=False)
+    for reason in report.reasons:
+        console.print(f"  - {reason}", highlight=False, soft_wrap=True)
+    for key, value in report.metrics().items():
+        console.print(f"  {key} = {value:.4g}", highlight=False)
+    if fail_on_drift and report.retrain:
+        raise typer.Exit(EXIT_FAILED)
 
 
 def main() -> None:

@@ -5,6 +5,8 @@ Layout under the registry root::
     <model name>/v000003/CLAIM          create-only: reserves version 3 for exactly one writer
     <model name>/v000003/model.pt
     <model name>/v000003/model.json
+    <model name>/v000003/data_profile.json   optional extra files (``register(extra_files=...)``), e.g.
+                                        the drift check's profile of the training data
     <model name>/v000003/VERSION.json   written LAST: lineage + SHA-256 of each file; a version exists
                                         only once this exists
     <model name>/CURRENT/p0000000004.json   the serving pointer's log: each move is a create-only entry
@@ -40,6 +42,7 @@ from components.training.checkpoint.storage import (
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 _VERSION_RE = re.compile(r"^v(\d{6})/VERSION\.json$")
+_FILE_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 _POINTER_RE = re.compile(r"^CURRENT/p(\d{10})\.json$")
 MODEL_FILES = ("model.pt", "model.json")
 
@@ -100,13 +103,15 @@ class ModelRegistry:
                             files=meta["files"], uri=f"{self.storage.uri.rstrip('/')}/{prefix}")
 
     def register(self, name: str, model_dir: str | Path, lineage: dict[str, Any], *, promote: bool = True,
-                 idempotency_key: str | None = None) -> ModelVersion:
+                 idempotency_key: str | None = None, extra_files: dict[str, bytes] | None = None) -> ModelVersion:
         """Store a new version of ``name`` from an exported model folder; optionally make it current.
 
         Args:
             idempotency_key: identifies the registration across retries (e.g. the training job key):
                 registering the same model files again under the same key returns the version the
                 first attempt got — finishing it if that attempt died half-way — instead of a new one.
+            extra_files: more files stored with the version (name -> bytes), listed with their
+                SHA-256 in ``files`` like the model's (:meth:`read_file` reads one back).
 
         Raises:
             RegistryError: bad name or model folder.
@@ -116,6 +121,10 @@ class ModelRegistry:
         if missing:
             raise RegistryError(f"{model_dir} is not an exported model (missing {', '.join(missing)})")
         blobs = {fname: (model_dir / fname).read_bytes() for fname in MODEL_FILES}
+        for fname, data in (extra_files or {}).items():
+            if fname in MODEL_FILES or not _FILE_RE.match(fname):
+                raise RegistryError(f"extra file name {fname!r} must match {_FILE_RE.pattern} and not be a model file")
+            blobs[fname] = data
         files = {f: {"size_bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()} for f, d in blobs.items()}
         version = self._version_for(name, idempotency_key, files) if idempotency_key else self._claim(name)
         prefix = self._prefix(name, version)
@@ -196,14 +205,24 @@ class ModelRegistry:
             except ObjectExistsError:
                 seq += 1  # another promotion landed first: ours goes after it
 
-    def download(self, name: str, version: int, dest: str | Path) -> Path:
-        """Copy a version's model files into ``dest``, verifying their SHA-256."""
+    def read_file(self, name: str, version: int, fname: str) -> bytes:
+        """One file of a version, verified against its recorded SHA-256.
+
+        Raises:
+            RegistryError: no such version or file, or the bytes fail their SHA-256.
+        """
         mv = self.get(name, version)
+        if fname not in mv.files:
+            raise RegistryError(f"model {name!r} v{version} has no file {fname!r} (has {sorted(mv.files)})")
+        data = read_bytes(self.storage, f"{self._prefix(name, version)}/{fname}")
+        if hashlib.sha256(data).hexdigest() != mv.files[fname]["sha256"]:
+            raise RegistryError(f"model {name!r} v{version} file {fname} fails its SHA-256")
+        return data
+
+    def download(self, name: str, version: int, dest: str | Path) -> Path:
+        """Copy a version's files into ``dest``, verifying their SHA-256."""
         dest = Path(dest)
         dest.mkdir(parents=True, exist_ok=True)
-        for fname, meta in mv.files.items():
-            data = read_bytes(self.storage, f"{self._prefix(name, version)}/{fname}")
-            if hashlib.sha256(data).hexdigest() != meta["sha256"]:
-                raise RegistryError(f"model {name!r} v{version} file {fname} fails its SHA-256")
-            (dest / fname).write_bytes(data)
+        for fname in self.get(name, version).files:
+            (dest / fname).write_bytes(self.read_file(name, version, fname))
         return dest

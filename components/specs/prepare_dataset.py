@@ -21,15 +21,20 @@ def prepare_dataset(
     """Prepare ``source`` (mnist | digits | synthetic-imagenet[:N] | a folder | s3://bucket/prefix in
     ImageFolder layout) with a stratified, seeded held-out test split of ``test_fraction``.
     ``image_size``/``channels`` apply to image folders. Outputs the dataset folder and a SHA-256
-    content fingerprint."""
+    content fingerprint; a folder or prefix also gets its listing fingerprint (keys, sizes, ETags:
+    trainflow/shared/listing.py) in the artifact's metadata, taken before the images are read."""
     from collections import namedtuple
 
+    from components.drift.check import source_listing
     from components.training.sources import describe, prepare
     from components.training.step import use_s3_endpoint
+    from trainflow.shared.listing import listing_fingerprint
 
     use_s3_endpoint(s3_endpoint_url)
 
+    listing = source_listing(source)
     info = prepare(source, dataset.path, test_fraction=test_fraction, seed=seed, image_size=image_size, channels=channels)
     dataset.metadata.update(describe(info))
+    dataset.metadata.update({"source": source, "listing_fingerprint": listing_fingerprint(listing) if listing else ""})
     outputs = namedtuple("PrepareOutputs", ["fingerprint", "num_classes", "train_samples"])
     return outputs(info.fingerprint, info.num_classes, info.splits["train"])

@@ -20,34 +20,62 @@ def register_model(
     min_accuracy: float = 0.0,
     kfp_run_id: str = "",
     s3_endpoint_url: str = "",
+    must_beat_current: bool = False,
+    dataset_change: str = "",
 ) -> NamedTuple("RegisterOutputs", [("version", int), ("uri", str), ("promoted", bool)]):
     """Register ``model`` as the next version of ``model_name`` under ``registry_uri`` (a folder or
     s3://...; default: ``models/`` next to the checkpoints), recording lineage: dataset fingerprint,
-    training parameters, metrics, code version, run id. It becomes the current version if its test
-    accuracy is at least ``min_accuracy``."""
+    source and listing fingerprint, the change that triggered the run (``dataset_change``, JSON),
+    training parameters, metrics, code version, run id; and the data profile the drift check
+    compares new data with. It becomes the current version if its test accuracy is at least
+    ``min_accuracy``. With ``must_beat_current`` it is registered at all only if it also beats the
+    current version on the same held-out split (otherwise version 0 is returned and the current
+    version stays current)."""
+    import json
     from collections import namedtuple
     from importlib.metadata import version as pkg_version
 
+    from components.drift.profile import PROFILE_FILE, profile_prepared
+    from components.registry.promotion import accuracy_of_current
     from components.registry.store import ModelRegistry
     from components.training.checkpoint.storage import join_uri, storage_for
+    from components.training.data import DatasetError
     from components.training.step import resolve_checkpoint_uri, use_s3_endpoint
 
     use_s3_endpoint(s3_endpoint_url)
 
+    outputs = namedtuple("RegisterOutputs", ["version", "uri", "promoted"])
     metrics = {k: v for k, v in eval_metrics.metadata.items() if isinstance(v, int | float)}
-    promote = float(metrics.get("test_accuracy", 0.0)) >= min_accuracy
+    accuracy = float(metrics.get("test_accuracy", 0.0))
+    promote = accuracy >= min_accuracy
+    root = registry_uri or join_uri(resolve_checkpoint_uri(checkpoint_uri, pipeline_root), "models")
+    registry = ModelRegistry(storage_for(root))
+    current_accuracy = accuracy_of_current(registry, model_name, dataset.path) if must_beat_current else None
+    if must_beat_current and (not promote or (current_accuracy is not None and accuracy <= current_accuracy)):
+        print(f"register_model: not registered: test accuracy {accuracy:.4f} (min {min_accuracy}) does not beat "
+              f"the current version's {current_accuracy} on the same held-out split")
+        return outputs(0, "", False)
+    try:
+        change = json.loads(dataset_change) if dataset_change else {}
+    except ValueError:
+        change = {"raw": dataset_change}
     lineage = {
         "dataset_fingerprint": dataset.metadata.get("fingerprint", ""),
+        "dataset": {"source": dataset.metadata.get("source", ""),
+                    "listing_fingerprint": dataset.metadata.get("listing_fingerprint", ""), "change": change},
         "parameters": dict(model.metadata.get("train_config", {})),
         "metrics": metrics,
+        "previous_version_accuracy": current_accuracy,
         "code_version": {"trainflow": pkg_version("trainflow")},
         "job_key": model.metadata.get("job_key", ""),
         "kfp_run_id": kfp_run_id,
     }
-    root = registry_uri or join_uri(resolve_checkpoint_uri(checkpoint_uri, pipeline_root), "models")
-    registry = ModelRegistry(storage_for(root))
+    try:
+        extra = {PROFILE_FILE: profile_prepared(dataset.path, listing_fingerprint=lineage["dataset"]["listing_fingerprint"]).dumps()}
+    except DatasetError as e:  # synthetic data: nothing real to compare new data with
+        print(f"register_model: no data profile stored: {e}")
+        extra = {}
     # A retry of this task (same job, same weights) gets the version its first attempt got.
-    mv = registry.register(model_name, model.path, lineage, promote=promote,
+    mv = registry.register(model_name, model.path, lineage, promote=promote, extra_files=extra,
                            idempotency_key=lineage["job_key"] or kfp_run_id or None)
-    outputs = namedtuple("RegisterOutputs", ["version", "uri", "promoted"])
     return outputs(mv.version, mv.uri, promote)

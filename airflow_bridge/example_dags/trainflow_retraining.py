@@ -1,0 +1,95 @@
+"""``trainflow_retraining``: retrain when the training data changes (data-aware scheduling).
+
+The DAG is scheduled on the dataset's Asset. The Asset's watcher (:class:`DatasetChangeTrigger`, in
+the triggerer) lists the dataset's ``s3://`` prefix or folder every ``TRAINFLOW_DATASET_POLL_S``
+seconds and creates one asset event per settled change of its listing fingerprint (keys, sizes,
+ETags; re-uploading identical bytes changes nothing). Each event starts one DAG run, whose task
+submits ``retraining_pipeline`` (pipelines/retraining.py) to KFP and waits in the triggerer:
+
+    drift check ▶ (verdict says retrain, or retrain_policy=always) prepare ▶ train ▶ evaluate ▶
+    register — only if the new model beats the current version on the held-out split
+
+The asset event's payload (fingerprints, objects added/removed/changed) goes to the pipeline as
+``dataset_change`` and ends up in the new version's lineage. The task's outlet is the model's Asset.
+
+Configuration (environment of the DAG processor and workers):
+
+* ``TRAINFLOW_DATASET_URI`` — the data (default ``s3://trainflow-data/mnist``);
+* ``TRAINFLOW_REGISTRY_URI`` — the model registry (default ``s3://trainflow-models/models``);
+* ``TRAINFLOW_MODEL_NAME`` — the registered model (default ``mnist-classifier``);
+* ``TRAINFLOW_DATASET_POLL_S`` — seconds between listings (default 60);
+* ``TRAINFLOW_RETRAINING_PIPELINE`` — the compiled pipeline (default ``retraining_pipeline.yaml``
+  next to this file: ``kfp dsl compile --py pipelines/retraining.py --function retraining_pipeline``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from airflow.sdk import DAG, Asset, AssetWatcher, Param
+
+from airflow_bridge.operators.kfp import KfpRunPipelineOperator
+from airflow_bridge.triggers.dataset import DatasetChangeTrigger
+
+DATASET_URI = os.environ.get("TRAINFLOW_DATASET_URI", "s3://trainflow-data/mnist")
+REGISTRY_URI = os.environ.get("TRAINFLOW_REGISTRY_URI", "s3://trainflow-models/models")
+MODEL_NAME = os.environ.get("TRAINFLOW_MODEL_NAME", "mnist-classifier")
+POLL_S = float(os.environ.get("TRAINFLOW_DATASET_POLL_S", "60"))
+PIPELINE_PACKAGE = os.environ.get("TRAINFLOW_RETRAINING_PIPELINE") or str(
+    Path(__file__).with_name("retraining_pipeline.yaml")
+)
+
+#: The dataset's listing change, as JSON: the newest triggering asset event's payload.
+DATASET_CHANGE = (
+    "{% for events in triggering_asset_events.values() %}{% if loop.last and events %}"
+    "{{ events[-1].extra.get('payload', events[-1].extra) | tojson }}{% endif %}{% endfor %}"
+)
+
+dataset = Asset(
+    uri=DATASET_URI,
+    name=f"trainflow-dataset-{MODEL_NAME}",
+    group="trainflow-datasets",
+    watchers=[AssetWatcher(name=f"trainflow-listing-{MODEL_NAME}",
+                           trigger=DatasetChangeTrigger(uri=DATASET_URI, poll_interval_s=POLL_S))],
+)
+model = Asset(uri=f"{REGISTRY_URI.rstrip('/')}/{MODEL_NAME}", name=f"trainflow-model-{MODEL_NAME}",
+              group="trainflow-models")
+
+with DAG(
+    dag_id="trainflow_retraining",
+    description="Check new data for drift and retrain (trainflow retraining_pipeline) when the dataset changes",
+    schedule=[dataset],
+    catchup=False,
+    max_active_runs=1,
+    params={
+        "retrain_policy": Param("on-drift", enum=["on-drift", "always"],
+                                description="Retrain only when the drift check says so, or on every change."),
+        "min_accuracy_to_promote": Param(0.0, type="number", minimum=0, maximum=1,
+                                         description="A new version must reach this test accuracy (and beat the current one)."),
+        "epochs": Param(8, type="integer", minimum=1, description="Passes over the training data."),
+        "drift_alpha": Param(0.01, type="number", exclusiveMinimum=0, exclusiveMaximum=1,
+                             description="Significance level of each drift test family."),
+    },
+    tags=["trainflow", "kubeflow", "retraining"],
+) as dag:
+    KfpRunPipelineOperator(
+        task_id="check_and_retrain",
+        pipeline_package_path=PIPELINE_PACKAGE,
+        parameters={
+            "dataset_source": DATASET_URI,
+            "registry_uri": REGISTRY_URI,
+            "registered_model_name": MODEL_NAME,
+            "retrain_policy": "{{ params['retrain_policy'] }}",
+            "min_accuracy_to_promote": "{{ params['min_accuracy_to_promote'] }}",
+            "epochs": "{{ params['epochs'] }}",
+            "drift_alpha": "{{ params['drift_alpha'] }}",
+            "dataset_change": DATASET_CHANGE,
+        },
+        run_name="trainflow_retraining {{ run_id }}",
+        experiment_name="trainflow",
+        deferrable=True,
+        poll_interval_s=5.0,
+        inlets=[dataset],
+        outlets=[model],
+    )

@@ -1,0 +1,166 @@
+"""A data profile: what the drift check keeps of the data a model version was trained on.
+
+The new data under a dataset prefix replaces the old in place, so the reference side of a drift
+check cannot be re-read later: the profile is computed when a version is registered and stored with
+it (``data_profile.json`` in the registry's version folder). It holds
+
+* the label count of every class (all samples of the prepared dataset, both splits), and
+* a seeded random sample (at most ``max_feature_samples`` images) of per-image features computed
+  from the raw pixels scaled to [0, 1]: the mean and standard deviation of each channel, and
+  ``NUM_PROJECTIONS`` fixed Gaussian random projections of the whole image — the dimensionality
+  reduction "RP" that Rabanser, Günnemann & Lipton, "Failing Loudly: An Empirical Study of Methods
+  for Detecting Dataset Shift" (NeurIPS 2019, §3) test with univariate KS tests.
+
+The projection matrix is drawn from ``PROJECTION_SEED`` for the image shape, so the reference and
+the new data are projected identically.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.training.data import DatasetError, DatasetInfo
+
+PROFILE_FILE = "data_profile.json"
+"""Name of the profile in a registered version's folder."""
+PROFILE_FORMAT = "trainflow-data-profile/1"
+NUM_PROJECTIONS = 8
+PROJECTION_SEED = 14
+MAX_FEATURE_SAMPLES = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class DataProfile:
+    classes: list[str]
+    label_counts: list[int]
+    """Samples per class, aligned with ``classes``."""
+    image_shape: tuple[int, int, int]
+    """(channels, height, width) of the images the features were computed on."""
+    num_samples: int
+    features: dict[str, list[float]]
+    """Feature name -> values for the sampled images (same length for every feature)."""
+    dataset_fingerprint: str = ""
+    source: str = ""
+    listing_fingerprint: str = ""
+    """:func:`trainflow.shared.listing.listing_fingerprint` of the source when it was prepared
+    (empty for built-in sources)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": PROFILE_FORMAT, **asdict(self), "image_shape": list(self.image_shape)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DataProfile:
+        """Raises: DatasetError: not a profile of this format."""
+        if data.get("format") != PROFILE_FORMAT:
+            raise DatasetError(f"not a data profile (format {data.get('format')!r}, expected {PROFILE_FORMAT!r})")
+        try:
+            return cls(classes=list(data["classes"]), label_counts=[int(c) for c in data["label_counts"]],
+                       image_shape=tuple(int(v) for v in data["image_shape"]),  # type: ignore[arg-type]
+                       num_samples=int(data["num_samples"]),
+                       features={k: [float(x) for x in v] for k, v in data["features"].items()},
+                       dataset_fingerprint=str(data.get("dataset_fingerprint", "")),
+                       source=str(data.get("source", "")),
+                       listing_fingerprint=str(data.get("listing_fingerprint", "")),
+                       extra=dict(data.get("extra", {})))
+        except (KeyError, TypeError, ValueError) as e:
+            raise DatasetError(f"data profile is unreadable: {e}") from e
+
+    def dumps(self) -> bytes:
+        return json.dumps(self.to_json(), separators=(",", ":")).encode()
+
+
+def projection_matrix(image_shape: tuple[int, int, int]) -> np.ndarray:
+    """float64 (C*H*W, NUM_PROJECTIONS), N(0, 1/d) entries drawn from ``PROJECTION_SEED``."""
+    d = int(np.prod(image_shape))
+    return np.random.default_rng(PROJECTION_SEED).standard_normal((d, NUM_PROJECTIONS)) / np.sqrt(d)
+
+
+def image_features(images: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-image features of uint8 images (N, C, H, W): name -> float64 (N,).
+
+    ``mean[c]``/``std[c]``: channel c's pixel mean and standard deviation in [0, 1];
+    ``rp[j]``: the j-th random projection of the image (see the module docstring).
+    """
+    if images.ndim != 4 or images.dtype != np.uint8:
+        raise DatasetError(f"expected uint8 images (N, C, H, W), got {images.dtype} {images.shape}")
+    x = images.astype(np.float64) / 255.0
+    out: dict[str, np.ndarray] = {}
+    for c in range(x.shape[1]):
+        out[f"mean[{c}]"] = x[:, c].mean(axis=(1, 2))
+        out[f"std[{c}]"] = x[:, c].std(axis=(1, 2))
+    proj = x.reshape(len(x), -1) @ projection_matrix(tuple(images.shape[1:]))  # type: ignore[arg-type]
+    for j in range(proj.shape[1]):
+        out[f"rp[{j}]"] = proj[:, j]
+    return out
+
+
+def profile_arrays(images: np.ndarray, labels: np.ndarray, classes: list[str], *,
+                   max_feature_samples: int = MAX_FEATURE_SAMPLES, seed: int = 0, **meta: Any) -> DataProfile:
+    """The profile of uint8 images (N, C, H, W) with int labels (N,) indexing ``classes``.
+
+    ``meta`` fills the provenance fields (``dataset_fingerprint``, ``source``, ``listing_fingerprint``).
+
+    Raises:
+        DatasetError: no samples, or a label outside ``classes``.
+    """
+    if len(images) == 0:
+        raise DatasetError("the dataset holds no samples")
+    labels = np.asarray(labels, dtype=np.int64)
+    if labels.min() < 0 or labels.max() >= len(classes):
+        raise DatasetError(f"labels outside 0..{len(classes) - 1}")
+    rng = np.random.default_rng(seed)
+    pick = np.sort(rng.choice(len(images), size=min(len(images), max_feature_samples), replace=False))
+    feats = image_features(images[pick])
+    return DataProfile(classes=list(classes), label_counts=np.bincount(labels, minlength=len(classes)).tolist(),
+                       image_shape=tuple(int(v) for v in images.shape[1:]),  # type: ignore[arg-type]
+                       num_samples=len(images), features={k: [round(float(x), 7) for x in v] for k, v in feats.items()},
+                       **meta)
+
+
+def load_prepared_arrays(dataset_dir: str | Path) -> tuple[np.ndarray, np.ndarray, DatasetInfo]:
+    """Every sample of a prepared dataset (both splits) as uint8 images (N, C, H, W), labels (N,).
+
+    Raises:
+        DatasetError: not a prepared dataset, a synthetic one (no real data to compare), an
+            unreadable image.
+    """
+    from components.training.sources import decode_image, open_source
+
+    dataset_dir = Path(dataset_dir)
+    info = DatasetInfo.read(dataset_dir)
+    if info.kind == "tensors":
+        parts = []
+        for split in info.splits:
+            try:
+                with np.load(dataset_dir / f"{split}.npz") as z:
+                    parts.append((z["images"], z["labels"]))
+            except (OSError, KeyError, ValueError) as e:
+                raise DatasetError(f"{dataset_dir / (split + '.npz')} is unreadable: {e}") from e
+        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]).astype(np.int64), info)
+    if info.kind == "imagefolder":
+        index = json.loads((dataset_dir / "index.json").read_text())
+        reader = open_source(index["root"])
+        items = [(p, int(lbl)) for split in info.splits for p, lbl in index[split]]
+        images = np.empty((len(items), info.channels, *info.image_size), dtype=np.uint8)
+        for i, (path, _) in enumerate(items):
+            try:
+                images[i] = decode_image(reader.read(path), info.channels, info.image_size)
+            except Exception as e:  # PIL raises several types for a bad file
+                raise DatasetError(f"{index['root'].rstrip('/')}/{path} is not a readable image: {e}") from e
+        return images, np.array([lbl for _, lbl in items], dtype=np.int64), info
+    raise DatasetError(f"a drift check needs real data; dataset {info.name!r} is {info.kind}")
+
+
+def profile_prepared(dataset_dir: str | Path, *, listing_fingerprint: str = "",
+                     max_feature_samples: int = MAX_FEATURE_SAMPLES) -> DataProfile:
+    """:func:`profile_arrays` of a prepared dataset folder (see :func:`load_prepared_arrays`)."""
+    images, labels, info = load_prepared_arrays(dataset_dir)
+    return profile_arrays(images, labels, info.classes, max_feature_samples=max_feature_samples,
+                          seed=int(info.extra.get("seed", 0)), dataset_fingerprint=info.fingerprint,
+                          source=str(info.extra.get("source", "")), listing_fingerprint=listing_fingerprint)

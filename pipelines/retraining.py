@@ -1,0 +1,103 @@
+"""``retraining_pipeline``: drift_check ▶ (when the verdict says retrain, or always) prepare ▶ train ▶
+evaluate ▶ register — registered only if it beats the current version on the held-out split.
+
+The Airflow DAG ``trainflow_retraining`` (airflow_bridge/example_dags) runs it when the dataset Asset
+gets an event (docs/airflow.md, "Retraining when the data changes"); ``dataset_change`` carries that
+event's extra (listing fingerprints, objects added/removed/changed) into the new version's lineage.
+
+Compile::
+
+    kfp dsl compile --py pipelines/retraining.py --function retraining_pipeline --output retraining_pipeline.yaml
+"""
+
+from typing import NamedTuple
+
+from kfp import dsl
+
+from components.specs import drift_check, evaluate, prepare_dataset, register_model, train
+from pipelines.training import TRAIN_RETRIES
+
+RETRAIN_POLICIES = ("on-drift", "always")
+
+
+class RetrainingOutputs(NamedTuple):
+    retrain: bool
+    verdict: dsl.Artifact
+
+
+def _retrain_steps(*, dataset_source, registry_uri, registered_model_name, dataset_change, min_accuracy_to_promote,
+                   test_fraction, image_size, channels, seed, checkpoint_uri, job_key, s3_endpoint_url,
+                   **train_args) -> None:
+    data = prepare_dataset(source=dataset_source, test_fraction=test_fraction, seed=seed, image_size=image_size,
+                           channels=channels, s3_endpoint_url=s3_endpoint_url).set_display_name("prepare dataset")
+    training = train(
+        dataset=data.outputs["dataset"], seed=seed, checkpoint_uri=checkpoint_uri, job_key=job_key,
+        kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, kfp_task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+        pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER, s3_endpoint_url=s3_endpoint_url, **train_args,
+    )
+    training.set_display_name("train (elastic DDP)").set_retry(num_retries=TRAIN_RETRIES, backoff_duration="5s")
+    training.set_caching_options(False)
+    scores = evaluate(dataset=data.outputs["dataset"], model=training.outputs["model"],
+                      s3_endpoint_url=s3_endpoint_url).set_display_name("evaluate")
+    registered = register_model(
+        model=training.outputs["model"], eval_metrics=scores.outputs["metrics"], dataset=data.outputs["dataset"],
+        registry_uri=registry_uri, checkpoint_uri=checkpoint_uri, pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
+        model_name=registered_model_name, min_accuracy=min_accuracy_to_promote,
+        kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, s3_endpoint_url=s3_endpoint_url, must_beat_current=True,
+        dataset_change=dataset_change,
+    ).set_display_name("register model (if better)")
+    registered.set_caching_options(False)
+
+
+@dsl.pipeline(
+    name="retraining-pipeline",
+    description="Check new data for drift against the current model version; retrain and register a better one.",
+)
+def retraining_pipeline(
+    dataset_source: str,
+    registry_uri: str,
+    registered_model_name: str = "mnist-classifier",
+    retrain_policy: str = "on-drift",
+    dataset_change: str = "",
+    drift_alpha: float = 0.01,
+    max_accuracy_drop: float = 0.05,
+    min_accuracy_to_promote: float = 0.0,
+    test_fraction: float = 0.2,
+    image_size: int = 32,
+    channels: int = 3,
+    model_name: str = "small_cnn",
+    epochs: int = 8,
+    global_batch_size: int = 64,
+    learning_rate: float = 0.05,
+    optimizer: str = "sgd",
+    seed: int = 0,
+    backend: str = "local",
+    min_workers: int = 1,
+    max_workers: int = 1,
+    nproc_per_node: int = 2,
+    checkpoint_uri: str = "",
+    checkpoint_interval_steps: int = 50,
+    job_key: str = "",
+    image: str = "",
+    namespace: str = "kubeflow",
+    gpus_per_worker: int = 0,
+    s3_secret_name: str = "",
+    s3_endpoint_url: str = "",
+) -> RetrainingOutputs:
+    check = drift_check(source=dataset_source, registry_uri=registry_uri, model_name=registered_model_name,
+                        alpha=drift_alpha, max_accuracy_drop=max_accuracy_drop,
+                        retrain_policy=retrain_policy, s3_endpoint_url=s3_endpoint_url).set_display_name("drift check")
+    check.set_caching_options(False)
+    with dsl.If(check.outputs["Output"] == True, name="retrain"):  # noqa: E712
+        _retrain_steps(
+            dataset_source=dataset_source, registry_uri=registry_uri, registered_model_name=registered_model_name,
+            dataset_change=dataset_change, min_accuracy_to_promote=min_accuracy_to_promote,
+            test_fraction=test_fraction, image_size=image_size, channels=channels, model_name=model_name,
+            epochs=epochs, global_batch_size=global_batch_size, learning_rate=learning_rate, optimizer=optimizer,
+            seed=seed, backend=backend, min_workers=min_workers, max_workers=max_workers,
+            nproc_per_node=nproc_per_node, checkpoint_uri=checkpoint_uri,
+            checkpoint_interval_steps=checkpoint_interval_steps, job_key=job_key, image=image,
+            namespace=namespace, gpus_per_worker=gpus_per_worker, s3_secret_name=s3_secret_name,
+            s3_endpoint_url=s3_endpoint_url,
+        )
+    return RetrainingOutputs(retrain=check.outputs["Output"], verdict=check.outputs["verdict"])

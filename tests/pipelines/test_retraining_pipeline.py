@@ -1,0 +1,78 @@
+"""retraining_pipeline under kfp.local on a real ImageFolder of MNIST digits.
+
+1. empty registry: the drift check says ``no-reference``, the model is trained and registered, with
+   the listing fingerprint, the triggering change and a data profile;
+2. the same folder again: ``unchanged`` — nothing is trained or registered;
+3. the folder's images inverted: ``drift``; the retrained model beats the current one on the new
+   held-out split and becomes version 2 (the old version stays in the registry).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from components.drift.profile import PROFILE_FILE
+from components.registry.store import ModelRegistry
+from components.training.checkpoint.local import LocalStorage
+from components.training.sources import load_mnist_5k
+from trainflow.shared.listing import list_folder, listing_fingerprint
+
+
+def _outcome(outputs) -> tuple[str, bool]:
+    verdict = json.loads(Path(outputs["verdict"].path).read_text())
+    assert verdict["retrain"] == outputs["retrain"]
+    return verdict["decision"], outputs["retrain"]
+
+
+def _write(root, images, labels) -> None:
+    for i, (img, lbl) in enumerate(zip(images, labels, strict=True)):
+        (root / str(lbl)).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(img[0]).save(root / str(lbl) / f"{i:05d}.png")
+
+
+@pytest.mark.slow
+def test_retraining_pipeline_decides_trains_and_registers(tmp_path, monkeypatch) -> None:
+    from kfp import local
+
+    from pipelines.retraining import retraining_pipeline
+
+    images, labels = load_mnist_5k()
+    ids = np.random.default_rng(0).permutation(len(images))[:600]
+    data = tmp_path / "data"
+    _write(data, images[ids], labels[ids])
+    registry_uri = str(tmp_path / "models")
+    monkeypatch.setenv("TRAINFLOW_LOG_DIR", str(tmp_path / "logs"))
+    (tmp_path / "logs").mkdir()
+    warnings.filterwarnings("ignore", module=r"kfp\.local.*")
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"), raise_on_error=True)
+    args = dict(dataset_source=str(data), registry_uri=registry_uri, registered_model_name="digits", image_size=28,
+                channels=1, epochs=3, global_batch_size=32, learning_rate=0.05, nproc_per_node=1,
+                checkpoint_uri=str(tmp_path / "ckpt"), checkpoint_interval_steps=0)
+    registry = ModelRegistry(LocalStorage(registry_uri))
+
+    change = {"listing_fingerprint": listing_fingerprint(list_folder(data)), "change": {"added": 600}}
+    first = retraining_pipeline(**args, dataset_change=json.dumps(change), job_key="first").outputs
+    assert _outcome(first) == ("no-reference", True)
+    v1 = registry.current("digits")
+    assert v1 is not None and v1.version == 1 and PROFILE_FILE in v1.files
+    assert v1.lineage["dataset"]["listing_fingerprint"] == change["listing_fingerprint"]
+    assert v1.lineage["dataset"]["change"] == change and v1.lineage["dataset"]["source"] == str(data)
+
+    again = retraining_pipeline(**args, job_key="again").outputs
+    assert _outcome(again) == ("unchanged", False)
+    assert [v.version for v in registry.versions("digits")] == [1]
+
+    for path in data.rglob("*.png"):
+        Image.fromarray(255 - np.asarray(Image.open(path))).save(path)
+    shifted = retraining_pipeline(**args, job_key="shifted").outputs
+    assert _outcome(shifted) == ("drift", True)
+    v2 = registry.current("digits")
+    assert v2.version == 2 and v2.lineage["metrics"]["test_accuracy"] > v2.lineage["previous_version_accuracy"]
+    assert os.path.isdir(tmp_path / "models" / "digits" / "v000001")  # the old version stays
