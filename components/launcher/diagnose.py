@@ -54,6 +54,8 @@ WAITING_REASONS: Mapping[str, tuple[float, str]] = {
     "CreateContainerError": (30.0, "cannot create the container"),
     "RunContainerError": (0.0, "cannot start the container"),
 }
+#: Reasons the kubelet alternates for one problem, mapped to the reason that identifies it.
+SAME_PROBLEM: Mapping[str, str] = {"ImagePullBackOff": "ErrImagePull"}
 #: Terminated-container reasons that mean the command could never run (exit 128 from the runtime:
 #: the training operator's ExitCode policy would recreate such a pod forever, 128 being "retryable").
 TERMINATED_REASONS: Mapping[str, tuple[float, str]] = {
@@ -93,8 +95,13 @@ class Problem:
 
     @property
     def key(self) -> tuple[str, str]:
-        """Identity across polls: the same subject with the same reason is the same problem."""
-        return self.subject, self.reason
+        """Identity across polls: the same subject with the same reason is the same problem.
+
+        A failing pull shows as ``ErrImagePull`` during each attempt and ``ImagePullBackOff``
+        between attempts: both are one problem, so its grace is not restarted at every flip (it
+        was: the launch then failed only once a back-off outlasted the grace, 2+ minutes in).
+        """
+        return self.subject, SAME_PROBLEM.get(self.reason, self.reason)
 
     def line(self) -> str:
         """One line naming the cause, e.g. ``pod ns/x: cannot pull image (ErrImagePull): ...``."""

@@ -73,6 +73,8 @@ class S3Server:
         access_key: root user (also the S3 access key id).
         secret_key: root password (also the S3 secret access key).
         region: the region MinIO reports and signs with.
+        host: the address it listens on: 127.0.0.1, or the real node's host address
+            (``RealNode.host_ip``) for a server that pods reach.
     """
 
     binary: Path
@@ -82,13 +84,14 @@ class S3Server:
     access_key: str = "trainflow-test"
     secret_key: str = field(default_factory=lambda: uuid.uuid4().hex)
     region: str = "us-east-1"
+    host: str = "127.0.0.1"
     ready_timeout_s: float = 60.0
     _process: ManagedProcess | None = field(default=None, init=False, repr=False)
 
     @property
     def endpoint_url(self) -> str:
-        """``http://127.0.0.1:PORT`` — the S3 endpoint (path-style addressing)."""
-        return f"http://127.0.0.1:{self.port}"
+        """``http://<host>:PORT`` — the S3 endpoint (path-style addressing)."""
+        return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -134,9 +137,9 @@ class S3Server:
                 "server",
                 self.data_dir,
                 "--address",
-                f"127.0.0.1:{self.port}",
+                f"{self.host}:{self.port}",
                 "--console-address",
-                f"127.0.0.1:{free_port()}",
+                f"{self.host}:{free_port()}",
                 "--quiet",
             ],
             log_dir=self.log_dir,

@@ -65,6 +65,16 @@ def test_image_pull_backoff_names_the_image_and_takes_the_kubelets_reason_from_t
     assert "not found" in line and "\n" not in line
 
 
+def test_a_pull_flipping_between_err_image_pull_and_back_off_is_one_problem() -> None:
+    """The kubelet shows ErrImagePull during each attempt and ImagePullBackOff between them; the
+    launcher's grace must not restart at each flip (on the real node it did: 132 s, not 30 s)."""
+    (pulling,) = pod_problems(pod(waiting={"reason": "ErrImagePull", "message": "lookup registry.invalid: timeout"}), [])
+    (backing_off,) = pod_problems(pod(waiting={"reason": "ImagePullBackOff", "message": "Back-off pulling"}), [])
+    assert pulling.key == backing_off.key
+    (secret,) = pod_problems(pod(waiting={"reason": "CreateContainerConfigError", "message": "x"}), [])
+    assert secret.key != pulling.key
+
+
 def test_events_of_an_earlier_pod_with_the_same_name_are_not_used() -> None:
     p = pod(waiting={"reason": "ErrImagePull", "message": "rpc error: code = Unknown desc = 503"})
     stale = event("Failed", 'Failed to pull image "x": not found', uid="uid-of-the-previous-pod")
