@@ -11,6 +11,7 @@ Bad input is one line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -25,6 +26,8 @@ app.add_typer(models_app, name="models")
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+#: Where ``trainflow kfp-server`` reads its bearer token when no --auth-token-file is given.
+TOKEN_ENV = "TRAINFLOW_KFP_SERVER_TOKEN"
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
@@ -50,16 +53,28 @@ def kfp_server(
     port: Annotated[
         int, typer.Option(min=1, max=65535, help="TCP port (KFP's own API server uses 8888).")
     ] = 8888,
-    host: Annotated[str, typer.Option(help="Address to bind; loopback by default.")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option(help="Address to bind; loopback by default (any other needs a token).")
+    ] = "127.0.0.1",
     data_dir: Annotated[Path, typer.Option(help="State file and per-run folders.")] = Path("runs/kfp-server"),
     max_concurrent_runs: Annotated[int, typer.Option(min=1, help="Runs beyond this wait in PENDING.")] = 2,
-    auth_token: Annotated[
-        str, typer.Option(envvar="TRAINFLOW_KFP_SERVER_TOKEN", help="Require this bearer token.")
-    ] = "",
+    auth_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help=f"Require the bearer token held in this file (or in ${TOKEN_ENV}; never on the "
+            "command line, where ps shows it)."
+        ),
+    ] = None,
 ) -> None:
     """Serve the KFP REST API v2beta1 locally and execute runs with kfp.local."""
     from trainflow.kfp_server import serve
+    from trainflow.kfp_server.security import check_bind
 
+    token = _server_token(auth_token_file)
+    try:
+        check_bind(host, token)
+    except ValueError as e:
+        raise _fail(str(e)) from None
     try:
         data_dir = data_dir.resolve()
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -71,10 +86,24 @@ def kfp_server(
             port=port,
             data_dir=data_dir,
             max_concurrent_runs=max_concurrent_runs,
-            auth_token=auth_token or None,
+            auth_token=token,
         )
-    except ValueError as e:  # an unreadable state file
+    except ValueError as e:  # a non-loopback host without a token, an unreadable state file
         raise _fail(str(e)) from None
+
+
+
+def _server_token(path: Path | None) -> str | None:
+    """The kfp-server token: the file's content (stripped) or ``$TRAINFLOW_KFP_SERVER_TOKEN``."""
+    if path is None:
+        return os.environ.get(TOKEN_ENV, "").strip() or None
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise _fail(f"cannot read --auth-token-file {path}: {getattr(e, 'strerror', None) or e}") from None
+    if not token:
+        raise _fail(f"--auth-token-file {path} is empty")
+    return token
 
 
 @app.command()
