@@ -10,9 +10,11 @@ Bad input is one line on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -162,18 +164,31 @@ def compile(
 
     from pipelines.training import training_pipeline
 
-    output.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(training_pipeline, str(output))
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        compiler.Compiler().compile(training_pipeline, str(output))
+    except OSError as e:
+        raise _fail(f"cannot write {output}: {e.strerror or e}") from None
     typer.echo(f"wrote {output}")
 
 
 def _registry(uri: str):
     from components.registry.store import ModelRegistry
-    from components.training.checkpoint.storage import CheckpointStorageError, storage_for
+    from components.training.checkpoint.storage import storage_for
+
+    with _registry_errors():
+        return ModelRegistry(storage_for(uri))
+
+
+@contextlib.contextmanager
+def _registry_errors() -> Iterator[None]:
+    """A registry or storage error (unknown version, unreachable S3, ...) as one line, exit 2."""
+    from components.registry.store import RegistryError
+    from components.training.checkpoint.storage import CheckpointStorageError
 
     try:
-        return ModelRegistry(storage_for(uri))
-    except CheckpointStorageError as e:
+        yield
+    except (RegistryError, CheckpointStorageError) as e:
         raise _fail(str(e)) from None
 
 
@@ -185,14 +200,10 @@ def models_list(name: str, registry: RegistryOpt = "runs/latest/checkpoints/mode
     """List the versions of a model, with lineage and which one is current."""
     from rich.table import Table
 
-    from components.registry.store import RegistryError
-
     reg = _registry(registry)
-    try:
+    with _registry_errors():
         versions = reg.versions(name)
         current = reg.current(name)
-    except RegistryError as e:
-        raise _fail(str(e)) from None
     table = Table(title=f"{name} @ {registry}")
     for col in ("version", "current", "created", "test accuracy", "dataset", "job key"):
         table.add_column(col)
@@ -210,13 +221,9 @@ def models_show(name: str, version: Annotated[int | None, typer.Argument()] = No
     """Print one version (default: the current one) as JSON."""
     from dataclasses import asdict
 
-    from components.registry.store import RegistryError
-
     reg = _registry(registry)
-    try:
+    with _registry_errors():
         mv = reg.get(name, version) if version is not None else reg.current(name)
-    except RegistryError as e:
-        raise _fail(str(e)) from None
     if mv is None:
         raise _fail(f"model {name!r} has no current version")
     typer.echo(json.dumps(asdict(mv), indent=1))
@@ -225,13 +232,9 @@ def models_show(name: str, version: Annotated[int | None, typer.Argument()] = No
 @models_app.command("rollback")
 def models_rollback(name: str, version: int, registry: RegistryOpt = "runs/latest/checkpoints/models") -> None:
     """Make an earlier version the current one."""
-    from components.registry.store import RegistryError
-
     reg = _registry(registry)
-    try:
+    with _registry_errors():
         mv = reg.rollback(name, version)
-    except RegistryError as e:
-        raise _fail(str(e)) from None
     typer.echo(f"{name}: current version is now {mv.version}")
 
 
