@@ -128,7 +128,10 @@ def test_token_auth_modes_against_a_server_that_requires_a_token(tmp_path: Path)
         token_file = tmp_path / "sa-token"
         token_file.write_text("tok-abc123\n")
         sa = KfpConnectionConfig(
-            api_url=server.url, auth_mode=AuthMode.SA_TOKEN_FILE, sa_token_path=str(token_file)
+            api_url=server.url,
+            auth_mode=AuthMode.SA_TOKEN_FILE,
+            sa_token_path=str(token_file),
+            sa_token_dirs=(str(tmp_path),),
         )
         assert KfpHook("kfp", config=sa).healthz() == {"multi_user": False, "pipeline_store": "local"}
     finally:

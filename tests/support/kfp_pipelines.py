@@ -44,6 +44,27 @@ def define_pipelines() -> dict:
     def slow(seconds: float = 60.0) -> str:
         return sleep_for(seconds=seconds).output
 
+    @dsl.component(base_image=BASE_IMAGE)
+    def stop_slowly(seconds: float, stop_s: float) -> str:
+        """Sleeps; on SIGTERM takes ``stop_s`` seconds to stop (a trainer's blocking save)."""
+        import signal
+        import sys
+        import time
+
+        def on_term(signum, frame):
+            print(f"SIGTERM: stopping in {stop_s} s", flush=True)
+            time.sleep(stop_s)
+            sys.exit(143)
+
+        signal.signal(signal.SIGTERM, on_term)
+        print("ready", flush=True)
+        time.sleep(seconds)
+        return "done"
+
+    @dsl.pipeline(name="stubborn")
+    def stubborn(seconds: float = 300.0, stop_s: float = 4.0) -> str:
+        return stop_slowly(seconds=seconds, stop_s=stop_s).output
+
     @dsl.pipeline(name="platform")
     def platform(a: int = 1) -> int:
         task = add(a=a, b=1)
@@ -120,6 +141,7 @@ def define_pipelines() -> dict:
         "tiny": tiny,
         "failing": failing,
         "slow": slow,
+        "stubborn": stubborn,
         "platform": platform,
         "training_pipeline": training_pipeline,
     }

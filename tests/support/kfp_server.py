@@ -4,7 +4,8 @@ Registered as a pytest plugin in tests/conftest.py. Fixtures:
 
 * ``compiled_pipelines`` (session): small pipelines compiled with kfp into a temp folder:
   ``tiny`` (adds numbers), ``failing`` (raises with a known message), ``slow`` (sleeps; prints
-  its pid), ``platform`` (kfp-kubernetes multi-document YAML), and ``training_pipeline`` -- a
+  its pid), ``stubborn`` (takes ``stop_s`` seconds to stop on SIGTERM, so a terminated run stays
+  CANCELING that long), ``platform`` (kfp-kubernetes multi-document YAML), and ``training_pipeline`` -- a
   stand-in with the core parameters of the real training pipeline that sleeps
   ``epochs * step_s`` seconds (for tests that need a run of a chosen length);
 * ``training_pipeline_package`` (session): the real ``training_pipeline``, compiled by

@@ -8,7 +8,9 @@ State machine of a run (``V2beta1RuntimeState``)::
        '--(terminate before start)--> CANCELED
 
 Terminate sends SIGTERM to the run's process group (the child forwards it to every process it
-started), waits ``terminate_grace_s`` and then SIGKILLs the group. Each child also asks for
+started), waits up to ``terminate_grace_s`` for every process of the group to exit (a trainer's
+blocking SIGTERM save runs then; the run stays CANCELING meanwhile, as a real KFP run does while
+its pods stop) and then SIGKILLs what is left. Each child also asks for
 ``PR_SET_PDEATHSIG`` = SIGTERM (see :mod:`trainflow.kfp_server.execute`), so a server killed
 with SIGKILL does not leave runs behind.
 """
@@ -23,6 +25,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -139,12 +142,17 @@ class RunExecutor:
         with contextlib.suppress(Exception):  # the run may have been deleted meanwhile
             self.store.update("runs", run_id, change, label="Run")
 
-    def _kill_group(self, proc: subprocess.Popen[bytes]) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=self.terminate_grace_s)
-        # the leader may be gone while children linger in the group
+    def _kill_group(self, proc: subprocess.Popen[bytes], *, sigterm: bool = True) -> None:
+        """SIGTERM the run's process group (unless already sent), wait up to the grace period for
+        all of it to exit, SIGKILL the rest."""
+        if sigterm:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.terminate_grace_s
+        # The leader exits at once (it forwards SIGTERM); the components it started may take
+        # their time (a blocking checkpoint save), and the group lives on without the leader.
+        while time.monotonic() < deadline and _group_alive(proc):
+            time.sleep(0.1)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
 
@@ -189,8 +197,8 @@ class RunExecutor:
         if cancel.is_set():  # terminate raced with the start
             self._kill_group(proc)
         returncode = proc.wait()
-        if cancel.is_set():
-            self._kill_group(proc)
+        if cancel.is_set():  # terminate() sent SIGTERM; CANCELED once the whole group is gone
+            self._kill_group(proc, sigterm=False)
             self._update(run_id, lambda r: set_state(r, "CANCELED"))
             return
         # Children left in the group after a normal exit are stray; stop them.
@@ -202,6 +210,16 @@ class RunExecutor:
         else:
             message = result.get("message") or f"the run's process exited with code {returncode}; see its log"
             self._update(run_id, lambda r: set_state(r, "FAILED", error_message=message))
+
+
+def _group_alive(proc: subprocess.Popen[bytes]) -> bool:
+    """True while any process of ``proc``'s process group exists (the leader is reaped first)."""
+    proc.poll()
+    try:
+        os.killpg(proc.pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def _read_result(path: Path) -> dict[str, Any]:
