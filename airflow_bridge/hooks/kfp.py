@@ -556,15 +556,22 @@ class KfpAsyncHook(_HookBase):
         await self.call(api.terminate_run(run_id))
 
     async def wait_for_run(
-        self, run_id: str, *, poll_interval_s: float, deadline_s: float | None = None
+        self,
+        run_id: str,
+        *,
+        poll_interval_s: float,
+        deadline_s: float | None = None,
+        on_poll: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
-        """Async twin of :meth:`KfpHook.wait_for_run`.
+        """Async twin of :meth:`KfpHook.wait_for_run` (``on_poll`` is called with each read).
 
         Raises:
             KfpRunTimeoutError: the deadline passed first.
         """
         while True:
             run = await self.get_run(run_id)
+            if on_poll is not None:
+                on_poll(run)
             delay = poll_delay_s(
                 run, now_s=self._clock(), deadline_s=deadline_s, poll_interval_s=poll_interval_s
             )

@@ -53,10 +53,12 @@ from typing import Any, ClassVar
 from airflow_bridge.events import (
     ACTIVE_STATES,
     EventStatus,
+    RunProgress,
     RunState,
     TriggerEventPayload,
     parse_payload,
     payload_for_run,
+    progress_lines,
 )
 from airflow_bridge.exceptions import (
     KfpApiError,
@@ -283,17 +285,17 @@ class KfpRunPipelineOperator(BaseOperator):
         return self._finish(context, payload_for_run(run, url=url))
 
     def _wait(self, run_id: str, deadline_s: float | None, url: str) -> dict[str, Any]:
-        last_state: list[str] = []
+        last: list[RunProgress] = []
 
-        def log_state(run: dict[str, Any]) -> None:
-            state = RunState.parse(run.get("state")).value
-            if not last_state or last_state[-1] != state:
-                self.log.info("KFP run %s is %s", run_id, state)
-                last_state.append(state)
+        def log_progress(run: dict[str, Any]) -> None:
+            current = RunProgress.of(run)
+            for line in progress_lines(run_id, last[-1] if last else None, current):
+                self.log.info("%s", line)
+            last[:] = [current]
 
         try:
             return self.hook.wait_for_run(
-                run_id, poll_interval_s=self.poll_interval_s, deadline_s=deadline_s, on_poll=log_state
+                run_id, poll_interval_s=self.poll_interval_s, deadline_s=deadline_s, on_poll=log_progress
             )
         except KfpRunTimeoutError as err:
             self._terminate(run_id, reason="the run timed out")

@@ -37,13 +37,22 @@ from trainflow.kfp_server import security
 from trainflow.kfp_server import spec as specs
 from trainflow.kfp_server.errors import ApiError, GrpcCode, invalid_argument
 from trainflow.kfp_server.execute import strip_ansi
-from trainflow.kfp_server.runner import ACTIVE_STATES, RunExecutor, set_state, task_details
+from trainflow.kfp_server.runner import (
+    ACTIVE_STATES,
+    RunExecutor,
+    set_state,
+    task_details,
+    training_progress,
+)
 from trainflow.kfp_server.store import Store, new_id, now_rfc3339
 from trainflow.kfp_server.ui import INDEX_HTML
 
 log = logging.getLogger(__name__)
 
 API = "/apis/v2beta1"
+#: ``plugins_output`` key under which a run reports the trainer's progress (KFP's run-plugin
+#: field, ``V2beta1PluginOutput``); the Airflow bridge reads it (``airflow_bridge.events``).
+PROGRESS_PLUGIN = "trainflow"
 MAX_UPLOAD_BYTES = 32 * 1024 * 1024  # the real upload limit ("Maximum size of 32MB")
 DEFAULT_EXPERIMENT = "Default"
 
@@ -237,6 +246,19 @@ class KfpServer:
             "pipeline_run_context_id": "0",
             "task_details": task_details(run_id, self.executor.run_dir(run_id) / "events.jsonl"),
         }
+        progress = training_progress(self.executor.metrics_path(run_id))
+        if progress is not None:
+            if run["state"] in ACTIVE_STATES:
+                plugin_state = "PLUGIN_RUNNING"
+            else:
+                plugin_state = "PLUGIN_SUCCEEDED" if run["state"] == "SUCCEEDED" else "PLUGIN_FAILED"
+            run["plugins_output"] = {
+                PROGRESS_PLUGIN: {
+                    "entries": {k: {"value": v} for k, v in progress.items()},
+                    "state": plugin_state,
+                    "state_message": "the trainer's last reported step",
+                }
+            }
         return run
 
     def terminate_run(self, run_id: str) -> None:

@@ -13,6 +13,10 @@ blocking SIGTERM save runs then; the run stays CANCELING meanwhile, as a real KF
 its pods stop) and then SIGKILLs what is left. Each child also asks for
 ``PR_SET_PDEATHSIG`` = SIGTERM (see :mod:`trainflow.kfp_server.execute`), so a server killed
 with SIGKILL does not leave runs behind.
+
+Training progress: each run's child gets ``TRAINFLOW_LOG_DIR=<run dir>/logs``, where the train
+step writes the trainer's per-step records (``train-metrics.jsonl``, as under ``trainflow run``);
+:func:`training_progress` reads the last of them for the run's ``plugins_output``.
 """
 
 from __future__ import annotations
@@ -38,6 +42,12 @@ from trainflow.kfp_server.store import Store, now_rfc3339
 log = logging.getLogger(__name__)
 
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "CANCELING", "PAUSED"})
+#: The trainer's per-step records, written by ``components.training.step`` into ``TRAINFLOW_LOG_DIR``.
+METRICS_FILE = "train-metrics.jsonl"
+#: Bytes read from the end of the metrics file for the last step (one record is ~300 bytes).
+_TAIL_BYTES = 64 * 1024
+#: Step-record fields reported as progress, in this order.
+PROGRESS_FIELDS = ("step", "total_steps", "epoch", "loss", "samples_per_s", "world_size")
 
 
 def set_state(run: dict[str, Any], state: str, *, error_message: str | None = None) -> None:
@@ -91,6 +101,9 @@ class RunExecutor:
 
     def log_path(self, run_id: str) -> Path:
         return self.run_dir(run_id) / "run.log"
+
+    def metrics_path(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / "logs" / METRICS_FILE
 
     # -- lifecycle -------------------------------------------------------------------------
     def submit(self, run_id: str, spec: dict[str, Any], params: dict[str, Any]) -> None:
@@ -180,7 +193,12 @@ class RunExecutor:
 
     def _execute(self, run_id: str, cancel: threading.Event) -> None:
         run_dir = self.run_dir(run_id)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "KFP_RUN_ID": run_id}
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "KFP_RUN_ID": run_id,
+            "TRAINFLOW_LOG_DIR": str(self.metrics_path(run_id).parent),
+        }
         with self.log_path(run_id).open("ab") as log_file:
             proc = subprocess.Popen(
                 [self.python, "-m", "trainflow.kfp_server.execute", str(run_dir)],
@@ -220,6 +238,41 @@ def _group_alive(proc: subprocess.Popen[bytes]) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
+
+
+def _records(text: str) -> list[dict[str, Any]]:
+    out = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):  # a torn line at either end of the window
+            rec = json.loads(line)
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
+
+
+def training_progress(metrics_path: Path) -> dict[str, Any] | None:
+    """The trainer's last reported step: ``step``, ``total_steps``, ``epoch``, ``loss``,
+    ``samples_per_s`` and ``world_size`` (those present), or ``None`` before the first step.
+
+    Reads the end of the file only (``total_steps`` comes from the last ``start`` event there, or
+    from the file's first lines), so polling a long run stays cheap.
+    """
+    try:
+        with metrics_path.open("rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - _TAIL_BYTES))
+            tail = _records(fh.read().decode(errors="replace"))
+            starts = [r for r in tail if r.get("event") == "start"]
+            if not starts and size > _TAIL_BYTES:
+                fh.seek(0)
+                starts = [r for r in _records(fh.read(4096).decode(errors="replace")) if r.get("event") == "start"]
+    except OSError:
+        return None
+    steps = [r for r in tail if "step" in r and "loss" in r and "event" not in r]
+    if not steps:
+        return None
+    last = {**(starts[-1] if starts else {}), **steps[-1]}
+    return {k: last[k] for k in PROGRESS_FIELDS if last.get(k) is not None}
 
 
 def _read_result(path: Path) -> dict[str, Any]:
