@@ -29,7 +29,7 @@ export AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-2}"
 export AIRFLOW__API__BASE_URL="${AIRFLOW__API__BASE_URL:-http://127.0.0.1:$AIRFLOW_PORT}"
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="${AIRFLOW__CORE__EXECUTION_API_SERVER_URL:-http://127.0.0.1:$AIRFLOW_PORT/execution/}"
 # A busy laptop (or a shared CI machine) can take longer than Airflow's 5 s to answer a worker's
-# first call; the worker then re-sends "start task", gets 400 "already running" and the try dies.
+# call; the worker then re-sends "start task", gets 400 "already running" and the try dies.
 export AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT="${AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT:-60}"
 export NO_PROXY="127.0.0.1,localhost${NO_PROXY:+,$NO_PROXY}" no_proxy="127.0.0.1,localhost${no_proxy:+,$no_proxy}"
 
@@ -97,6 +97,11 @@ start() {
     fi
     sleep 2
   done
+  # The api-server builds its execution API (Cadwyn's versioned routes) on the first request to it,
+  # blocking every request for 15-40 s on a busy machine. Make that happen now, not on the first
+  # task's "start" call, which would time out and fail the try.
+  python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=600)" \
+    "$AIRFLOW__API__BASE_URL/execution/health" >/dev/null
   local passwords="$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated" password=""
   [[ -f "$passwords" ]] && password="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["admin"])' "$passwords" 2>/dev/null || true)"
   echo "Airflow UI:      $AIRFLOW__API__BASE_URL  (user admin, password ${password:-see $passwords})"

@@ -113,8 +113,9 @@ def test_trigger_trainflow_training_succeeds_with_run_id_and_url_in_xcom(
     # progress while deferred: the trigger logged each task's state and the trainer's steps
     log = airflow_cluster.task_log("trainflow_training", run_id, "train", 1)
     log += airflow_cluster.trigger_log("trainflow_training", run_id, "train", 1)
-    for task in ("prepare-dataset", "train", "evaluate", "register-model"):
-        assert f"KFP task {task}: RUNNING" in log and f"KFP task {task}: SUCCEEDED" in log, log[-4000:]
+    for task in ("prepare-dataset", "train", "evaluate", "register-model"):  # short ones may end between reads
+        assert f"KFP task {task}: SUCCEEDED" in log, log[-4000:]
+    assert "KFP task train: RUNNING" in log, log[-4000:]
     assert re.search(r"training: step \d+/\d+, epoch \d+, loss \d+\.\d{4}", log), log[-4000:]
 
 

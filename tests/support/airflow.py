@@ -335,6 +335,10 @@ def start_airflow(
                 assert proc.alive(), f"{name} exited:\n{proc.tail()}"
             assert time.monotonic() < deadline, f"Airflow not healthy: {states}\n{cluster.tails()}"
             time.sleep(2)
+        # The api-server builds the execution API's versioned routes (Cadwyn) on its first request,
+        # blocking for 15-40 s here; the first task's "start" call would time out (5 s), be re-sent,
+        # get 400 "already running" and lose the try. Build them now.
+        httpx.get(f"{cluster.url}/execution/health", timeout=600).raise_for_status()
     except BaseException:
         cluster.stop()
         raise
