@@ -72,7 +72,7 @@ FORM: dict[str, dict[str, Any]] = {
     "model_name": {
         "section": TRAINING,
         "description": "Architecture to train.",
-        "enum": ["small_cnn", "resnet18"],
+        "enum": ["small_cnn", "resnet18", "wide_resnet101_2"],
     },
     "epochs": {"section": TRAINING, "description": "Passes over the training data.", "minimum": 1},
     "global_batch_size": {
