@@ -3,7 +3,8 @@ task context (``ti`` with ``xcom_push``, a dict-backed ``task_state_store``).
 
 Covers the "no duplicate runs" rule case by case (fresh submit; reattach by state store; reattach
 by the display-name marker when the store lost the id; resubmit after FAILED with the same job
-key; return an earlier SUCCEEDED run; wait for a CANCELING run to end before submitting; a POST
+key; return an earlier SUCCEEDED run; wait for a CANCELING run to end before submitting, and fail the
+try without submitting when it outlasts ``canceling_timeout_s``; a POST
 /runs answered 504 after the run was stored is found by its marker, not sent again), the log
 (parameters with secret-looking names redacted), a bad ``ui_url`` failing before anything is
 submitted, sync-mode outcomes (success result and XComs, FAILED with
@@ -362,10 +363,36 @@ def test_a_canceling_run_ends_before_a_new_run_is_submitted(kfp_server, compiled
     retry = operator(kfp_server, compiled_pipelines["stubborn"], **args)
     with pytest.raises(TaskDeferred) as deferred:
         retry.execute(context_for("canceling", store))
-    assert op.hook.get_run(first)["state"] == "CANCELED"  # ended before the retry submitted
+    ended = op.hook.get_run(first)
+    assert ended["state"] == "CANCELED"  # ended before the retry submitted
     second = deferred.value.trigger.run_id
     assert second != first and len(runs_of(kfp_server, ctx)) == 2
+    assert op.hook.get_run(second)["created_at"] >= ended["finished_at"]  # RFC 3339 UTC, same format
     retry.hook.terminate_run(second)
+
+
+@slow
+def test_a_run_still_canceling_at_the_timeout_fails_the_try_and_submits_nothing(
+    kfp_server, compiled_pipelines
+) -> None:
+    store = StateStore()
+    ctx = context_for("still-canceling", store)
+    args = {"parameters": {"seconds": 300, "stop_s": 4}, "deferrable": True, "poll_interval_s": 0.2}
+    op = operator(kfp_server, compiled_pipelines["stubborn"], **args)
+    with pytest.raises(TaskDeferred):
+        op.execute(ctx)
+    first = store.data["kfp_run_id"]
+    deadline = time.monotonic() + 120
+    while "ready" not in httpx.get(f"{kfp_server.url}/local/runs/{first}/log").text:
+        assert time.monotonic() < deadline, "the stubborn component did not start"
+        time.sleep(0.2)
+    op.hook.terminate_run(first)
+
+    impatient = operator(kfp_server, compiled_pipelines["stubborn"], canceling_timeout_s=0.5, **args)
+    with pytest.raises(KfpApiError, match=f"KFP run {first} is still CANCELING after 0.5 s; not submitting"):
+        impatient.execute(context_for("still-canceling", store))
+    assert [r["run_id"] for r in runs_of(kfp_server, ctx)] == [first]  # no second writer on the key
+    assert op.hook.wait_for_run(first, poll_interval_s=0.2, deadline_s=time.time() + 60)["state"] == "CANCELED"
 
 
 @slow
