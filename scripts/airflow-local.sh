@@ -43,11 +43,13 @@ command_for() {  # sets CMD to the daemon's command line
   esac
 }
 
-pid_of() {  # the PID in the daemon's pid file, if that process still runs
-  local file="$PIDS/$1.pid" pid
+pid_of() {  # the PID in the daemon's pid file, if that process still runs and is that daemon
+  local file="$PIDS/$1.pid" pid word=airflow
   [[ -f "$file" ]] || return 1
   pid="$(<"$file")"
-  kill -0 "$pid" 2>/dev/null && echo "$pid"
+  [[ "$1" == kfp-server ]] && word=kfp-server
+  # After a reboot the PID may belong to another program: never signal that one.
+  [[ "$(ps -o command= -p "$pid" 2>/dev/null)" == *"$word"* ]] && echo "$pid"
 }
 
 http_ok() { python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=3)" "$1" 2>/dev/null; }
