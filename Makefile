@@ -75,7 +75,7 @@ kfp-server: venv
 test-airflow: venv system-deps
 	$(BIN)/python -m pytest -p no:cacheprovider tests/airflow_bridge tests/trainflow/test_kfp_server_units.py \
 	  tests/trainflow/test_kfp_server_api.py tests/trainflow/test_kfp_server_security.py \
-	  tests/integration/test_readme_airflow.py
+	  tests/integration/test_readme_airflow.py tests/integration/test_airflow_local_script.py
 
 # The README's laptop setup first (AIRFLOW_HOME, db migrate, DAG, connection); PIDs in $(AIRFLOW_HOME)/pids.
 AIRFLOW_HOME ?= $(CURDIR)/runs/airflow
