@@ -14,7 +14,7 @@ Then, as the README tells a user to:
 * sign in as ``admin`` with the password from ``simple_auth_manager_passwords.json.generated``;
   the UI lists one DAG, ``trainflow_training``, unpaused, and everything listens on 127.0.0.1;
 * press Trigger and submit the form **unchanged**: the run succeeds with the pipeline's defaults,
-  the task's page links to the KFP run, and the link opens it;
+  the task's page links to the KFP run, and clicking the link opens it;
 * change ``epochs`` in the form: the KFP run receives it as a JSON integer.
 
 Screenshots of the form, the task page and the KFP run page are kept in
@@ -256,7 +256,17 @@ def test_the_form_submitted_unchanged_trains_and_links_to_the_run(
     chromium.get(f"{env.cluster.url}/dags/{DAG_ID}/runs/{run_id}/tasks/train")
     WebDriverWait(chromium, 120, poll_frequency=1).until(lambda d: "KFP task train" in d.page_source)
     chromium.save_screenshot(str(env.shots / "06-task-log.png"))
-    chromium.get(url)
+    chromium.get(f"{env.cluster.url}/dags/{DAG_ID}/runs/{run_id}/tasks/train/details")
+    tabs = set(chromium.window_handles)
+    WebDriverWait(chromium, 120, poll_frequency=1).until(
+        lambda d: next(iter(d.find_elements(By.LINK_TEXT, KfpRunLink.name)), None)
+    ).click()  # as a user would: Airflow opens extra links in a new tab
+    WebDriverWait(chromium, 60, poll_frequency=0.5).until(
+        lambda d: set(d.window_handles) - tabs or d.current_url.startswith(env.kfp_url)
+    )
+    for tab in set(chromium.window_handles) - tabs:
+        chromium.switch_to.window(tab)
+    assert chromium.current_url == url
     WebDriverWait(chromium, 60).until(lambda d: d.find_elements(By.ID, "run-log"))
     assert chromium.find_element(By.ID, "run-state").text == "SUCCEEDED"
     chromium.save_screenshot(str(env.shots / "07-kfp-run.png"))
