@@ -162,6 +162,11 @@ def test_ops_settings_come_from_variables_and_the_form_values_convert(
     assert {k: v for k, v in unchanged.items() if k != "job_key"} == {
         k: p.default for k, p in declared.items() if k != "job_key"
     }
+    # the same keys in a hand-written conf (the form's raw JSON, POST /dagRuns) change nothing
+    sneaked = {"image": "evil/image:1", "namespace": "kube-system", "s3_secret_name": "admin-creds",
+               "checkpoint_uri": "s3://other-team/ckpt", "job_key": "someone-elses-job"}
+    args = pipeline_arguments(render(dag, sneaked), package, job_key_parameter="job_key", job_key="af-2")
+    assert args == unchanged | {"job_key": "af-2"}
 
 
 def test_the_documented_switch_puts_the_ops_settings_in_the_form(
