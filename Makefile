@@ -10,7 +10,7 @@ export SSL_CERT_FILE ?= /etc/ssl/certs/ca-certificates.crt
 export UV_CACHE_DIR ?= $(HOME)/.cache/trainflow/uv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-12)
 
-.PHONY: all venv run test test-fast lint lock system-deps testbed image bench clean help scheduler-report scheduler-bench kfp-server test-airflow bench-controller test-repeat
+.PHONY: all venv run test test-fast lint lock system-deps testbed image bench clean help scheduler-report scheduler-bench kfp-server test-airflow bench-controller test-repeat airflow-up airflow-down
 all: help
 
 help:
@@ -28,6 +28,7 @@ help:
 	@echo "make bench-controller  controller scale benchmark on the test bed (256 nodes x 8 GPUs, 100 then 1000 PyTorchJobs)"
 	@echo "make kfp-server the local KFP API server on 127.0.0.1:$(KFP_PORT) (kfp.local runs)"
 	@echo "make test-airflow  the Airflow bridge and local KFP server tests (real Airflow, Chromium)"
+	@echo "make airflow-up / airflow-down  start / stop Airflow's 4 daemons and the local KFP server on 127.0.0.1 (README, Airflow)"
 
 venv: $(STAMP)
 
@@ -84,7 +85,16 @@ kfp-server: venv
 
 test-airflow: venv system-deps
 	$(BIN)/python -m pytest -p no:cacheprovider tests/airflow_bridge tests/trainflow/test_kfp_server_units.py \
-	  tests/trainflow/test_kfp_server_api.py
+	  tests/trainflow/test_kfp_server_api.py tests/trainflow/test_kfp_server_security.py \
+	  tests/integration/test_readme_airflow.py tests/integration/test_airflow_local_script.py
+
+# The README's laptop setup first (AIRFLOW_HOME, db migrate, DAG, connection); PIDs in $(AIRFLOW_HOME)/pids.
+AIRFLOW_HOME ?= $(CURDIR)/runs/airflow
+airflow-up: venv
+	PATH="$(CURDIR)/$(BIN):$$PATH" AIRFLOW_HOME="$(AIRFLOW_HOME)" scripts/airflow-local.sh start
+
+airflow-down:
+	PATH="$(CURDIR)/$(BIN):$$PATH" AIRFLOW_HOME="$(AIRFLOW_HOME)" scripts/airflow-local.sh stop
 
 bench: venv
 	$(BIN)/python benchmarks/checkpoint_overhead.py

@@ -82,7 +82,8 @@ def get_provider_info() -> dict[str, Any]:
                     },
                     "sa_token_path": _string(
                         "Service-account token file",
-                        "Path of the projected token (audience pipelines.kubeflow.org)",
+                        "Path of the projected token (audience pipelines.kubeflow.org); it must lie "
+                        "under a folder of [kubeflow_pipelines] sa_token_dirs (default /var/run/secrets)",
                         default="/var/run/secrets/kubeflow/pipelines/token",
                     ),
                     "verify_ssl": {
@@ -110,4 +111,21 @@ def get_provider_info() -> dict[str, Any]:
                 },
             }
         ],
+        "config": {
+            "kubeflow_pipelines": {
+                "description": "Settings of the trainflow Kubeflow Pipelines provider.",
+                "options": {
+                    "sa_token_dirs": {
+                        "description": "Comma-separated folders a kubeflow_pipelines connection may read "
+                        "its service-account token file from (auth mode sa_token_file). A connection "
+                        "whose sa_token_path resolves elsewhere is refused, so whoever may edit "
+                        "connections cannot send an arbitrary file of the worker as a bearer token.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "/var/run/secrets,/opt/tokens",
+                        "default": "/var/run/secrets",
+                    },
+                },
+            },
+        },
     }

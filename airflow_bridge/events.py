@@ -6,12 +6,23 @@ own ``wait_for_run_completion`` misses CANCELED and hangs, kubeflow/pipelines#14
 
 The trigger yields exactly one :class:`TriggerEventPayload`; the operator, the sensor and the
 tests all read it through :func:`parse_payload`.
+
+While a run is followed, :class:`RunProgress` and :func:`progress_lines` turn each read of it into
+task-log lines: the run's state, each task's state as it changes (``run_details.task_details``)
+and the trainer's last reported step and loss where the server exposes them (the run's
+``plugins_output["trainflow"]``, which trainflow's local KFP server fills; a KFP without such a
+plugin simply shows none).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypedDict
+
+#: ``plugins_output`` entry (KFP ``V2beta1PluginOutput``) with the trainer's last reported step;
+#: written by ``trainflow.kfp_server`` (its ``PROGRESS_PLUGIN``).
+PROGRESS_PLUGIN = "trainflow"
 
 
 class RunState(StrEnum):
@@ -154,3 +165,69 @@ def parse_payload(event: Any) -> TriggerEventPayload:
         message=str(event["message"]),
         url=str(event["url"]),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RunProgress:
+    """What one read of a run says about its progress (pure).
+
+    Attributes:
+        state: the run's state.
+        tasks: ``(task display name, state)`` of ``run_details.task_details``, in the API's order.
+        training: the trainer's last step as ``(field, value)`` pairs (``step``, ``total_steps``,
+            ``epoch``, ``loss``, ``samples_per_s``, ``world_size``); empty when not exposed.
+    """
+
+    state: RunState
+    tasks: tuple[tuple[str, str], ...] = ()
+    training: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, run: dict[str, Any]) -> RunProgress:
+        details = (run.get("run_details") or {}).get("task_details") or []
+        tasks = tuple(
+            (str(t.get("display_name") or t.get("task_id") or "?"), RunState.parse(t.get("state")).value)
+            for t in details
+            if isinstance(t, dict)
+        )
+        plugin = (run.get("plugins_output") or {}).get(PROGRESS_PLUGIN) or {}
+        entries = plugin.get("entries") or {}
+        training = tuple(
+            (str(k), v.get("value")) for k, v in entries.items() if isinstance(v, dict) and "value" in v
+        )
+        return cls(RunState.parse(run.get("state")), tasks, training)
+
+
+def _training_line(fields: dict[str, Any]) -> str:
+    step = fields.get("step")
+    total = fields.get("total_steps")
+    parts = [f"step {step}/{total}" if total else f"step {step}"]
+    if fields.get("epoch") is not None:
+        parts.append(f"epoch {fields['epoch']}")
+    if isinstance(fields.get("loss"), int | float):
+        parts.append(f"loss {fields['loss']:.4f}")
+    if isinstance(fields.get("samples_per_s"), int | float):
+        parts.append(f"{fields['samples_per_s']:.0f} samples/s")
+    if fields.get("world_size") is not None:
+        parts.append(f"world size {fields['world_size']}")
+    return "training: " + ", ".join(parts)
+
+
+def progress_lines(run_id: str, previous: RunProgress | None, current: RunProgress) -> list[str]:
+    """Log lines for what changed between two reads of a run (all of it for the first read).
+
+    Returns:
+        ``"KFP run <id> is <STATE>"`` when the run's state changed, ``"KFP task <name>: <STATE>"``
+        per task that appeared or changed state, and ``"training: step N/M, epoch E, loss L, ..."``
+        when the trainer reported a new step.
+    """
+    lines = []
+    if previous is None or previous.state is not current.state:
+        lines.append(f"KFP run {run_id} is {current.state.value}")
+    seen = dict(previous.tasks) if previous is not None else {}
+    lines += [f"KFP task {name}: {state}" for name, state in current.tasks if seen.get(name) != state]
+    training = dict(current.training)
+    before = dict(previous.training) if previous is not None else {}
+    if training.get("step") is not None and training.get("step") != before.get("step"):
+        lines.append(_training_line(training))
+    return lines

@@ -25,6 +25,7 @@ from airflow.sdk import (  # noqa: E402
     BaseSensorOperator,
     Context,
 )
+from airflow.sdk._shared.secrets_masker import redact  # noqa: E402 - the path Airflow 3.3 names
 from airflow.sdk.configuration import conf  # noqa: E402
 from airflow.sdk.exceptions import (  # noqa: E402
     AirflowFailException,
@@ -56,4 +57,5 @@ __all__ = [
     "XCom",
     "conf",
     "default_deferrable",
+    "redact",
 ]

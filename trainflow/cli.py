@@ -12,8 +12,11 @@ Bad input is one line on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -27,6 +30,8 @@ app.add_typer(models_app, name="models")
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+#: Where ``trainflow kfp-server`` reads its bearer token when no --auth-token-file is given.
+TOKEN_ENV = "TRAINFLOW_KFP_SERVER_TOKEN"
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
@@ -52,16 +57,28 @@ def kfp_server(
     port: Annotated[
         int, typer.Option(min=1, max=65535, help="TCP port (KFP's own API server uses 8888).")
     ] = 8888,
-    host: Annotated[str, typer.Option(help="Address to bind; loopback by default.")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option(help="Address to bind; loopback by default (any other needs a token).")
+    ] = "127.0.0.1",
     data_dir: Annotated[Path, typer.Option(help="State file and per-run folders.")] = Path("runs/kfp-server"),
     max_concurrent_runs: Annotated[int, typer.Option(min=1, help="Runs beyond this wait in PENDING.")] = 2,
-    auth_token: Annotated[
-        str, typer.Option(envvar="TRAINFLOW_KFP_SERVER_TOKEN", help="Require this bearer token.")
-    ] = "",
+    auth_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help=f"Require the bearer token held in this file (or in ${TOKEN_ENV}; never on the "
+            "command line, where ps shows it)."
+        ),
+    ] = None,
 ) -> None:
     """Serve the KFP REST API v2beta1 locally and execute runs with kfp.local."""
     from trainflow.kfp_server import serve
+    from trainflow.kfp_server.security import check_bind
 
+    token = _server_token(auth_token_file)
+    try:
+        check_bind(host, token)
+    except ValueError as e:
+        raise _fail(str(e)) from None
     try:
         data_dir = data_dir.resolve()
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -73,10 +90,24 @@ def kfp_server(
             port=port,
             data_dir=data_dir,
             max_concurrent_runs=max_concurrent_runs,
-            auth_token=auth_token or None,
+            auth_token=token,
         )
-    except ValueError as e:  # an unreadable state file
+    except ValueError as e:  # a non-loopback host without a token, an unreadable state file
         raise _fail(str(e)) from None
+
+
+
+def _server_token(path: Path | None) -> str | None:
+    """The kfp-server token: the file's content (stripped) or ``$TRAINFLOW_KFP_SERVER_TOKEN``."""
+    if path is None:
+        return os.environ.get(TOKEN_ENV, "").strip() or None
+    try:
+        token = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise _fail(f"cannot read --auth-token-file {path}: {getattr(e, 'strerror', None) or e}") from None
+    if not token:
+        raise _fail(f"--auth-token-file {path} is empty")
+    return token
 
 
 @app.command()
@@ -173,18 +204,31 @@ def compile(
     given = {"s3_secret": s3_secret, "s3_access_key_key": s3_access_key_key,
              "s3_secret_key_key": s3_secret_key_key, "s3_endpoint_key": s3_endpoint_key}
     settings = replace(PlatformSettings.from_env(), **{k: v for k, v in given.items() if v})
-    output.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(build_pipeline(settings), str(output))
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        compiler.Compiler().compile(build_pipeline(settings), str(output))
+    except OSError as e:
+        raise _fail(f"cannot write {output}: {e.strerror or e}") from None
     typer.echo(f"wrote {output}")
 
 
 def _registry(uri: str):
     from components.registry.store import ModelRegistry
-    from components.training.checkpoint.storage import CheckpointStorageError, storage_for
+    from components.training.checkpoint.storage import storage_for
+
+    with _registry_errors():
+        return ModelRegistry(storage_for(uri))
+
+
+@contextlib.contextmanager
+def _registry_errors() -> Iterator[None]:
+    """A registry or storage error (unknown version, unreachable S3, ...) as one line, exit 2."""
+    from components.registry.store import RegistryError
+    from components.training.checkpoint.storage import CheckpointStorageError
 
     try:
-        return ModelRegistry(storage_for(uri))
-    except CheckpointStorageError as e:
+        yield
+    except (RegistryError, CheckpointStorageError) as e:
         raise _fail(str(e)) from None
 
 
@@ -196,14 +240,10 @@ def models_list(name: str, registry: RegistryOpt = "runs/latest/checkpoints/mode
     """List the versions of a model, with lineage and which one is current."""
     from rich.table import Table
 
-    from components.registry.store import RegistryError
-
     reg = _registry(registry)
-    try:
+    with _registry_errors():
         versions = reg.versions(name)
         current = reg.current(name)
-    except RegistryError as e:
-        raise _fail(str(e)) from None
     table = Table(title=f"{name} @ {registry}")
     for col in ("version", "current", "created", "test accuracy", "dataset", "job key"):
         table.add_column(col)
@@ -221,13 +261,9 @@ def models_show(name: str, version: Annotated[int | None, typer.Argument()] = No
     """Print one version (default: the current one) as JSON."""
     from dataclasses import asdict
 
-    from components.registry.store import RegistryError
-
     reg = _registry(registry)
-    try:
+    with _registry_errors():
         mv = reg.get(name, version) if version is not None else reg.current(name)
-    except RegistryError as e:
-        raise _fail(str(e)) from None
     if mv is None:
         raise _fail(f"model {name!r} has no current version")
     typer.echo(json.dumps(asdict(mv), indent=1))
@@ -236,13 +272,9 @@ def models_show(name: str, version: Annotated[int | None, typer.Argument()] = No
 @models_app.command("rollback")
 def models_rollback(name: str, version: int, registry: RegistryOpt = "runs/latest/checkpoints/models") -> None:
     """Make an earlier version the current one."""
-    from components.registry.store import RegistryError
-
     reg = _registry(registry)
-    try:
+    with _registry_errors():
         mv = reg.rollback(name, version)
-    except RegistryError as e:
-        raise _fail(str(e)) from None
     typer.echo(f"{name}: current version is now {mv.version}")
 
 

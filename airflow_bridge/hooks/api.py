@@ -4,8 +4,10 @@ The sync and async hooks build the same :class:`ApiCall` values and send them wi
 retry rules live here once:
 
 * retried (exponential backoff with jitter, ``Retry-After`` honoured up to ``retry_max_s``):
-  HTTP 429 and 5xx; connection failures (nothing was sent); and, for idempotent calls only, read
-  timeouts and dropped connections;
+  HTTP 429 (the server refused before doing anything) and connection failures (nothing was sent);
+  for idempotent calls only, HTTP 5xx, read timeouts and dropped connections. A 5xx on ``POST
+  /runs`` may come from a proxy after KFP stored the run, so it is not sent again: the operator
+  looks the run up by its marker instead;
 * never retried: every other 4xx. 401/403 raise :class:`KfpAuthError` with a message saying which
   auth mode was used, 404 raises :class:`KfpNotFoundError`.
 
@@ -290,9 +292,11 @@ _OUTCOME_UNKNOWN = (
 
 
 def is_retryable(exc: BaseException, call: ApiCall) -> bool:
-    """True for HTTP 429/5xx, connection failures, and (idempotent calls only) unknown outcomes."""
+    """True for HTTP 429 and connection failures; for idempotent calls also HTTP 5xx and unknown
+    outcomes (read timeouts, dropped connections)."""
     if isinstance(exc, KfpApiError):
-        return exc.status_code is not None and (exc.status_code == 429 or exc.status_code >= 500)
+        status = exc.status_code
+        return status is not None and (status == 429 or (status >= 500 and call.idempotent))
     if isinstance(exc, _NOTHING_SENT):
         return True
     return isinstance(exc, _OUTCOME_UNKNOWN) and call.idempotent

@@ -17,7 +17,10 @@ extra.auth_mode    ``none`` | ``bearer_token`` | ``sa_token_file`` (default: ``b
                    when a password is set, else ``none``)
 extra.sa_token_path projected ServiceAccount token file, re-read on every request
                    (default ``/var/run/secrets/kubeflow/pipelines/token``, as kfp's
-                   ``ServiceAccountTokenVolumeCredentials``)
+                   ``ServiceAccountTokenVolumeCredentials``); it must lie in one of the
+                   folders an Airflow admin allows (``[kubeflow_pipelines] sa_token_dirs``,
+                   default ``/var/run/secrets``), so a connection editor cannot send any file
+                   the worker can read as a token
 extra.verify_ssl   verify TLS certificates (default true)
 extra.ca_bundle_path CA bundle for TLS verification
 extra.request_timeout_s per-request timeout in seconds (default 30)
@@ -28,9 +31,11 @@ extra.default_experiment experiment for runs that name none (default ``Default``
 
 from __future__ import annotations
 
+import ipaddress
 import json
-import os
 import ssl
+import string
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -41,9 +46,12 @@ from airflow_bridge.exceptions import KfpConfigError
 
 CONN_TYPE = "kubeflow_pipelines"
 DEFAULT_CONN_ID = "kubeflow_pipelines_default"
-#: The embedded default: ``trainflow kfp-server`` listens here unless told otherwise.
-LOCAL_API_URL = "http://127.0.0.1:8888"
 DEFAULT_SA_TOKEN_PATH = "/var/run/secrets/kubeflow/pipelines/token"
+#: Folders a service-account token may be read from unless an Airflow admin allows others
+#: (``[kubeflow_pipelines] sa_token_dirs``): where Kubernetes mounts projected and legacy tokens.
+DEFAULT_SA_TOKEN_DIRS = ("/var/run/secrets",)
+#: Fields a ``ui_url`` pattern may use.
+UI_URL_FIELDS = ("run_id", "namespace")
 
 
 class AuthMode(StrEnum):
@@ -82,7 +90,10 @@ class KfpConnectionConfig:
         namespace: profile namespace for multi-user Kubeflow (``""``: single-user).
         auth_mode: see :class:`AuthMode`.
         token: bearer token for ``bearer_token`` mode (never printed).
-        sa_token_path: token file for ``sa_token_file`` mode.
+        sa_token_path: token file for ``sa_token_file`` mode; it must resolve (symlinks
+            followed) to a file inside one of ``sa_token_dirs``.
+        sa_token_dirs: folders a token file may be read from (an Airflow admin's setting, not
+            the connection's: see :func:`sa_token_dirs_from`).
         verify_ssl: verify TLS certificates.
         ca_bundle_path: CA bundle file (``""``: the system store).
         request_timeout_s: per-request timeout, seconds.
@@ -101,6 +112,7 @@ class KfpConnectionConfig:
     auth_mode: AuthMode = AuthMode.NONE
     token: str = field(default="", repr=False)
     sa_token_path: str = DEFAULT_SA_TOKEN_PATH
+    sa_token_dirs: tuple[str, ...] = DEFAULT_SA_TOKEN_DIRS
     verify_ssl: bool = True
     ca_bundle_path: str = ""
     request_timeout_s: float = 30.0
@@ -125,8 +137,11 @@ class KfpConnectionConfig:
             ) from None
         if self.auth_mode is AuthMode.BEARER_TOKEN and not self.token:
             raise KfpConfigError("auth_mode bearer_token needs the token in the connection's password field")
-        if self.auth_mode is AuthMode.SA_TOKEN_FILE and not self.sa_token_path:
-            raise KfpConfigError("auth_mode sa_token_file needs sa_token_path")
+        if self.auth_mode is AuthMode.SA_TOKEN_FILE:
+            if not self.sa_token_path:
+                raise KfpConfigError("auth_mode sa_token_file needs sa_token_path")
+            self._check_token_path()
+        _check_ui_url(self.ui_url)
         if self.request_timeout_s <= 0:
             raise KfpConfigError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
         if self.max_attempts < 1:
@@ -136,12 +151,29 @@ class KfpConnectionConfig:
         if self.ca_bundle_path and not Path(self.ca_bundle_path).is_file():
             raise KfpConfigError(f"ca_bundle_path {self.ca_bundle_path} does not exist")
 
+    def _check_token_path(self) -> None:
+        """Raise unless ``sa_token_path`` resolves into one of ``sa_token_dirs``."""
+        path = Path(self.sa_token_path).resolve()
+        if not any(path.is_relative_to(Path(d).resolve()) for d in self.sa_token_dirs if d):
+            raise KfpConfigError(
+                f"sa_token_path {self.sa_token_path} is outside the service-account token folders "
+                f"({', '.join(self.sa_token_dirs) or 'none'}); an Airflow admin can allow another "
+                "folder with [kubeflow_pipelines] sa_token_dirs"
+            )
+
     @classmethod
-    def from_connection(cls, conn: Any) -> KfpConnectionConfig:
+    def from_connection(
+        cls, conn: Any, *, sa_token_dirs: Sequence[str] = DEFAULT_SA_TOKEN_DIRS
+    ) -> KfpConnectionConfig:
         """Build from an Airflow ``Connection`` (fields as in the module docstring).
 
         Extras are read under their plain names and under the ``extra__kubeflow_pipelines__``
         prefix older Airflow forms wrote.
+
+        Args:
+            conn: the Airflow connection.
+            sa_token_dirs: folders a token file may be read from (the hooks pass the Airflow
+                setting ``[kubeflow_pipelines] sa_token_dirs``; never the connection's extras).
 
         Raises:
             KfpConfigError: for a missing host or an invalid field.
@@ -167,6 +199,7 @@ class KfpConnectionConfig:
             "auth_mode": auth_mode,
             "token": token,
             "sa_token_path": str(extra.get("sa_token_path") or DEFAULT_SA_TOKEN_PATH),
+            "sa_token_dirs": tuple(sa_token_dirs),
             "ca_bundle_path": str(extra.get("ca_bundle_path") or ""),
             "default_experiment": str(extra.get("default_experiment") or "Default"),
         }
@@ -179,10 +212,22 @@ class KfpConnectionConfig:
             kwargs["max_attempts"] = int(_as_float("max_attempts", extra["max_attempts"]))
         return cls(**kwargs)
 
-    @classmethod
-    def local_default(cls) -> KfpConnectionConfig:
-        """The embedded default: ``$KF_PIPELINES_ENDPOINT`` or the local server on 127.0.0.1:8888."""
-        return cls(api_url=os.environ.get("KF_PIPELINES_ENDPOINT") or LOCAL_API_URL)
+    def cleartext_token_warning(self) -> str | None:
+        """A warning when a token would travel over plain ``http://`` beyond this machine, else ``None``.
+
+        Loopback addresses and Kubernetes service names (``*.svc``, ``*.svc.<cluster domain>``:
+        in-cluster traffic, which Kubeflow's Istio mesh encrypts with mTLS) are not warned about.
+        """
+        if self.auth_mode is AuthMode.NONE:
+            return None
+        parts = urlsplit(self.api_url)
+        host = (parts.hostname or "").lower()
+        if parts.scheme != "http" or _is_loopback(host) or host.endswith(".svc") or ".svc." in host:
+            return None
+        return (
+            f"the KFP connection sends a bearer token ({self.auth_mode.value}) over plain http to {host}; "
+            "anyone on the network path can read it -- use an https:// API URL"
+        )
 
     def auth_headers(self) -> dict[str, str]:
         """``Authorization`` header for the current auth mode (the token file is read each call).
@@ -193,6 +238,7 @@ class KfpConnectionConfig:
         if self.auth_mode is AuthMode.BEARER_TOKEN:
             return {"Authorization": f"Bearer {self.token}"}
         if self.auth_mode is AuthMode.SA_TOKEN_FILE:
+            self._check_token_path()  # again: the file may have become a symlink since
             try:
                 token = Path(self.sa_token_path).read_text().strip()
             except OSError as err:
@@ -218,6 +264,39 @@ class KfpConnectionConfig:
         if "{run_id}" in base:
             return base.format(run_id=quote(run_id, safe=""), namespace=quote(self.namespace, safe=""))
         return f"{base.rstrip('/')}/#/runs/details/{quote(run_id, safe='')}"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_ui_url(ui_url: str) -> None:
+    """Raise unless ``ui_url`` is a plain URL or a pattern using only ``{run_id}`` and ``{namespace}``."""
+    if "{" not in ui_url and "}" not in ui_url:
+        return
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(ui_url) if name is not None]
+    except ValueError as err:
+        raise KfpConfigError(f"ui_url {ui_url!r} is not a valid pattern: {err}") from None
+    unknown = sorted({f for f in fields if f not in UI_URL_FIELDS})
+    if unknown:
+        raise KfpConfigError(
+            f"ui_url {ui_url!r} uses unknown field(s) {', '.join('{' + f + '}' for f in unknown)}; "
+            f"a pattern may use {{run_id}} and {{namespace}}"
+        )
+    if "run_id" not in fields:
+        raise KfpConfigError(f"ui_url {ui_url!r} is a pattern without {{run_id}}")
+
+
+def sa_token_dirs_from(setting: str | None) -> tuple[str, ...]:
+    """The folders of ``[kubeflow_pipelines] sa_token_dirs`` (comma-separated; empty: the default)."""
+    dirs = tuple(d.strip() for d in (setting or "").split(",") if d.strip())
+    return dirs or DEFAULT_SA_TOKEN_DIRS
 
 
 def _extras(conn: Any) -> dict[str, Any]:

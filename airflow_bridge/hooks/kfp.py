@@ -5,9 +5,10 @@ send :class:`~airflow_bridge.hooks.api.ApiCall` values with httpx and retry with
 :mod:`airflow_bridge.hooks.api` describes. Neither imports kfp (kfp pins ``kubernetes<31``, which
 Airflow's Kubernetes provider cannot share an environment with).
 
-When the default connection ``kubeflow_pipelines_default`` is not defined, the hooks use the
-embedded default: ``$KF_PIPELINES_ENDPOINT`` or ``http://127.0.0.1:8888``, where
-``trainflow kfp-server`` listens.
+A connection that is not defined is an error (:class:`KfpConfigError` naming it), the default
+``kubeflow_pipelines_default`` included: the hooks never guess an endpoint. A token sent over
+plain ``http://`` beyond loopback is warned about once per hook
+(:meth:`KfpConnectionConfig.cleartext_token_warning`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,14 @@ import tenacity
 from airflow_bridge.events import RunState
 from airflow_bridge.exceptions import KfpApiError, KfpConfigError, KfpRunTimeoutError
 from airflow_bridge.hooks import api
-from airflow_bridge.hooks.config import CONN_TYPE, DEFAULT_CONN_ID, KfpConnectionConfig
+from airflow_bridge.hooks.config import (
+    CONN_TYPE,
+    DEFAULT_CONN_ID,
+    KfpConnectionConfig,
+    sa_token_dirs_from,
+)
 from airflow_bridge.package import PipelinePackage, load_pipeline_package
-from airflow_bridge.version_compat import AirflowNotFoundException, BaseHook
+from airflow_bridge.version_compat import AirflowNotFoundException, BaseHook, conf
 
 
 class KfpRunsApi(Protocol):
@@ -74,18 +80,22 @@ def poll_delay_s(
     return poll_interval_s
 
 
-def _config_for(conn: Any | None, conn_id: str) -> KfpConnectionConfig:
-    if conn is None:
-        return KfpConnectionConfig.local_default()
+#: Airflow config section of the provider's own settings (``get_provider_info()["config"]``).
+CONFIG_SECTION = "kubeflow_pipelines"
+
+
+def _config_for(conn: Any, conn_id: str) -> KfpConnectionConfig:
     if conn.conn_type and conn.conn_type.replace("-", "_") != CONN_TYPE:
         raise KfpConfigError(f"connection {conn_id!r} has type {conn.conn_type!r}, expected {CONN_TYPE!r}")
-    return KfpConnectionConfig.from_connection(conn)
+    dirs = sa_token_dirs_from(conf.get(CONFIG_SECTION, "sa_token_dirs", fallback=""))
+    return KfpConnectionConfig.from_connection(conn, sa_token_dirs=dirs)
 
 
 def _missing(conn_id: str) -> KfpConfigError:
     return KfpConfigError(
-        f"Airflow connection {conn_id!r} is not defined; create a '{CONN_TYPE}' connection "
-        "(Admin > Connections, or AIRFLOW_CONN_<ID>) pointing at the KFP API"
+        f"Airflow connection {conn_id!r} is not defined; create a '{CONN_TYPE}' connection pointing at "
+        f"the KFP API (Admin > Connections, `airflow connections add {conn_id} --conn-type {CONN_TYPE} "
+        "--conn-host URL`, or AIRFLOW_CONN_<ID>)"
     )
 
 
@@ -103,6 +113,7 @@ class _HookBase(BaseHook):
         self.kfp_conn_id = kfp_conn_id
         self._config = config
         self._rng = random.Random()
+        self._warned_cleartext = False
 
     def _wait(self, retry_state: tenacity.RetryCallState) -> float:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
@@ -115,6 +126,15 @@ class _HookBase(BaseHook):
             max_s=cfg.retry_max_s,
             rng=self._rng,
         )
+
+    def _set_config(self, conn: Any) -> KfpConnectionConfig:
+        self._config = _config_for(conn, self.kfp_conn_id)
+        return self._config
+
+    def _warn_cleartext_token(self, cfg: KfpConnectionConfig) -> None:
+        if not self._warned_cleartext and (warning := cfg.cleartext_token_warning()):
+            self.log.warning("%s", warning)
+        self._warned_cleartext = True
 
     def _log_retry(self, retry_state: tenacity.RetryCallState) -> None:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
@@ -143,7 +163,7 @@ class KfpHook(_HookBase):
         clock: wall clock, epoch seconds (deadlines cross processes, so they are wall-clock).
 
     Raises:
-        KfpConfigError: when the connection is missing (other than the default) or invalid.
+        KfpConfigError: when the connection is missing or invalid (on first use).
     """
 
     def __init__(
@@ -167,16 +187,16 @@ class KfpHook(_HookBase):
             try:
                 conn = self.get_connection(self.kfp_conn_id)
             except AirflowNotFoundException as err:
-                if self.kfp_conn_id != DEFAULT_CONN_ID:
-                    raise _missing(self.kfp_conn_id) from err
-                conn = None
-            self._config = _config_for(conn, self.kfp_conn_id)
+                raise _missing(self.kfp_conn_id) from err
+            self._set_config(conn)
+        assert self._config is not None
         return self._config
 
     def get_conn(self) -> httpx.Client:
         """The httpx client bound to the API base URL (created once per hook)."""
         if self._client is None:
             cfg = self.config
+            self._warn_cleartext_token(cfg)
             self._client = httpx.Client(
                 base_url=cfg.api_url,
                 timeout=cfg.request_timeout_s,
@@ -500,10 +520,10 @@ class KfpAsyncHook(_HookBase):
             try:
                 conn = await self.aget_connection(self.kfp_conn_id)
             except AirflowNotFoundException as err:
-                if self.kfp_conn_id != DEFAULT_CONN_ID:
-                    raise _missing(self.kfp_conn_id) from err
-                conn = None
-            self._config = _config_for(conn, self.kfp_conn_id)
+                raise _missing(self.kfp_conn_id) from err
+            self._set_config(conn)
+        assert self._config is not None
+        self._warn_cleartext_token(self._config)
         return self._config
 
     async def call(self, call: api.ApiCall) -> dict[str, Any]:
@@ -536,15 +556,22 @@ class KfpAsyncHook(_HookBase):
         await self.call(api.terminate_run(run_id))
 
     async def wait_for_run(
-        self, run_id: str, *, poll_interval_s: float, deadline_s: float | None = None
+        self,
+        run_id: str,
+        *,
+        poll_interval_s: float,
+        deadline_s: float | None = None,
+        on_poll: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
-        """Async twin of :meth:`KfpHook.wait_for_run`.
+        """Async twin of :meth:`KfpHook.wait_for_run` (``on_poll`` is called with each read).
 
         Raises:
             KfpRunTimeoutError: the deadline passed first.
         """
         while True:
             run = await self.get_run(run_id)
+            if on_poll is not None:
+                on_poll(run)
             delay = poll_delay_s(
                 run, now_s=self._clock(), deadline_s=deadline_s, poll_interval_s=poll_interval_s
             )

@@ -32,6 +32,12 @@ No duplicate runs -- for one task instance ``(dag_id, run_id, task_id, map_index
    new run. The pipeline's ``job_key`` parameter (if declared and left empty) gets the task
    instance key, so the new run resumes the same training checkpoints.
 
+An earlier run that is CANCELING (its pods are still stopping, maybe saving a checkpoint) is
+waited for, up to ``canceling_timeout_s``, before any of this: a new run on the same job key
+while the old one still writes would give the key two writers. If ``POST /runs`` fails with a
+5xx or an unknown outcome (a proxy's 502/504 may come after KFP stored the run), the operator
+looks the run up by its marker before failing the try, and never posts it a second time.
+
 A successful try removes the run id from the state store, so clearing a successful task runs the
 pipeline again.
 """
@@ -47,10 +53,12 @@ from typing import Any, ClassVar
 from airflow_bridge.events import (
     ACTIVE_STATES,
     EventStatus,
+    RunProgress,
     RunState,
     TriggerEventPayload,
     parse_payload,
     payload_for_run,
+    progress_lines,
 )
 from airflow_bridge.exceptions import (
     KfpApiError,
@@ -74,10 +82,18 @@ from airflow_bridge.version_compat import (
     BaseOperator,
     Context,
     default_deferrable,
+    redact,
 )
 
-#: Runs a retried task reattaches to (CANCELING is left to finish; a new run is submitted).
+#: Runs a retried task reattaches to (a CANCELING run is waited for, then a new run is submitted).
 REATTACH_STATES = ACTIVE_STATES - {RunState.CANCELING}
+
+
+def loggable_parameters(arguments: dict[str, Any]) -> Any:
+    """``arguments`` for the task log: values of secret-looking names (``*token*``, ``*secret*``,
+    ``*password*`` ... Airflow's ``[core] sensitive_var_conn_names`` list) and registered secrets
+    replaced with ``***`` by Airflow's secrets masker."""
+    return redact(arguments)
 
 
 def run_deadline_s(run: dict[str, Any], run_timeout_s: float | None, *, now_s: float) -> float | None:
@@ -147,6 +163,9 @@ class KfpRunPipelineOperator(BaseOperator):
             seconds after its creation (``None``: no limit).
         cancel_on_kill: terminate the KFP run when the task is killed.
         job_key_parameter: pipeline parameter that receives the task-instance key (``None``: none).
+        canceling_timeout_s: how long a retry waits for an earlier run that is CANCELING to end
+            before it submits a new one (> 0); past it the try fails (and is retried) without
+            submitting.
 
     Raises:
         ValueError: at DAG parse time for contradictory arguments (one line, naming them).
@@ -191,6 +210,7 @@ class KfpRunPipelineOperator(BaseOperator):
         run_timeout_s: float | None = None,
         cancel_on_kill: bool = True,
         job_key_parameter: str | None = "job_key",
+        canceling_timeout_s: float = 600.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -202,6 +222,8 @@ class KfpRunPipelineOperator(BaseOperator):
             raise ValueError(f"{self.task_id}: poll_interval_s must be > 0, got {poll_interval_s}")
         if run_timeout_s is not None and run_timeout_s <= 0:
             raise ValueError(f"{self.task_id}: run_timeout_s must be > 0, got {run_timeout_s}")
+        if canceling_timeout_s <= 0:
+            raise ValueError(f"{self.task_id}: canceling_timeout_s must be > 0, got {canceling_timeout_s}")
         self.pipeline_package_path = pipeline_package_path
         self.pipeline_id = pipeline_id
         self.pipeline_version_id = pipeline_version_id
@@ -218,6 +240,7 @@ class KfpRunPipelineOperator(BaseOperator):
         self.run_timeout_s = run_timeout_s
         self.cancel_on_kill = cancel_on_kill
         self.job_key_parameter = job_key_parameter
+        self.canceling_timeout_s = float(canceling_timeout_s)
         self._run_id: str | None = None
 
     @cached_property
@@ -262,17 +285,17 @@ class KfpRunPipelineOperator(BaseOperator):
         return self._finish(context, payload_for_run(run, url=url))
 
     def _wait(self, run_id: str, deadline_s: float | None, url: str) -> dict[str, Any]:
-        last_state: list[str] = []
+        last: list[RunProgress] = []
 
-        def log_state(run: dict[str, Any]) -> None:
-            state = RunState.parse(run.get("state")).value
-            if not last_state or last_state[-1] != state:
-                self.log.info("KFP run %s is %s", run_id, state)
-                last_state.append(state)
+        def log_progress(run: dict[str, Any]) -> None:
+            current = RunProgress.of(run)
+            for line in progress_lines(run_id, last[-1] if last else None, current):
+                self.log.info("%s", line)
+            last[:] = [current]
 
         try:
             return self.hook.wait_for_run(
-                run_id, poll_interval_s=self.poll_interval_s, deadline_s=deadline_s, on_poll=log_state
+                run_id, poll_interval_s=self.poll_interval_s, deadline_s=deadline_s, on_poll=log_progress
             )
         except KfpRunTimeoutError as err:
             self._terminate(run_id, reason="the run timed out")
@@ -326,6 +349,7 @@ class KfpRunPipelineOperator(BaseOperator):
             except KfpNotFoundError:
                 run = None
             if run is not None:
+                run = self._after_canceling(run)
                 state = RunState.parse(run.get("state"))
                 if state in REATTACH_STATES:
                     self.log.info(
@@ -340,34 +364,80 @@ class KfpRunPipelineOperator(BaseOperator):
                 self.log.info(
                     "KFP run %s of an earlier try ended %s; submitting a new run", stored_id, state.value
                 )
-        for run in self.hook.find_runs(display_name_contains=identity.marker, namespace=self.namespace):
+        tagged = self._find_tagged(identity)
+        for run in tagged:
+            run = self._after_canceling(run)
             if RunState.parse(run.get("state")) in REATTACH_STATES:
                 self.log.info("reattaching to active KFP run %s tagged %s", run["run_id"], identity.marker)
                 return run
-        return self._submit(identity)
+        return self._submit(identity, known_run_ids={str(r["run_id"]) for r in tagged})
 
-    def _submit(self, identity: TaskIdentity) -> dict[str, Any]:
+    def _find_tagged(self, identity: TaskIdentity) -> list[dict[str, Any]]:
+        return self.hook.find_runs(display_name_contains=identity.marker, namespace=self.namespace)
+
+    def _after_canceling(self, run: dict[str, Any]) -> dict[str, Any]:
+        """``run`` as it is once no longer CANCELING (waited for up to ``canceling_timeout_s``).
+
+        Raises:
+            KfpApiError: still CANCELING at the timeout (the try fails; a retry checks again).
+        """
+        if RunState.parse(run.get("state")) is not RunState.CANCELING:
+            return run
+        run_id = str(run["run_id"])
+        self.log.info(
+            "KFP run %s is CANCELING; waiting for it to end before submitting another run on its job key",
+            run_id,
+        )
+        deadline = time.time() + self.canceling_timeout_s
+        while RunState.parse(run.get("state")) is RunState.CANCELING:
+            if time.time() >= deadline:
+                raise KfpApiError(
+                    f"KFP run {run_id} is still CANCELING after {self.canceling_timeout_s:g} s; not "
+                    "submitting a second run on the same job key while it may still write checkpoints"
+                )
+            time.sleep(min(self.poll_interval_s, max(0.0, deadline - time.time())))
+            run = self.hook.get_run(run_id)
+        self.log.info("KFP run %s ended %s", run_id, RunState.parse(run.get("state")).value)
+        return run
+
+    def _submit(self, identity: TaskIdentity, *, known_run_ids: set[str] | None = None) -> dict[str, Any]:
         package = load_pipeline_package(self.pipeline_package_path) if self.pipeline_package_path else None
         arguments = pipeline_arguments(
             self.parameters, package, job_key_parameter=self.job_key_parameter, job_key=identity.key
         )
         experiment = self.hook.get_or_create_experiment(self.experiment_name, namespace=self.namespace)
-        run = self.hook.create_run(
-            display_name=identity.run_display_name(self.run_name),
-            package=package,
-            pipeline_id=self.pipeline_id,
-            pipeline_version_id=self.pipeline_version_id,
-            parameters=arguments,
-            experiment_id=experiment["experiment_id"],
-            pipeline_root=self.pipeline_root,
-            service_account=self.service_account,
-            enable_caching=self.enable_caching,
-            description=(
-                f"Submitted by Airflow: dag_id={identity.dag_id} run_id={identity.run_id} "
-                f"task_id={identity.task_id} map_index={identity.map_index} key={identity.key}"
-            ),
-        )
-        self.log.info("submitted KFP run %s with parameters %s", run["run_id"], arguments)
+        try:
+            run = self.hook.create_run(
+                display_name=identity.run_display_name(self.run_name),
+                package=package,
+                pipeline_id=self.pipeline_id,
+                pipeline_version_id=self.pipeline_version_id,
+                parameters=arguments,
+                experiment_id=experiment["experiment_id"],
+                pipeline_root=self.pipeline_root,
+                service_account=self.service_account,
+                enable_caching=self.enable_caching,
+                description=(
+                    f"Submitted by Airflow: dag_id={identity.dag_id} run_id={identity.run_id} "
+                    f"task_id={identity.task_id} map_index={identity.map_index} key={identity.key}"
+                ),
+            )
+        except KfpApiError as err:
+            if err.status_code is not None and err.status_code < 500:
+                raise
+            # A proxy's 502/504 (or a lost reply) may come after KFP stored the run: look, never re-post.
+            created = [
+                r for r in self._find_tagged(identity) if str(r["run_id"]) not in (known_run_ids or set())
+            ]
+            if not created:
+                raise
+            run = created[0]
+            self.log.warning(
+                "POST /runs failed (%s) but KFP created run %s; following it instead of posting again",
+                err,
+                run["run_id"],
+            )
+        self.log.info("submitted KFP run %s with parameters %s", run["run_id"], loggable_parameters(arguments))
         return run
 
     # -- kill ------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 It is a value object: ``serialize()`` returns everything needed to rebuild it in the triggerer
 (run id, connection id, poll interval, deadline, run URL, cancel-on-kill), and ``run()`` never
-raises -- API errors become an ``error`` event. ``on_kill()`` (Airflow >= 3.3, called when a user
+raises -- API errors become an ``error`` event. While it waits it logs the run's progress (state,
+each task's state as it changes, the trainer's last step and loss where exposed:
+:func:`airflow_bridge.events.progress_lines`); Airflow shows the trigger's log in the task's log. ``on_kill()`` (Airflow >= 3.3, called when a user
 marks the deferred task failed/success or clears it) terminates the run by its persisted id.
 ``cleanup()`` is left alone: it also runs on every triggerer restart, where the run must go on.
 
@@ -16,7 +18,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow_bridge.events import EventStatus, RunState, payload_for_problem, payload_for_run
+from airflow_bridge.events import (
+    EventStatus,
+    RunProgress,
+    RunState,
+    payload_for_problem,
+    payload_for_run,
+    progress_lines,
+)
 from airflow_bridge.exceptions import KfpRunTimeoutError
 from airflow_bridge.hooks.config import DEFAULT_CONN_ID
 from airflow_bridge.hooks.kfp import KfpAsyncHook
@@ -82,10 +91,21 @@ class KfpRunTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self.hook()
         url = self.run_url
+        last: list[RunProgress] = []
+
+        def log_progress(run: dict[str, Any]) -> None:
+            current = RunProgress.of(run)
+            for line in progress_lines(self.run_id, last[-1] if last else None, current):
+                self.log.info("%s", line)
+            last[:] = [current]
+
         try:
             url = url or await hook.run_url(self.run_id)
             run = await hook.wait_for_run(
-                self.run_id, poll_interval_s=self.poll_interval_s, deadline_s=self.deadline_s
+                self.run_id,
+                poll_interval_s=self.poll_interval_s,
+                deadline_s=self.deadline_s,
+                on_poll=log_progress,
             )
             payload = payload_for_run(run, url=url)
         except KfpRunTimeoutError as err:

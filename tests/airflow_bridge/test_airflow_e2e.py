@@ -9,7 +9,8 @@ Shows, through Airflow's REST API as the UI uses it:
 * triggering ``trainflow_training`` (the real training pipeline compiled by ``trainflow compile``:
   prepare -> elastic DDP training under torchrun -> evaluate -> register) with a conf ends with the
   DAG run succeeded, the KFP run SUCCEEDED (all four tasks) with the job key derived from the task
-  instance, XCom holding run_id and url, and the extra-link XCom set;
+  instance, XCom holding run_id and url, the extra-link XCom set, and the deferred task's log
+  showing each KFP task's state and the trainer's steps and loss;
 * a failing pipeline fails the task with the KFP error message;
 * marking the running task failed terminates the KFP run, in sync and in deferrable mode;
 * killing the Airflow worker mid-run (SIGKILL of the executor worker and the task process) and the
@@ -21,6 +22,7 @@ Slow by nature (one Airflow for the whole session, about a minute to start on 2 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -108,6 +110,13 @@ def test_trigger_trainflow_training_succeeds_with_run_id_and_url_in_xcom(
     assert params["job_key"] == TaskIdentity("trainflow_training", run_id, "train").key
     ti = airflow_cluster.task_instance("trainflow_training", run_id, "train")
     assert ti["try_number"] == 1 and ti["operator"] == "KfpRunPipelineOperator"
+    # progress while deferred: the trigger logged each task's state and the trainer's steps
+    log = airflow_cluster.task_log("trainflow_training", run_id, "train", 1)
+    log += airflow_cluster.trigger_log("trainflow_training", run_id, "train", 1)
+    for task in ("prepare-dataset", "train", "evaluate", "register-model"):  # short ones may end between reads
+        assert f"KFP task {task}: SUCCEEDED" in log, log[-4000:]
+    assert "KFP task train: RUNNING" in log, log[-4000:]
+    assert re.search(r"training: step \d+/\d+, epoch \d+, loss \d+\.\d{4}", log), log[-4000:]
 
 
 def test_failing_pipeline_fails_the_task_with_the_kfp_error(

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -47,7 +49,7 @@ def test_extras_plain_and_prefixed(tmp_path: Path) -> None:
         "request_timeout_s": "7.5",
         "ui_url": "https://kf.example.com/_/pipeline/?ns={namespace}#/runs/details/{run_id}",
     }
-    cfg = KfpConnectionConfig.from_connection(conn(host="http://h", extra=extra))
+    cfg = KfpConnectionConfig.from_connection(conn(host="http://h", extra=extra), sa_token_dirs=(str(tmp_path),))
     assert cfg.namespace == "team-a" and cfg.request_timeout_s == 7.5 and cfg.verify_ssl is False
     assert cfg.auth_headers() == {"Authorization": "Bearer sa-token"}
     token.write_text("rotated")  # projected tokens rotate: read on every request
@@ -79,7 +81,105 @@ def test_bad_connections_fail_with_one_line(kwargs: dict, message: str) -> None:
 
 def test_missing_token_file_is_a_clear_error(tmp_path: Path) -> None:
     cfg = KfpConnectionConfig(
-        api_url="http://h", auth_mode=AuthMode.SA_TOKEN_FILE, sa_token_path=str(tmp_path / "x")
+        api_url="http://h",
+        auth_mode=AuthMode.SA_TOKEN_FILE,
+        sa_token_path=str(tmp_path / "x"),
+        sa_token_dirs=(str(tmp_path),),
     )
     with pytest.raises(KfpConfigError, match="cannot read the service-account token"):
         cfg.auth_headers()
+
+
+@pytest.mark.parametrize(
+    "ui_url",
+    [
+        "https://kf.example.com/_/pipeline/?ns={ns}#/runs/details/{run_id}",  # unknown field
+        "https://kf.example.com/#/runs/details/{run_id",  # unbalanced
+        "https://kf.example.com/?ns={namespace}",  # a pattern without {run_id}
+        "https://kf.example.com/{0}/{run_id}",  # positional
+    ],
+)
+def test_a_bad_ui_url_pattern_is_refused_when_the_settings_are_built(ui_url: str) -> None:
+    with pytest.raises(KfpConfigError, match="ui_url") as info:
+        KfpConnectionConfig.from_connection(conn(host="http://h", extra={"ui_url": ui_url}))
+    assert "\n" not in str(info.value)
+
+
+def test_a_missing_connection_is_an_error_not_a_silent_local_default(monkeypatch) -> None:
+    from airflow_bridge.hooks import KfpAsyncHook, KfpHook
+
+    monkeypatch.delenv("AIRFLOW_CONN_KUBEFLOW_PIPELINES_DEFAULT", raising=False)
+    monkeypatch.setenv("KF_PIPELINES_ENDPOINT", "http://127.0.0.1:8888")
+    with pytest.raises(KfpConfigError, match="'kubeflow_pipelines_default' is not defined"):
+        KfpHook().config  # noqa: B018 - the property reads the connection
+    with pytest.raises(KfpConfigError, match="'kubeflow_pipelines_default' is not defined"):
+        asyncio.run(KfpAsyncHook().get_config())
+
+
+def test_the_service_account_token_must_live_in_a_token_folder(tmp_path: Path) -> None:
+    """A connection editor must not be able to send any file the worker can read (``/etc/shadow``,
+    ``~/.aws/credentials``) as a bearer token to a host of their choice."""
+    secret = tmp_path / "credentials"
+    secret.write_text("not-a-token")
+    extra = {"auth_mode": "sa_token_file", "sa_token_path": str(secret)}
+    with pytest.raises(KfpConfigError, match="outside the service-account token folders"):
+        KfpConnectionConfig.from_connection(conn(host="https://evil.example", extra=extra))
+    escape = tmp_path / "tokens" / "link"  # a symlink inside an allowed folder pointing outside
+    escape.parent.mkdir()
+    escape.symlink_to(secret)
+    extra["sa_token_path"] = str(escape)
+    with pytest.raises(KfpConfigError, match="outside the service-account token folders"):
+        KfpConnectionConfig.from_connection(
+            conn(host="https://evil.example", extra=extra), sa_token_dirs=(str(escape.parent),)
+        )
+    # an Airflow admin (not the connection editor) may allow another folder
+    token = tmp_path / "tokens" / "token"
+    token.write_text("sa-token")
+    extra["sa_token_path"] = str(token)
+    cfg = KfpConnectionConfig.from_connection(
+        conn(host="https://kf.example", extra=extra), sa_token_dirs=(str(token.parent),)
+    )
+    assert cfg.auth_headers() == {"Authorization": "Bearer sa-token"}
+    assert KfpConnectionConfig(api_url="http://h").sa_token_dirs == ("/var/run/secrets",)
+
+
+def test_the_token_folders_come_from_the_airflow_config(tmp_path: Path, monkeypatch) -> None:
+    from airflow_bridge.hooks import KfpHook
+
+    token = tmp_path / "token"
+    token.write_text("tok")
+    extra = json.dumps({"auth_mode": "sa_token_file", "sa_token_path": str(token)})
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KFP_SA", json.dumps({"conn_type": "kubeflow_pipelines", "host": "https://h", "extra": extra})
+    )
+    with pytest.raises(KfpConfigError, match="outside the service-account token folders"):
+        KfpHook("kfp_sa").config  # noqa: B018
+    monkeypatch.setenv("AIRFLOW__KUBEFLOW_PIPELINES__SA_TOKEN_DIRS", f"/var/run/secrets,{tmp_path}")
+    assert KfpHook("kfp_sa").config.auth_headers() == {"Authorization": "Bearer tok"}
+
+
+@pytest.mark.parametrize(
+    ("api_url", "warned"),
+    [
+        ("http://kubeflow.example.com/pipeline", True),
+        ("http://10.1.2.3:8888", True),
+        ("https://kubeflow.example.com/pipeline", False),
+        ("http://127.0.0.1:8888", False),
+        ("http://localhost:8888", False),
+        ("http://ml-pipeline.kubeflow.svc.cluster.local:8888", False),  # in-cluster service name
+    ],
+)
+def test_a_token_over_plain_http_is_warned_about(api_url: str, warned: bool, capsys, caplog) -> None:
+    from airflow_bridge.hooks import KfpHook
+
+    cfg = KfpConnectionConfig(api_url=api_url, auth_mode=AuthMode.BEARER_TOKEN, token="tok-1")
+    assert (cfg.cleartext_token_warning() is not None) == warned
+    hook = KfpHook("kfp", config=cfg)
+    with caplog.at_level(logging.WARNING):
+        hook.get_conn()
+        hook.close()
+        hook.get_conn()  # once per hook
+    out = capsys.readouterr().out + caplog.text  # Airflow's structlog prints; plain logging records
+    assert out.count("over plain http") == (1 if warned else 0), out
+    assert "tok-1" not in out
+    assert KfpConnectionConfig(api_url=api_url).cleartext_token_warning() is None  # no token, no warning

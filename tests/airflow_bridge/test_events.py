@@ -1,4 +1,4 @@
-"""events: run-state vocabulary and the one trigger payload (pure)."""
+"""events: run-state vocabulary, the one trigger payload and the progress lines of the task log (pure)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,15 @@ import pytest
 
 from airflow_bridge.events import (
     ACTIVE_STATES,
+    PROGRESS_PLUGIN,
     TERMINAL_STATES,
     EventStatus,
+    RunProgress,
     RunState,
     parse_payload,
     payload_for_problem,
     payload_for_run,
+    progress_lines,
 )
 
 
@@ -62,3 +65,46 @@ def test_problem_payloads_and_validation() -> None:
         parse_payload({"status": "success"})
     with pytest.raises(ValueError, match="unknown status 'great'"):
         parse_payload({"status": "great", "run_id": "r", "state": None, "message": "", "url": ""})
+
+
+def _run(state: str, tasks: dict[str, str], training: dict | None = None) -> dict:
+    run = {
+        "run_id": "r1",
+        "state": state,
+        "run_details": {"task_details": [{"display_name": n, "state": s} for n, s in tasks.items()]},
+    }
+    if training is not None:
+        entries = {k: {"value": v} for k, v in training.items()}
+        run["plugins_output"] = {PROGRESS_PLUGIN: {"entries": entries, "state": "PLUGIN_RUNNING"}}
+    return run
+
+
+def test_progress_lines_report_what_changed() -> None:
+    first = RunProgress.of(_run("RUNNING", {"prepare-dataset": "RUNNING"}))
+    assert progress_lines("r1", None, first) == ["KFP run r1 is RUNNING", "KFP task prepare-dataset: RUNNING"]
+    assert progress_lines("r1", first, first) == []  # nothing new, nothing logged
+    second = RunProgress.of(
+        _run(
+            "RUNNING",
+            {"prepare-dataset": "SUCCEEDED", "train": "RUNNING"},
+            {"step": 120, "total_steps": 500, "epoch": 1, "loss": 0.53125, "samples_per_s": 812.4, "world_size": 2},
+        )
+    )
+    assert progress_lines("r1", first, second) == [
+        "KFP task prepare-dataset: SUCCEEDED",
+        "KFP task train: RUNNING",
+        "training: step 120/500, epoch 1, loss 0.5312, 812 samples/s, world size 2",
+    ]
+    done = RunProgress.of(_run("SUCCEEDED", {"prepare-dataset": "SUCCEEDED", "train": "SUCCEEDED"},
+                               {"step": 500, "total_steps": 500, "loss": 0.1}))
+    assert progress_lines("r1", second, done) == [
+        "KFP run r1 is SUCCEEDED",
+        "KFP task train: SUCCEEDED",
+        "training: step 500/500, loss 0.1000",
+    ]
+
+
+def test_a_run_without_details_or_plugin_has_only_its_state() -> None:
+    progress = RunProgress.of({"run_id": "r", "state": "PENDING"})
+    assert progress == RunProgress(RunState.PENDING)
+    assert progress_lines("r", None, progress) == ["KFP run r is PENDING"]

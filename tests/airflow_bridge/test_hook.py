@@ -93,7 +93,8 @@ def test_find_terminate_and_wait_returns_on_canceled(hook: KfpHook, compiled_pip
     found = hook.find_runs(display_name_contains=marker)
     assert [r["run_id"] for r in found] == [run["run_id"]]
     assert hook.find_runs(display_name=f"slow {marker}")[0]["run_id"] == run["run_id"]
-    assert hook.find_runs(display_name="slow") == []
+    # an exact name is not a substring match (other tests of the session may have a run named "slow")
+    assert all(r["display_name"] == "slow" for r in hook.find_runs(display_name="slow"))
     with pytest.raises(KfpRunTimeoutError, match=r"still (PENDING|RUNNING) at its deadline"):
         hook.wait_for_run(run["run_id"], poll_interval_s=0.2, deadline_s=time.time() + 1.0)
     hook.terminate_run(run["run_id"])
@@ -127,7 +128,10 @@ def test_token_auth_modes_against_a_server_that_requires_a_token(tmp_path: Path)
         token_file = tmp_path / "sa-token"
         token_file.write_text("tok-abc123\n")
         sa = KfpConnectionConfig(
-            api_url=server.url, auth_mode=AuthMode.SA_TOKEN_FILE, sa_token_path=str(token_file)
+            api_url=server.url,
+            auth_mode=AuthMode.SA_TOKEN_FILE,
+            sa_token_path=str(token_file),
+            sa_token_dirs=(str(tmp_path),),
         )
         assert KfpHook("kfp", config=sa).healthz() == {"multi_user": False, "pipeline_store": "local"}
     finally:

@@ -2,8 +2,10 @@
 
 Matrix: 5xx then success (retried, backoff grows); 429 with Retry-After (honoured, capped);
 400/404 (never retried, mapped); 401/403 (KfpAuthError naming the auth mode); read timeout on an
-idempotent GET (retried) versus on POST /runs (not retried: it could create a second run); a
-refused connection (retried, then one-line KfpApiError). Sync and async hooks share the policy.
+idempotent GET (retried) versus on POST /runs (not retried: it could create a second run); a 5xx
+on POST /runs (not retried either: a proxy's 502/504 may come after KFP stored the run), a 429 on it
+(retried: the server refused before doing anything); a refused connection (retried, then one-line
+KfpApiError). Sync and async hooks share the policy.
 The real-server behaviour is in test_hook.py.
 """
 
@@ -99,6 +101,23 @@ def test_read_timeout_is_retried_for_get_but_not_for_create_run() -> None:
     ):
         sync_hook(transport, []).create_run(display_name="x", pipeline_id="p")
     assert len(seen) == 1  # a second POST could have created a duplicate run
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+def test_a_server_error_on_create_run_is_not_sent_again(status: int) -> None:
+    seen, transport = scripted(
+        [httpx.Response(status, json={"message": "upstream timed out"}), httpx.Response(200, json={"run_id": "dup"})]
+    )
+    with pytest.raises(KfpApiError, match=f"HTTP {status}: upstream timed out") as info:
+        sync_hook(transport, []).create_run(display_name="x", pipeline_id="p")
+    assert info.value.status_code == status
+    assert len(seen) == 1  # the run may exist already: the operator looks it up by its marker
+
+
+def test_too_many_requests_on_create_run_is_retried() -> None:
+    seen, transport = scripted([httpx.Response(429), httpx.Response(200, json={"run_id": "r"})])
+    assert sync_hook(transport, []).create_run(display_name="x", pipeline_id="p")["run_id"] == "r"
+    assert len(seen) == 2
 
 
 def test_refused_connection_is_retried_then_reported_in_one_line() -> None:

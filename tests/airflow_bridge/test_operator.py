@@ -3,7 +3,11 @@ task context (``ti`` with ``xcom_push``, a dict-backed ``task_state_store``).
 
 Covers the "no duplicate runs" rule case by case (fresh submit; reattach by state store; reattach
 by the display-name marker when the store lost the id; resubmit after FAILED with the same job
-key; return an earlier SUCCEEDED run), sync-mode outcomes (success result and XComs, FAILED with
+key; return an earlier SUCCEEDED run; wait for a CANCELING run to end before submitting, and fail the
+try without submitting when it outlasts ``canceling_timeout_s``; a POST
+/runs answered 504 after the run was stored is found by its marker, not sent again), the log
+(parameters with secret-looking names redacted), a bad ``ui_url`` failing before anything is
+submitted, sync-mode outcomes (success result and XComs, FAILED with
 the KFP message, run timeout terminating the run, on_kill terminating the run), the deferral
 (trigger kwargs carry the knobs), ``execute_complete`` for every event status, and bad input
 failing the task without retries. The same behaviours under a real Airflow are in
@@ -12,11 +16,13 @@ test_airflow_e2e.py.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
@@ -303,3 +309,118 @@ def test_on_kill_in_sync_mode_terminates_the_persisted_run(kfp_server, compiled_
     worker.join(60)
     assert isinstance(outcome[0], KfpRunCanceledError)
     assert op.hook.get_run(ctx["task_state_store"].data["kfp_run_id"])["state"] == "CANCELED"
+
+
+class GatewayTimeoutOnce(httpx.BaseTransport):
+    """A proxy in front of the real server that answers the first ``POST /runs`` with 504 *after*
+    forwarding it (the backend stored the run; the proxy timed out waiting for the answer)."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.create_run_posts = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        if request.method == "POST" and request.url.path.endswith("/runs"):
+            self.create_run_posts += 1
+            if self.create_run_posts == 1:
+                response.read()
+                return httpx.Response(504, json={"message": "upstream request timeout"}, request=request)
+        return response
+
+
+@slow
+def test_a_504_after_the_run_was_stored_finds_the_run_instead_of_posting_again(
+    kfp_server, compiled_pipelines
+) -> None:
+    ctx = context_for("gateway-504")
+    op = operator(kfp_server, compiled_pipelines["tiny"], poll_interval_s=0.3)
+    proxy = GatewayTimeoutOnce()
+    op.__dict__["hook"] = KfpHook("kfp", config=KfpConnectionConfig(api_url=kfp_server.url), transport=proxy)
+    result = op.execute(ctx)
+    (run,) = runs_of(kfp_server, ctx)
+    assert result["run_id"] == run["run_id"] and result["state"] == "SUCCEEDED"
+    assert proxy.create_run_posts == 1
+
+
+@slow
+def test_a_canceling_run_ends_before_a_new_run_is_submitted(kfp_server, compiled_pipelines) -> None:
+    """Two runs on one job key at once corrupt each other's checkpoints (review finding 2a)."""
+    store = StateStore()
+    ctx = context_for("canceling", store)
+    args = {"parameters": {"seconds": 300, "stop_s": 4}, "deferrable": True, "poll_interval_s": 0.2}
+    op = operator(kfp_server, compiled_pipelines["stubborn"], **args)
+    with pytest.raises(TaskDeferred):
+        op.execute(ctx)
+    first = store.data["kfp_run_id"]
+    deadline = time.monotonic() + 120
+    while "ready" not in httpx.get(f"{kfp_server.url}/local/runs/{first}/log").text:
+        assert time.monotonic() < deadline, "the stubborn component did not start"
+        time.sleep(0.2)
+    op.hook.terminate_run(first)  # e.g. run_timeout_s ended the first try
+    assert op.hook.get_run(first)["state"] == "CANCELING"
+
+    retry = operator(kfp_server, compiled_pipelines["stubborn"], **args)
+    with pytest.raises(TaskDeferred) as deferred:
+        retry.execute(context_for("canceling", store))
+    ended = op.hook.get_run(first)
+    assert ended["state"] == "CANCELED"  # ended before the retry submitted
+    second = deferred.value.trigger.run_id
+    assert second != first and len(runs_of(kfp_server, ctx)) == 2
+    assert op.hook.get_run(second)["created_at"] >= ended["finished_at"]  # RFC 3339 UTC, same format
+    retry.hook.terminate_run(second)
+
+
+@slow
+def test_a_run_still_canceling_at_the_timeout_fails_the_try_and_submits_nothing(
+    kfp_server, compiled_pipelines
+) -> None:
+    store = StateStore()
+    ctx = context_for("still-canceling", store)
+    args = {"parameters": {"seconds": 300, "stop_s": 4}, "deferrable": True, "poll_interval_s": 0.2}
+    op = operator(kfp_server, compiled_pipelines["stubborn"], **args)
+    with pytest.raises(TaskDeferred):
+        op.execute(ctx)
+    first = store.data["kfp_run_id"]
+    deadline = time.monotonic() + 120
+    while "ready" not in httpx.get(f"{kfp_server.url}/local/runs/{first}/log").text:
+        assert time.monotonic() < deadline, "the stubborn component did not start"
+        time.sleep(0.2)
+    op.hook.terminate_run(first)
+
+    impatient = operator(kfp_server, compiled_pipelines["stubborn"], canceling_timeout_s=0.5, **args)
+    with pytest.raises(KfpApiError, match=f"KFP run {first} is still CANCELING after 0.5 s; not submitting"):
+        impatient.execute(context_for("still-canceling", store))
+    assert [r["run_id"] for r in runs_of(kfp_server, ctx)] == [first]  # no second writer on the key
+    assert op.hook.wait_for_run(first, poll_interval_s=0.2, deadline_s=time.time() + 60)["state"] == "CANCELED"
+
+
+@slow
+def test_the_submit_log_redacts_secret_looking_parameters(kfp_server, compiled_pipelines, capsys) -> None:
+    ctx = context_for("redacted")
+    op = operator(kfp_server, compiled_pipelines["tiny"], parameters={"a": 7})
+    op._submit(TaskIdentity.from_context(ctx))
+    line = next(x for x in capsys.readouterr().out.splitlines() if "submitted KFP run" in x)
+    assert "'a': 7" in line
+    from airflow_bridge.operators.kfp import loggable_parameters
+
+    shown = loggable_parameters({"epochs": 3, "api_token": "tok-zzz", "s3_secret_name": "creds", "password": "p"})
+    assert shown == {"epochs": 3, "api_token": "***", "s3_secret_name": "***", "password": "***"}
+
+
+@slow
+def test_a_bad_ui_url_fails_the_task_before_anything_is_submitted(
+    kfp_server, compiled_pipelines, monkeypatch
+) -> None:
+    extra = json.dumps({"ui_url": "https://kf.example.com/?ns={ns}#/runs/details/{run_id}"})
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KFP_BAD_UI",
+        json.dumps({"conn_type": "kubeflow_pipelines", "host": kfp_server.url, "extra": extra}),
+    )
+    ctx = context_for("bad-ui-url")
+    op = KfpRunPipelineOperator(
+        task_id="train", pipeline_package_path=str(compiled_pipelines["tiny"]), kfp_conn_id="kfp_bad_ui"
+    )
+    with pytest.raises(AirflowFailException, match=r"unknown field\(s\) \{ns\}"):
+        op.execute(ctx)
+    assert runs_of(kfp_server, ctx) == []

@@ -1,5 +1,6 @@
 """KfpRunTrigger: serialization round trip, exactly one event per outcome, knobs reaching their
-calls, and on_kill terminating the run.
+calls, on_kill terminating the run, and the progress it logs while it waits (run and task states,
+the trainer's last step).
 
 The outcome tests run against the real local KFP server (success, failure with its message,
 canceled, deadline). The knob tests inject the hook's sleep and clock to record what reaches
@@ -10,6 +11,8 @@ Airflow Kubernetes job trigger dropped its poll interval on the floor; see resea
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
 import time
 
 import httpx
@@ -185,3 +188,21 @@ async def test_trigger_reads_its_connection_from_airflow(monkeypatch, kfp_server
     assert event["status"] == "error" and "HTTP 404" in event["message"]
     assert event["url"] == f"{kfp_server.url}/#/runs/details/no-such-run"
     assert httpx.get(f"{kfp_server.url}/apis/v2beta1/healthz").is_success
+
+
+@pytest.mark.slow
+async def test_the_trigger_logs_task_states_and_training_steps_as_they_change(
+    kfp_server, compiled_pipelines, capsys, caplog
+) -> None:
+    run_id = submit(kfp_server, compiled_pipelines["training_pipeline"], epochs=4, step_s=0.6)
+    trigger = make(run_id=run_id, poll_interval_s=0.2, deadline_s=None, run_url="")
+    trigger.hook = lambda: KfpAsyncHook("kfp_test", config=KfpConnectionConfig(api_url=kfp_server.url))
+    with caplog.at_level(logging.INFO):
+        (event,) = await collect(trigger)
+    assert event["status"] == "success"
+    log = capsys.readouterr().out + caplog.text
+    assert f"KFP run {run_id} is RUNNING" in log and f"KFP run {run_id} is SUCCEEDED" in log
+    assert "KFP task fake-train: RUNNING" in log and "KFP task fake-train: SUCCEEDED" in log
+    steps = re.findall(r"training: step (\d)/4, epoch \d, loss [\d.]+, 100 samples/s, world size 1", log)
+    assert steps and steps == sorted(set(steps)), log  # each new step once, in order
+    assert steps[-1] == "4"

@@ -62,15 +62,22 @@ class AirflowCluster:
     url: str
     env: dict[str, str]
     processes: dict[str, ManagedProcess] = field(default_factory=dict)
+    #: ``(username, password)`` of the simple auth manager; ``None``: everyone is admin.
+    credentials: tuple[str, str] | None = None
     _token: str | None = None
 
     # -- REST --------------------------------------------------------------------------------
     def token(self) -> str:
         if self._token is None:
-            # simple auth manager with all_admins: GET /auth/token hands out an admin JWT
-            self._token = (
-                httpx.get(f"{self.url}/auth/token", timeout=30).raise_for_status().json()["access_token"]
-            )
+            if self.credentials is None:
+                # simple auth manager with all_admins: GET /auth/token hands out an admin JWT
+                response = httpx.get(f"{self.url}/auth/token", timeout=30)
+            else:
+                username, password = self.credentials
+                response = httpx.post(
+                    f"{self.url}/auth/token", json={"username": username, "password": password}, timeout=30
+                )
+            self._token = response.raise_for_status().json()["access_token"]
         return self._token
 
     def api(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -328,6 +335,10 @@ def start_airflow(
                 assert proc.alive(), f"{name} exited:\n{proc.tail()}"
             assert time.monotonic() < deadline, f"Airflow not healthy: {states}\n{cluster.tails()}"
             time.sleep(2)
+        # The api-server builds the execution API's versioned routes (Cadwyn) on its first request,
+        # blocking for 15-40 s here; the first task's "start" call would time out (5 s), be re-sent,
+        # get 400 "already running" and lose the try. Build them now.
+        httpx.get(f"{cluster.url}/execution/health", timeout=600).raise_for_status()
     except BaseException:
         cluster.stop()
         raise
@@ -348,6 +359,34 @@ def airflow_cluster(
         yield cluster
     finally:
         cluster.stop()
+
+
+def artifacts_dir(name: str) -> Path:
+    """A folder for files a test keeps after it ends (screenshots): ``$TRAINFLOW_TEST_ARTIFACTS/<name>``,
+    by default ``build/test-artifacts/<name>`` in the checkout (git-ignored; CI archives
+    ``build/test-artifacts/``). Emptied first, so it shows the last run only."""
+    root = Path(os.environ.get("TRAINFLOW_TEST_ARTIFACTS") or REPO / "build" / "test-artifacts")
+    folder = root / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def sign_in(browser: Any, url: str, username: str, password: str) -> None:
+    """Sign in on the simple auth manager's login page, as a user would."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(f"{url}/")
+    user = WebDriverWait(browser, 120, poll_frequency=0.5).until(
+        lambda d: next(iter(d.find_elements(By.NAME, "username")), None)
+    )
+    user.send_keys(username)
+    secret = browser.find_element(By.NAME, "password")
+    secret.send_keys(password)
+    secret.send_keys(Keys.ENTER)
+    WebDriverWait(browser, 120, poll_frequency=0.5).until(lambda d: "/auth/login" not in d.current_url)
 
 
 CHROMIUM_FLAGS = (

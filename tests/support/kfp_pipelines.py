@@ -44,6 +44,27 @@ def define_pipelines() -> dict:
     def slow(seconds: float = 60.0) -> str:
         return sleep_for(seconds=seconds).output
 
+    @dsl.component(base_image=BASE_IMAGE)
+    def stop_slowly(seconds: float, stop_s: float) -> str:
+        """Sleeps; on SIGTERM takes ``stop_s`` seconds to stop (a trainer's blocking save)."""
+        import signal
+        import sys
+        import time
+
+        def on_term(signum, frame):
+            print(f"SIGTERM: stopping in {stop_s} s", flush=True)
+            time.sleep(stop_s)
+            sys.exit(143)
+
+        signal.signal(signal.SIGTERM, on_term)
+        print("ready", flush=True)
+        time.sleep(seconds)
+        return "done"
+
+    @dsl.pipeline(name="stubborn")
+    def stubborn(seconds: float = 300.0, stop_s: float = 4.0) -> str:
+        return stop_slowly(seconds=seconds, stop_s=stop_s).output
+
     @dsl.pipeline(name="platform")
     def platform(a: int = 1) -> int:
         task = add(a=a, b=1)
@@ -71,13 +92,26 @@ def define_pipelines() -> dict:
         backend: str,
         step_s: float,
     ) -> str:
+        import json
         import os
         import time
 
         print(f"train {model_name} on {dataset_source} job_key={job_key} pid={os.getpid()}", flush=True)
+        # per-step records where the real train step writes them (TRAINFLOW_LOG_DIR, set by the server)
+        log_dir = os.environ.get("TRAINFLOW_LOG_DIR")
+        metrics = None
+        if log_dir:
+            os.makedirs(log_dir, exist_ok=True)
+            metrics = open(os.path.join(log_dir, "train-metrics.jsonl"), "a")  # noqa: SIM115
+            metrics.write(json.dumps({"event": "start", "world_size": 1, "total_steps": epochs}) + "\n")
         for epoch in range(epochs):
             time.sleep(step_s)
             print(f"epoch {epoch + 1}/{epochs} done", flush=True)
+            if metrics:
+                rec = {"step": epoch + 1, "epoch": epoch, "loss": 1.0 / (epoch + 1), "samples_per_s": 100.0,
+                       "world_size": 1, "time": time.time()}
+                metrics.write(json.dumps(rec) + "\n")
+                metrics.flush()
         return job_key
 
     @dsl.pipeline(name="training-pipeline")
@@ -120,6 +154,7 @@ def define_pipelines() -> dict:
         "tiny": tiny,
         "failing": failing,
         "slow": slow,
+        "stubborn": stubborn,
         "platform": platform,
         "training_pipeline": training_pipeline,
     }

@@ -4,13 +4,14 @@ Registered as a pytest plugin in tests/conftest.py. Fixtures:
 
 * ``compiled_pipelines`` (session): small pipelines compiled with kfp into a temp folder:
   ``tiny`` (adds numbers), ``failing`` (raises with a known message), ``slow`` (sleeps; prints
-  its pid), ``platform`` (kfp-kubernetes multi-document YAML), and ``training_pipeline`` -- a
+  its pid), ``stubborn`` (takes ``stop_s`` seconds to stop on SIGTERM, so a terminated run stays
+  CANCELING that long), ``platform`` (kfp-kubernetes multi-document YAML), and ``training_pipeline`` -- a
   stand-in with the core parameters of the real training pipeline that sleeps
   ``epochs * step_s`` seconds (for tests that need a run of a chosen length);
 * ``training_pipeline_package`` (session): the real ``training_pipeline``, compiled by
   ``trainflow compile --output FILE`` as a user would.
 * ``kfp_server`` (session): one server on 127.0.0.1, a free port, data in a temp folder.
-* :func:`start_kfp_server`: start another one (e.g. with ``--auth-token``) inside a test.
+* :func:`start_kfp_server`: start another one (e.g. with a token) inside a test.
 
 The pipelines live in tests/support/kfp_pipelines.py (a module without
 ``from __future__ import annotations``: kfp reads the components' annotations as types).
@@ -56,9 +57,18 @@ class KfpServer:
 
 
 def start_kfp_server(
-    tmp_dir: Path, *, token: str | None = None, max_concurrent_runs: int = 2, name: str = "kfp-server"
+    tmp_dir: Path,
+    *,
+    token: str | None = None,
+    token_file: Path | None = None,
+    max_concurrent_runs: int = 2,
+    name: str = "kfp-server",
 ) -> KfpServer:
-    """Start a server on 127.0.0.1 and a free port; the caller stops ``.process``."""
+    """Start a server on 127.0.0.1 and a free port; the caller stops ``.process``.
+
+    ``token`` goes in through ``TRAINFLOW_KFP_SERVER_TOKEN``, ``token_file`` through
+    ``--auth-token-file`` (the server never takes a token on its command line).
+    """
     port = free_port()
     data_dir = tmp_dir / f"{name}-data"
     argv = [
@@ -70,11 +80,12 @@ def start_kfp_server(
         str(data_dir),
         "--max-concurrent-runs",
         str(max_concurrent_runs),
+        *(["--auth-token-file", str(token_file)] if token_file else []),
     ]
     env = {"TRAINFLOW_KFP_SERVER_TOKEN": token or ""}
     url = f"http://127.0.0.1:{port}"
     # With a token, healthz answers 401: readiness is "the port answers HTTP" then.
-    ready_url = f"{url}/" if token else f"{url}/apis/v2beta1/healthz"
+    ready_url = f"{url}/" if token or token_file else f"{url}/apis/v2beta1/healthz"
     proc = ManagedProcess(
         name,
         argv,
@@ -85,7 +96,9 @@ def start_kfp_server(
         stop_timeout_s=20,
     )
     proc.start()
-    return KfpServer(url=url, data_dir=data_dir, process=proc, token=token)
+    return KfpServer(
+        url=url, data_dir=data_dir, process=proc, token=token or (token_file.read_text().strip() if token_file else None),
+    )
 
 
 @pytest.fixture(scope="session")

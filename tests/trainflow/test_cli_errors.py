@@ -95,3 +95,21 @@ def test_training_runtime_rejects_bad_config_before_starting(tmp_path) -> None:
     proc = runtime()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"dataset folder {tmp_path / 'none'} does not exist" in proc.stderr
+
+
+def test_compile_to_an_unwritable_path_is_one_line(tmp_path) -> None:
+    proc = _run(["compile", "--output", "/proc/no-such-dir/pipeline.yaml"], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "cannot write /proc/no-such-dir/pipeline.yaml" in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("command", [["list", "mnist-classifier"], ["show", "mnist-classifier"]])
+def test_models_with_s3_unreachable_is_one_line(tmp_path, command: list[str]) -> None:
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    env = {"AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b",
+           "AWS_MAX_ATTEMPTS": "1"}
+    proc = _run(["models", *command, "--registry", "s3://models/registry"], tmp_path, env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and endpoint in lines[0], proc.stderr

@@ -115,6 +115,29 @@ def test_kfp_client_runs_a_compiled_pipeline_to_success(
     assert "adding 12 + 10" in http.get(f"/local/runs/{result.run_id}/log").text
 
 
+def test_a_training_run_reports_the_trainers_last_step_as_plugin_output(
+    http: httpx.Client, compiled_pipelines
+) -> None:
+    """The stand-in training pipeline writes per-step records where the real train step does
+    (``$TRAINFLOW_LOG_DIR/train-metrics.jsonl``); GET run carries the last one as KFP plugin output."""
+    body = {
+        "display_name": "progress",
+        "pipeline_spec": spec_of(compiled_pipelines["training_pipeline"]),
+        "runtime_config": {"parameters": {"epochs": 3, "step_s": 0.2}},
+    }
+    run_id = http.post(f"{API}/runs", json=body).raise_for_status().json()["run_id"]
+    done = wait_state(http, run_id, TERMINAL)
+    assert done["state"] == "SUCCEEDED", done
+    assert_shape(done, "V2beta1Run")
+    deserialize(done, "V2beta1Run")
+    plugin = done["plugins_output"]["trainflow"]
+    assert plugin["state"] == "PLUGIN_SUCCEEDED"
+    assert {k: v["value"] for k, v in plugin["entries"].items()} == {
+        "step": 3, "total_steps": 3, "epoch": 2, "loss": pytest.approx(1 / 3), "samples_per_s": 100.0,
+        "world_size": 1,
+    }
+
+
 def test_failed_run_carries_the_component_error(http: httpx.Client, compiled_pipelines) -> None:
     body = {"display_name": "failing", "pipeline_spec": spec_of(compiled_pipelines["failing"])}
     created = http.post(f"{API}/runs", json=body).raise_for_status().json()

@@ -182,3 +182,23 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args: list[str], expecte
     )
     assert done.returncode == 2
     assert expected in done.stderr and "Traceback" not in done.stderr
+
+
+def test_training_progress_reads_the_last_step_from_the_end_of_the_file(tmp_path) -> None:
+    import json
+
+    from trainflow.kfp_server.runner import training_progress
+
+    path = tmp_path / "train-metrics.jsonl"
+    assert training_progress(path) is None  # no file yet
+    lines = [{"event": "start", "world_size": 2, "total_steps": 5000}]
+    lines += [{"step": s, "epoch": s // 100, "loss": 1 / s, "samples_per_s": 900.0, "world_size": 2, "lr": 0.1}
+              for s in range(1, 1001)]  # ~100 KB: the start event is outside the tail window
+    lines.append({"event": "checkpoint", "step": 1000, "stall_s": 0.01})
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 1001, "lo')  # torn last line
+    assert path.stat().st_size > 64 * 1024
+    assert training_progress(path) == {
+        "step": 1000, "total_steps": 5000, "epoch": 10, "loss": 0.001, "samples_per_s": 900.0, "world_size": 2
+    }
+    path.write_text(json.dumps({"event": "start", "total_steps": 9}) + "\n")
+    assert training_progress(path) is None  # started, no step yet

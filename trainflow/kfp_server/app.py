@@ -14,30 +14,45 @@ kubeflow/pipelines and the ``kfp-server-api`` client):
   ``POST .../{run_id}:terminate|:archive|:unarchive`` (``:retry`` answers UNIMPLEMENTED)
 
 Local additions outside ``/apis``: ``GET /`` (a small run browser; the link
-``/#/runs/details/<run_id>`` has the same form as the KFP UI's) and ``GET /local/runs/{run_id}/log``.
+``/#/runs/details/<run_id>`` has the same form as the KFP UI's) and ``GET /local/runs/{run_id}/log``
+(the run's log without terminal colour codes).
+
+Every request first passes the checks of :mod:`trainflow.kfp_server.security`: the ``Host``
+header, same-origin and JSON bodies on mutating routes, and the bearer token when one is set.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request, UploadFile
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from trainflow.kfp_server import security
 from trainflow.kfp_server import spec as specs
 from trainflow.kfp_server.errors import ApiError, GrpcCode, invalid_argument
-from trainflow.kfp_server.runner import ACTIVE_STATES, RunExecutor, set_state, task_details
+from trainflow.kfp_server.execute import strip_ansi
+from trainflow.kfp_server.runner import (
+    ACTIVE_STATES,
+    RunExecutor,
+    set_state,
+    task_details,
+    training_progress,
+)
 from trainflow.kfp_server.store import Store, new_id, now_rfc3339
 from trainflow.kfp_server.ui import INDEX_HTML
 
 log = logging.getLogger(__name__)
 
 API = "/apis/v2beta1"
+#: ``plugins_output`` key under which a run reports the trainer's progress (KFP's run-plugin
+#: field, ``V2beta1PluginOutput``); the Airflow bridge reads it (``airflow_bridge.events``).
+PROGRESS_PLUGIN = "trainflow"
 MAX_UPLOAD_BYTES = 32 * 1024 * 1024  # the real upload limit ("Maximum size of 32MB")
 DEFAULT_EXPERIMENT = "Default"
 
@@ -231,6 +246,19 @@ class KfpServer:
             "pipeline_run_context_id": "0",
             "task_details": task_details(run_id, self.executor.run_dir(run_id) / "events.jsonl"),
         }
+        progress = training_progress(self.executor.metrics_path(run_id))
+        if progress is not None:
+            if run["state"] in ACTIVE_STATES:
+                plugin_state = "PLUGIN_RUNNING"
+            else:
+                plugin_state = "PLUGIN_SUCCEEDED" if run["state"] == "SUCCEEDED" else "PLUGIN_FAILED"
+            run["plugins_output"] = {
+                PROGRESS_PLUGIN: {
+                    "entries": {k: {"value": v} for k, v in progress.items()},
+                    "state": plugin_state,
+                    "state_message": "the trainer's last reported step",
+                }
+            }
         return run
 
     def terminate_run(self, run_id: str) -> None:
@@ -302,16 +330,19 @@ def create_app(
     max_concurrent_runs: int = 2,
     auth_token: str | None = None,
     terminate_grace_s: float = 5.0,
+    allowed_hosts: Sequence[str] = security.LOOPBACK_NAMES,
 ) -> FastAPI:
     """Build the application.
 
     Args:
         data_dir: state file and per-run folders (created if missing).
         max_concurrent_runs: runs beyond this stay PENDING until a slot frees up.
-        auth_token: when set, every ``/apis`` request needs ``Authorization: Bearer <token>``
-            (missing: 401 UNAUTHENTICATED, wrong: 403 PERMISSION_DENIED), like a KFP behind an
-            authenticating proxy.
+        auth_token: when set, every ``/apis`` and ``/local`` request needs ``Authorization:
+            Bearer <token>`` (missing: 401 UNAUTHENTICATED, wrong: 403 PERMISSION_DENIED), like a
+            KFP behind an authenticating proxy.
         terminate_grace_s: seconds between SIGTERM and SIGKILL when terminating a run.
+        allowed_hosts: ``Host`` header names answered (others get 400: DNS rebinding);
+            see :func:`trainflow.kfp_server.security.allowed_hosts`.
 
     Returns:
         The FastAPI app; its shutdown terminates active runs.
@@ -336,21 +367,17 @@ def create_app(
         return JSONResponse(err.body(), status_code=err.http_status)
 
     @app.middleware("http")
-    async def _auth(request: Request, call_next: Any) -> Response:
-        if server.auth_token and request.url.path.startswith("/apis/"):
-            header = request.headers.get("authorization", "")
-            if not header:
-                err = ApiError(
-                    GrpcCode.UNAUTHENTICATED, "Request header error: there is no user identity header."
-                )
-                return JSONResponse(err.body(), status_code=err.http_status)
-            scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), server.auth_token):
-                err = ApiError(
-                    GrpcCode.PERMISSION_DENIED, "Unauthorized access: the bearer token is not valid."
-                )
-                return JSONResponse(err.body(), status_code=err.http_status)
+    async def _guard(request: Request, call_next: Any) -> Response:
+        headers = request.headers
+        has_body = int(headers.get("content-length") or 0) > 0 or "transfer-encoding" in headers
+        err = security.refusal(request.method, request.url.path, headers, has_body=has_body)
+        err = err or security.token_refusal(request.url.path, headers.get("authorization"), server.auth_token)
+        if err is not None:
+            return JSONResponse(err.body(), status_code=err.http_status)
         return await call_next(request)
+
+    # added last, so it runs first: a foreign Host header is refused before anything else
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))
 
     # -- healthz ---------------------------------------------------------------------------
     @app.get(f"{API}/healthz")
@@ -595,7 +622,7 @@ def create_app(
     def run_log(run_id: str) -> str:
         server.store.get("runs", run_id, label="Run")
         path = server.executor.log_path(run_id)
-        return path.read_text(errors="replace") if path.exists() else ""
+        return strip_ansi(path.read_text(errors="replace")) if path.exists() else ""
 
     @app.get("/", response_class=HTMLResponse)
     def index() -> str:
@@ -614,13 +641,20 @@ def serve(
     terminate_grace_s: float = 5.0,
     log_level: str = "info",
 ) -> None:
-    """Run the server with uvicorn until interrupted (SIGINT/SIGTERM terminate active runs first)."""
+    """Run the server with uvicorn until interrupted (SIGINT/SIGTERM terminate active runs first).
+
+    Raises:
+        ValueError: ``host`` is not loopback and there is no ``auth_token``
+            (:func:`trainflow.kfp_server.security.check_bind`).
+    """
     import uvicorn
 
+    security.check_bind(host, auth_token)
     app = create_app(
         data_dir,
         max_concurrent_runs=max_concurrent_runs,
         auth_token=auth_token,
         terminate_grace_s=terminate_grace_s,
+        allowed_hosts=security.allowed_hosts(host),
     )
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)

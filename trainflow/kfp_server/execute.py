@@ -33,14 +33,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: ANSI/VT100 control sequences: CSI (colours, cursor moves) and OSC (titles, hyperlinks).
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 _EXECUTING = re.compile(r"Executing task '([^']+)'")
 _FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure|Warning)\b.*$")
 
 
 def strip_ansi(text: str) -> str:
-    """Remove terminal colour codes (kfp.local colours task and pipeline names)."""
+    """Remove terminal control sequences (kfp.local colours task and pipeline names)."""
     return _ANSI.sub("", text)
 
 

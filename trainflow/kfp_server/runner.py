@@ -8,9 +8,15 @@ State machine of a run (``V2beta1RuntimeState``)::
        '--(terminate before start)--> CANCELED
 
 Terminate sends SIGTERM to the run's process group (the child forwards it to every process it
-started), waits ``terminate_grace_s`` and then SIGKILLs the group. Each child also asks for
+started), waits up to ``terminate_grace_s`` for every process of the group to exit (a trainer's
+blocking SIGTERM save runs then; the run stays CANCELING meanwhile, as a real KFP run does while
+its pods stop) and then SIGKILLs what is left. Each child also asks for
 ``PR_SET_PDEATHSIG`` = SIGTERM (see :mod:`trainflow.kfp_server.execute`), so a server killed
 with SIGKILL does not leave runs behind.
+
+Training progress: each run's child gets ``TRAINFLOW_LOG_DIR=<run dir>/logs``, where the train
+step writes the trainer's per-step records (``train-metrics.jsonl``, as under ``trainflow run``);
+:func:`training_progress` reads the last of them for the run's ``plugins_output``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +42,12 @@ from trainflow.kfp_server.store import Store, now_rfc3339
 log = logging.getLogger(__name__)
 
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "CANCELING", "PAUSED"})
+#: The trainer's per-step records, written by ``components.training.step`` into ``TRAINFLOW_LOG_DIR``.
+METRICS_FILE = "train-metrics.jsonl"
+#: Bytes read from the end of the metrics file for the last step (one record is ~300 bytes).
+_TAIL_BYTES = 64 * 1024
+#: Step-record fields reported as progress, in this order.
+PROGRESS_FIELDS = ("step", "total_steps", "epoch", "loss", "samples_per_s", "world_size")
 
 
 def set_state(run: dict[str, Any], state: str, *, error_message: str | None = None) -> None:
@@ -89,6 +102,9 @@ class RunExecutor:
     def log_path(self, run_id: str) -> Path:
         return self.run_dir(run_id) / "run.log"
 
+    def metrics_path(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / "logs" / METRICS_FILE
+
     # -- lifecycle -------------------------------------------------------------------------
     def submit(self, run_id: str, spec: dict[str, Any], params: dict[str, Any]) -> None:
         """Prepare the run folder and start a worker thread; the run is PENDING until it starts."""
@@ -139,12 +155,17 @@ class RunExecutor:
         with contextlib.suppress(Exception):  # the run may have been deleted meanwhile
             self.store.update("runs", run_id, change, label="Run")
 
-    def _kill_group(self, proc: subprocess.Popen[bytes]) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=self.terminate_grace_s)
-        # the leader may be gone while children linger in the group
+    def _kill_group(self, proc: subprocess.Popen[bytes], *, sigterm: bool = True) -> None:
+        """SIGTERM the run's process group (unless already sent), wait up to the grace period for
+        all of it to exit, SIGKILL the rest."""
+        if sigterm:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.terminate_grace_s
+        # The leader exits at once (it forwards SIGTERM); the components it started may take
+        # their time (a blocking checkpoint save), and the group lives on without the leader.
+        while time.monotonic() < deadline and _group_alive(proc):
+            time.sleep(0.1)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
 
@@ -172,7 +193,12 @@ class RunExecutor:
 
     def _execute(self, run_id: str, cancel: threading.Event) -> None:
         run_dir = self.run_dir(run_id)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "KFP_RUN_ID": run_id}
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "KFP_RUN_ID": run_id,
+            "TRAINFLOW_LOG_DIR": str(self.metrics_path(run_id).parent),
+        }
         with self.log_path(run_id).open("ab") as log_file:
             proc = subprocess.Popen(
                 [self.python, "-m", "trainflow.kfp_server.execute", str(run_dir)],
@@ -189,8 +215,8 @@ class RunExecutor:
         if cancel.is_set():  # terminate raced with the start
             self._kill_group(proc)
         returncode = proc.wait()
-        if cancel.is_set():
-            self._kill_group(proc)
+        if cancel.is_set():  # terminate() sent SIGTERM; CANCELED once the whole group is gone
+            self._kill_group(proc, sigterm=False)
             self._update(run_id, lambda r: set_state(r, "CANCELED"))
             return
         # Children left in the group after a normal exit are stray; stop them.
@@ -202,6 +228,51 @@ class RunExecutor:
         else:
             message = result.get("message") or f"the run's process exited with code {returncode}; see its log"
             self._update(run_id, lambda r: set_state(r, "FAILED", error_message=message))
+
+
+def _group_alive(proc: subprocess.Popen[bytes]) -> bool:
+    """True while any process of ``proc``'s process group exists (the leader is reaped first)."""
+    proc.poll()
+    try:
+        os.killpg(proc.pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _records(text: str) -> list[dict[str, Any]]:
+    out = []
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):  # a torn line at either end of the window
+            rec = json.loads(line)
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
+
+
+def training_progress(metrics_path: Path) -> dict[str, Any] | None:
+    """The trainer's last reported step: ``step``, ``total_steps``, ``epoch``, ``loss``,
+    ``samples_per_s`` and ``world_size`` (those present), or ``None`` before the first step.
+
+    Reads the end of the file only (``total_steps`` comes from the last ``start`` event there, or
+    from the file's first lines), so polling a long run stays cheap.
+    """
+    try:
+        with metrics_path.open("rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - _TAIL_BYTES))
+            tail = _records(fh.read().decode(errors="replace"))
+            starts = [r for r in tail if r.get("event") == "start"]
+            if not starts and size > _TAIL_BYTES:
+                fh.seek(0)
+                starts = [r for r in _records(fh.read(4096).decode(errors="replace")) if r.get("event") == "start"]
+    except OSError:
+        return None
+    steps = [r for r in tail if "step" in r and "loss" in r and "event" not in r]
+    if not steps:
+        return None
+    last = {**(starts[-1] if starts else {}), **steps[-1]}
+    return {k: last[k] for k in PROGRESS_FIELDS if last.get(k) is not None}
 
 
 def _read_result(path: Path) -> dict[str, Any]:
