@@ -103,6 +103,14 @@ FORM: dict[str, dict[str, Any]] = {
         "description": "GPUs per worker pod (PyTorchJob backend; 0 = CPU).",
         "minimum": 0,
     },
+    "worker_cpu": {
+        "section": TRAINING,
+        "description": "CPU request and limit of each worker pod (Kubernetes quantity, e.g. 2 or 500m).",
+    },
+    "worker_memory": {
+        "section": TRAINING,
+        "description": "Memory request and limit of each worker pod (Kubernetes quantity, e.g. 4Gi).",
+    },
     "checkpoint_interval_steps": {
         "section": CHECKPOINTING,
         "description": "Checkpoint every N steps (0 = off).",
@@ -176,6 +184,19 @@ OPS_SETTINGS: dict[str, dict[str, Any]] = {
         "description": "Make the new version CURRENT only at or above this test accuracy.",
         "minimum": 0,
         "maximum": 1,
+    },
+    "worker_pod_settings": {
+        "variable": "trainflow_worker_pod_settings",
+        "description": "JSON object for the worker pods: tolerations, node selector, service account, "
+        "priority class, grace period, more resources (docs/launcher.md).",
+    },
+    "s3_endpoint_url": {
+        "variable": "trainflow_s3_endpoint_url",
+        "description": "S3 endpoint for every step and worker (empty = the Secret's or the SDK's default).",
+    },
+    "keep_failed_job": {
+        "variable": "trainflow_keep_failed_job",
+        "description": "Keep a failed PyTorchJob and its pods for inspection instead of deleting them.",
     },
     "job_key": {
         "variable": None,
