@@ -17,6 +17,7 @@ controller reports API requests per tick.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime as dt
 import logging
@@ -49,6 +50,7 @@ from gpu_scheduler.kube import (
 from gpu_scheduler.model import SchedulerError
 
 __all__ = [
+    "ClusterChanges",
     "ClusterState",
     "CountingTransport",
     "Informer",
@@ -337,6 +339,8 @@ class Informer(Generic[T]):
         watch_timeout_s: server-side timeout of each watch request (it is then resumed from the
             last resourceVersion seen, one request per timeout).
         on_change: called (no arguments) after each applied event or relist.
+        change_log: how many changed keys are remembered for :meth:`changes_since` (older
+            readers then get None and must read everything).
 
     The store is keyed ``namespace/name`` (``name`` for cluster-scoped kinds).
     """
@@ -354,6 +358,7 @@ class Informer(Generic[T]):
         watch_timeout_s: int = 300,
         list_chunk_size: int = 500,
         on_change: Callable[[], None] | None = None,
+        change_log: int = 100_000,
     ) -> None:
         self.name = name
         self._connector = connector
@@ -374,6 +379,8 @@ class Informer(Generic[T]):
         self.relists = 0
         self.events = 0
         self.revision = 0  # bumped on every change of the store
+        self._log: collections.deque[tuple[int, str]] = collections.deque(maxlen=change_log)
+        self._log_floor = 0  # changes after this revision are all in the log
         self._thread: threading.Thread | None = None
         self._client: Client | None = None
 
@@ -409,6 +416,20 @@ class Informer(Generic[T]):
     def get(self, key: str) -> T | None:
         with self._lock:
             return self._store.get(key)
+
+    def changes_since(self, revision: int) -> tuple[int, dict[str, T | None] | None]:
+        """``(revision now, {key: value, or None if deleted})`` for every key changed after
+        ``revision``; the changes are None when they are not known (the store was relisted since,
+        or more changes happened than the log keeps): read everything then."""
+        with self._lock:
+            if revision < self._log_floor:
+                return self.revision, None
+            keys: list[str] = []
+            for changed_at, key in reversed(self._log):
+                if changed_at <= revision:
+                    break
+                keys.append(key)
+            return self.revision, {key: self._store.get(key) for key in keys}
 
     def __len__(self) -> int:
         with self._lock:
@@ -456,6 +477,8 @@ class Informer(Generic[T]):
         with self._lock:
             self._store = store
             self.revision += 1
+            self._log.clear()
+            self._log_floor = self.revision
         self.relists += 1
         return items.resourceVersion
 
@@ -480,6 +503,9 @@ class Informer(Generic[T]):
                     self._store[key] = value
                 if changed:
                     self.revision += 1
+                    if len(self._log) == self._log.maxlen:
+                        self._log_floor = self._log[0][0]  # about to be forgotten
+                    self._log.append((self.revision, key))
             self.events += 1
             self._changed()
 
@@ -530,6 +556,23 @@ class ClusterState:
     pods: tuple[PodState, ...]
     jobs: tuple[PyTorchJobState, ...]
     revision: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterChanges:
+    """What changed in the caches since a reader's last revision (:meth:`KubernetesObserver.changes`).
+
+    Either ``state`` holds everything (first read, or a cache relisted since: start over), or
+    ``nodes`` (the whole node list, None if no node changed), ``pods`` and ``jobs``
+    (``{namespace/name: value or None if deleted}``) hold the changes. ``revision`` is what to pass
+    next time.
+    """
+
+    revision: tuple[int, ...]
+    state: ClusterState | None = None
+    nodes: tuple[NodeState, ...] | None = None
+    pods: Mapping[str, PodState | None] | None = None
+    jobs: Mapping[str, PyTorchJobState | None] | None = None
 
 
 class KubernetesObserver:
@@ -628,6 +671,28 @@ class KubernetesObserver:
         (rn, nodes), (rp, pods), (rj, jobs) = self.nodes.snapshot(), self.pods.snapshot(), self.jobs.snapshot()
         return ClusterState(nodes=tuple(nodes), pods=tuple(pods), jobs=tuple(jobs),
                             revision=(id(self), rn, self.nodes.relists, rp, self.pods.relists, rj, self.jobs.relists))
+
+    def changes(self, since: tuple[int, ...] | None) -> ClusterChanges:
+        """The caches' changes after revision ``since`` (None: everything). Costs no API request
+        and work in proportion to what changed.
+
+        Raises:
+            KubernetesUnavailable: as :meth:`state`.
+        """
+        missing = self.unsynced()
+        if missing:
+            raise KubernetesUnavailable("Kubernetes caches not synced: " + "; ".join(missing))
+        if since is None or len(since) != 4 or since[0] != id(self):
+            state = self.state()
+            return ClusterChanges(revision=(id(self), *state.revision[1::2]), state=state)
+        rn, rp, rj = since[1:]
+        pods_rev, pods = self.pods.changes_since(rp)
+        jobs_rev, jobs = self.jobs.changes_since(rj)
+        if pods is None or jobs is None:
+            return self.changes(None)
+        nodes_rev, nodes = self.nodes.snapshot() if self.nodes.revision != rn else (rn, None)
+        return ClusterChanges(revision=(id(self), nodes_rev, pods_rev, jobs_rev),
+                              nodes=tuple(nodes) if nodes is not None else None, pods=pods, jobs=jobs)
 
     def policy_configmap(self) -> dict[str, str] | None:
         """The policy ConfigMap's data, or None if it does not exist (or is not watched)."""
