@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -46,6 +46,12 @@ from gpu_scheduler.observe.prometheus import MetricsSample, PrometheusUnavailabl
 from gpu_scheduler.observe.snapshot import ClusterView, IncrementalView, Ledger, build_snapshot
 from gpu_scheduler.policies import Policy, UnknownPolicy, create
 from gpu_scheduler.settings import ConfigError, ControllerSettings, PolicyConfig, parse_policy_config
+
+if TYPE_CHECKING:  # the real adapters are imported where they are wired (build_runtime)
+    from gpu_scheduler.actuate.apply import Actuator
+    from gpu_scheduler.leader import LeaderElector
+    from gpu_scheduler.observe.kubernetes import KubeConnector, KubernetesObserver
+    from gpu_scheduler.observe.prometheus import PrometheusObserver
 
 __all__ = [
     "ClusterPort",
@@ -613,13 +619,13 @@ class Runtime:
 
     controller: Controller
     settings: ControllerSettings
-    observer: Any
-    prometheus: Any
-    leader: Any
+    observer: KubernetesObserver
+    prometheus: PrometheusObserver
+    leader: LeaderElector | None
     metrics: ControllerMetrics
     wake: threading.Event
-    connector: Any
-    actuator: Any
+    connector: KubeConnector
+    actuator: Actuator
 
     def interval_s(self) -> float:
         cfg = self.controller.policies.config

@@ -337,7 +337,7 @@ class PrometheusObserver:
             except (OSError, ssl.SSLError) as exc:
                 raise ValueError(f"Prometheus CA file {ca_file}: {exc}") from None
         self._client = client or httpx.Client(timeout=timeout_s, verify=verify)
-        self._query_stats = query_stats
+        self.query_stats = query_stats
         self.requests = 0
         self.last_bytes = 0
         self.last_query_s: dict[str, float] = {}
@@ -352,7 +352,7 @@ class PrometheusObserver:
         with self._lock:
             self.requests += 1
         form = {"query": promql, "time": f"{at_s:.3f}"}
-        if self._query_stats:
+        if self.query_stats:
             form["stats"] = "all"
         headers = {"Authorization": f"Bearer {self._token.read()}"} if self._token is not None else None
         try:
