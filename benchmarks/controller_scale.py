@@ -50,7 +50,7 @@ from gpu_scheduler.controller import build_runtime  # noqa: E402
 from gpu_scheduler.settings import ControllerSettings  # noqa: E402
 from tests.support.k8s import KubeTestBed, testbed_binaries, wait_until  # noqa: E402
 from tests.support.processes import ManagedProcess, free_port, http_ok  # noqa: E402
-from tests.support.prometheus import PrometheusServer  # noqa: E402
+from tests.support.prometheus import PrometheusServer, rules_file  # noqa: E402
 
 READS = ("GET",)
 WRITES = ("PATCH", "POST", "PUT", "DELETE")
@@ -227,6 +227,14 @@ def main() -> int:
     parser.add_argument("--plugin", action="append", default=[], help="module registering more policies")
     parser.add_argument("--settle-timeout-s", type=float, default=900.0)
     parser.add_argument("--no-progress", action="store_true", help="the exporter serves no trainer step gauges")
+    parser.add_argument("--scrape-interval-s", type=float, default=15.0,
+                        help="Prometheus' scrape interval and timeout (the simulated exporter is Python: at "
+                             "5,000 jobs one scrape of its ~35,000 series takes seconds on a loaded machine)")
+    parser.add_argument("--recorded", action="store_true",
+                        help="Prometheus loads the monitoring component's recording rules and the controller reads "
+                             "their series (--prometheus-recorded; window 5 minutes)")
+    parser.add_argument("--metrics-window-s", type=float, default=150.0,
+                        help="the controller's averaging window (150 s = 10 scrapes, as 300 s at a 30 s scrape)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args()
     steps = [int(x) for x in args.jobs.split(",")]
@@ -257,15 +265,19 @@ def main() -> int:
             exporter = ManagedProcess(
                 "dcgm-exporter",
                 [sys.executable, "-m", "tests.support.dcgm_exporter", f"--kubeconfig={bed.kubeconfig}",
-                 f"--namespace={namespace}", f"--port={port}", "--interval-s=1",
+                 f"--namespace={namespace}", f"--port={port}", f"--interval-s={args.scrape_interval_s / 3:g}",
                  *([] if args.no_progress else ["--progress"])],
                 log_dir=root, cwd=REPO, ready=lambda: http_ok(f"http://127.0.0.1:{port}/metrics"),
             ).start()
-            prometheus = PrometheusServer(root / "prometheus", [f"127.0.0.1:{port}"], scrape_interval_s=5.0).start()
+            rules = [rules_file(REPO / "manifests/components/monitoring/prometheusrule.yaml", root / "rules.yml")]
+            prometheus = PrometheusServer(root / "prometheus", [f"127.0.0.1:{port}"],
+                                          scrape_interval_s=args.scrape_interval_s,
+                                          rule_files=rules if args.recorded else ()).start()
             settings = ControllerSettings(
                 prometheus_url=prometheus.url, kubeconfig=str(bed.kubeconfig), namespace=namespace,
                 policy=args.policy, policy_configmap=None, leader_election=False, metrics_port=0,
-                metrics_window_s=60.0, plugins=tuple(args.plugin), record_events=True,
+                metrics_window_s=args.metrics_window_s, plugins=tuple(args.plugin), record_events=True,
+                prometheus_recorded=args.recorded,
             )
             runtime = build_runtime(settings)
             runtime.controller.manage_gc = True  # as `run` sets it
@@ -295,9 +307,13 @@ def main() -> int:
                         print(f"  {exc}; measuring anyway", file=sys.stderr)
                     settle_s = time.monotonic() - t0
                     # Let Prometheus scrape the new pods before measuring.
-                    prometheus.wait_for('count(DCGM_FI_DEV_GPU_UTIL{pod!=""})',
-                                        lambda r, w=wanted: bool(r) and float(r[0]["value"][1]) >= w * 0.95,
-                                        timeout_s=120)
+                    series = "trainflow_scheduler:gpu_busy:5m" if args.recorded else 'DCGM_FI_DEV_GPU_UTIL{pod!=""}'
+                    try:
+                        prometheus.wait_for(f"count({series})",
+                                            lambda r, w=wanted: bool(r) and float(r[0]["value"][1]) >= w * 0.95,
+                                            timeout_s=max(300.0, 10 * args.scrape_interval_s))
+                    except TimeoutError as exc:
+                        print(f"  {exc}; targets: {prometheus.query('up')}; measuring anyway", file=sys.stderr)
                     row = {"jobs": created, "nodes": args.nodes, "gpus": args.nodes * args.gpus_per_node,
                            "policy": args.policy, "settle_s": round(settle_s, 1),
                            **warm_up(runtime, args.warmup_ticks, args.pause_s),

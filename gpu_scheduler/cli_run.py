@@ -41,7 +41,7 @@ def run_command(
     namespace: Annotated[str, typer.Option(
         envvar="POD_NAMESPACE", help="The controller's namespace: its Lease and policy ConfigMap.")] = "default",
     watch_namespace: Annotated[str | None, typer.Option(
-        help="Manage PyTorchJobs in this namespace only (default: all namespaces).")] = None,
+        help="Manage PyTorchJobs in this namespace only, or these (comma-separated); default: all.")] = None,
     policy: Annotated[str, typer.Option(help="Policy used while no ConfigMap names one.")] = "default",
     policy_param: Annotated[list[str] | None, typer.Option(
         help="key=value parameter of --policy (repeatable).")] = None,
@@ -55,6 +55,9 @@ def run_command(
         help="File with a bearer token sent to Prometheus (re-read when it changes).")] = None,
     prometheus_ca_file: Annotated[str | None, typer.Option(
         help="PEM CA bundle that verifies an https:// Prometheus (default: the system's).")] = None,
+    prometheus_recorded: Annotated[bool, typer.Option(
+        help="Read the recording rules' series (manifests/components/monitoring) instead of evaluating "
+             "the queries at every tick (window: their 5 minutes).")] = False,
     pending_timeout_s: Annotated[float, typer.Option(
         help="Roll back a scale-up whose new workers are not bound to nodes after this long.")] = 300.0,
     rollback_hold_s: Annotated[float, typer.Option(
@@ -116,6 +119,7 @@ def run_command(
             prometheus_timeout_s=prometheus_timeout_s,
             prometheus_bearer_token_file=prometheus_bearer_token_file,
             prometheus_ca_file=prometheus_ca_file,
+            prometheus_recorded=prometheus_recorded,
             pending_timeout_s=pending_timeout_s,
             rollback_hold_s=rollback_hold_s,
             replicas_via=replicas_via.value,

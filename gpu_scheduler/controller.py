@@ -671,6 +671,7 @@ def build_runtime(settings: ControllerSettings, *, clock: Callable[[], float] = 
         prometheus = PrometheusObserver(
             settings.prometheus_url, window_s=settings.metrics_window_s, timeout_s=settings.prometheus_timeout_s,
             bearer_token_file=settings.prometheus_bearer_token_file, ca_file=settings.prometheus_ca_file,
+            recorded=settings.prometheus_recorded,
         )
     except ValueError as exc:
         raise ConfigError(f"prometheus: {exc}") from None

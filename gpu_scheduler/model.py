@@ -71,6 +71,8 @@ class InvalidDecision(SchedulerError):
 
 
 def _frozen_mapping(value: Mapping | None) -> Mapping:
+    if type(value) is MappingProxyType:  # the common case, without the slower ABC check below
+        return value if value else _EMPTY
     if value is None or (isinstance(value, Mapping) and not value):
         return _EMPTY
     if isinstance(value, MappingProxyType):

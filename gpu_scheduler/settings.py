@@ -117,7 +117,8 @@ class ControllerSettings:
         prometheus_url: Prometheus base URL.
         kubeconfig: kubeconfig file (None: in-cluster, else ``KUBECONFIG`` / ``~/.kube/config``).
         namespace: the controller's own namespace (its Lease and policy ConfigMap).
-        watch_namespace: manage jobs in this namespace only (None: all namespaces).
+        watch_namespace: manage jobs in this namespace only, or in these, comma-separated (one
+            watch each: RoleBindings in those namespaces suffice); None: all namespaces.
         policy: the policy used while no ConfigMap names one.
         policy_params: its parameters.
         policy_configmap: name of the policy ConfigMap in ``namespace`` (None: not watched).
@@ -127,6 +128,9 @@ class ControllerSettings:
         prometheus_bearer_token_file: file with a bearer token for Prometheus (e.g. a projected
             service-account token in front of kube-rbac-proxy); re-read when it changes.
         prometheus_ca_file: PEM bundle verifying an ``https://`` Prometheus (default: system CAs).
+        prometheus_recorded: read the series of the recording rules the monitoring component ships
+            (evaluated by Prometheus every 30 s over 5 minutes) instead of evaluating the queries at
+            every tick; ``metrics_window_s`` is then 300.
         pending_timeout_s: unbound workers after a scale-up are rolled back after this long.
         rollback_hold_s: no new scale-up of a rolled-back job for this long.
         replicas_via: ``merge`` (merge patch of the job) or ``scale`` (scale subresource).
@@ -165,6 +169,7 @@ class ControllerSettings:
     prometheus_timeout_s: float = 5.0
     prometheus_bearer_token_file: str | None = None
     prometheus_ca_file: str | None = None
+    prometheus_recorded: bool = False
     pending_timeout_s: float = 300.0
     rollback_hold_s: float = 600.0
     replicas_via: Literal["merge", "scale"] = "merge"

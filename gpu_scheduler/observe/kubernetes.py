@@ -54,6 +54,7 @@ __all__ = [
     "ClusterState",
     "CountingTransport",
     "Informer",
+    "InformerGroup",
     "KubeConnector",
     "KubernetesObserver",
     "KubernetesUnavailable",
@@ -544,6 +545,53 @@ class Informer(Generic[T]):
 # -------------------------------------------------------------------------------------- observer
 
 
+class InformerGroup(Generic[T]):
+    """Several informers of one kind (one per namespace) read as one store: values, ``get``,
+    and :meth:`changes_since` with a revision that is the tuple of theirs."""
+
+    def __init__(self, informers: list[Informer[T]], *, name: str) -> None:
+        self.informers, self.name = informers, name
+
+    @property
+    def revision(self) -> tuple[int, ...]:
+        return tuple(i.revision for i in self.informers)
+
+    @property
+    def relists(self) -> int:
+        return sum(i.relists for i in self.informers)
+
+    @property
+    def events(self) -> int:
+        return sum(i.events for i in self.informers)
+
+    def snapshot(self) -> tuple[tuple[int, ...], list[T]]:
+        revisions, values = [], []
+        for informer in self.informers:
+            revision, part = informer.snapshot()
+            revisions.append(revision)
+            values.extend(part)
+        return tuple(revisions), values
+
+    def items(self) -> list[T]:
+        return self.snapshot()[1]
+
+    def get(self, key: str) -> T | None:
+        return next((v for i in self.informers if (v := i.get(key)) is not None), None)
+
+    def changes_since(self, revision: tuple[int, ...]) -> tuple[tuple[int, ...], dict[str, T | None] | None]:
+        revisions, merged = [], {}
+        for informer, since in zip(self.informers, revision, strict=True):
+            now, changes = informer.changes_since(since)
+            revisions.append(now)
+            if changes is None:
+                return self.revision, None
+            merged.update(changes)
+        return tuple(revisions), merged
+
+    def __len__(self) -> int:
+        return sum(len(i) for i in self.informers)
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterState:
     """What the caches hold at one instant (copies; safe to use while the watches go on).
@@ -555,7 +603,7 @@ class ClusterState:
     nodes: tuple[NodeState, ...]
     pods: tuple[PodState, ...]
     jobs: tuple[PyTorchJobState, ...]
-    revision: tuple[int, ...] = ()
+    revision: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -568,7 +616,7 @@ class ClusterChanges:
     next time.
     """
 
-    revision: tuple[int, ...]
+    revision: tuple[Any, ...]
     state: ClusterState | None = None
     nodes: tuple[NodeState, ...] | None = None
     pods: Mapping[str, PodState | None] | None = None
@@ -581,8 +629,9 @@ class KubernetesObserver:
 
     Args:
         connector: the cluster connection.
-        namespace: manage PyTorchJobs of one namespace only (None: all). Pods are watched in
-            every namespace either way.
+        namespace: manage PyTorchJobs of these namespaces only: one name, or several separated
+            by commas (one watch each, so namespaced RBAC suffices); None: all namespaces. Pods
+            are watched in every namespace either way.
         managed_selector: label selector of managed PyTorchJobs.
         configmap: ``(namespace, name)`` of the policy ConfigMap to watch, or None.
         on_configmap_change: called when that ConfigMap changes (e.g. to wake the loop).
@@ -610,11 +659,15 @@ class KubernetesObserver:
             connector, Pod, pod_state, name="pods",
             fields={"status.phase": _not_in(("Succeeded", "Failed"))}, watch_timeout_s=watch_timeout_s,
         )
-        self.jobs: Informer[PyTorchJobState] = Informer(
-            connector, PyTorchJob, lambda o: pytorchjob_state(_as_dict(o)), name="pytorchjobs",
-            namespace=namespace, labels=managed_selector or {MANAGED_LABEL: "true"},
-            watch_timeout_s=watch_timeout_s,
-        )
+        namespaces = [n.strip() for n in namespace.split(",") if n.strip()] if namespace else [None]
+        job_informers = [
+            Informer(connector, PyTorchJob, lambda o: pytorchjob_state(_as_dict(o)),
+                     name="pytorchjobs" if ns is None or len(namespaces) == 1 else f"pytorchjobs/{ns}",
+                     namespace=ns, labels=managed_selector or {MANAGED_LABEL: "true"}, watch_timeout_s=watch_timeout_s)
+            for ns in namespaces
+        ]
+        self.jobs: Informer[PyTorchJobState] | InformerGroup[PyTorchJobState] = (
+            job_informers[0] if len(job_informers) == 1 else InformerGroup(job_informers, name="pytorchjobs"))
         self.configmap: Informer[dict[str, str]] | None = None
         if configmap is not None:
             ns, cm_name = configmap
@@ -624,7 +677,7 @@ class KubernetesObserver:
                 on_change=on_configmap_change,
             )
             self._configmap_key = f"{ns}/{cm_name}"
-        self._informers: list[Informer[Any]] = [self.nodes, self.pods, self.jobs]
+        self._informers: list[Informer[Any]] = [self.nodes, self.pods, *job_informers]
         if self.configmap is not None:
             self._informers.append(self.configmap)
 
@@ -672,7 +725,7 @@ class KubernetesObserver:
         return ClusterState(nodes=tuple(nodes), pods=tuple(pods), jobs=tuple(jobs),
                             revision=(id(self), rn, self.nodes.relists, rp, self.pods.relists, rj, self.jobs.relists))
 
-    def changes(self, since: tuple[int, ...] | None) -> ClusterChanges:
+    def changes(self, since: tuple[Any, ...] | None) -> ClusterChanges:
         """The caches' changes after revision ``since`` (None: everything). Costs no API request
         and work in proportion to what changed.
 

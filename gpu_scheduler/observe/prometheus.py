@@ -68,6 +68,8 @@ __all__ = [
     "QUERY_SAMPLES_PER_SECOND_BY_JOB",
     "QUERY_STABLE_WORLD_SIZE_BY_JOB",
     "QUERY_WORK_BY_JOB",
+    "RECORDED",
+    "RULES_WINDOW",
     "JobThroughput",
     "JobWork",
     "MetricsSample",
@@ -133,6 +135,16 @@ QUERIES: Mapping[str, str] = MappingProxyType({
     "work": QUERY_WORK_BY_JOB,
     "goodput": QUERY_GOODPUT_BY_JOB,
 })
+
+
+#: The window of the recording rules that evaluate :data:`QUERIES` in Prometheus' own rule loop
+#: (``manifests/components/monitoring/prometheusrule.yaml``, group ``trainflow-gpu-scheduler-inputs``;
+#: a test keeps their expressions equal to ``QUERIES[key].format(window=RULES_WINDOW)``).
+RULES_WINDOW = "5m"
+#: The series those rules record, by query key; with ``recorded=True`` the observer reads these
+#: (instant selectors: Prometheus looks the values up instead of evaluating the windows at every
+#: tick, so its time drops out of the tick; the readings are then up to one rule interval old).
+RECORDED: Mapping[str, str] = MappingProxyType({key: f"trainflow_scheduler:{key}:{RULES_WINDOW}" for key in QUERIES})
 
 
 class PrometheusUnavailable(SchedulerError):
@@ -301,6 +313,9 @@ class PrometheusObserver:
         ca_file: PEM bundle that verifies an ``https://`` Prometheus (default: the system's).
         query_stats: ask Prometheus for its own timings (``stats=all``); :attr:`last_query_s`
             then holds Prometheus' ``execTotalTime`` of each query of the last observation.
+        recorded: read the series of the recording rules (:data:`RECORDED`; the monitoring
+            component ships the rules) instead of evaluating :data:`QUERIES`; ``window_s`` is then
+            the rules' :data:`RULES_WINDOW`.
 
     Attributes:
         requests: queries sent so far.
@@ -316,6 +331,7 @@ class PrometheusObserver:
     def __init__(
         self, url: str, *, window_s: float = 300.0, timeout_s: float = 5.0, client: httpx.Client | None = None,
         bearer_token_file: str | Path | None = None, ca_file: str | Path | None = None, query_stats: bool = False,
+        recorded: bool = False,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"Prometheus URL must start with http:// or https://, got {url!r}")
@@ -338,6 +354,9 @@ class PrometheusObserver:
                 raise ValueError(f"Prometheus CA file {ca_file}: {exc}") from None
         self._client = client or httpx.Client(timeout=timeout_s, verify=verify)
         self.query_stats = query_stats
+        self.recorded = recorded
+        if recorded:
+            self.window_s = float(RULES_WINDOW.rstrip("m")) * 60
         self.requests = 0
         self.last_bytes = 0
         self.last_query_s: dict[str, float] = {}
@@ -388,7 +407,8 @@ class PrometheusObserver:
             PrometheusUnavailable: if any query fails (partial readings are never used).
         """
         window = _window(self.window_s)
-        futures = {key: self._pool.submit(self._send, q.format(window=window), now_s) for key, q in QUERIES.items()}
+        queries = RECORDED if self.recorded else {key: q.format(window=window) for key, q in QUERIES.items()}
+        futures = {key: self._pool.submit(self._send, q, now_s) for key, q in queries.items()}
         answers = {key: f.result() for key, f in futures.items()}
         self.last_bytes = sum(size for _, _, size in answers.values())
         self.last_query_s = {key: float((stats.get("timings") or {}).get("execTotalTime", 0.0))

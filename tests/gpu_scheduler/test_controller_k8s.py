@@ -593,3 +593,89 @@ def _get(url: str, token: str | None = None) -> int | None:
         return httpx.get(url, headers={"Authorization": f"Bearer {token}"} if token else None, timeout=10).status_code
     except httpx.HTTPError:
         return None
+
+
+def test_watching_named_namespaces_needs_only_rolebindings_there(live: Live, kwok_gpu_nodes, tmp_path: Path) -> None:
+    """Review finding 9 (namespaced Roles via watch namespaces): with ``--watch-namespace a,b`` the
+    controller lists and patches PyTorchJobs in a and b only, so RoleBindings of the manifests'
+    ClusterRole trainflow-gpu-scheduler-jobs in those namespaces are all the write and job-read
+    rights it needs (cluster-wide it reads nodes and pods only)."""
+    import uuid
+
+    import yaml
+    from lightkube import codecs
+    from lightkube.models.authentication_v1 import TokenRequestSpec
+    from lightkube.resources.core_v1 import ServiceAccount
+    from lightkube.resources.core_v1 import ServiceAccountToken as TokenRequest
+
+    from gpu_scheduler.kube import JobView
+    from gpu_scheduler.model import ClusterSnapshot, Decision, Job, Node, Placement
+
+    kwok_gpu_nodes(1, gpus_per_node=8)
+    client = live.client
+    suffix = uuid.uuid4().hex[:6]
+    second = live.bed.create_namespace(f"{live.namespace}-b")
+    third = live.bed.create_namespace(f"{live.namespace}-c")
+    rbac = {d["metadata"]["name"]: d for d in yaml.safe_load_all((REPO / "manifests/base/scheduler/rbac.yaml").read_text())
+            if d["kind"] == "ClusterRole"}
+    reads = rbac["trainflow-gpu-scheduler"]
+    reads["rules"] = [r for r in reads["rules"] if "kubeflow.org" not in r.get("apiGroups", ())]  # nodes, pods only
+    jobs_role = rbac["trainflow-gpu-scheduler-jobs"]
+    sa = "narrow-scheduler"
+    for doc in (reads, jobs_role):
+        doc["metadata"]["name"] += f"-{suffix}"
+    cluster_objects = [codecs.from_dict(reads), codecs.from_dict(jobs_role), codecs.from_dict({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": f"narrow-reads-{suffix}"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reads["metadata"]["name"]},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": live.namespace}]})]
+    try:
+        for obj in cluster_objects:
+            client.create(obj)
+        client.create(ServiceAccount(metadata=ObjectMeta(name=sa, namespace=live.namespace)))
+        for ns in (live.namespace, second):
+            client.create(codecs.from_dict({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "narrow-jobs", "namespace": ns},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": jobs_role["metadata"]["name"]},
+                "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": live.namespace}]}))
+        token = client.create(TokenRequest(metadata=ObjectMeta(name=sa, namespace=live.namespace),
+                                           spec=TokenRequestSpec(audiences=[], expirationSeconds=3600)),
+                              sa, namespace=live.namespace).status.token
+        kubeconfig = tmp_path / "narrow.kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "bed", "cluster": {"server": live.bed.server,
+                                                     "certificate-authority": str(live.bed.root / "pki" / "ca.crt")}}],
+            "users": [{"name": sa, "user": {"token": token}}],
+            "contexts": [{"name": "bed", "context": {"cluster": "bed", "user": sa, "namespace": live.namespace}}],
+            "current-context": "bed",
+        }))
+        names = {}
+        for ns in (live.namespace, second, third):
+            spec = PyTorchJobSpec(run_id="run-1", task_name="narrow", namespace=ns, image="trainflow:test",
+                                  min_replicas=1, max_replicas=2, replicas=1, nproc_per_node=1, gpus_per_worker=1,
+                                  cpu="100m", memory="1Gi")
+            client.create(pytorchjob_resource()(render_pytorchjob(spec)))
+            names[ns] = spec.name
+        runtime = live.controller(kubeconfig=str(kubeconfig), watch_namespace=f"{live.namespace},{second}",
+                                  policy="test-keep", policy_configmap=None)
+        wait_until(lambda: len(runtime.observer.jobs) == 2, timeout_s=30, what="both namespaces' jobs in the cache")
+        assert {j.namespace for j in runtime.observer.state().jobs} == {live.namespace, second}
+        state = runtime.observer.state()
+        plan_jobs = {j.key: JobView(job=j) for j in state.jobs}
+        snap = ClusterSnapshot(nodes=(Node(name="x", gpus=8),), jobs=tuple(
+            Job(name=k, submit_time_s=0, max_workers=2) for k in plan_jobs), taken_at_s=0)
+        decision = Decision.from_placements(snap, {k: Placement.of({"x": 2}) for k in plan_jobs}, policy="t", now_s=0)
+        results = runtime.actuator.apply(plan_decision(decision, snap, plan_jobs, 0, PlanSettings()))
+        assert sorted((r.action.job, r.status) for r in results) == sorted(
+            (f"{ns}/{names[ns]}", "applied") for ns in (live.namespace, second))
+        assert client.get(pytorchjob_resource(), names[third], namespace=third)["spec"]["pytorchReplicaSpecs"][
+            "Worker"]["replicas"] == 1
+    finally:
+        for obj in cluster_objects:
+            with contextlib.suppress(Exception):
+                client.delete(type(obj), obj.metadata.name)
+        for ns in (second, third):
+            live.bed.cleanup_namespace(ns)

@@ -47,3 +47,14 @@ def test_the_pod_monitor_selects_the_launchers_pods_and_port() -> None:
     assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == [METRICS_PORT_NAME]
     (policy,) = docs("components/dev-minio/networkpolicy.yaml")
     assert {MANAGED_LABEL: "true"} in [p["podSelector"]["matchLabels"] for p in policy["spec"]["ingress"][0]["from"]]
+
+
+def test_the_recording_rules_record_the_controllers_queries() -> None:
+    """One home: the monitoring component's recording rules are the observer's QUERIES at the
+    rules' window, recorded under the names the observer reads with ``recorded=True``."""
+    from gpu_scheduler.observe.prometheus import QUERIES, RECORDED, RULES_WINDOW
+
+    (rule,) = docs("components/monitoring/prometheusrule.yaml")
+    (group,) = [g for g in rule["spec"]["groups"] if g["name"] == "trainflow-gpu-scheduler-inputs"]
+    assert {r["record"]: r["expr"] for r in group["rules"]} == {
+        RECORDED[key]: query.format(window=RULES_WINDOW) for key, query in QUERIES.items()}

@@ -166,3 +166,31 @@ def test_query_stats_report_prometheus_own_time_and_the_bytes(prometheus_server,
     assert set(observer.last_query_s) == {"gpu_busy", "samples", "world_size", "work", "goodput"}
     assert all(0 < t < 5 for t in observer.last_query_s.values())
     assert observer.last_bytes > 200
+
+
+def test_recorded_series_read_what_the_queries_read(prometheus_server, dcgm_exporter, tmp_path) -> None:
+    """Issue 16: the monitoring component's recording rules, loaded by a real Prometheus, give the
+    observer the same readings as evaluating the queries (with ``recorded=True`` it only looks
+    them up)."""
+    from pathlib import Path
+
+    from tests.support.prometheus import rules_file
+
+    manifest = Path(__file__).resolve().parents[2] / "manifests/components/monitoring/prometheusrule.yaml"
+    exporter = dcgm_exporter()
+    exporter.set_pod("team-a", "bert-worker-0", gpus=2, busy=0.8, node="gpu-0")
+    exporter.set_pod("team-b", "cnn-worker-0", gpus=1, busy=0.25, node="gpu-0")
+    exporter.set_job("team-a/bert", 512.0, 4)
+    exporter.set_work("team-a/bert", step=100, total_steps=900, global_batch_size=256)
+    exporter.set_adaptive("team-b/cnn", remaining_samples=2.0e6, goodput_by_world_size={1: 90.0, 2: 170.0})
+    prom = prometheus_server([exporter.target], scrape_interval_s=0.5,
+                             rule_files=[rules_file(manifest, tmp_path / "rules.yml")])
+    prom.wait_for("trainflow_scheduler:goodput:5m", lambda r: len(r) == 2, timeout_s=60)
+    prom.wait_for("trainflow_scheduler:work:5m", lambda r: len(r) == 4, timeout_s=60)
+    recorded = PrometheusObserver(prom.url, recorded=True).observe(time.time())
+    direct = PrometheusObserver(prom.url, window_s=300).observe(time.time())
+    assert recorded.window_s == 300.0
+    assert recorded.pods == direct.pods and recorded.jobs == direct.jobs
+    assert recorded.work == direct.work and recorded.goodput == direct.goodput
+    assert recorded.pods[("team-a", "bert-worker-0")].busy == pytest.approx(0.8)
+    assert recorded.work["team-a/bert"].remaining_samples == (900 - 100) * 256

@@ -175,6 +175,15 @@ class PrometheusServer:
             time.sleep(0.2)
 
 
+def rules_file(prometheus_rule: Path, out: Path) -> Path:
+    """A Prometheus rules file with the groups of a Prometheus Operator ``PrometheusRule``
+    manifest (its ``spec`` is a rules file's content), so a test's Prometheus loads the rules the
+    manifests ship."""
+    manifest = yaml.safe_load(prometheus_rule.read_text())
+    out.write_text(yaml.safe_dump({"groups": manifest["spec"]["groups"]}, sort_keys=False))
+    return out
+
+
 @pytest.fixture
 def prometheus_server(tmp_path: Path) -> Iterator[Callable[..., PrometheusServer]]:
     """Factory ``make(targets, scrape_interval_s=1.0) -> started PrometheusServer``; stopped after the test."""
