@@ -10,13 +10,14 @@ export SSL_CERT_FILE ?= /etc/ssl/certs/ca-certificates.crt
 export UV_CACHE_DIR ?= $(HOME)/.cache/trainflow/uv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-12)
 
-.PHONY: all venv run test test-fast lint lock system-deps testbed bench clean help scheduler-report scheduler-bench kfp-server test-airflow bench-controller bench-controller-5000
+.PHONY: all venv run test test-fast lint lock system-deps testbed bench clean help scheduler-report scheduler-bench kfp-server test-airflow bench-controller bench-controller-5000 test-repeat
 all: help
 
 help:
 	@echo "make run        run the main job (training pipeline on the embedded default: kfp.local + local torchrun)"
 	@echo "make test       run every test tier (installs Python packages, Debian packages and builds test servers)"
 	@echo "make test-fast  unit tests only (no servers)"
+	@echo "make test-repeat N=3 [MARK=k8s]  the server tiers N times in a row, a summary per round (catches races)"
 	@echo "make lint       ruff + import-linter layering contracts"
 	@echo "make bench      benchmarks (checkpoint overhead, scheduler decision time)"
 	@echo "make testbed    build or reuse the test servers (MinIO, Kubernetes control plane, KWOK, training operator; cached under ~/.cache/trainflow/)"
@@ -51,6 +52,10 @@ run: venv
 test: venv system-deps testbed
 	$(BIN)/python -m pytest -p no:cacheprovider --durations=15 tests
 
+N ?= 3
+test-repeat: venv system-deps testbed
+	MARK="$(MARK)" scripts/test-repeat.sh $(N)
+
 test-fast: venv
 	$(BIN)/python -m pytest -p no:cacheprovider -m "not (s3 or prometheus or airflow or browser or k8s or slow)" tests
 
@@ -78,10 +83,10 @@ clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
 
 scheduler-report: venv
-	nice -n 10 $(BIN)/python -m gpu_scheduler report --out docs/scheduler-report.md
+	OPENBLAS_NUM_THREADS=1 nice -n 10 $(BIN)/python -m gpu_scheduler report --out docs/scheduler-report.md
 
 scheduler-bench: venv
-	$(BIN)/python benchmarks/scheduler_decision_time.py
+	OPENBLAS_NUM_THREADS=1 $(BIN)/python benchmarks/scheduler_decision_time.py
 
 bench-controller: venv
 	nice -n 10 $(BIN)/python benchmarks/controller_scale.py

@@ -4,8 +4,12 @@
 Builds synthetic but realistic snapshots (jobs with 1..64 requested workers, measured throughput at
 a few worker counts from an Amdahl-style curve, about half of them running on compact placements
 that fill the cluster), then times ``decide`` for every registered non-oracle policy and for
-Optimus+Oracle with full throughput curves. Prints the median and worst of ``--repeat`` runs
-and the ratio to the target, side by side in one run.
+Optimus+Oracle with full throughput curves. Jobs that have run also carry a goodput model
+(Pollux's throughput model + gradient statistics, as an AdaptDL agent reports it) for Pollux and
+Sia. Prints the median and worst of ``--repeat`` runs and the ratio to the target, side by side
+in one run; the targets are trainflow's (Pollux and Sia are measured beside them, not held to
+them). Pollux is not run at 5,000 jobs / 1,024 nodes: its GA keeps populations of
+jobs × nodes matrices (100 × 5,000 × 1,024 entries, ~1 GB each).
 
 Usage: ``python benchmarks/scheduler_decision_time.py [--repeat 5] [--seed 1]``
 """
@@ -21,9 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_scheduler.model import ClusterSnapshot, Job, Node, Placement
+from gpu_scheduler.model import ClusterSnapshot, GoodputModel, Job, Node, Placement
 from gpu_scheduler.policies import create, names
 from gpu_scheduler.policies.placement import FreeGpus
+
+PEERS = ("pollux", "sia")  # measured beside trainflow's policies, not held to the targets
+GA_CELLS_MAX = 10_000_000  # pop_size x jobs x nodes beyond which Pollux's GA is not run
 
 CASES = (  # (jobs, nodes, gpus per node, target seconds)
     (160, 16, 4, 0.050),
@@ -61,6 +68,11 @@ def make_snapshot(n_jobs: int, n_nodes: int, gpn: int, seed: int, oracle: bool) 
             restarts=rng.randint(0, 3), first_start_s=submit + 60 if placement else None,
             placement_since_s=now - rng.uniform(0, 3000) if placement else None,
             global_batch_size=1024, remaining_samples=rng.uniform(1e5, 1e8),  # trainflow trainers report it
+            goodput_model=GoodputModel(
+                perf_params=(rng.uniform(0.01, 0.1), rng.uniform(1e-4, 1e-2), rng.uniform(0.05, 0.3), 0.01,
+                             rng.uniform(0.01, 0.05), 0.002, rng.uniform(1.0, 3.0)),
+                grad_sqr=1.0, grad_var=rng.uniform(1, 100), init_batch_size=128, max_batch_size=4096,
+                min_local_batch=16, max_local_batch=256, max_profiled_workers=requested) if placement else None,
         ))
     return ClusterSnapshot(nodes=nodes, jobs=tuple(jobs), taken_at_s=now)
 
@@ -78,6 +90,9 @@ def main() -> int:
         snaps = {}
         for name in policies:
             policy = create(name)
+            if name == "pollux" and 100 * n_jobs * n_nodes > GA_CELLS_MAX:
+                print(f"{name:14s} {n_jobs:5d} {n_nodes * gpn:5d} {'not run: GA state 100 x jobs x nodes':>40s}")
+                continue
             oracle = bool(getattr(policy, "uses_oracle", False))
             if oracle not in snaps:
                 snaps[oracle] = make_snapshot(n_jobs, n_nodes, gpn, args.seed, oracle)
@@ -90,7 +105,7 @@ def main() -> int:
             decision.validate(snap)
             med = statistics.median(times)
             ratio = med / target
-            failed |= ratio > 1
+            failed |= ratio > 1 and name not in PEERS
             print(f"{name:14s} {n_jobs:5d} {n_nodes * gpn:5d} {1000 * med:10.1f} {1000 * max(times):9.1f} "
                   f"{1000 * target:9.0f} {ratio:6.2f}{'  OVER' if ratio > 1 else ''}")
     return 1 if failed else 0

@@ -30,7 +30,9 @@ def simulate_command(
     nodes: Annotated[int, typer.Option(help="Nodes in the simulated cluster.")] = 16,
     gpus_per_node: Annotated[int, typer.Option(help="GPUs per node (1-4).")] = 4,
     interval_s: Annotated[int, typer.Option(help="Seconds between scheduling rounds.")] = 60,
-    restart_cost_s: Annotated[int, typer.Option(help="Seconds without progress per re-allocation.")] = 30,
+    restart_cost_s: Annotated[float, typer.Option(
+        help="Seconds without progress per re-allocation (30: the Pollux artifact's; the measured trainflow "
+             "restart is 4.4, see docs/benchmarks.md).")] = 30.0,
     param: Annotated[list[str] | None, typer.Option(help="key=value policy parameter (repeatable).")] = None,
     traces: Annotated[Path | None, typer.Option(
         help="Folder of measured job models (default: ../traces beside the workload folder, else the "
@@ -41,7 +43,8 @@ def simulate_command(
                                  "allocation and epoch (AdaptDL-style; trainflow's trainer with --adaptive-batch).")] = False,
     adaptive_throughput: Annotated[str, typer.Option(
         "--adaptive-throughput", help="With --adaptive-batch: fitted (step times fitted from the configurations "
-                                      "the job has run, as the trainer does) or oracle (the true model).")] = "fitted",
+                                      "the job has run, as the trainer does), oracle (the true model) or pollux "
+                                      "(AdaptDL's agent: Pollux's throughput model).")] = "fitted",
 ) -> None:
     """Simulate one policy on one workload and write result.json (+ a PNG plot)."""
     from gpu_scheduler.policies import parse_params
@@ -85,6 +88,11 @@ def report_command(
     job_model: Annotated[list[str] | None, typer.Option(
         help="Job models: fixed (the workload's global batch), adaptive (goodput-adaptive batch, "
              "trainer --adaptive-batch); repeatable, default both.")] = None,
+    restart_cost_s: Annotated[float | None, typer.Option(
+        help="Restart cost of the side-by-side runs (default: the measured figure, "
+             "gpu_scheduler.simulator.engine.MEASURED_RESTART_COST_S).")] = None,
+    jitter_runs: Annotated[int, typer.Option(
+        help="Extra runs per workload at 1.0x with jittered submit times for pollux, sia and default.")] = 0,
 ) -> None:
     """Run every policy on the Pollux workloads and write the side-by-side benchmark report."""
     from gpu_scheduler.policies import names
@@ -106,8 +114,14 @@ def report_command(
         bad = [m for m in models if m not in JOB_MODELS]
         if bad:
             raise _fail(f"unknown job model {bad[0]!r}; choose from: {', '.join(JOB_MODELS)}")
+        if restart_cost_s is not None and not restart_cost_s >= 0:
+            raise _fail(f"--restart-cost-s must be >= 0, got {restart_cost_s}")
+        if jitter_runs < 0:
+            raise _fail(f"--jitter-runs must be >= 0, got {jitter_runs}")
+        extra = {} if restart_cost_s is None else {"restart_cost_s": restart_cost_s}
         spec = ReportSpec(data_dir=find_pollux_dir(data), out=out, policies=chosen, loads=loads,
-                          workloads=tuple(range(1, workloads + 1)), processes=processes, job_models=models)
+                          workloads=tuple(range(1, workloads + 1)), processes=processes, job_models=models,
+                          jitter_runs=jitter_runs, **extra)
         run_report(spec, log=typer.echo)
     except SchedulerError as exc:
         raise _fail(str(exc)) from None

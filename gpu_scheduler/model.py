@@ -40,6 +40,7 @@ from types import MappingProxyType
 __all__ = [
     "ClusterSnapshot",
     "Decision",
+    "GoodputModel",
     "InvalidDecision",
     "Job",
     "JobDecision",
@@ -205,6 +206,49 @@ class Placement:
 EMPTY_PLACEMENT = Placement()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GoodputModel:
+    """A job's goodput model as an AdaptDL (Pollux) job agent reports it ("scheduling hints").
+
+    Pollux (OSDI'21 §3) and Sia (SOSP'23) schedule with it: throughput at any (nodes, replicas,
+    per-GPU batch) from the fitted throughput model, times the statistical efficiency of a
+    batch from the gradient statistics (``gpu_scheduler.policies.goodput``). trainflow's own
+    trainer does not export it (its goodput is measured per world size, ``Job.throughput``);
+    the simulator fills it for policies that read it.
+
+    Attributes:
+        perf_params: The 7 throughput-model parameters ``(alpha_c, beta_c, alpha_n, beta_n,
+            alpha_r, beta_r, gamma)`` in seconds (gamma dimensionless).
+        grad_sqr, grad_var: Squared norm and variance of the gradient at ``init_batch_size``.
+        init_batch_size: Batch the efficiency is relative to (samples).
+        max_batch_size: Largest global batch the job may use; the fixed batch if ``fixed_batch``.
+        min_local_batch, max_local_batch: Per-GPU batch range that fits (samples).
+        fixed_batch: True if the job keeps one global batch (no batch-size tuning).
+        max_profiled_workers: Most workers the job has been measured at.
+
+    Raises:
+        ValueError: on a wrong parameter count or inconsistent batch sizes.
+    """
+
+    perf_params: tuple[float, ...]
+    grad_sqr: float
+    grad_var: float
+    init_batch_size: int
+    max_batch_size: int
+    min_local_batch: int
+    max_local_batch: int
+    fixed_batch: bool = False
+    max_profiled_workers: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "perf_params", tuple(float(v) for v in self.perf_params))
+        if len(self.perf_params) != 7:
+            raise ValueError(f"goodput model needs 7 perf_params, got {len(self.perf_params)}")
+        if not 1 <= self.min_local_batch <= self.max_local_batch or self.init_batch_size < 1 \
+                or self.max_batch_size < 1:
+            raise ValueError("goodput model batch sizes must be >= 1 with min_local_batch <= max_local_batch")
+
+
 # --------------------------------------------------------------------------------------------------
 # Jobs
 # --------------------------------------------------------------------------------------------------
@@ -247,6 +291,8 @@ class Job:
             (``SimConfig.report_remaining_work``), and for oracle policies Optimus's estimate.
         annotations: Small string state a policy asked to keep on the job (see
             :attr:`JobDecision.annotations`); live it is stored as PyTorchJob annotations.
+        goodput_model: The job agent's :class:`GoodputModel`, if it reports one (None otherwise;
+            trainflow's trainer does not).
 
     Raises:
         ValueError: when the bounds are inconsistent or a count is negative.
@@ -267,6 +313,7 @@ class Job:
     global_batch_size: int | None = None
     remaining_samples: float | None = None
     annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    goodput_model: GoodputModel | None = None
 
     def __post_init__(self) -> None:
         if not self.name:

@@ -43,6 +43,8 @@ def register_model(
     }
     root = registry_uri or join_uri(resolve_checkpoint_uri(checkpoint_uri, pipeline_root), "models")
     registry = ModelRegistry(storage_for(root))
-    mv = registry.register(model_name, model.path, lineage, promote=promote)
+    # A retry of this task (same job, same weights) gets the version its first attempt got.
+    mv = registry.register(model_name, model.path, lineage, promote=promote,
+                           idempotency_key=lineage["job_key"] or kfp_run_id or None)
     outputs = namedtuple("RegisterOutputs", ["version", "uri", "promoted"])
     return outputs(mv.version, mv.uri, promote)

@@ -6,6 +6,15 @@ records carry ``event``: ``start``, ``resume``, ``first_step_after_resume``, ``c
 was staged; ``stall_s`` blocking seconds), ``checkpoint_committed`` / ``checkpoint_failed`` (from the
 persist thread), ``preempted``, ``finished``.
 
+A sink that cannot write (``ENOSPC``, a vanished mount) logs one warning and drops records: metrics
+never stop training (review finding 7).
+
+Checkpoint health on the endpoint: ``trainflow_checkpoint_failures_total`` (persists given up, fenced
+included), ``trainflow_checkpoint_skipped_total`` (periodic saves skipped because the previous one still
+persisted), ``trainflow_checkpoint_last_commit_timestamp_seconds`` and
+``trainflow_checkpoint_last_commit_age_seconds`` (seconds since the last commit, or since the start
+before the first one: alert when it exceeds a few checkpoint intervals).
+
 Prometheus metrics (all prefixed ``trainflow_``, labelled with ``job_key``) — the GPU scheduler reads
 ``trainflow_samples_per_second`` to learn each job's throughput at its current world size, and
 ``trainflow_step`` / ``trainflow_total_steps`` / ``trainflow_global_batch_size`` for the work left.
@@ -22,10 +31,14 @@ job has run at, each at its best batch under the current phi), ``trainflow_remai
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
+
+log = logging.getLogger("trainflow.metrics")
 
 
 class MetricsSink(Protocol):
@@ -52,20 +65,31 @@ class JsonlSink:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = self.path.open("a", buffering=1)
         self._lock = threading.Lock()
+        self.dropped = 0
+        """Records that could not be written (full disk, ...)."""
 
     def record(self, rec: dict[str, Any]) -> None:
         line = json.dumps({"time": time.time(), **rec})
         with self._lock:
-            self._f.write(line + "\n")
+            try:
+                self._f.write(line + "\n")
+            except OSError as e:  # ENOSPC, EIO: drop the record, keep training
+                self.dropped += 1
+                if self.dropped == 1:
+                    log.warning("metrics file %s not writable (%s): dropping records until it is", self.path, e)
 
     def close(self) -> None:
-        self._f.close()
+        try:
+            self._f.close()
+        except OSError as e:  # flushing the buffer onto a full disk
+            log.warning("closing metrics file %s: %s", self.path, e)
 
 
 class PrometheusSink:
     """Serves ``/metrics`` on ``addr:port`` from a private registry (prometheus_client)."""
 
-    def __init__(self, *, port: int, addr: str, job_key: str) -> None:
+    def __init__(self, *, port: int, addr: str, job_key: str,
+                 last_commit_unix_s: Callable[[], float | None] = lambda: None) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
         self.registry = CollectorRegistry()
@@ -83,6 +107,16 @@ class PrometheusSink:
         self.persist_s = g("trainflow_checkpoint_persist_seconds", "Background persist time of the last checkpoint.")
         self.committed = c("trainflow_checkpoints_committed", "Checkpoints committed.")
         self.resumes = c("trainflow_resumes", "Starts that resumed from a checkpoint.")
+        self.ckpt_failures = c("trainflow_checkpoint_failures", "Checkpoint persists given up (after retries, or fenced).")
+        self.ckpt_skipped = c("trainflow_checkpoint_skipped",
+                              "Periodic checkpoints skipped because the previous one was still persisting.")
+        started = time.time()
+        last_commit = g("trainflow_checkpoint_last_commit_timestamp_seconds",
+                        "Unix time of the last committed checkpoint (0 before the first).")
+        last_commit.set_function(lambda: last_commit_unix_s() or 0.0)
+        age = g("trainflow_checkpoint_last_commit_age_seconds",
+                "Seconds since the last committed checkpoint (since the start before the first one).")
+        age.set_function(lambda: time.time() - (last_commit_unix_s() or started))
         self._job_key = job_key
         self._adaptive: dict[str, Any] | None = None  # created on the first adaptive-batch record
         self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
@@ -99,6 +133,10 @@ class PrometheusSink:
             self.global_batch.set(rec.get("global_batch_size", 0))
         if rec.get("event") == "checkpoint":
             self.stall_s.set(rec.get("stall_s", 0.0))
+            if rec.get("outcome") == "skipped":
+                self.ckpt_skipped.inc()
+        if rec.get("event") == "checkpoint_failed":
+            self.ckpt_failures.inc()
         if rec.get("event") == "checkpoint_committed":
             self.persist_s.set(rec["persist_s"])
             self.committed.inc()
@@ -139,7 +177,10 @@ class FanOut:
 
     def record(self, rec: dict[str, Any]) -> None:
         for s in self.sinks:
-            s.record(rec)
+            try:
+                s.record(rec)
+            except Exception as e:  # one broken sink must not stop the others, nor training
+                log.warning("metrics sink %s failed: %s", type(s).__name__, e)
 
     def close(self) -> None:
         for s in self.sinks:

@@ -21,4 +21,4 @@ __all__ = [
 ]
 
 # Register the built-in policies.
-from gpu_scheduler.policies import default, fifo, optimus, round_robin, tiresias  # noqa: F401
+from gpu_scheduler.policies import default, fifo, optimus, pollux, round_robin, sia, tiresias  # noqa: F401

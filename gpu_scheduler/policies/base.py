@@ -16,7 +16,9 @@ Contract (both harnesses rely on it):
   (:class:`~gpu_scheduler.model.Job` fields). A policy that needs perfect knowledge (an "oracle"
   baseline such as Optimus+Oracle) sets ``uses_oracle = True``; the simulator then fills
   ``Job.throughput`` for every worker count and ``Job.remaining_samples``. Oracle policies are
-  benchmarks only; the live controller refuses them.
+  benchmarks only; the live controller refuses them. A policy that reads a job agent's
+  goodput model (Pollux, Sia: ``Job.goodput_model``) sets ``uses_goodput_model = True``; the
+  simulator fits and fills it only for such policies (fitting costs time).
 
 Switching policy at run time is just calling another object's ``decide`` on the next round
 (the policies keep no state), as Schedulearn requires.
@@ -84,6 +86,8 @@ def register(name: str) -> Callable[[type], type]:
         cls.name = name  # type: ignore[attr-defined]
         if not hasattr(cls, "uses_oracle"):
             cls.uses_oracle = False  # type: ignore[attr-defined]
+        if not hasattr(cls, "uses_goodput_model"):
+            cls.uses_goodput_model = False  # type: ignore[attr-defined]
         summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
         _REGISTRY[name] = _Entry(cls, summary)
         return cls

@@ -24,8 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gpu_scheduler.model import ClusterSnapshot, Job, Node, Outcome, Placement, SchedulerError
+from gpu_scheduler.model import ClusterSnapshot, GoodputModel, Job, Node, Outcome, Placement, SchedulerError
 from gpu_scheduler.policies.base import Policy
+from gpu_scheduler.policies.goodput import GoodputFunction, PerfParams, fit_perf_params
 from gpu_scheduler.simulator.jobmodel import Application, StepConfig
 from gpu_scheduler.simulator.stepfit import StepTimeObservations
 from gpu_scheduler.simulator.workload import WorkloadJob
@@ -33,8 +34,23 @@ from gpu_scheduler.simulator.workload import WorkloadJob
 __all__ = ["ADAPTIVE_THROUGHPUT", "JobRecord", "SimConfig", "SimResult", "SimulationError", "Simulator"]
 
 
-ADAPTIVE_THROUGHPUT = ("fitted", "oracle")
+ADAPTIVE_THROUGHPUT = ("fitted", "oracle", "pollux")
 """Values of :attr:`SimConfig.adaptive_throughput`."""
+
+ARTIFACT_RESTART_COST_S = 30
+"""Seconds without progress per (re)allocation in the Pollux artifact's simulator
+(petuum/adaptdl@osdi21-artifact ``simulator/simulator.py``, ``Job.reallocate``: ``rescale_time =
+30``): the published Tiresias, Optimus+Oracle and Pollux results were taken with it, so the fidelity
+checks use it."""
+
+MEASURED_RESTART_COST_S = 4.4
+"""Seconds a trainflow job loses per restart, measured: ``trainflow run --fault-at-step 250`` on
+the 2-core development machine (docs/benchmarks.md, "Main job": SIGKILL to the first step of the
+resumed workers = torchrun noticing, re-rendezvous, two fresh processes, checkpoint load, one
+step). A local, 2-rank, CPU figure: the pod-level figure (scheduling, image, NCCL init) will
+replace it when the real-node work measures it."""
+
+_PERF_FITS: dict[tuple, PerfParams] = {}  # (application, profile items) -> fitted PerfParams
 
 
 class SimulationError(SchedulerError):
@@ -67,7 +83,7 @@ class SimConfig:
             still the time left at the current rate; ``global_batch_size`` is None (not
             constant). trainflow's trainer does this with ``--adaptive-batch``.
         adaptive_throughput: How an adaptive job knows step times (only with
-            ``adaptive_batch``). ``"fitted"`` (default, as trainflow's trainer and AdaptDL): it
+            ``adaptive_batch``). ``"fitted"`` (default, as trainflow's trainer): it
             keeps the optimizer step times of the configurations it has run, per world size,
             fits ``t(local batch) = alpha + beta * local batch`` per width, picks among batches
             whose local batch is at most ``EXPLORE_FACTOR`` (2) times the largest observed at
@@ -75,6 +91,12 @@ class SimConfig:
             the goodput curve of the models its choice uses (a width timed at one local batch:
             the constant model), as the trainer exports it (:mod:`gpu_scheduler.simulator.stepfit`).
             ``"oracle"``: the true measured step time at every batch and width (an upper bound).
+            ``"pollux"``: the AdaptDL job agent of Pollux's published runs (the artifact's
+            ``simulator.py`` ``Job``): it keeps the first measured (step, sync) time per
+            (nodes, replicas, per-GPU batch), fits Pollux's throughput model to them
+            (:func:`~gpu_scheduler.policies.goodput.fit_perf_params`) and picks the batch of
+            largest goodput under that model (:meth:`GoodputFunction.optimize`); before its
+            first measurement it runs ``max(init batch, replicas × min per-GPU batch)``.
         adaptive_retune_s: An adaptive job also re-picks its batch when this many seconds have
             passed since its last pick (checked at each round's start; the trainer's
             ``--adaptive-interval-s``, default 60); None: only at (re)allocations and epoch ends.
@@ -83,7 +105,7 @@ class SimConfig:
     nodes: int = 16
     gpus_per_node: int = 4
     interval_s: int = 60
-    restart_cost_s: int = 30
+    restart_cost_s: float = ARTIFACT_RESTART_COST_S
     max_time_s: float = 60 * 86400.0
     validate: bool = True
     report_remaining_work: bool = True
@@ -179,6 +201,7 @@ class _SimJob:
         "epoch",
         "first_start",
         "fitted",
+        "grad_params",
         "max_workers",
         "measured_at",
         "measured_epoch",
@@ -187,9 +210,12 @@ class _SimJob:
         "oracle_epoch",
         "oracle_tp",
         "per_node",
+        "perf_params",
         "picked_at_s",
         "placement",
         "placement_since",
+        "pollux",
+        "profile",
         "progress",
         "record",
         "requested",
@@ -210,6 +236,12 @@ class _SimJob:
         self.picked_at_s = 0.0
         self.adaptive = adaptive_batch and app.settings.max_workers_cap != 1
         self.fitted = self.adaptive and adaptive_throughput == "fitted"
+        self.pollux = self.adaptive and adaptive_throughput == "pollux"
+        # AdaptDL's profile: first (step, sync) seconds per (nodes, replicas, per-GPU batch), and
+        # the gradient statistics of the last configuration run (goodput model, Pollux §3).
+        self.profile: dict[tuple[int, int, int], tuple[float, float]] = {}
+        self.perf_params: PerfParams | None = None
+        self.grad_params: tuple[float, float] | None = None
         self.observations = StepTimeObservations()
         self.measured_version = -1
         self.max_workers = app.max_workers(app.max_batch_size if self.adaptive else spec.batch_size, cluster_gpus)
@@ -258,6 +290,7 @@ class _SimJob:
         if seconds > 0 and not self.fitted:
             self._measure()
         while seconds > 0:
+            self._profile()
             rate = app.efficiency_gain(cfg.batch_size, self.epoch) / total  # progress per second
             target = app.progress_target(self.epoch + 1)
             if self.progress + rate * seconds < target:
@@ -286,6 +319,61 @@ class _SimJob:
                     self._measure()
         if self.fitted:
             self._measure()
+
+    def _profile(self) -> None:
+        """Record the current configuration as AdaptDL's agent does before each stretch of
+        training (the artifact's ``Job.update_params``): the gradient statistics always, the
+        (step, sync) time only the first time a (nodes, replicas, per-GPU batch) is seen."""
+        cfg = self.cfg
+        assert cfg is not None
+        self.grad_params = self.app.grad_stats(cfg.batch_size, self.epoch)
+        key = (len(self.per_node), self.placement.workers, cfg.atomic_bsz)
+        if key not in self.profile:
+            self.profile[key] = self.app.step_time(self.per_node, cfg.atomic_bsz)
+            self.perf_params = None  # refit on demand
+
+    def fitted_perf_params(self) -> PerfParams | None:
+        """Pollux's throughput model fitted to the profile (None before any measurement);
+        memoised per (application, profile), since jobs of one application often share one."""
+        if self.perf_params is None and self.profile:
+            items = tuple(sorted(self.profile.items()))
+            key = (self.app.name, items)
+            hit = _PERF_FITS.get(key)
+            if hit is None:
+                nodes, replicas, atomic = zip(*(k for k, _ in items), strict=True)
+                step = [v[0] for _, v in items]
+                accum = [v[0] - v[1] for _, v in items]
+                hit = _PERF_FITS[key] = fit_perf_params(nodes, replicas, atomic, accum, step)
+            self.perf_params = hit
+        return self.perf_params
+
+    def goodput_model(self) -> GoodputModel | None:
+        """What an AdaptDL job agent reports to the scheduler (``Job.goodput_model``): the fitted
+        throughput model, the last gradient statistics and the batch limits; None before the
+        job has run (the artifact's jobs have no model then either)."""
+        perf = self.fitted_perf_params()
+        if perf is None or self.grad_params is None:
+            return None
+        app = self.app
+        fixed = not self.adaptive
+        return GoodputModel(
+            perf_params=perf.as_tuple(), grad_sqr=self.grad_params[0], grad_var=self.grad_params[1],
+            init_batch_size=app.init_batch_size,
+            max_batch_size=self.spec.batch_size if fixed else app.max_batch_size,
+            min_local_batch=app.min_local_bsz, max_local_batch=app.max_local_bsz, fixed_batch=fixed,
+            max_profiled_workers=max(k[1] for k in self.profile))
+
+    def _pollux_config(self) -> StepConfig:
+        """The AdaptDL agent's batch choice on the current placement (artifact ``update_local_bsz``)."""
+        app, workers = self.app, self.placement.workers
+        perf = self.fitted_perf_params()
+        if perf is None or self.grad_params is None:
+            return app.step_config(max(app.init_batch_size, app.min_local_bsz * workers), workers)
+        gf = GoodputFunction(perf, self.grad_params[0], self.grad_params[1], app.init_batch_size)
+        _, atomic, accum = gf.optimize(len(self.per_node), workers, app.max_batch_size,
+                                       (app.min_local_bsz, app.max_local_bsz), accumulation=True)
+        atomic = min(atomic, int(app.max_batch_size / (workers * (accum + 1))))
+        return StepConfig(atomic_bsz=atomic, accum_steps=accum, batch_size=workers * atomic * (accum + 1))
 
     def _observe(self, seconds: float) -> None:
         """Record ``seconds`` of training in the current configuration (fitted step times): the
@@ -331,6 +419,15 @@ class _SimJob:
             return
         self.measured_at[workers] = self.per_node
         self.measured_epoch = self.epoch
+        if self.pollux:  # the agent's goodput model, per width run at (samples at B0 per second)
+            perf = self.fitted_perf_params()
+            if perf is None or self.grad_params is None:
+                return
+            gf = GoodputFunction(perf, self.grad_params[0], self.grad_params[1], app.init_batch_size)
+            self.throughput = {n: gf.optimize(len(pn), n, app.max_batch_size, (app.min_local_bsz, app.max_local_bsz))[0]
+                               for n, pn in self.measured_at.items()}
+            self.throughput_view = MappingProxyType(dict(self.throughput))
+            return
         self.throughput = {n: app.goodput(pn, app.best_step_config(pn, self.epoch), self.epoch) * app.init_batch_size
                            for n, pn in self.measured_at.items()}
         self.throughput_view = MappingProxyType(dict(self.throughput))
@@ -344,7 +441,7 @@ class _SimJob:
             if not self.record.batch_sizes or self.record.batch_sizes[-1][1] != cfg.batch_size:
                 self.record.batch_sizes.append((now_s, cfg.batch_size))
         elif self.adaptive:
-            cfg = self.app.best_step_config(self.per_node, self.epoch)
+            cfg = self._pollux_config() if self.pollux else self.app.best_step_config(self.per_node, self.epoch)
             if not self.record.batch_sizes or self.record.batch_sizes[-1][1] != cfg.batch_size:
                 self.record.batch_sizes.append((now_s, cfg.batch_size))
         else:
@@ -442,6 +539,7 @@ class Simulator:
         self.config = config or SimConfig()
         self.policy = policy
         self.oracle = bool(getattr(policy, "uses_oracle", False))
+        self.hints = bool(getattr(policy, "uses_goodput_model", False))
         missing = sorted({j.application for j in workload} - set(applications))
         if missing:
             raise SimulationError(f"no measured model for application(s) {', '.join(missing)}")
@@ -471,6 +569,7 @@ class Simulator:
             remaining_samples=(job.oracle_remaining_samples() if self.oracle
                                else job.remaining_samples() if self.config.report_remaining_work else None),
             annotations=job.annotations,
+            goodput_model=job.goodput_model() if self.hints else None,
         )
 
     def snapshot(self) -> tuple[ClusterSnapshot, list[_SimJob]]:

@@ -113,6 +113,8 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
             rows = list(csv.reader(fh))
     except OSError as exc:
         raise JobModelError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise JobModelError(f"{path}: not a UTF-8 CSV ({exc.__class__.__name__})") from None
     if not rows:
         raise JobModelError(f"{path} is empty")
     return rows[0], rows[1:]

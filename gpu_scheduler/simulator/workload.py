@@ -9,6 +9,7 @@ batch size (both "TunedJobs" values).
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,8 +47,9 @@ def read_workload(path: Path) -> list[WorkloadJob]:
     """Read a workload CSV, sorted by submission time (stable).
 
     Raises:
-        WorkloadError: if the file cannot be read, a column is missing, a value is malformed or
-            a job name repeats; the message names the file and line.
+        WorkloadError: if the file cannot be read or is not UTF-8 text, a column is missing, a
+            value is malformed or not finite (``nan``, ``inf``) or a job name repeats; the message
+            names the file and line.
     """
     try:
         with path.open(newline="") as fh:
@@ -68,12 +70,17 @@ def read_workload(path: Path) -> list[WorkloadJob]:
                     )
                 except (TypeError, ValueError):
                     raise WorkloadError(f"{path}:{line}: malformed row {dict(row)}") from None
-                if not job.name or job.submit_time_s < 0 or job.requested_workers < 1 or job.batch_size < 1:
-                    raise WorkloadError(f"{path}:{line}: needs a name, time >= 0, num_replicas >= 1, "
+                if (not job.name or not math.isfinite(job.submit_time_s) or job.submit_time_s < 0
+                        or job.requested_workers < 1 or job.batch_size < 1):
+                    raise WorkloadError(f"{path}:{line}: needs a name, a finite time >= 0, num_replicas >= 1, "
                                         f"batch_size >= 1")
                 jobs.append(job)
     except OSError as exc:
         raise WorkloadError(f"cannot read workload {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"{path}: not UTF-8 text (byte {exc.start}); a workload is a UTF-8 CSV") from None
+    except csv.Error as exc:
+        raise WorkloadError(f"{path}: malformed CSV ({exc})") from None
     names = [j.name for j in jobs]
     if len(set(names)) != len(names):
         dup = sorted({n for n in names if names.count(n) > 1})

@@ -73,11 +73,17 @@ def test_simulate_adaptive_batch_flag_records_the_batch_sizes(tmp_path: Path, da
 
 def test_bad_input_is_a_one_line_error(tmp_path: Path, data: Path) -> None:
     workload = data / "workloads" / "workload-1.csv"
+    latin1 = tmp_path / "latin1.csv"  # review finding 12-simulate: was a UnicodeDecodeError traceback
+    latin1.write_bytes("name,time,application,num_replicas,batch_size\nj\xf6b,0,cifar10,1,128\n".encode("latin-1"))
+    nan_time = tmp_path / "nan.csv"  # ... and time=nan was accepted
+    nan_time.write_text("name,time,application,num_replicas,batch_size\nj,nan,cifar10,1,128\n")
     cases = [
         (["--workload", str(tmp_path / "none.csv"), "--policy", "fifo"], "does not exist"),
         (["--workload", str(workload), "--policy", "nope"], "unknown policy 'nope'"),
         (["--workload", str(workload), "--policy", "fifo", "--gpus-per-node", "8"], "gpus-per-node must be 1..4"),
         (["--workload", str(workload), "--policy", "fifo", "--param", "x=1"], "has no parameter 'x'"),
+        (["--workload", str(latin1), "--policy", "fifo"], "not UTF-8 text"),
+        (["--workload", str(nan_time), "--policy", "fifo"], "needs a name, a finite time"),
     ]
     for args, message in cases:
         proc = cli("simulate", *args, "--out", str(tmp_path / "r.json"), cwd=tmp_path)
@@ -90,7 +96,8 @@ def test_policies_lists_the_registry(tmp_path: Path) -> None:
     proc = cli("policies", cwd=tmp_path)
     assert proc.returncode == 0
     listed = [line.split()[0] for line in proc.stdout.splitlines()]
-    assert listed == sorted(["default", "elastic_fifo", "fifo", "fifo_backfill", "optimus", "round_robin", "tiresias"])
+    assert listed == sorted(["default", "elastic_fifo", "fifo", "fifo_backfill", "optimus", "pollux", "round_robin",
+                             "sia", "tiresias"])
 
 
 @pytest.mark.slow
@@ -100,13 +107,17 @@ def test_report_runs_a_reduced_matrix(tmp_path: Path, data: Path) -> None:
                "--load", "1.0", "--workloads", "1", "--processes", "1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
-    assert "| `tiresias` | 2,474 |" in text  # published: 2473.65 s on workload 1
-    assert "## Fidelity" in text and "+0.0 %" in text
+    # fidelity runs use the artifact's 30 s restarts: published 2473.65 s on workload 1
+    assert "| 1 | 2,474 | 2,474 | +0.0 % |" in text and "## Fidelity" in text
+    assert "Restart cost: **4.4 s per (re)allocation**" in text
     assert "## Fixed global batch" in text and "## Adaptive batch" in text
     for suffix in ("", "-adaptive"):
         assert (tmp_path / "docs" / "scheduler" / f"jct-cdf-and-usage-1.0x{suffix}.png").is_file()
     summary = json.loads(out.with_suffix(".json").read_text())
-    assert summary["mean"]["1.0"]["tiresias"]["avg_jct_s"] == pytest.approx(2473.65, abs=0.01)
+    assert summary["restart_cost_s"] == 4.4
+    fidelity = [r for r in summary["runs"] if r["restart_cost_s"] == 30 and r["job_model"] == "fixed"]
+    assert fidelity[0]["summary"]["avg_jct_s"] == pytest.approx(2473.65, abs=0.01)
+    assert 2000 < summary["mean"]["1.0"]["tiresias"]["avg_jct_s"] < 3000  # side by side, 4.4 s restarts
     adaptive = summary["means"]["adaptive"]["1.0"]["tiresias"]["avg_jct_s"]
     assert adaptive != pytest.approx(summary["mean"]["1.0"]["tiresias"]["avg_jct_s"])  # another job model ran
     bad = cli("report", "--out", str(out), "--data", str(data), "--job-model", "elastic", cwd=tmp_path)

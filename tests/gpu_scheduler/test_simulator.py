@@ -115,10 +115,11 @@ def toy_workload(n: int = 24) -> list[WorkloadJob]:
 
 
 @pytest.mark.parametrize("policy", ["fifo", "fifo_backfill", "elastic_fifo", "round_robin", "tiresias", "optimus",
-                                    "default"])
+                                    "default", "pollux", "sia"])
 def test_invariants_capacity_completion_and_restart_accounting(toy_apps, policy) -> None:
     cfg = SimConfig(nodes=3, gpus_per_node=4)
-    result = Simulator(toy_workload(), toy_apps, create(policy), cfg).run()  # validates every decision
+    params = {"generations": 10, "mating_attempts": 1} if policy == "pollux" else {}
+    result = Simulator(toy_workload(), toy_apps, create(policy, **params), cfg).run()  # validates every decision
     assert all(g <= cfg.total_gpus for _, g in result.gpus_in_use)
     assert all(j.finish_time_s is not None and j.finish_time_s > j.submit_time_s for j in result.jobs)
     for j in result.jobs:
@@ -130,6 +131,42 @@ def test_invariants_capacity_completion_and_restart_accounting(toy_apps, policy)
         assert j.jct_s >= 30 * (1 + j.restarts)
     summary = summarize(result.jobs, cfg.total_gpus)
     assert summary["finished_jobs"] == 24 and 0 < summary["gpu_allocation"] <= 1
+
+
+def test_goodput_model_is_what_an_adaptdl_agent_reports(toy_apps) -> None:
+    """Policies that read ``Job.goodput_model`` get the job's fitted throughput model and its
+    gradient statistics; others get None. The AdaptDL agent (``adaptive_throughput="pollux"``)
+    picks its batch with that model."""
+    from gpu_scheduler.model import Decision, Placement
+    from gpu_scheduler.simulator.engine import _SimJob
+
+    seen: list = []
+
+    class Reader:
+        name, uses_oracle, uses_goodput_model = "reader", False, True
+
+        def decide(self, snapshot, now_s):
+            seen.append(snapshot.jobs[0].goodput_model)
+            return Decision.from_placements(snapshot, {snapshot.jobs[0].name: Placement((("node-0", 2),))},
+                                            policy="reader", now_s=now_s)
+
+    spec = WorkloadJob(name="a", submit_time_s=0.0, application="toy", requested_workers=2, batch_size=64)
+    Simulator([spec], toy_apps, Reader(), SimConfig(nodes=1)).run()
+    assert seen[0] is None  # not run yet: no model
+    m = seen[-1]
+    assert m is not None and m.fixed_batch and m.max_batch_size == 64 and m.max_profiled_workers == 2
+    assert (m.grad_sqr, m.grad_var) == (1.0, 2.0)  # batch 64's statistics
+    assert m.perf_params[0] == pytest.approx((0.01 * 32) / 2)  # one atomic batch: alpha_c = half the pass time
+    plain = Simulator([spec], toy_apps, create("fifo"), SimConfig(nodes=1))
+    plain.now_s = 60.0
+    assert plain.snapshot()[0].jobs[0].goodput_model is None
+    agent = _SimJob(spec, toy_apps["toy"], cluster_gpus=4, adaptive_batch=True, adaptive_throughput="pollux")
+    agent.reallocate(Placement((("node-0", 4),)), 0.0, 0.0)
+    assert agent.cfg.batch_size == max(32, 4 * 8)  # before any measurement: max(B0, replicas x min per-GPU batch)
+    agent.advance(0.0, 60.0)
+    assert agent.profile and agent.fitted_perf_params() is not None
+    agent.reallocate(Placement((("node-0", 4),)), 60.0, 0.0)
+    assert 8 <= agent.cfg.atomic_bsz <= 32 and agent.cfg.batch_size <= 64
 
 
 def test_engine_rejects_invalid_decisions_and_unknown_applications(toy_apps) -> None:
@@ -175,6 +212,13 @@ def test_workload_errors_name_the_file_and_line(tmp_path: Path) -> None:
         read_workload(bad)
     with pytest.raises(WorkloadError, match="cannot read workload"):
         read_workload(tmp_path / "missing.csv")
+    for value in ("nan", "inf", "-inf"):
+        bad.write_text(f"name,time,application,num_replicas,batch_size\nx,{value},toy,1,32\n")
+        with pytest.raises(WorkloadError, match=r"w.csv:2: needs a name, a finite time >= 0"):
+            read_workload(bad)
+    bad.write_bytes(b"name,time,application,num_replicas,batch_size\nj\xf6b,1,toy,1,32\n")
+    with pytest.raises(WorkloadError, match=r"w.csv: not UTF-8 text \(byte \d+\); a workload is a UTF-8 CSV"):
+        read_workload(bad)
 
 
 def test_summary_metrics_follow_their_definitions() -> None:

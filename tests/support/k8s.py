@@ -346,6 +346,21 @@ def wait_until(predicate: Callable[[], Any], *, timeout_s: float, what: str, int
         time.sleep(interval_s)
 
 
+def _describe_leftover(obj: Any, cleanup_started: dt.datetime) -> str:
+    """One line about an object a namespace cleanup could not remove (for the timeout message)."""
+    meta = obj.metadata
+    owners = ",".join(f"{o.kind}/{o.name}" for o in (meta.ownerReferences or [])) or "none"
+    created = meta.creationTimestamp
+    when = "after" if created and created >= cleanup_started else "before"
+    status = getattr(obj, "status", None)
+    phase = getattr(status, "phase", None) if status is not None and not isinstance(status, dict) else None
+    spec = getattr(obj, "spec", None)
+    node = getattr(spec, "nodeName", None) if spec is not None and not isinstance(spec, dict) else None
+    return (f"{getattr(obj, 'kind', None) or type(obj).__name__}/{meta.name} owner={owners} "
+            f"created {when} the cleanup started, deletionTimestamp={meta.deletionTimestamp}, "
+            f"finalizers={meta.finalizers or []}, node={node}, phase={phase}")
+
+
 @dataclass
 class KubeTestBed:
     """etcd + kube-apiserver + kube-scheduler + KWOK + training operator on 127.0.0.1.
@@ -723,26 +738,64 @@ class KubeTestBed:
         return name
 
     def cleanup_namespace(self, name: str, *, timeout_s: float = 60.0) -> None:
-        """Delete the PyTorchJobs, pods and services in ``name`` (no garbage collector here)."""
+        """Delete the PyTorchJobs, pods and services in ``name`` and wait until none is left.
+
+        The test bed has no garbage collector, and the training operator keeps reconciling a job
+        until its informer has seen the job's deletion: a pod it creates after a one-shot sweep
+        (e.g. replacing a worker the sweep just deleted) would stay forever. So the PyTorchJobs go
+        first and must be gone from the API, then every poll deletes whatever pods and services are
+        still there, until a poll finds none. Errors are not swallowed: a delete that fails for any
+        reason but 404 is retried at the next poll and reported if the namespace never empties.
+
+        Raises:
+            TimeoutError: something was still there after ``timeout_s``; the message lists each
+                leftover (kind, name, owner, created before or after the cleanup started,
+                deletionTimestamp, node, phase) and the last delete errors.
+        """
+        from lightkube import ApiError
         from lightkube.resources.core_v1 import Pod, Service
 
         client = self.client()
         pytorchjob = pytorchjob_resource()
-        for job in client.list(pytorchjob, namespace=name):
-            with contextlib.suppress(Exception):
-                client.delete(pytorchjob, job.metadata.name, namespace=name)
-        for res in (Pod, Service):
-            for obj in client.list(res, namespace=name):
-                with contextlib.suppress(Exception):
-                    client.delete(res, obj.metadata.name, namespace=name, grace_period=0)
-        wait_until(
-            lambda: (
-                not list(client.list(Pod, namespace=name))
-                and not list(client.list(pytorchjob, namespace=name))
-            ),
-            timeout_s=timeout_s,
-            what=f"namespace {name} to be empty",
-        )
+        started = dt.datetime.now(dt.UTC)
+        errors: dict[str, str] = {}
+
+        def delete(res: Any, obj: Any, **kwargs: Any) -> None:
+            key = f"{res.__name__}/{obj.metadata.name}"
+            try:
+                client.delete(res, obj.metadata.name, namespace=name, **kwargs)
+                errors.pop(key, None)
+            except ApiError as e:
+                if e.status.code != 404:
+                    errors[key] = f"{e.status.code} {e.status.message}"
+            except Exception as e:  # transport trouble under load: retried at the next poll
+                errors[key] = f"{type(e).__name__}: {e}"
+
+        def sweep() -> list[Any]:
+            left = list(client.list(pytorchjob, namespace=name))
+            for job in left:
+                delete(pytorchjob, job)
+            if left:
+                return left  # pods only once no job is left to recreate them
+            left = [*client.list(Pod, namespace=name), *client.list(Service, namespace=name)]
+            for obj in left:
+                delete(type(obj), obj, grace_period=0)
+            return left
+
+        leftovers: list[Any] = []
+
+        def empty() -> bool:
+            nonlocal leftovers
+            leftovers = sweep()
+            return not leftovers
+
+        try:
+            wait_until(empty, timeout_s=timeout_s, what=f"namespace {name} to be empty", interval_s=0.3)
+        except TimeoutError as e:
+            raise TimeoutError(
+                f"{e}; left: {'; '.join(_describe_leftover(o, started) for o in leftovers)}"
+                + (f"; delete errors: {errors}" if errors else "")
+            ) from None
 
     def create_gpu_nodes(
         self,

@@ -12,7 +12,9 @@ it through :class:`ManagedProcess` so that:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,12 +25,56 @@ from typing import Any
 
 import httpx
 
+# Ports handed out by free_port: below the kernel's ephemeral range (ip_local_port_range, 32768-60999
+# by default), so an outgoing connection of any process can never take a port between our check and
+# the server's bind; and reserved across processes with a lock file held for the life of the test
+# process, so two test sessions on one machine (CI beside a developer's run) never pick the same one.
+PORT_RANGE = (20000, 32767)
+_PORT_LOCK_DIR = Path(os.environ.get("TRAINFLOW_PORT_LOCK_DIR", "/tmp/trainflow-ports"))
+_reserved: dict[int, int] = {}  # port -> fd of its held lock file (released when the process exits)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    with contextlib.suppress(OSError, ValueError):
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    return 32768, 60999
+
 
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, then close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """Return a TCP port on 127.0.0.1 that is free and reserved for this process.
+
+    The port is outside the kernel's ephemeral range (so no client connection takes it before
+    the server binds it), free at the time of the call (a bind succeeds), and reserved for this
+    test process by an ``flock`` on ``/tmp/trainflow-ports/<port>``, which other trainflow test
+    processes respect. Reservations last until this process exits; a port is never handed out
+    twice within one process.
+
+    Raises:
+        RuntimeError: no free port was found in :data:`PORT_RANGE` after 1,000 tries.
+    """
+    _PORT_LOCK_DIR.mkdir(parents=True, exist_ok=True)
+    low, high = PORT_RANGE
+    eph_low, eph_high = _ephemeral_range()
+    for _ in range(1000):
+        port = random.randint(low, high)
+        if port in _reserved or eph_low <= port <= eph_high:
+            continue
+        fd = os.open(_PORT_LOCK_DIR / str(port), os.O_CREAT | os.O_RDWR, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # another test process holds it
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                os.close(fd)
+                continue
+        _reserved[port] = fd
+        return port
+    raise RuntimeError(f"no free TCP port on 127.0.0.1 in {low}-{high} after 1,000 tries")
 
 
 def http_ok(
