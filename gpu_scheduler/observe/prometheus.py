@@ -167,6 +167,11 @@ class _Labels(msgspec.Struct, frozen=True, gc=False):
         value = getattr(self, key, "")
         return value if value else default
 
+    @classmethod
+    def of(cls, labels: Mapping[str, str]) -> _Labels:
+        """The labels the controller reads from a label dict (others dropped)."""
+        return cls(**{name: str(labels[name]) for name in cls.__struct_fields__ if labels.get(name)})
+
     def as_dict(self) -> dict[str, str]:
         return {name: value for name in self.__struct_fields__ if (value := getattr(self, name))}
 
@@ -253,39 +258,53 @@ def parse_vector_json(raw: bytes) -> tuple[list[tuple[Any, float]], Mapping[str,
     return samples, answer.data.stats or {}
 
 
+def _typed(samples: Iterable[tuple[Any, float]]) -> Iterable[tuple[_Labels, float]]:
+    """``samples`` with every label set as :class:`_Labels` (answers decoded by msgspec already are;
+    :func:`parse_vector`'s label dicts are converted)."""
+    for labels, value in samples:
+        yield (labels if type(labels) is _Labels else _Labels.of(labels)), value
+
+
 def metrics_from_results(
     results: Mapping[str, Sequence[tuple[Mapping[str, str], float]]], *, taken_at_s: float, window_s: float
 ) -> MetricsSample:
-    """Combine the parsed answers of :data:`QUERIES` (by key) into a :class:`MetricsSample`. Pure."""
+    """Combine the parsed answers of :data:`QUERIES` (by key) into a :class:`MetricsSample`. Pure.
+
+    Labels are read as attributes of :class:`_Labels` (one attribute load per label instead of a
+    method call: at 5,000 jobs this loop runs over ~30,000 samples per tick)."""
     pods: dict[tuple[str, str], PodGpu] = {}
-    for labels, value in results.get("gpu_busy", ()):
-        key = (labels.get("namespace", ""), labels.get("pod", ""))
-        if key[1]:
-            pods[key] = PodGpu(busy=min(max(value, 0.0), 1.0), source=labels.get("source", "gr_engine_active"))
-    stable = {lbl.get("job_key", ""): v for lbl, v in results.get("world_size", ())}
+    for labels, value in _typed(results.get("gpu_busy", ())):
+        if labels.pod:
+            pods[labels.namespace, labels.pod] = PodGpu(busy=min(max(value, 0.0), 1.0),
+                                                         source=labels.source or "gr_engine_active")
+    stable = {labels.job_key: v for labels, v in _typed(results.get("world_size", ()))}
     jobs: dict[str, JobThroughput] = {}
-    for labels, value in results.get("samples", ()):
-        key = labels.get("job_key", "")
+    for labels, value in _typed(results.get("samples", ())):
+        key = labels.job_key
         if not key or value < 0:
             continue
         size = stable.get(key)
         ok = size is not None and size >= 1 and float(size).is_integer()
         jobs[key] = JobThroughput(samples_per_s=value, world_size=int(size) if ok else None)  # type: ignore[arg-type]
     gauges: dict[str, dict[str, float]] = {}
-    for labels, value in results.get("work", ()):
-        key, gauge = labels.get("job_key", ""), labels.get("gauge", "")
+    for labels, value in _typed(results.get("work", ())):
+        key, gauge = labels.job_key, labels.gauge
         if key and gauge in WORK_GAUGES:
-            gauges.setdefault(key, {})[gauge] = value
+            entry = gauges.get(key)
+            if entry is None:
+                entry = gauges[key] = {}
+            entry[gauge] = value
     work: dict[str, JobWork] = {}
     for key, g in gauges.items():
         if g.get("remaining_samples", -1.0) >= 0:
             work[key] = JobWork(global_batch_size=g.get("global_batch_size", 0.0),
                                 reported_remaining_samples=g["remaining_samples"])
-        elif all(k in g for k in STEP_GAUGES) and g["step"] >= 0 and g["total_steps"] > 0 and g["global_batch_size"] > 0:
+        elif len(g) >= 3 and all(k in g for k in STEP_GAUGES) and g["step"] >= 0 and g["total_steps"] > 0 \
+                and g["global_batch_size"] > 0:
             work[key] = JobWork(step=g["step"], total_steps=g["total_steps"], global_batch_size=g["global_batch_size"])
     goodput: dict[str, dict[int, float]] = {}
-    for labels, value in results.get("goodput", ()):
-        key, size = labels.get("job_key", ""), labels.get("world_size", "")
+    for labels, value in _typed(results.get("goodput", ())):
+        key, size = labels.job_key, labels.world_size
         if key and size.isdigit() and int(size) >= 1 and value > 0:
             goodput.setdefault(key, {})[int(size)] = value
     return MetricsSample(

@@ -261,6 +261,8 @@ class ThroughputBook:
             if unit == UNIT_BUSY_GPUS and self.by_workers:
                 return self
             return ThroughputBook(unit=unit, by_workers=MappingProxyType({workers: value}))
+        if self.by_workers.get(workers) == value:  # the same reading again: the same book
+            return self
         return ThroughputBook(unit=unit, by_workers=MappingProxyType({**self.by_workers, workers: value}))
 
     @staticmethod
@@ -341,8 +343,8 @@ class Ledger:
             if stable and readings and all(r is not None for r in readings):
                 busy = sum(r.busy * p.gpus for r, p in zip(readings, pods, strict=True))  # type: ignore[union-attr]
                 before = entry.book
-                entry.book = entry.book.with_measurement(UNIT_BUSY_GPUS, workers, busy)
-                if entry.book is not before:
+                entry.book = before.with_measurement(UNIT_BUSY_GPUS, workers, busy)
+                if before.unit == UNIT_BUSY_GPUS or not before.by_workers:  # not ignored beside samples/s
                     out[key] = (UNIT_BUSY_GPUS, workers, busy)
         return out
 
@@ -408,6 +410,7 @@ class _JobInputs:
     early: str | None
     late: str | None
     needs_dcgm: tuple[PodState, ...]  # live bound workers: each must have DCGM series
+    needs_dcgm_keys: frozenset[tuple[str, str]]  # their ``(namespace, name)``, checked in one set operation
     first_start_s: float | None
     requested_workers: int
 
@@ -425,9 +428,10 @@ def _job_inputs(jv: JobView, pods: tuple[PodState, ...]) -> _JobInputs:
         early = (f"waiting for {memo.scale_up.to_workers - jv.bound_workers} worker pod(s) to be bound "
                  f"(scale {memo.scale_up.from_workers}->{memo.scale_up.to_workers})")
     late = f"{jv.terminating_workers} worker pod(s) still terminating" if jv.terminating_workers else None
+    needs_dcgm = tuple(p for p in pods if p.bound and not p.terminating) if jv.bound_workers else ()
     return _JobInputs(
         view=jv, pods=pods, early=early, late=late,
-        needs_dcgm=tuple(p for p in pods if p.bound and not p.terminating) if jv.bound_workers else (),
+        needs_dcgm=needs_dcgm, needs_dcgm_keys=frozenset((p.namespace, p.name) for p in needs_dcgm),
         first_start_s=_first_start(jv, pods),
         requested_workers=memo.requested_workers or job.spec_workers,
     )
@@ -442,7 +446,7 @@ def _exclusion(inputs: _JobInputs, metrics: MetricsSample, now_s: float) -> str 
         return f"start rolled back; held until {memo.hold_until_s:.0f}"
     if inputs.late:
         return inputs.late
-    if inputs.needs_dcgm:
+    if inputs.needs_dcgm and not inputs.needs_dcgm_keys <= metrics.pods.keys():
         readings = metrics.pods
         missing = [p.name for p in inputs.needs_dcgm if (p.namespace, p.name) not in readings]
         if missing:
