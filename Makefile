@@ -89,10 +89,10 @@ scheduler-bench: venv
 	OPENBLAS_NUM_THREADS=1 $(BIN)/python benchmarks/scheduler_decision_time.py
 
 bench-controller: venv
-	nice -n 10 $(BIN)/python benchmarks/controller_scale.py
+	$(BIN)/python benchmarks/controller_scale.py
 
 # Issue 16: 100, 1,000 and 5,000 PyTorchJobs on 1,024 KWOK nodes x 8 GPUs in one run (an hour or
 # more on 2 cores: creating 5,000 jobs dominates).
 bench-controller-5000: venv
-	nice -n 10 $(BIN)/python benchmarks/controller_scale.py --nodes 1024 --jobs 100,1000,5000 --workers 1 \
+	$(BIN)/python benchmarks/controller_scale.py --nodes 1024 --jobs 100,1000,5000 --workers 1 --recorded --raw-ticks 10 \
 	  --max-workers 2 --warmup-ticks 60 --settle-timeout-s 3600

@@ -23,11 +23,12 @@ not), so the controller reads what it reads from real trainers.
 
     .venv/bin/python benchmarks/controller_scale.py                       # 256 x 8 GPUs, 100 then 1000 jobs
     .venv/bin/python benchmarks/controller_scale.py --nodes 1024 --jobs 100,1000,5000 --workers 1 \
-        --max-workers 2 --warmup-ticks 60                                  # issue 16 (make bench-controller-5000)
+        --max-workers 2 --warmup-ticks 60 --recorded --raw-ticks 10       # issue 16 (make bench-controller-5000)
     .venv/bin/python benchmarks/controller_scale.py --nodes 16 --jobs 20,80 --ticks 10   # quick look
 
-The machine is shared: run it under ``nice``; expect noisy absolute figures (``uptime`` is printed
-beside them).
+The machine is shared: expect noisy absolute figures (the 1-minute load average before and after
+each measurement is printed beside them); CPU seconds per tick are less sensitive to other work than
+wall time. A benchmark is not run under ``nice``: its figures would measure the priority.
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ def measure(runtime: Any, ticks: int, pause_s: float) -> dict[str, Any]:
     jobs = 0
     observer = runtime.observer
     events_before = {i.name: i.events for i in (observer.nodes, observer.pods, observer.jobs)}
+    load_before = os.getloadavg()
     started = time.monotonic()
     for _ in range(ticks):
         before = (dict(counts.by_method), counts.watches)
@@ -151,6 +153,7 @@ def measure(runtime: Any, ticks: int, pause_s: float) -> dict[str, Any]:
         time.sleep(pause_s)
     elapsed = time.monotonic() - started
     return {
+        "load_average_before": load_before,
         "watch_events_per_s": {i.name: round((i.events - events_before[i.name]) / elapsed, 1)
                                for i in (observer.nodes, observer.pods, observer.jobs)},
         "jobs_observed": jobs,
@@ -183,30 +186,60 @@ def measure(runtime: Any, ticks: int, pause_s: float) -> dict[str, Any]:
 
 def print_results(results: list[dict[str, Any]]) -> None:
     print()
-    print(f"{'jobs':>6} {'GPUs':>6} {'tick p50/p99/max s':>22} {'CPU/tick p50/p99/max s':>24} {'RSS MiB':>8} "
+    print(f"{'jobs':>6} {'queries':>8} {'GPUs':>6} {'tick p50/p99/max s':>22} {'CPU/tick p50/p99/max s':>24} {'RSS MiB':>8} "
           f"{'answers KiB/tick':>17} {'Prometheus s (sum, slowest)':>28} {'obs req/tick':>13} {'reads/tick':>11} "
-          f"{'writes/tick mean/max':>21} {'warm-up ticks/actions/max s':>28} {'load':>6}")
+          f"{'writes/tick mean/max':>21} {'warm-up ticks/actions/max s':>28} {'load before-after':>18}")
     for r in results:
         t, c, p = r["tick_s"], r["cpu_per_tick_s"], r["prometheus_own_time_s"]
-        print(f"{r['jobs']:>6} {r['gpus']:>6} {t['p50']:>8.3f}/{t['p99']:.3f}/{t['max']:.3f} "
+        print(f"{r['jobs']:>6} {r['queries']:>8} {r['gpus']:>6} {t['p50']:>8.3f}/{t['p99']:.3f}/{t['max']:.3f} "
               f"{c['p50']:>10.3f}/{c['p99']:.3f}/{c['max']:.3f} {r['rss_mib']:>8.0f} "
               f"{r['prometheus_answer_bytes_per_tick'] / 1024:>17.0f} {p['sum_p50']:>16.3f}, {p['slowest_query_p50']:.3f} "
               f"{r['observe_requests_per_tick_max']:>13} {r['reads_per_tick_max']:>11} "
               f"{r['writes_per_tick_mean']:>14.1f}/{r['writes_per_tick_max']:<6} "
-              f"{r['warmup_ticks']:>12}/{r['warmup_actions']}/{r['warmup_tick_max_s']:.2f} {r['load_average'][0]:>6.1f}")
+              f"{r['warmup_ticks']:>12}/{r['warmup_actions']}/{r['warmup_tick_max_s']:.2f} "
+              f"{r['load_average_before'][0]:>5.1f}-{r['load_average'][0]:.1f}")
     for r in results:
-        print(f"\n{r['jobs']} jobs, per phase: wall p50/p99/max s | CPU p50/p99/max s")
+        print(f"\n{r['jobs']} jobs ({r['queries']} queries), per phase: wall p50/p99/max s | CPU p50/p99/max s")
         for name in sorted(set(r["phase_s"]) | set(r["phase_cpu_s"])):
             w, c = r["phase_s"].get(name), r["phase_cpu_s"].get(name)
             wall = f"{w['p50']:.4f}/{w['p99']:.4f}/{w['max']:.4f}" if w else "-"
             cpu = f"{c['p50']:.4f}/{c['p99']:.4f}/{c['max']:.4f}" if c else "-"
             print(f"  {name:<20} {wall:>26} | {cpu}")
-    if len(results) >= 2:
-        print()
-        for a, b in itertools.pairwise(results):
-            print(f"jobs {b['jobs']}/{a['jobs']} (x{b['jobs'] / a['jobs']:.0f}): tick p50 "
-                  f"x{b['tick_s']['p50'] / a['tick_s']['p50']:.2f}, tick mean x{b['tick_s']['mean'] / a['tick_s']['mean']:.2f}, "
-                  f"CPU/tick mean x{b['cpu_per_tick_s']['mean'] / a['cpu_per_tick_s']['mean']:.2f}")
+    for mode in sorted({r["queries"] for r in results}):
+        rows = [r for r in results if r["queries"] == mode]
+        if len(rows) >= 2:
+            print()
+            for a, b in itertools.pairwise(rows):
+                print(f"{mode}: jobs {b['jobs']}/{a['jobs']} (x{b['jobs'] / a['jobs']:.0f}): tick p50 "
+                      f"x{ratio(b, a, 'tick_s', 'p50'):.2f}, tick mean x{ratio(b, a, 'tick_s', 'mean'):.2f}, "
+                      f"CPU/tick p50 x{ratio(b, a, 'cpu_per_tick_s', 'p50'):.2f}, "
+                      f"CPU/tick mean x{ratio(b, a, 'cpu_per_tick_s', 'mean'):.2f}")
+
+
+def ratio(b: dict[str, Any], a: dict[str, Any], what: str, stat: str) -> float:
+    return b[what][stat] / a[what][stat]
+
+
+def targets(results: list[dict[str, Any]]) -> list[tuple[str, bool]]:
+    """Issue 16's targets, judged on the rows measured (each query mode on its own)."""
+    out: list[tuple[str, bool]] = []
+    for r in results:
+        mode, tick, cpu = r["queries"], r["tick_s"], r["cpu_per_tick_s"]
+        out.append((f"{r['jobs']} jobs ({mode}): no Kubernetes API read per tick",
+                    r["observe_requests_per_tick_max"] == 0 and r["reads_per_tick_max"] == 0))
+        if r["jobs"] == 5000:
+            out.append((f"5000 jobs ({mode}): tick p99 {tick['p99']:.3f} s <= 1 s", tick["p99"] <= 1.0))
+            out.append((f"5000 jobs ({mode}): CPU/tick p50 {cpu['p50']:.3f} s <= 0.5 s", cpu["p50"] <= 0.5))
+        if r["jobs"] == 1000:
+            out.append((f"1000 jobs ({mode}): tick p99 {tick['p99']:.3f} s <= 0.3 s", tick["p99"] <= 0.3))
+    by = {(r["queries"], r["jobs"]): r for r in results}
+    for mode in sorted({r["queries"] for r in results}):
+        big, mid = by.get((mode, 5000)), by.get((mode, 1000))
+        if big and mid:
+            for what in ("tick_s", "cpu_per_tick_s"):
+                x = ratio(big, mid, what, "mean")
+                out.append((f"cost(5000)/cost(1000) ({mode}, {what} mean) x{x:.2f} <= 3", x <= 3.0))
+    return out
 
 
 def main() -> int:
@@ -235,6 +268,9 @@ def main() -> int:
                              "their series (--prometheus-recorded; window 5 minutes)")
     parser.add_argument("--metrics-window-s", type=float, default=150.0,
                         help="the controller's averaging window (150 s = 10 scrapes, as 300 s at a 30 s scrape)")
+    parser.add_argument("--raw-ticks", type=int, default=0,
+                        help="with --recorded: also time this many ticks at each step evaluating the queries "
+                             "themselves (rows marked 'raw'), to compare both in one run")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args()
     steps = [int(x) for x in args.jobs.split(",")]
@@ -280,6 +316,7 @@ def main() -> int:
                 prometheus_recorded=args.recorded,
             )
             runtime = build_runtime(settings)
+            recorded_window_s = runtime.prometheus.window_s
             runtime.controller.manage_gc = True  # as `run` sets it
             runtime.prometheus.query_stats = True  # Prometheus' own time, beside the controller's
             results: list[dict[str, Any]] = []
@@ -314,12 +351,19 @@ def main() -> int:
                                             timeout_s=max(300.0, 10 * args.scrape_interval_s))
                     except TimeoutError as exc:
                         print(f"  {exc}; targets: {prometheus.query('up')}; measuring anyway", file=sys.stderr)
-                    row = {"jobs": created, "nodes": args.nodes, "gpus": args.nodes * args.gpus_per_node,
-                           "policy": args.policy, "settle_s": round(settle_s, 1),
-                           **warm_up(runtime, args.warmup_ticks, args.pause_s),
-                           **measure(runtime, args.ticks, args.pause_s)}
-                    results.append(row)
-                    print(json.dumps(row), file=sys.stderr)
+                    base = {"jobs": created, "nodes": args.nodes, "gpus": args.nodes * args.gpus_per_node,
+                            "policy": args.policy, "settle_s": round(settle_s, 1),
+                            **warm_up(runtime, args.warmup_ticks, args.pause_s)}
+                    modes = [("recorded" if args.recorded else "raw", args.ticks)]
+                    if args.recorded and args.raw_ticks:
+                        modes.append(("raw", args.raw_ticks))
+                    for mode, ticks in modes:
+                        # The observer reads the rules' series, or evaluates the queries themselves.
+                        runtime.prometheus.recorded = mode == "recorded"
+                        runtime.prometheus.window_s = recorded_window_s if mode == "recorded" else args.metrics_window_s
+                        row = {**base, "queries": mode, **measure(runtime, ticks, args.pause_s)}
+                        results.append(row)
+                        print(json.dumps(row), file=sys.stderr)
             finally:
                 runtime.close()
                 prometheus.stop()
@@ -327,10 +371,10 @@ def main() -> int:
     print_results(results)
     if args.out:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
-    ok = all(r["tick_p99_s"] <= 1.0 for r in results) and all(
-        r["observe_requests_per_tick_max"] == 0 and r["reads_per_tick_max"] == 0 for r in results)
-    print("target (tick p99 <= 1 s, no API read per tick):", "met" if ok else "NOT met",
-          f"(load average {os.getloadavg()[0]:.1f})")
+    print()
+    for what, met in targets(results):
+        print(f"target {what}: {'met' if met else 'NOT met'}")
+    print(f"(load average now {' '.join(f'{x:.1f}' for x in os.getloadavg())})")
     return 0
 
 
