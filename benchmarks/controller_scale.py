@@ -225,8 +225,10 @@ def targets(results: list[dict[str, Any]]) -> list[tuple[str, bool]]:
     out: list[tuple[str, bool]] = []
     for r in results:
         mode, tick, cpu = r["queries"], r["tick_s"], r["cpu_per_tick_s"]
-        out.append((f"{r['jobs']} jobs ({mode}): no Kubernetes API read per tick",
-                    r["observe_requests_per_tick_max"] == 0 and r["reads_per_tick_max"] == 0))
+        # Reads are GET/LIST; a watch re-opening on its server-side timeout (once per 5 minutes per
+        # kind, resuming from its resourceVersion) is counted apart, in watch_requests_per_tick_max.
+        out.append((f"{r['jobs']} jobs ({mode}): no Kubernetes API read per tick (max {r['reads_per_tick_max']}; "
+                    f"watch re-opens max {r['watch_requests_per_tick_max']})", r["reads_per_tick_max"] == 0))
         if r["jobs"] == 5000:
             out.append((f"5000 jobs ({mode}): tick p99 {tick['p99']:.3f} s <= 1 s", tick["p99"] <= 1.0))
             out.append((f"5000 jobs ({mode}): CPU/tick p50 {cpu['p50']:.3f} s <= 0.5 s", cpu["p50"] <= 0.5))
@@ -240,6 +242,15 @@ def targets(results: list[dict[str, Any]]) -> list[tuple[str, bool]]:
                 x = ratio(big, mid, what, "mean")
                 out.append((f"cost(5000)/cost(1000) ({mode}, {what} mean) x{x:.2f} <= 3", x <= 3.0))
     return out
+
+
+def report(path: Path) -> None:
+    """Print the tables and targets of a run saved with ``--out``."""
+    results = json.loads(path.read_text())
+    print_results(results)
+    print()
+    for what, met in targets(results):
+        print(f"target {what}: {'met' if met else 'NOT met'}")
 
 
 def main() -> int:
@@ -272,7 +283,11 @@ def main() -> int:
                         help="with --recorded: also time this many ticks at each step evaluating the queries "
                              "themselves (rows marked 'raw'), to compare both in one run")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--report", type=Path, help="only print the tables of a run saved with --out")
     args = parser.parse_args()
+    if args.report:
+        report(args.report)
+        return 0
     steps = [int(x) for x in args.jobs.split(",")]
     if args.log:
         import logging
