@@ -18,6 +18,12 @@ class ReplicasVia(enum.StrEnum):
     scale = "scale"
 
 
+class MetricsAuth(enum.StrEnum):
+    auto = "auto"
+    kubernetes = "kubernetes"
+    none = "none"
+
+
 class LogFormat(enum.StrEnum):
     json = "json"
     text = "text"
@@ -35,7 +41,7 @@ def run_command(
     namespace: Annotated[str, typer.Option(
         envvar="POD_NAMESPACE", help="The controller's namespace: its Lease and policy ConfigMap.")] = "default",
     watch_namespace: Annotated[str | None, typer.Option(
-        help="Manage PyTorchJobs in this namespace only (default: all namespaces).")] = None,
+        help="Manage PyTorchJobs in this namespace only, or these (comma-separated); default: all.")] = None,
     policy: Annotated[str, typer.Option(help="Policy used while no ConfigMap names one.")] = "default",
     policy_param: Annotated[list[str] | None, typer.Option(
         help="key=value parameter of --policy (repeatable).")] = None,
@@ -45,6 +51,13 @@ def run_command(
     interval_s: Annotated[float, typer.Option(help="Seconds between ticks (the ConfigMap may override).")] = 60.0,
     metrics_window_s: Annotated[float, typer.Option(help="Averaging window of the Prometheus queries.")] = 300.0,
     prometheus_timeout_s: Annotated[float, typer.Option(help="Timeout of each Prometheus query.")] = 5.0,
+    prometheus_bearer_token_file: Annotated[str | None, typer.Option(
+        help="File with a bearer token sent to Prometheus (re-read when it changes).")] = None,
+    prometheus_ca_file: Annotated[str | None, typer.Option(
+        help="PEM CA bundle that verifies an https:// Prometheus (default: the system's).")] = None,
+    prometheus_recorded: Annotated[bool, typer.Option(
+        help="Read the recording rules' series (manifests/components/monitoring) instead of evaluating "
+             "the queries at every tick (window: their 5 minutes).")] = False,
     pending_timeout_s: Annotated[float, typer.Option(
         help="Roll back a scale-up whose new workers are not bound to nodes after this long.")] = 300.0,
     rollback_hold_s: Annotated[float, typer.Option(
@@ -61,8 +74,13 @@ def run_command(
         help="Most policy actions applied per tick, GPU releases first (0: no cap).")] = 100,
     leader_election: Annotated[bool, typer.Option(help="Act only while holding the Lease.")] = True,
     lease_name: Annotated[str, typer.Option(help="Name of the leader-election Lease.")] = "trainflow-gpu-scheduler",
-    metrics_addr: Annotated[str, typer.Option(help="Address of the /metrics server.")] = "0.0.0.0",
-    metrics_port: Annotated[int, typer.Option(help="Port of the /metrics server (0: off).")] = 9400,
+    metrics_addr: Annotated[str, typer.Option(
+        help="Address of the /metrics, /healthz and /readyz server (0.0.0.0 in a pod).")] = "127.0.0.1",
+    metrics_port: Annotated[int, typer.Option(help="Port of the /metrics, /healthz and /readyz server (0: off).")] = 9400,
+    metrics_auth: Annotated[MetricsAuth, typer.Option(
+        help="kubernetes: /metrics needs a bearer token allowed to get /metrics (TokenReview + "
+             "SubjectAccessReview); none: no check; auto: kubernetes unless on a loopback address.")
+    ] = MetricsAuth.auto,
     plugin: Annotated[list[str] | None, typer.Option(
         help="Module to import at start-up, e.g. one registering more policies (repeatable).")] = None,
     log_format: Annotated[LogFormat, typer.Option(help="Log format on stderr.")] = LogFormat.json,
@@ -99,6 +117,9 @@ def run_command(
             interval_s=interval_s,
             metrics_window_s=metrics_window_s,
             prometheus_timeout_s=prometheus_timeout_s,
+            prometheus_bearer_token_file=prometheus_bearer_token_file,
+            prometheus_ca_file=prometheus_ca_file,
+            prometheus_recorded=prometheus_recorded,
             pending_timeout_s=pending_timeout_s,
             rollback_hold_s=rollback_hold_s,
             replicas_via=replicas_via.value,
@@ -110,6 +131,7 @@ def run_command(
             lease_name=lease_name,
             metrics_addr=metrics_addr,
             metrics_port=metrics_port,
+            metrics_auth=metrics_auth.value,
             plugins=tuple(plugin or ()),
             log_format=log_format.value,
             log_level=log_level,

@@ -1,15 +1,15 @@
 """The live controller: ``Controller.tick()`` = observe ▶ decide ▶ plan ▶ apply.
 
-One tick::
+One tick (:meth:`Controller._tick` reads as this table of contents)::
 
-    state   = kubernetes.state()                 # watch caches: no API request
-    view    = cluster_view(state)                # jobs joined with their pods
+    leading?                                     # else no change (and again before any write)
+    view    = observe_kubernetes()               # watch caches: no API request
     safety  = plan_safety(view)                  # confirm / roll back scale-ups, GPUs-per-worker steps
-    metrics = prometheus.observe(now)            # down? -> no change for any job (safety still runs)
-    snap    = build_snapshot(view, metrics)      # jobs without metrics are left out, GPUs kept
-    decision = policy.decide(snap, now)          # pure; validated against the snapshot
-    actions = plan_decision(decision, view)      # pure: patches + Events
-    results = actuator.apply(safety + actions)   # the only writes
+    metrics = observe_prometheus()               # down? -> no change for any job (safety still runs)
+    snap    = snapshot(view, metrics)            # jobs without metrics are left out, GPUs kept
+    decision = decide(policy, snap)              # pure; validated; any exception -> no change
+    actions = plan(decision, view)               # pure: patches + Events, capped per tick
+    apply(safety + actions)                      # the only writes; in a ``finally``: safety always goes
 
 The ports (cluster state, metrics, actuator, leadership, policy source) and the clock are
 injected, so the loop is unit-tested with small fakes and integration-tested against a real
@@ -20,7 +20,9 @@ with a logged reason. :func:`build_runtime` wires the real adapters; :func:`run`
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import gc
 import hashlib
 import importlib
 import json
@@ -29,21 +31,27 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gpu_scheduler.actuate.apply import ApplyResult
 from gpu_scheduler.actuate.plan import Action, PlanSettings, plan_decision, plan_safety
 from gpu_scheduler.kube import NodeState, PodState, PyTorchJobState
-from gpu_scheduler.model import Decision, InvalidDecision, SchedulerError
+from gpu_scheduler.model import ClusterSnapshot, Decision, SchedulerError
 from gpu_scheduler.observe.kubernetes import KubernetesUnavailable
 from gpu_scheduler.observe.prometheus import MetricsSample, PrometheusUnavailable
-from gpu_scheduler.observe.snapshot import Ledger, build_snapshot, cluster_view
+from gpu_scheduler.observe.snapshot import ClusterView, IncrementalView, Ledger, build_snapshot
 from gpu_scheduler.policies import Policy, UnknownPolicy, create
 from gpu_scheduler.settings import ConfigError, ControllerSettings, PolicyConfig, parse_policy_config
+
+if TYPE_CHECKING:  # the real adapters are imported where they are wired (build_runtime)
+    from gpu_scheduler.actuate.apply import Actuator
+    from gpu_scheduler.leader import LeaderElector
+    from gpu_scheduler.observe.kubernetes import KubeConnector, KubernetesObserver
+    from gpu_scheduler.observe.prometheus import PrometheusObserver
 
 __all__ = [
     "ClusterPort",
@@ -69,7 +77,9 @@ class ClusterStateLike(Protocol):
 
 
 class ClusterPort(Protocol):
-    """Kubernetes as the controller reads it."""
+    """Kubernetes as the controller reads it. A port may also offer ``changes(since_revision)``
+    (:meth:`~gpu_scheduler.observe.kubernetes.KubernetesObserver.changes`): the controller then
+    updates its view with what changed instead of joining every object every tick."""
 
     def state(self) -> ClusterStateLike:
         """Cached cluster state. Raises KubernetesUnavailable when the caches are not synced."""
@@ -223,6 +233,9 @@ class TickReport:
         deferred: jobs whose planned action was put off to a later tick (the per-tick cap).
         requests_by_phase: Kubernetes API requests sent during each phase (observation reads
             come from watch caches, so ``observe_kubernetes`` is 0 unless a watch reconnects).
+        cpu_s: CPU seconds the process used during the tick (every thread).
+        phases_cpu_s: CPU seconds of the tick's own thread per phase, plus ``prometheus_query``:
+            the background thread's CPU sending the queries and decoding the answers.
     """
 
     at_s: float
@@ -240,6 +253,8 @@ class TickReport:
     phases_s: dict[str, float] = field(default_factory=dict)
     deferred: list[str] = field(default_factory=list)
     requests_by_phase: dict[str, int] = field(default_factory=dict)
+    cpu_s: float = 0.0
+    phases_cpu_s: dict[str, float] = field(default_factory=dict)
 
     def applied(self) -> list[ApplyResult]:
         return [r for r in self.results if r.ok]
@@ -277,6 +292,8 @@ class Controller:
             that free GPUs go first; claims are applied only after every release fits under the
             cap; the rest waits for the next tick, when the policy decides again. Safety actions
             (rollbacks, confirmations) are never capped.
+        manage_gc: end each tick with a garbage collection of what the tick left and freeze the
+            survivors (see :meth:`_settle_heap`; the long-running process sets it, tests need not).
     """
 
     def __init__(
@@ -292,6 +309,7 @@ class Controller:
         metrics: ControllerMetrics | None = None,
         api_requests: Callable[[], int] = lambda: 0,
         max_actions_per_tick: int = 0,
+        manage_gc: bool = False,
     ) -> None:
         self._cluster = cluster
         self._prometheus = prometheus
@@ -305,8 +323,11 @@ class Controller:
         self.max_actions_per_tick = max_actions_per_tick
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="observe-prometheus")
         self.ledger = Ledger()
-        self._view: Any = None
-        self._view_revision: tuple[int, ...] = ()
+        self._views = IncrementalView()
+        self._snapshot_cache: dict[str, Any] = {}
+        self.manage_gc = manage_gc
+        self._unfrozen_at = time.monotonic()
+        self._view_revision: tuple[int, ...] | None = None
         self._excluded_logged: dict[str, str] = {}
         self.ticks = 0
 
@@ -319,104 +340,163 @@ class Controller:
     def tick(self) -> TickReport:
         """One round; never raises (failures become ``report.skipped``)."""
         now_s = self._clock()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         requests_before = self._api_requests()
         report = TickReport(at_s=now_s)
         try:
             self._tick(now_s, report)
+        except _NoChange as stop:
+            self._skip(report, stop.reason, level=stop.level)
         except Exception as exc:  # the loop must survive anything a policy or adapter does
-            report.skipped = f"tick failed: {type(exc).__name__}: {exc}"
+            report.skipped = report.skipped or f"tick failed: {type(exc).__name__}: {exc}"
             log.exception("tick failed", extra={"policy": report.policy})
+        self._settle_heap(report)
         report.duration_s = time.perf_counter() - start
+        report.cpu_s = time.process_time() - cpu_start
         report.api_requests = self._api_requests() - requests_before
         self.ticks += 1
         self._record(report)
         return report
 
+    def _settle_heap(self, report: TickReport) -> None:
+        """Collect this tick's cyclic garbage, then freeze what survived (``gc.freeze``): the
+        caches and ledgers of thousands of jobs are long-lived, and the collector would otherwise
+        rescan all of them in the full collections the next ticks' allocations trigger (a third of
+        a tick's CPU at 5,000 jobs). Frozen objects are still freed by reference counting; once an
+        hour everything is unfrozen and collected, so cyclic garbage among them cannot pile up."""
+        if not self.manage_gc:
+            return
+        started, cpu = time.perf_counter(), time.thread_time()
+        if time.monotonic() - self._unfrozen_at >= 3600.0:
+            gc.unfreeze()
+            self._unfrozen_at = time.monotonic()
+        gc.collect()
+        gc.freeze()
+        report.phases_s["gc"] = time.perf_counter() - started
+        report.phases_cpu_s["gc"] = time.thread_time() - cpu
+
     def _skip(self, report: TickReport, reason: str, *, level: int = logging.WARNING) -> None:
+        if report.skipped is not None:  # a reason found later in the tick (a lost lease) wins
+            return
         report.skipped = reason
         log.log(level, "no change this tick", extra={"reason": reason, "policy": report.policy})
 
     def _tick(self, now_s: float, report: TickReport) -> None:
-        phases, requests = report.phases_s, report.requests_by_phase
-        mark, mark_requests = time.perf_counter(), self._api_requests()
+        """observe ▶ decide ▶ plan ▶ apply. The safety actions (scale-up confirmations and
+        rollbacks, GPUs-per-worker steps) are applied whatever a later step raised; a step that
+        cannot go on raises :class:`_NoChange` with the reason."""
+        if not self._leading():
+            raise _NoChange("not the leader", logging.DEBUG)
+        policy = self._policy_in_force(report)
+        readings = self._background.submit(_timed, self._prometheus.observe, now_s)  # overlaps the Kubernetes read
+        phase = _Phases(report, self._api_requests)
+        actions: list[Action] = []
+        try:
+            with phase("observe_kubernetes"):
+                view, memos = self._observe_kubernetes(now_s, report)
+                actions += plan_safety(view.jobs, now_s, self.plan_settings, memos=memos)
+            with phase("observe_prometheus"):
+                metrics = self._observe_prometheus(readings, report)
+            with phase("snapshot"):
+                snapshot = self._snapshot(view, metrics, actions, now_s, report)
+            with phase("decide"):
+                decision = self._decide(policy, snapshot, now_s, report)
+            with phase("plan"):
+                actions += self._plan(decision, snapshot, view, memos, now_s, report)
+        finally:
+            readings.cancel()
+            with phase("apply"):
+                self._apply(actions, report)
 
-        def lap(name: str) -> None:
-            nonlocal mark, mark_requests
-            now, count = time.perf_counter(), self._api_requests()
-            phases[name] = phases.get(name, 0.0) + now - mark
-            requests[name] = requests.get(name, 0) + count - mark_requests
-            mark, mark_requests = now, count
+    # -- the steps of a tick ----------------------------------------------------------------------
 
-        if self._leader is not None and not self._leader.is_leader():
-            self._skip(report, "not the leader", level=logging.DEBUG)
-            return
+    def _leading(self) -> bool:
+        return self._leader is None or self._leader.is_leader()
+
+    def _policy_in_force(self, report: TickReport) -> Policy:
         policy, report.policy_switched = self.policies.current()
         report.policy = policy.name
-        # Prometheus answers while the Kubernetes caches are read (the two are independent).
-        readings = self._background.submit(self._prometheus.observe, now_s)
+        return policy
+
+    def _observe_kubernetes(self, now_s: float, report: TickReport) -> tuple[ClusterView, _LazyMemos]:
+        """The watch caches joined into a view -- updated with what changed since the last tick
+        where the cluster port reports changes, else rebuilt -- and the ledger advanced."""
         try:
-            state = self._cluster.state()
+            view = self._updated_view()
         except KubernetesUnavailable as exc:
-            readings.cancel()
-            self._skip(report, str(exc))
-            return
-        revision = getattr(state, "revision", ())
-        if revision and revision == self._view_revision and self._view is not None:
-            view = self._view  # nothing changed in the caches since the last tick
-        else:
-            view = cluster_view(state.nodes, state.pods, state.jobs)
-            self._view, self._view_revision = view, revision
+            raise _NoChange(str(exc)) from None
         report.jobs = len(view.jobs)
         self.ledger.advance(view, now_s)
-        memos = _LazyMemos(self.ledger, view, now_s)
-        safety = plan_safety(view.jobs, now_s, self.plan_settings, memos=memos)
-        lap("observe_kubernetes")
+        return view, _LazyMemos(self.ledger, view, now_s)
+
+    def _updated_view(self) -> ClusterView:
+        changes_since = getattr(self._cluster, "changes", None)
+        if changes_since is None:  # a port without change tracking: join everything every tick
+            state = self._cluster.state()
+            return self._views.reset(state.nodes, state.pods, state.jobs)
+        changes = changes_since(self._view_revision)
+        if changes.state is not None:
+            view = self._views.reset(changes.state.nodes, changes.state.pods, changes.state.jobs)
+        else:
+            view = self._views.update(nodes=changes.nodes, pods=changes.pods, jobs=changes.jobs)
+        self._view_revision = changes.revision
+        return view
+
+    def _observe_prometheus(self, readings: Future[tuple[MetricsSample, float]], report: TickReport) -> MetricsSample:
         try:
-            metrics = readings.result()
+            metrics, report.phases_cpu_s["prometheus_query"] = readings.result()
         except PrometheusUnavailable as exc:
-            lap("observe_prometheus")
             if self._metrics is not None:
                 self._metrics.metrics_up.set(0)
-            report.actions = list(safety)
-            report.results = self._actuator.apply(safety) if safety else []
-            lap("apply")
-            self._skip(report, f"keeping every job as it is: {exc}")
-            self._log_results(report)
-            return
-        lap("observe_prometheus")
+            raise _NoChange(f"keeping every job as it is: {exc}") from None
         if self._metrics is not None:
             self._metrics.metrics_up.set(1)
+        return metrics
+
+    def _snapshot(self, view: ClusterView, metrics: MetricsSample, safety: Iterable[Action], now_s: float,
+                  report: TickReport) -> ClusterSnapshot:
+        """The policy's input: jobs with a safety action this tick, or that must not be touched,
+        are left out (their GPUs kept off limits)."""
         report.measurements = self.ledger.record(view, metrics, now_s)
-        memos = _LazyMemos(self.ledger, view, now_s)
-        build = build_snapshot(view, metrics, self.ledger, now_s, skip={a.job: a.reason for a in safety})
+        build = build_snapshot(view, metrics, self.ledger, now_s, skip={a.job: a.reason for a in safety},
+                               cache=self._snapshot_cache)
         report.excluded = dict(build.excluded)
         self._log_exclusions(build.excluded)
-        lap("snapshot")
+        return build.snapshot
+
+    def _decide(self, policy: Policy, snapshot: ClusterSnapshot, now_s: float, report: TickReport) -> Decision:
+        """The policy's decision, validated. Whatever a policy raises means no change this tick."""
         try:
-            decision = policy.decide(build.snapshot, now_s)
-            decision.validate(build.snapshot)
-        except (InvalidDecision, SchedulerError, ValueError, KeyError, TypeError) as exc:
-            lap("decide")
-            report.actions = list(safety)
-            report.results = self._actuator.apply(safety) if safety else []
-            lap("apply")
-            self._skip(report, f"policy {policy.name!r} failed, keeping every job as it is: "
-                               f"{type(exc).__name__}: {exc}", level=logging.ERROR)
-            self._log_results(report)
-            return
-        lap("decide")
+            decision = policy.decide(snapshot, now_s)
+            decision.validate(snapshot)
+        except Exception as exc:  # a policy is a plugin: any exception is its failure, not the loop's
+            if not isinstance(exc, SchedulerError | ValueError):
+                log.error("policy raised", exc_info=exc, extra={"policy": policy.name})
+            raise _NoChange(f"policy {policy.name!r} failed, keeping every job as it is: "
+                            f"{type(exc).__name__}: {exc}", logging.ERROR) from None
         report.decision = decision
-        actions = plan_decision(decision, build.snapshot, view.jobs, now_s, self.plan_settings, memos=memos)
-        actions, deferred = self._cap(actions)
+        return decision
+
+    def _plan(self, decision: Decision, snapshot: ClusterSnapshot, view: ClusterView, memos: _LazyMemos,
+              now_s: float, report: TickReport) -> list[Action]:
+        """The decision's patches, capped at ``max_actions_per_tick`` (releases first)."""
+        actions = plan_decision(decision, snapshot, view.jobs, now_s, self.plan_settings, memos=memos)
+        kept, deferred = self._cap(actions)
         report.deferred = [a.job for a in deferred]
         if deferred:
             log.info("actions deferred to the next tick", extra={"deferred": len(deferred),
                                                                  "cap": self.max_actions_per_tick})
-        report.actions = [*safety, *actions]
-        lap("plan")
-        report.results = self._actuator.apply(report.actions) if report.actions else []
-        lap("apply")
+        return kept
+
+    def _apply(self, actions: list[Action], report: TickReport) -> None:
+        """Send ``actions`` (safety first) -- only while this replica still holds the Lease."""
+        report.actions = actions
+        if not actions:
+            return
+        if not self._leading():
+            self._skip(report, f"lost the lease during the tick; none of {len(actions)} action(s) sent")
+            return
+        report.results = self._actuator.apply(actions)
         self._log_results(report)
 
     def _cap(self, actions: Iterable[Action]) -> tuple[list[Action], list[Action]]:
@@ -469,14 +549,49 @@ class Controller:
         if self._leader is not None:
             m.leader.set(1 if self._leader.is_leader() else 0)
         if report.decision is not None:
-            for d in report.decision:
-                m.decisions.labels(policy=report.decision.policy, outcome=d.outcome.value).inc()
+            outcomes = collections.Counter(d.outcome.value for d in report.decision)
+            for outcome, count in outcomes.items():
+                m.decisions.labels(policy=report.decision.policy, outcome=outcome).inc(count)
         for result in report.results:
             m.actions.labels(kind=result.action.kind.value, status=result.status).inc()
             m.patches.labels(status=result.status).inc(len(result.action.patches))
         if not report.skipped:
             m.jobs.labels(state="managed").set(report.jobs)
             m.jobs.labels(state="left_out").set(len(report.excluded))
+
+
+class _NoChange(Exception):
+    """A step of the tick cannot go on: nothing more is decided this tick (the reason is logged)."""
+
+    def __init__(self, reason: str, level: int = logging.WARNING) -> None:
+        super().__init__(reason)
+        self.reason, self.level = reason, level
+
+
+class _Phases:
+    """Times each step of a tick (``report.phases_s``) and counts its API requests
+    (``report.requests_by_phase``): ``with phases("decide"): ...``."""
+
+    def __init__(self, report: TickReport, api_requests: Callable[[], int]) -> None:
+        self._report, self._api_requests = report, api_requests
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        started, cpu, before = time.perf_counter(), time.thread_time(), self._api_requests()
+        try:
+            yield
+        finally:
+            report = self._report
+            report.phases_s[name] = report.phases_s.get(name, 0.0) + time.perf_counter() - started
+            report.phases_cpu_s[name] = report.phases_cpu_s.get(name, 0.0) + time.thread_time() - cpu
+            report.requests_by_phase[name] = report.requests_by_phase.get(name, 0) + self._api_requests() - before
+
+
+def _timed(observe: Callable[[float], MetricsSample], now_s: float) -> tuple[MetricsSample, float]:
+    """``observe(now_s)`` and the CPU seconds this thread spent on it."""
+    cpu = time.thread_time()
+    sample = observe(now_s)
+    return sample, time.thread_time() - cpu
 
 
 class _LazyMemos(Mapping[str, Any]):
@@ -504,13 +619,13 @@ class Runtime:
 
     controller: Controller
     settings: ControllerSettings
-    observer: Any
-    prometheus: Any
-    leader: Any
+    observer: KubernetesObserver
+    prometheus: PrometheusObserver
+    leader: LeaderElector | None
     metrics: ControllerMetrics
     wake: threading.Event
-    connector: Any
-    actuator: Any
+    connector: KubeConnector
+    actuator: Actuator
 
     def interval_s(self) -> float:
         cfg = self.controller.policies.config
@@ -552,11 +667,14 @@ def build_runtime(settings: ControllerSettings, *, clock: Callable[[], float] = 
         on_configmap_change=wake.set,
     )
     policies = PolicySource(settings.default_policy, observer.policy_configmap)
-    prometheus = PrometheusObserver(
-        settings.prometheus_url, window_s=settings.metrics_window_s, timeout_s=settings.prometheus_timeout_s
-    )
-    actuator = Actuator(connector.client(), dry_run=settings.dry_run, record_events=settings.record_events,
-                        reporting_instance=settings.identity, max_concurrency=settings.max_concurrent_writes)
+    try:
+        prometheus = PrometheusObserver(
+            settings.prometheus_url, window_s=settings.metrics_window_s, timeout_s=settings.prometheus_timeout_s,
+            bearer_token_file=settings.prometheus_bearer_token_file, ca_file=settings.prometheus_ca_file,
+            recorded=settings.prometheus_recorded,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"prometheus: {exc}") from None
     leader = None
     if settings.leader_election:
         leader = LeaderElector(
@@ -564,6 +682,9 @@ def build_runtime(settings: ControllerSettings, *, clock: Callable[[], float] = 
             lease_duration_s=settings.lease_duration_s, renew_deadline_s=settings.renew_deadline_s,
             retry_period_s=settings.retry_period_s, on_change=lambda _leader: wake.set(),
         )
+    actuator = Actuator(connector.client(), dry_run=settings.dry_run, record_events=settings.record_events,
+                        reporting_instance=settings.identity, max_concurrency=settings.max_concurrent_writes,
+                        proceed=leader.is_leader if leader is not None else None)
     controller = Controller(
         cluster=observer, prometheus=prometheus, actuator=actuator, policies=policies, clock=clock,
         plan_settings=PlanSettings(pending_timeout_s=settings.pending_timeout_s,
@@ -576,19 +697,37 @@ def build_runtime(settings: ControllerSettings, *, clock: Callable[[], float] = 
 
 
 def run(settings: ControllerSettings, *, stop: threading.Event | None = None, sync_timeout_s: float = 60.0) -> int:
-    """Serve ``/metrics``, start the watches and leader election, tick until ``stop`` or SIGTERM.
+    """Serve ``/metrics``, ``/healthz`` and ``/readyz``, start the watches and leader election,
+    tick until ``stop`` or SIGTERM.
+
+    ``/healthz`` fails once the loop has not come round for three intervals (at least 60 s): a
+    tick stuck that long needs a restart. ``/readyz`` fails while a watch cache is not synced.
 
     Returns:
         The process exit code (0 after a clean stop, 1 if the caches never synced).
     """
-    from prometheus_client import start_http_server
+    from gpu_scheduler.serve import KubernetesAuth, serve
 
     stop = stop or threading.Event()
     runtime = build_runtime(settings)
+    beat = [time.monotonic()]
+
+    def live() -> str | None:
+        stalled_after_s = max(3 * runtime.interval_s(), 60.0)
+        quiet_s = time.monotonic() - beat[0]
+        return f"the control loop has not come round for {quiet_s:.0f} s" if quiet_s > stalled_after_s else None
+
+    def ready() -> str | None:
+        unsynced = runtime.observer.unsynced()
+        return "Kubernetes caches not synced: " + "; ".join(unsynced) if unsynced else None
+
     server = None
     if settings.metrics_port:
-        server, _ = start_http_server(settings.metrics_port, addr=settings.metrics_addr,
-                                      registry=runtime.metrics.registry)
+        auth = KubernetesAuth(runtime.connector.client()) if settings.metrics_auth_effective == "kubernetes" else None
+        if auth is None and not settings.metrics_on_loopback:
+            log.warning("serving /metrics without authentication", extra={"addr": settings.metrics_addr})
+        server = serve(settings.metrics_addr, settings.metrics_port, registry=runtime.metrics.registry,
+                       live=live, ready=ready, auth=auth)
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: (stop.set(), runtime.wake.set()))
@@ -596,7 +735,9 @@ def run(settings: ControllerSettings, *, stop: threading.Event | None = None, sy
         "policy": settings.policy, "configmap": settings.policy_configmap, "namespace": settings.namespace,
         "prometheus": settings.prometheus_url, "dry_run": settings.dry_run, "identity": settings.identity,
         "leader_election": settings.leader_election, "metrics_port": settings.metrics_port,
+        "metrics_auth": settings.metrics_auth_effective,
     })
+    runtime.controller.manage_gc = True  # a long-running process: see Controller._settle_heap
     try:
         runtime.observer.start()
         if not runtime.observer.wait_synced(sync_timeout_s):
@@ -606,7 +747,9 @@ def run(settings: ControllerSettings, *, stop: threading.Event | None = None, sy
         if runtime.leader is not None:
             runtime.leader.start()
         while not stop.is_set():
+            beat[0] = time.monotonic()
             runtime.controller.tick()
+            beat[0] = time.monotonic()
             runtime.wake.wait(runtime.interval_s())
             runtime.wake.clear()
         return 0
@@ -614,5 +757,5 @@ def run(settings: ControllerSettings, *, stop: threading.Event | None = None, sy
         runtime.close()
         if server is not None:
             with contextlib.suppress(Exception):
-                server.shutdown()
+                server.stop()
         log.info("controller stopped")

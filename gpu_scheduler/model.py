@@ -72,6 +72,8 @@ class InvalidDecision(SchedulerError):
 
 
 def _frozen_mapping(value: Mapping | None) -> Mapping:
+    if type(value) is MappingProxyType:  # the common case, without the slower ABC check below
+        return value if value else _EMPTY
     if value is None or (isinstance(value, Mapping) and not value):
         return _EMPTY
     if isinstance(value, MappingProxyType):
@@ -189,7 +191,7 @@ class Placement:
 
     def same_nodes_as(self, other: Placement) -> bool:
         """True if both place the same worker count on each node (rank order ignored)."""
-        return sorted(self.shares) == sorted(other.shares)
+        return self.shares == other.shares or sorted(self.shares) == sorted(other.shares)
 
     def __bool__(self) -> bool:
         return bool(self.shares)
@@ -456,6 +458,8 @@ class Outcome(enum.StrEnum):
 
         A change of rank order on the same nodes counts as ``KEEP`` (pods are not moved).
         """
+        if target is current:  # the common case: a policy hands back the job's own placement
+            return Outcome.KEEP if current else Outcome.WAIT
         if not current:
             return Outcome.START if target else Outcome.WAIT
         if not target:
@@ -543,20 +547,24 @@ class Decision:
         Raises:
             InvalidDecision: if ``placements`` names a job that is not in the snapshot.
         """
-        unknown = [name for name in placements if not snapshot.has_job(name)]
+        known = snapshot._job_index
+        unknown = [name for name in placements if name not in known]
         if unknown:
             raise InvalidDecision(f"placement for unknown job {name!r}" for name in unknown)
         reasons = reasons or {}
         annotations = annotations or {}
+        between, get_target, get_reason, get_annotations = (
+            Outcome.between, placements.get, reasons.get, annotations.get)
         out = []
         for job in snapshot.jobs:
-            target = placements.get(job.name, EMPTY_PLACEMENT)
+            name = job.name
+            target = get_target(name, EMPTY_PLACEMENT)
             out.append(JobDecision(
-                job=job.name,
+                job=name,
                 placement=target,
-                outcome=Outcome.between(job.placement, target),
-                reason=reasons.get(job.name, ""),
-                annotations=annotations.get(job.name, _EMPTY),
+                outcome=between(job.placement, target),
+                reason=get_reason(name, ""),
+                annotations=get_annotations(name, _EMPTY),
             ))
         return cls(policy=policy, made_at_s=now_s, jobs=tuple(out))
 
@@ -580,8 +588,11 @@ class Decision:
     def gpus_by_node(self, snapshot: ClusterSnapshot) -> dict[str, int]:
         """GPUs the target placements hold on each node."""
         used = {n.name: 0 for n in snapshot.nodes}
+        jobs = snapshot._job_index
         for d in self.jobs:
-            gpw = snapshot.job(d.job).gpus_per_worker
+            if not d.placement:
+                continue
+            gpw = jobs[d.job].gpus_per_worker
             for node, workers in d.placement:
                 used[node] = used.get(node, 0) + workers * gpw
         return used
@@ -609,18 +620,21 @@ class Decision:
                 problems.append(f"targets for unknown jobs {extra}")
             if len(set(names)) != len(names):
                 problems.append("a job has more than one target")
-        known_nodes = {n.name for n in snapshot.nodes}
+        known_nodes = snapshot._node_index
+        jobs, between = snapshot._job_index, Outcome.between
         for d in self.jobs:
-            if not snapshot.has_job(d.job):
+            job = jobs.get(d.job)
+            if job is None:
                 continue
-            job = snapshot.job(d.job)
-            for node, _ in d.placement:
-                if node not in known_nodes:
-                    problems.append(f"job {d.job}: unknown node {node!r}")
-            w = d.placement.workers
-            if w and not job.min_workers <= w <= job.max_workers:
-                problems.append(f"job {d.job}: {w} workers outside [{job.min_workers}, {job.max_workers}]")
-            expected = Outcome.between(job.placement, d.placement)
+            placement = d.placement
+            if placement:
+                for node, _ in placement:
+                    if node not in known_nodes:
+                        problems.append(f"job {d.job}: unknown node {node!r}")
+                w = placement.workers
+                if not job.min_workers <= w <= job.max_workers:
+                    problems.append(f"job {d.job}: {w} workers outside [{job.min_workers}, {job.max_workers}]")
+            expected = between(job.placement, placement)
             if d.outcome is not expected:
                 problems.append(f"job {d.job}: outcome {d.outcome} but the move is {expected}")
         used = self.gpus_by_node(snapshot)

@@ -117,13 +117,20 @@ class ControllerSettings:
         prometheus_url: Prometheus base URL.
         kubeconfig: kubeconfig file (None: in-cluster, else ``KUBECONFIG`` / ``~/.kube/config``).
         namespace: the controller's own namespace (its Lease and policy ConfigMap).
-        watch_namespace: manage jobs in this namespace only (None: all namespaces).
+        watch_namespace: manage jobs in this namespace only, or in these, comma-separated (one
+            watch each: RoleBindings in those namespaces suffice); None: all namespaces.
         policy: the policy used while no ConfigMap names one.
         policy_params: its parameters.
         policy_configmap: name of the policy ConfigMap in ``namespace`` (None: not watched).
         interval_s: seconds between ticks (the ConfigMap may override it).
         metrics_window_s: averaging window of every Prometheus query.
         prometheus_timeout_s: per-query timeout.
+        prometheus_bearer_token_file: file with a bearer token for Prometheus (e.g. a projected
+            service-account token in front of kube-rbac-proxy); re-read when it changes.
+        prometheus_ca_file: PEM bundle verifying an ``https://`` Prometheus (default: system CAs).
+        prometheus_recorded: read the series of the recording rules the monitoring component ships
+            (evaluated by Prometheus every 30 s over 5 minutes) instead of evaluating the queries at
+            every tick; ``metrics_window_s`` is then 300.
         pending_timeout_s: unbound workers after a scale-up are rolled back after this long.
         rollback_hold_s: no new scale-up of a rolled-back job for this long.
         replicas_via: ``merge`` (merge patch of the job) or ``scale`` (scale subresource).
@@ -136,7 +143,12 @@ class ControllerSettings:
         lease_name: the Lease's name.
         lease_duration_s, renew_deadline_s, retry_period_s: leader-election timing.
         identity: this replica's holder identity.
-        metrics_addr, metrics_port: where ``/metrics`` is served (port 0: not served).
+        metrics_addr, metrics_port: where ``/metrics``, ``/healthz`` and ``/readyz`` are served
+            (port 0: not served). The default address is the loopback interface; in a pod, set
+            ``0.0.0.0`` (then ``/metrics`` is authenticated, see ``metrics_auth``).
+        metrics_auth: ``kubernetes``: a scrape must carry a bearer token whose user may ``get``
+            the non-resource URL ``/metrics`` (TokenReview + SubjectAccessReview); ``none``: no
+            check; ``auto`` (default): ``kubernetes`` unless the address is a loopback one.
         plugins: modules imported at start-up (e.g. to register more policies).
         log_format: ``json`` (one object per line) or ``text``.
         log_level: logging level name.
@@ -155,6 +167,9 @@ class ControllerSettings:
     interval_s: float = 60.0
     metrics_window_s: float = 300.0
     prometheus_timeout_s: float = 5.0
+    prometheus_bearer_token_file: str | None = None
+    prometheus_ca_file: str | None = None
+    prometheus_recorded: bool = False
     pending_timeout_s: float = 300.0
     rollback_hold_s: float = 600.0
     replicas_via: Literal["merge", "scale"] = "merge"
@@ -168,8 +183,9 @@ class ControllerSettings:
     renew_deadline_s: float = 10.0
     retry_period_s: float = 2.0
     identity: str = field(default_factory=_default_identity)
-    metrics_addr: str = "0.0.0.0"
+    metrics_addr: str = "127.0.0.1"
     metrics_port: int = 9400
+    metrics_auth: Literal["auto", "kubernetes", "none"] = "auto"
     plugins: tuple[str, ...] = ()
     log_format: Literal["json", "text"] = "json"
     log_level: str = "INFO"
@@ -195,12 +211,33 @@ class ControllerSettings:
             fail("max_concurrent_writes", f"must be >= 1, got {self.max_concurrent_writes}")
         if not 0 <= self.metrics_port < 65536:
             fail("metrics_port", f"must be in 0..65535, got {self.metrics_port}")
+        if self.metrics_auth not in ("auto", "kubernetes", "none"):
+            fail("metrics_auth", f"must be 'auto', 'kubernetes' or 'none', got {self.metrics_auth!r}")
         if self.log_format not in ("json", "text"):
             fail("log_format", f"must be 'json' or 'text', got {self.log_format!r}")
         if not self.namespace:
             fail("namespace", "must not be empty")
         object.__setattr__(self, "policy_params", MappingProxyType(dict(self.policy_params)))
         object.__setattr__(self, "plugins", tuple(self.plugins))
+
+    @property
+    def metrics_on_loopback(self) -> bool:
+        """``metrics_addr`` is reachable from this host only."""
+        import ipaddress
+
+        if self.metrics_addr == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.metrics_addr).is_loopback
+        except ValueError:
+            return False
+
+    @property
+    def metrics_auth_effective(self) -> str:
+        """``kubernetes`` or ``none`` (``auto`` resolved by the address)."""
+        if self.metrics_auth != "auto":
+            return self.metrics_auth
+        return "none" if self.metrics_on_loopback else "kubernetes"
 
     @property
     def default_policy(self) -> PolicyConfig:

@@ -25,7 +25,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -48,7 +48,7 @@ log = logging.getLogger("gpu_scheduler.actuate.apply")
 
 PyTorchJob = create_namespaced_resource("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs")
 
-Status = Literal["applied", "dry_run", "conflict", "not_found", "invalid", "forbidden", "error"]
+Status = Literal["applied", "dry_run", "conflict", "not_found", "invalid", "forbidden", "error", "not_leader"]
 
 _PATCH_TYPES = {"merge": PatchType.MERGE, "json": PatchType.JSON}
 
@@ -101,6 +101,8 @@ class Actuator:
         reporting_instance: ``reportingInstance`` of the Events (default: the host name).
         max_concurrency: actions on different jobs sent at the same time.
         async_events: send Events from a background thread (False: inline, before returning).
+        proceed: checked before each action is sent (e.g. ``LeaderElector.is_leader``): once it
+            returns False, the remaining actions end with status ``not_leader``, unsent.
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class Actuator:
         reporting_instance: str | None = None,
         max_concurrency: int = 8,
         async_events: bool = True,
+        proceed: Callable[[], bool] | None = None,
     ) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -123,6 +126,7 @@ class Actuator:
         self.record_events = record_events
         self.reporting_instance = reporting_instance or socket.gethostname()
         self._recorder = EventRecorder(self.event) if async_events else None
+        self._proceed = proceed
 
     def flush_events(self, timeout_s: float = 30.0) -> bool:
         """Wait until every queued Event was sent; True if the queue emptied in time."""
@@ -188,6 +192,8 @@ class Actuator:
         return f"still conflicting after {attempts} fresh reads"
 
     def _apply_one(self, action: Action) -> ApplyResult:
+        if self._proceed is not None and not self._proceed():
+            return ApplyResult(action=action, status="not_leader", message="lost the lease before sending")
         for patch in action.patches:
             try:
                 try:

@@ -17,6 +17,7 @@ controller reports API requests per tick.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime as dt
 import logging
@@ -49,9 +50,11 @@ from gpu_scheduler.kube import (
 from gpu_scheduler.model import SchedulerError
 
 __all__ = [
+    "ClusterChanges",
     "ClusterState",
     "CountingTransport",
     "Informer",
+    "InformerGroup",
     "KubeConnector",
     "KubernetesObserver",
     "KubernetesUnavailable",
@@ -337,6 +340,8 @@ class Informer(Generic[T]):
         watch_timeout_s: server-side timeout of each watch request (it is then resumed from the
             last resourceVersion seen, one request per timeout).
         on_change: called (no arguments) after each applied event or relist.
+        change_log: how many changed keys are remembered for :meth:`changes_since` (older
+            readers then get None and must read everything).
 
     The store is keyed ``namespace/name`` (``name`` for cluster-scoped kinds).
     """
@@ -354,6 +359,7 @@ class Informer(Generic[T]):
         watch_timeout_s: int = 300,
         list_chunk_size: int = 500,
         on_change: Callable[[], None] | None = None,
+        change_log: int = 100_000,
     ) -> None:
         self.name = name
         self._connector = connector
@@ -374,6 +380,8 @@ class Informer(Generic[T]):
         self.relists = 0
         self.events = 0
         self.revision = 0  # bumped on every change of the store
+        self._log: collections.deque[tuple[int, str]] = collections.deque(maxlen=change_log)
+        self._log_floor = 0  # changes after this revision are all in the log
         self._thread: threading.Thread | None = None
         self._client: Client | None = None
 
@@ -409,6 +417,20 @@ class Informer(Generic[T]):
     def get(self, key: str) -> T | None:
         with self._lock:
             return self._store.get(key)
+
+    def changes_since(self, revision: int) -> tuple[int, dict[str, T | None] | None]:
+        """``(revision now, {key: value, or None if deleted})`` for every key changed after
+        ``revision``; the changes are None when they are not known (the store was relisted since,
+        or more changes happened than the log keeps): read everything then."""
+        with self._lock:
+            if revision < self._log_floor:
+                return self.revision, None
+            keys: list[str] = []
+            for changed_at, key in reversed(self._log):
+                if changed_at <= revision:
+                    break
+                keys.append(key)
+            return self.revision, {key: self._store.get(key) for key in keys}
 
     def __len__(self) -> int:
         with self._lock:
@@ -456,6 +478,8 @@ class Informer(Generic[T]):
         with self._lock:
             self._store = store
             self.revision += 1
+            self._log.clear()
+            self._log_floor = self.revision
         self.relists += 1
         return items.resourceVersion
 
@@ -480,6 +504,9 @@ class Informer(Generic[T]):
                     self._store[key] = value
                 if changed:
                     self.revision += 1
+                    if len(self._log) == self._log.maxlen:
+                        self._log_floor = self._log[0][0]  # about to be forgotten
+                    self._log.append((self.revision, key))
             self.events += 1
             self._changed()
 
@@ -518,6 +545,53 @@ class Informer(Generic[T]):
 # -------------------------------------------------------------------------------------- observer
 
 
+class InformerGroup(Generic[T]):
+    """Several informers of one kind (one per namespace) read as one store: values, ``get``,
+    and :meth:`changes_since` with a revision that is the tuple of theirs."""
+
+    def __init__(self, informers: list[Informer[T]], *, name: str) -> None:
+        self.informers, self.name = informers, name
+
+    @property
+    def revision(self) -> tuple[int, ...]:
+        return tuple(i.revision for i in self.informers)
+
+    @property
+    def relists(self) -> int:
+        return sum(i.relists for i in self.informers)
+
+    @property
+    def events(self) -> int:
+        return sum(i.events for i in self.informers)
+
+    def snapshot(self) -> tuple[tuple[int, ...], list[T]]:
+        revisions, values = [], []
+        for informer in self.informers:
+            revision, part = informer.snapshot()
+            revisions.append(revision)
+            values.extend(part)
+        return tuple(revisions), values
+
+    def items(self) -> list[T]:
+        return self.snapshot()[1]
+
+    def get(self, key: str) -> T | None:
+        return next((v for i in self.informers if (v := i.get(key)) is not None), None)
+
+    def changes_since(self, revision: tuple[int, ...]) -> tuple[tuple[int, ...], dict[str, T | None] | None]:
+        revisions, merged = [], {}
+        for informer, since in zip(self.informers, revision, strict=True):
+            now, changes = informer.changes_since(since)
+            revisions.append(now)
+            if changes is None:
+                return self.revision, None
+            merged.update(changes)
+        return tuple(revisions), merged
+
+    def __len__(self) -> int:
+        return sum(len(i) for i in self.informers)
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterState:
     """What the caches hold at one instant (copies; safe to use while the watches go on).
@@ -529,7 +603,24 @@ class ClusterState:
     nodes: tuple[NodeState, ...]
     pods: tuple[PodState, ...]
     jobs: tuple[PyTorchJobState, ...]
-    revision: tuple[int, ...] = ()
+    revision: tuple[Any, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterChanges:
+    """What changed in the caches since a reader's last revision (:meth:`KubernetesObserver.changes`).
+
+    Either ``state`` holds everything (first read, or a cache relisted since: start over), or
+    ``nodes`` (the whole node list, None if no node changed), ``pods`` and ``jobs``
+    (``{namespace/name: value or None if deleted}``) hold the changes. ``revision`` is what to pass
+    next time.
+    """
+
+    revision: tuple[Any, ...]
+    state: ClusterState | None = None
+    nodes: tuple[NodeState, ...] | None = None
+    pods: Mapping[str, PodState | None] | None = None
+    jobs: Mapping[str, PyTorchJobState | None] | None = None
 
 
 class KubernetesObserver:
@@ -538,8 +629,9 @@ class KubernetesObserver:
 
     Args:
         connector: the cluster connection.
-        namespace: manage PyTorchJobs of one namespace only (None: all). Pods are watched in
-            every namespace either way.
+        namespace: manage PyTorchJobs of these namespaces only: one name, or several separated
+            by commas (one watch each, so namespaced RBAC suffices); None: all namespaces. Pods
+            are watched in every namespace either way.
         managed_selector: label selector of managed PyTorchJobs.
         configmap: ``(namespace, name)`` of the policy ConfigMap to watch, or None.
         on_configmap_change: called when that ConfigMap changes (e.g. to wake the loop).
@@ -567,11 +659,15 @@ class KubernetesObserver:
             connector, Pod, pod_state, name="pods",
             fields={"status.phase": _not_in(("Succeeded", "Failed"))}, watch_timeout_s=watch_timeout_s,
         )
-        self.jobs: Informer[PyTorchJobState] = Informer(
-            connector, PyTorchJob, lambda o: pytorchjob_state(_as_dict(o)), name="pytorchjobs",
-            namespace=namespace, labels=managed_selector or {MANAGED_LABEL: "true"},
-            watch_timeout_s=watch_timeout_s,
-        )
+        namespaces = [n.strip() for n in namespace.split(",") if n.strip()] if namespace else [None]
+        job_informers = [
+            Informer(connector, PyTorchJob, lambda o: pytorchjob_state(_as_dict(o)),
+                     name="pytorchjobs" if ns is None or len(namespaces) == 1 else f"pytorchjobs/{ns}",
+                     namespace=ns, labels=managed_selector or {MANAGED_LABEL: "true"}, watch_timeout_s=watch_timeout_s)
+            for ns in namespaces
+        ]
+        self.jobs: Informer[PyTorchJobState] | InformerGroup[PyTorchJobState] = (
+            job_informers[0] if len(job_informers) == 1 else InformerGroup(job_informers, name="pytorchjobs"))
         self.configmap: Informer[dict[str, str]] | None = None
         if configmap is not None:
             ns, cm_name = configmap
@@ -581,7 +677,7 @@ class KubernetesObserver:
                 on_change=on_configmap_change,
             )
             self._configmap_key = f"{ns}/{cm_name}"
-        self._informers: list[Informer[Any]] = [self.nodes, self.pods, self.jobs]
+        self._informers: list[Informer[Any]] = [self.nodes, self.pods, *job_informers]
         if self.configmap is not None:
             self._informers.append(self.configmap)
 
@@ -628,6 +724,28 @@ class KubernetesObserver:
         (rn, nodes), (rp, pods), (rj, jobs) = self.nodes.snapshot(), self.pods.snapshot(), self.jobs.snapshot()
         return ClusterState(nodes=tuple(nodes), pods=tuple(pods), jobs=tuple(jobs),
                             revision=(id(self), rn, self.nodes.relists, rp, self.pods.relists, rj, self.jobs.relists))
+
+    def changes(self, since: tuple[Any, ...] | None) -> ClusterChanges:
+        """The caches' changes after revision ``since`` (None: everything). Costs no API request
+        and work in proportion to what changed.
+
+        Raises:
+            KubernetesUnavailable: as :meth:`state`.
+        """
+        missing = self.unsynced()
+        if missing:
+            raise KubernetesUnavailable("Kubernetes caches not synced: " + "; ".join(missing))
+        if since is None or len(since) != 4 or since[0] != id(self):
+            state = self.state()
+            return ClusterChanges(revision=(id(self), *state.revision[1::2]), state=state)
+        rn, rp, rj = since[1:]
+        pods_rev, pods = self.pods.changes_since(rp)
+        jobs_rev, jobs = self.jobs.changes_since(rj)
+        if pods is None or jobs is None:
+            return self.changes(None)
+        nodes_rev, nodes = self.nodes.snapshot() if self.nodes.revision != rn else (rn, None)
+        return ClusterChanges(revision=(id(self), nodes_rev, pods_rev, jobs_rev),
+                              nodes=tuple(nodes) if nodes is not None else None, pods=pods, jobs=jobs)
 
     def policy_configmap(self) -> dict[str, str] | None:
         """The policy ConfigMap's data, or None if it does not exist (or is not watched)."""

@@ -38,6 +38,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from gpu_scheduler.kube import JobMemo, JobView, NodeState, PodState, PyTorchJobState
 from gpu_scheduler.model import ClusterSnapshot, Job, Node, Placement
@@ -48,6 +49,7 @@ __all__ = [
     "UNIT_GOODPUT",
     "UNIT_SAMPLES_PER_S",
     "ClusterView",
+    "IncrementalView",
     "Ledger",
     "SnapshotBuild",
     "ThroughputBook",
@@ -86,6 +88,26 @@ class ClusterView:
     pods_by_job: Mapping[str, tuple[PodState, ...]] = field(default_factory=lambda: MappingProxyType({}))
 
 
+def _is_live_worker(pod: PodState, active: Mapping[str, PyTorchJobState]) -> bool:
+    return pod.worker and not pod.terminating and pod.job in active
+
+
+def _job_view(job: PyTorchJobState, workers: Iterable[PodState]) -> JobView:
+    """One job's view from its worker pods (live and terminating; any order)."""
+    workers = sorted(workers, key=_pod_order)
+    live = [p for p in workers if not p.terminating]
+    bound = [p for p in live if p.bound]
+    since = max((p.started_at_s or p.created_at_s for p in bound), default=None)
+    return JobView(
+        job=job,
+        placement=Placement.of((p.node, 1) for p in bound),  # type: ignore[misc]
+        pending_workers=sum(1 for p in live if not p.bound),
+        terminating_workers=len(workers) - len(live),
+        pods=tuple(sorted(p.name for p in live)),
+        placement_since_s=since,
+    )
+
+
 def cluster_view(
     nodes: Iterable[NodeState], pods: Iterable[PodState], jobs: Iterable[PyTorchJobState]
 ) -> ClusterView:
@@ -95,33 +117,131 @@ def cluster_view(
     by_job: dict[str, list[PodState]] = {key: [] for key in active}
     for pod in pods:
         key = pod.job
-        if key in by_job and pod.worker and not pod.terminating:
-            by_job[key].append(pod)
-            continue
         if key in by_job and pod.worker:
-            by_job[key].append(pod)  # terminating: counted below as foreign, and as terminating
+            by_job[key].append(pod)  # a terminating one is also counted below, as foreign
+            if not pod.terminating:
+                continue
         if pod.bound and pod.gpus:
             foreign[pod.node] = foreign.get(pod.node, 0) + pod.gpus  # type: ignore[index]
-    views: dict[str, JobView] = {}
-    for key, job in active.items():
-        workers = sorted(by_job[key], key=_pod_order)
-        live = [p for p in workers if not p.terminating]
-        bound = [p for p in live if p.bound]
-        since = max((p.started_at_s or p.created_at_s for p in bound), default=None)
-        views[key] = JobView(
-            job=job,
-            placement=Placement.of((p.node, 1) for p in bound),  # type: ignore[misc]
-            pending_workers=sum(1 for p in live if not p.bound),
-            terminating_workers=len(workers) - len(live),
-            pods=tuple(sorted(p.name for p in live)),
-            placement_since_s=since,
-        )
     return ClusterView(
         nodes=tuple(sorted(nodes, key=lambda n: n.name)),
-        jobs=MappingProxyType(views),
-        foreign_gpus=MappingProxyType(foreign),
-        pods_by_job=MappingProxyType({k: tuple(v) for k, v in by_job.items()}),
+        jobs=MappingProxyType({key: _job_view(job, by_job[key]) for key, job in active.items()}),
+        foreign_gpus=MappingProxyType({n: g for n, g in foreign.items() if g}),
+        pods_by_job=MappingProxyType({k: tuple(sorted(v, key=_pod_order)) for k, v in by_job.items()}),
     )
+
+
+class IncrementalView:
+    """:func:`cluster_view`, kept up to date from the changes of the watch caches instead of
+    rebuilt every tick: the work per update is proportional to the objects that changed (and the
+    jobs they belong to), not to the size of the cluster. The result equals
+    ``cluster_view(nodes, pods, jobs)`` of the same contents (tested).
+
+    Call :meth:`reset` with everything (first use, or after a cache relisted), then
+    :meth:`update` with ``{key: value or None (deleted)}`` per kind; both return the view.
+    """
+
+    def __init__(self) -> None:
+        self._nodes: tuple[NodeState, ...] = ()
+        self._pods: dict[str, PodState] = {}
+        self._jobs: dict[str, PyTorchJobState] = {}      # every job seen, finished ones included
+        self._active: dict[str, PyTorchJobState] = {}    # the unfinished ones
+        self._order: list[str] = []                      # active jobs in submission order
+        self._workers: dict[str, set[str]] = {}          # job key -> its worker pods' keys (any job)
+        self._foreign: dict[str, int] = {}               # node -> GPUs of pods that are not live workers
+        self._views: dict[str, JobView] = {}
+        self._pods_by_job: dict[str, tuple[PodState, ...]] = {}
+        self.view: ClusterView | None = None
+
+    def reset(self, nodes: Iterable[NodeState], pods: Iterable[PodState],
+              jobs: Iterable[PyTorchJobState]) -> ClusterView:
+        """Start over from the whole contents of the caches."""
+        self.__init__()  # type: ignore[misc]
+        return self.update(nodes=tuple(nodes), pods={f"{p.namespace}/{p.name}": p for p in pods},
+                           jobs={j.key: j for j in jobs})
+
+    def _foreign_gpus(self, pod: PodState) -> int:
+        """GPUs ``pod`` holds that no live worker of an active job accounts for."""
+        if not pod.bound or not pod.gpus or _is_live_worker(pod, self._active):
+            return 0
+        return pod.gpus
+
+    def _add_foreign(self, pod: PodState, sign: int) -> None:
+        gpus = self._foreign_gpus(pod)
+        if gpus:
+            self._foreign[pod.node] = self._foreign.get(pod.node, 0) + sign * gpus  # type: ignore[index]
+
+    def update(
+        self,
+        *,
+        nodes: Iterable[NodeState] | None = None,
+        pods: Mapping[str, PodState | None] | None = None,
+        jobs: Mapping[str, PyTorchJobState | None] | None = None,
+    ) -> ClusterView:
+        """Apply changes: ``nodes`` is the whole node list (None: unchanged); ``pods`` and ``jobs``
+        map changed keys (``namespace/name``) to the new value, or to None if deleted."""
+        pods, jobs = pods or {}, jobs or {}
+        touched: set[str] = set(jobs)
+        # Take out what the changed pods, and every pod of a changed job, contributed (with the
+        # activity of jobs as it was), ...
+        for key in pods:
+            old = self._pods.pop(key, None)
+            if old is None:
+                continue
+            self._add_foreign(old, -1)
+            if old.job is not None and old.worker:
+                self._workers.get(old.job, set()).discard(key)
+                touched.add(old.job)
+        for key in jobs:
+            for pod_key in self._workers.get(key, ()):
+                self._add_foreign(self._pods[pod_key], -1)
+        # ... change the jobs, ...
+        reorder = False  # the active set or a submission time changed
+        for key, job in jobs.items():
+            if job is None:
+                self._jobs.pop(key, None)
+            else:
+                self._jobs[key] = job
+            before = self._active.pop(key, None)
+            if job is not None and not job.finished:
+                self._active[key] = job
+            reorder |= (before is None) != (key not in self._active) or (
+                before is not None and job is not None and before.created_at_s != job.created_at_s)
+        if reorder:
+            self._order = sorted(self._active, key=lambda k: (self._active[k].created_at_s, k))
+        # ... and put back what they contribute now.
+        for key in jobs:
+            for pod_key in self._workers.get(key, ()):
+                self._add_foreign(self._pods[pod_key], +1)
+        for key, pod in pods.items():
+            if pod is None:
+                continue
+            self._pods[key] = pod
+            self._add_foreign(pod, +1)
+            if pod.job is not None and pod.worker:
+                self._workers.setdefault(pod.job, set()).add(key)
+                touched.add(pod.job)
+        for key in touched:
+            job = self._active.get(key)
+            if job is None:
+                self._views.pop(key, None)
+                self._pods_by_job.pop(key, None)
+                if not self._workers.get(key, True):
+                    del self._workers[key]
+                continue
+            workers = [self._pods[k] for k in self._workers.get(key, ())]
+            self._views[key] = _job_view(job, workers)
+            self._pods_by_job[key] = tuple(sorted(workers, key=_pod_order))
+        if nodes is not None:
+            self._nodes = tuple(sorted(nodes, key=lambda n: n.name))
+        if touched or pods or nodes is not None or self.view is None:
+            self.view = ClusterView(
+                nodes=self._nodes,
+                jobs=MappingProxyType({k: self._views[k] for k in self._order}),
+                foreign_gpus=MappingProxyType({n: g for n, g in self._foreign.items() if g}),
+                pods_by_job=MappingProxyType({k: self._pods_by_job[k] for k in self._order}),
+            )
+        return self.view
 
 
 # ---------------------------------------------------------------------------------------- ledger
@@ -141,6 +261,8 @@ class ThroughputBook:
             if unit == UNIT_BUSY_GPUS and self.by_workers:
                 return self
             return ThroughputBook(unit=unit, by_workers=MappingProxyType({workers: value}))
+        if self.by_workers.get(workers) == value:  # the same reading again: the same book
+            return self
         return ThroughputBook(unit=unit, by_workers=MappingProxyType({**self.by_workers, workers: value}))
 
     @staticmethod
@@ -221,10 +343,14 @@ class Ledger:
             if stable and readings and all(r is not None for r in readings):
                 busy = sum(r.busy * p.gpus for r, p in zip(readings, pods, strict=True))  # type: ignore[union-attr]
                 before = entry.book
-                entry.book = entry.book.with_measurement(UNIT_BUSY_GPUS, workers, busy)
-                if entry.book is not before:
+                entry.book = before.with_measurement(UNIT_BUSY_GPUS, workers, busy)
+                if before.unit == UNIT_BUSY_GPUS or not before.by_workers:  # not ignored beside samples/s
                     out[key] = (UNIT_BUSY_GPUS, workers, busy)
         return out
+
+    def entry(self, key: str) -> _JobLedger | None:
+        """The job's ledger entry (attained service, throughput book), if any."""
+        return self._jobs.get(key)
 
     def attained_gpu_s(self, key: str) -> float:
         entry = self._jobs.get(key)
@@ -261,39 +387,6 @@ class SnapshotBuild:
     excluded: Mapping[str, str]
 
 
-def missing_dcgm(view: ClusterView, key: str, metrics: MetricsSample) -> list[str]:
-    """Bound worker pods of ``key`` without DCGM readings."""
-    return [
-        p.name
-        for p in view.pods_by_job.get(key, ())
-        if p.bound and not p.terminating and (p.namespace, p.name) not in metrics.pods
-    ]
-
-
-def _exclusion(jv: JobView, view: ClusterView, metrics: MetricsSample, now_s: float) -> str | None:
-    job = jv.job
-    memo = job.memo
-    if job.gpus_per_worker < 1:
-        return "its workers request no nvidia.com/gpu"
-    if job.suspended and not memo.suspended_by_scheduler and memo.reshape is None:
-        return "suspended by someone other than the scheduler"
-    if memo.reshape is not None:
-        return f"changing GPUs per worker to {memo.reshape[0]}"
-    if memo.scale_up is not None:
-        return (f"waiting for {memo.scale_up.to_workers - jv.bound_workers} worker pod(s) to be bound "
-                f"(scale {memo.scale_up.from_workers}->{memo.scale_up.to_workers})")
-    if memo.held(now_s) and memo.hold_max_workers == 0:
-        return f"start rolled back; held until {memo.hold_until_s:.0f}"
-    if jv.terminating_workers:
-        return f"{jv.terminating_workers} worker pod(s) still terminating"
-    if jv.bound_workers:
-        missing = missing_dcgm(view, jv.key, metrics)
-        if missing:
-            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-            return f"no DCGM metrics for pod(s) {shown} (is dcgm-exporter attributing GPUs to pods?)"
-    return None
-
-
 def _first_start(jv: JobView, pods: Sequence[PodState]) -> float | None:
     starts = [p.started_at_s for p in pods if p.started_at_s is not None]
     candidates = [t for t in (jv.job.started_at_s, min(starts, default=None)) if t is not None]
@@ -301,6 +394,64 @@ def _first_start(jv: JobView, pods: Sequence[PodState]) -> float | None:
         return min(candidates)
     if jv.placement:
         return jv.placement_since_s
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _JobInputs:
+    """What :func:`build_snapshot` derives from one job and its pods alone; reused while both are
+    the same objects (the watch caches hand back the same values for unchanged objects).
+
+    ``early`` / ``late`` are the exclusion reasons that depend on neither the clock nor the
+    metrics, ranked before / after the time-dependent one (a start on hold)."""
+
+    view: JobView
+    pods: tuple[PodState, ...]
+    early: str | None
+    late: str | None
+    needs_dcgm: tuple[PodState, ...]  # live bound workers: each must have DCGM series
+    needs_dcgm_keys: frozenset[tuple[str, str]]  # their ``(namespace, name)``, checked in one set operation
+    first_start_s: float | None
+    requested_workers: int
+
+
+def _job_inputs(jv: JobView, pods: tuple[PodState, ...]) -> _JobInputs:
+    job, memo = jv.job, jv.job.memo
+    early = None
+    if job.gpus_per_worker < 1:
+        early = "its workers request no nvidia.com/gpu"
+    elif job.suspended and not memo.suspended_by_scheduler and memo.reshape is None:
+        early = "suspended by someone other than the scheduler"
+    elif memo.reshape is not None:
+        early = f"changing GPUs per worker to {memo.reshape[0]}"
+    elif memo.scale_up is not None:
+        early = (f"waiting for {memo.scale_up.to_workers - jv.bound_workers} worker pod(s) to be bound "
+                 f"(scale {memo.scale_up.from_workers}->{memo.scale_up.to_workers})")
+    late = f"{jv.terminating_workers} worker pod(s) still terminating" if jv.terminating_workers else None
+    needs_dcgm = tuple(p for p in pods if p.bound and not p.terminating) if jv.bound_workers else ()
+    return _JobInputs(
+        view=jv, pods=pods, early=early, late=late,
+        needs_dcgm=needs_dcgm, needs_dcgm_keys=frozenset((p.namespace, p.name) for p in needs_dcgm),
+        first_start_s=_first_start(jv, pods),
+        requested_workers=memo.requested_workers or job.spec_workers,
+    )
+
+
+def _exclusion(inputs: _JobInputs, metrics: MetricsSample, now_s: float) -> str | None:
+    """Why the job is left out of this tick's snapshot, or None (the reasons in order)."""
+    if inputs.early:
+        return inputs.early
+    memo = inputs.view.job.memo
+    if memo.hold_until_s is not None and memo.held(now_s) and memo.hold_max_workers == 0:
+        return f"start rolled back; held until {memo.hold_until_s:.0f}"
+    if inputs.late:
+        return inputs.late
+    if inputs.needs_dcgm and not inputs.needs_dcgm_keys <= metrics.pods.keys():
+        readings = metrics.pods
+        missing = [p.name for p in inputs.needs_dcgm if (p.namespace, p.name) not in readings]
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            return f"no DCGM metrics for pod(s) {shown} (is dcgm-exporter attributing GPUs to pods?)"
     return None
 
 
@@ -323,6 +474,7 @@ def build_snapshot(
     now_s: float,
     *,
     skip: Mapping[str, str] | None = None,
+    cache: dict[str, Any] | None = None,
 ) -> SnapshotBuild:
     """The policy's snapshot (see the module docstring).
 
@@ -332,14 +484,22 @@ def build_snapshot(
         ledger: advanced to ``now_s``.
         now_s: the tick's clock.
         skip: jobs already handled this tick (rollbacks, confirmations), with the reason.
+        cache: a dict the caller keeps between calls: what depends only on a job and its pods
+            is derived once per change of them, not every tick (the result is the same).
     """
     skip = skip or {}
+    cache = {} if cache is None else cache
     excluded: dict[str, str] = {}
     jobs: list[Job] = []
     held_elsewhere: dict[str, int] = dict(view.foreign_gpus)
     excluded_views: list[JobView] = []
+    work_of, ledger_of = metrics.work, ledger.entry
     for key, jv in view.jobs.items():
-        reason = skip.get(key) or _exclusion(jv, view, metrics, now_s)
+        pods = view.pods_by_job.get(key, ())
+        inputs = cache.get(key)
+        if inputs is None or inputs.view is not jv or inputs.pods is not pods:
+            inputs = cache[key] = _job_inputs(jv, pods)
+        reason = skip.get(key) or _exclusion(inputs, metrics, now_s)
         if reason is not None:
             excluded[key] = reason
             excluded_views.append(jv)
@@ -348,14 +508,13 @@ def build_snapshot(
             continue
         job, memo = jv.job, jv.job.memo
         max_workers = job.max_workers
-        if memo.held(now_s) and memo.hold_max_workers:
-            max_workers = max(job.min_workers, min(max_workers, memo.hold_max_workers, ))
-        requested = memo.requested_workers or job.spec_workers
-        requested = min(max(requested, job.min_workers), max_workers)
-        pods = view.pods_by_job.get(key, ())
-        work = metrics.work.get(job.metrics_key)
-        unit = ledger.book(key).unit
-        if work is not None and unit != (UNIT_GOODPUT if work.adaptive else UNIT_SAMPLES_PER_S):
+        if memo.hold_until_s is not None and memo.held(now_s) and memo.hold_max_workers:
+            max_workers = max(job.min_workers, min(max_workers, memo.hold_max_workers))
+        requested = min(max(inputs.requested_workers, job.min_workers), max_workers)
+        entry = ledger_of(key)
+        book = entry.book if entry is not None else ThroughputBook()
+        work = work_of.get(job.metrics_key)
+        if work is not None and book.unit != (UNIT_GOODPUT if work.adaptive else UNIT_SAMPLES_PER_S):
             work = None  # remaining samples only beside a throughput in the same unit
         jobs.append(Job(
             name=key,
@@ -365,15 +524,18 @@ def build_snapshot(
             requested_workers=requested,
             gpus_per_worker=job.gpus_per_worker,
             placement=jv.placement,
-            attained_service_gpu_s=ledger.attained_gpu_s(key),
-            throughput=ledger.book(key).by_workers,
+            attained_service_gpu_s=entry.attained_gpu_s if entry is not None else 0.0,
+            throughput=book.by_workers,
             restarts=memo.restarts,
-            first_start_s=_first_start(jv, pods),
+            first_start_s=inputs.first_start_s,
             placement_since_s=jv.placement_since_s if jv.placement else None,
             global_batch_size=round(work.global_batch_size) if work and not work.adaptive else None,
             remaining_samples=work.remaining_samples if work else None,
             annotations=job.policy_annotations,
         ))
+    if len(cache) > len(view.jobs):
+        for key in [k for k in cache if k not in view.jobs]:
+            del cache[key]
     # Nodes referenced by placements must exist in the snapshot even without GPUs now.
     used = {n: 0 for n in held_elsewhere}
     for job in jobs:

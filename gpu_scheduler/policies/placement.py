@@ -60,13 +60,14 @@ class FreeGpus:
     Nothing is held initially: callers :meth:`hold` the placements they keep.
     """
 
-    __slots__ = ("_buckets", "_cap", "_cursor", "_free", "_names", "_pos", "strategy")
+    __slots__ = ("_buckets", "_cap", "_cursor", "_free", "_names", "_pos", "_total", "strategy")
 
     def __init__(self, snapshot: ClusterSnapshot, strategy: Strategy | str = Strategy.BEST_FIT) -> None:
         self.strategy = Strategy.parse(strategy)
         self._names = [n.name for n in snapshot.nodes]
         self._pos = {name: i for i, name in enumerate(self._names)}
         self._free = [max(n.gpus_for_jobs, 0) for n in snapshot.nodes]
+        self._total = sum(self._free)  # kept equal to total_free() by _set (O(1) reads)
         self._cap = max(self._free, default=0)
         # One min-heap of node positions per free count (lazy deletion: an entry is live only
         # while the node's free count still equals its bucket), so the first node in snapshot
@@ -79,6 +80,7 @@ class FreeGpus:
     # ------------------------------------------------------------------ bookkeeping
 
     def _set(self, i: int, free: int) -> None:
+        self._total += max(free, 0) - max(self._free[i], 0)
         self._free[i] = free
         if free > self._cap:  # more than any node had at the start (a release of unheld GPUs)
             self._buckets.extend([] for _ in range(free - self._cap))
@@ -100,8 +102,8 @@ class FreeGpus:
         return self._free[self._pos[node]]
 
     def total_free(self) -> int:
-        """Free GPUs summed over nodes (negative entries ignored)."""
-        return sum(f for f in self._free if f > 0)
+        """Free GPUs summed over nodes (negative entries ignored); O(1)."""
+        return self._total
 
     def by_node(self) -> dict[str, int]:
         """Free GPUs by node name."""

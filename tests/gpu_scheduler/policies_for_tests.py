@@ -99,3 +99,16 @@ class OraclePolicy:
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> Decision:
         return Decision.from_placements(snapshot, {}, policy=self.name, now_s=now_s)  # type: ignore[attr-defined]
+
+
+@register("test-crash")
+@dataclass(frozen=True)
+class CrashPolicy:
+    """Test policy: raises the named built-in exception (any kind a buggy policy might raise)."""
+
+    error: str = "ZeroDivisionError"
+
+    def decide(self, snapshot: ClusterSnapshot, now_s: float) -> Decision:
+        import builtins
+
+        raise getattr(builtins, self.error)(f"{self.error} on purpose")

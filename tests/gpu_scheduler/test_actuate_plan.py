@@ -214,3 +214,26 @@ def test_settings_validate() -> None:
 
 def test_memo_defaults_are_stable() -> None:
     assert JobMemo.parse({}) == JobMemo()
+
+
+def test_actuator_stops_sending_once_the_lease_is_lost() -> None:
+    """Review finding 11: leadership is checked before each action, not only at the tick's start."""
+    from gpu_scheduler.actuate.apply import Actuator
+
+    views = {k: jview(k.split("/")[1], bound={"n0": 1}, replicas=1) for k in ("ns/a", "ns/b", "ns/c")}
+    decision, snap = decide(views, {k: {"n0": 2} for k in views})
+    actions = plan_decision(decision, snap, views, T0, SETTINGS)
+    sent: list[str] = []
+    leading = [True]
+
+    class Client:  # records the PATCHes; the lease lapses after the first one
+        def patch(self, resource: Any, name: str, body: Any, **kw: Any) -> None:
+            sent.append(name)
+            leading[0] = False
+
+    actuator = Actuator(Client(), record_events=False, max_concurrency=1, proceed=lambda: leading[0])  # type: ignore[arg-type]
+    results = actuator.apply(actions)
+    actuator.close()
+    assert sent == ["a"]
+    assert [(r.action.job, r.status) for r in results] == [("ns/a", "applied"), ("ns/b", "not_leader"),
+                                                           ("ns/c", "not_leader")]

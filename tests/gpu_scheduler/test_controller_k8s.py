@@ -337,6 +337,58 @@ def test_scale_subresource_and_optimistic_concurrency(live: Live, kwok_gpu_nodes
     assert result.message == "spec.pytorchReplicaSpecs.Worker.replicas changed since it was observed (2 -> 3)"
 
 
+class Crash(BaseException):
+    """The controller process dies here (nothing after it runs; no tick catches it)."""
+
+
+def test_a_controller_killed_between_the_reshape_patches_is_finished_by_the_next_one(
+    live: Live, kwok_gpu_nodes
+) -> None:
+    """Review finding 11: suspend -> template patch -> resume, with the controller killed after the
+    template patch and before the resume; a new controller (nothing in memory) resumes the job
+    with the new GPUs per worker, counting one restart."""
+    from gpu_scheduler.actuate.plan import GPUS_PER_WORKER_REQUEST
+
+    kwok_gpu_nodes(1, gpus_per_node=8)
+    name = live.create_job("reshape", replicas=2, max_replicas=4)
+    live.wait_running(name, 2)
+    live.client.patch(pytorchjob_resource(), name, {"metadata": {"annotations": {GPUS_PER_WORKER_REQUEST: "2"}}},
+                      namespace=live.namespace, patch_type=PatchType.MERGE)
+    key = f"{live.namespace}/{name}"
+    first = live.controller(policy="test-keep")
+    report = first.controller.tick()
+    assert [(r.action.kind, r.status) for r in report.results] == [(ActionKind.RESHAPE_SUSPEND, "applied")]
+    wait_until(lambda: not live.pods(name), timeout_s=60, what="the operator to delete the suspended job's pods")
+    wait_until(lambda: not [p for p in first.observer.pods.items() if p.job == key]
+               and first.observer.jobs.get(key).suspended, timeout_s=30, what="the caches to see it")
+    send, sent = first.actuator._send, []
+
+    def send_then_die(patch: Any, body: Any = None) -> None:
+        send(patch, body)
+        sent.append(patch.patch_type)
+        raise Crash("killed after the template patch")
+
+    first.actuator._send = send_then_die
+    with pytest.raises(Crash):
+        first.controller.tick()
+    assert sent == ["json"]
+    job = live.job(name)
+    worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert worker["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] in ("2", 2)
+    assert job["spec"]["runPolicy"]["suspend"] is True
+    assert ANNOTATION_PREFIX + "reshape" in job.metadata.annotations
+    second = live.controller(policy="test-keep")  # the restarted controller
+    report = second.controller.tick()
+    assert [(r.action.kind, r.status) for r in report.results] == [(ActionKind.RESHAPE_RESUME, "applied")]
+    job = live.job(name)
+    annotations = job.metadata.annotations
+    assert not job["spec"]["runPolicy"].get("suspend") and live.replicas(name) == 1  # 2 GPUs at 2 per worker
+    assert ANNOTATION_PREFIX + "reshape" not in annotations and annotations[ANNOTATION_PREFIX + "restarts"] == "1"
+    live.wait_running(name, 1)
+    (pod,) = live.pods(name)
+    assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "2"
+
+
 def test_leader_election_lets_one_replica_act(live: Live) -> None:
     connector = KubeConnector(live.bed.kubeconfig)
     a = LeaderElector(connector.client(), namespace=live.namespace, name="sched", identity="a",
@@ -473,3 +525,157 @@ def test_runs_under_the_manifests_least_privilege_rbac(live: Live, kwok_gpu_node
         for obj in created_cluster_objects:
             with contextlib.suppress(Exception):
                 client.delete(type(obj), obj.metadata.name)
+
+
+def test_metrics_are_served_to_scrapers_rbac_allows_and_probes_to_anyone(live: Live, tmp_path: Path) -> None:
+    """Review finding 10 and item 4: ``run`` serves /healthz and /readyz, and /metrics only to a
+    bearer token whose user may get /metrics (TokenReview + SubjectAccessReview by the real API
+    server; the manifests' metrics-reader ClusterRole bound to one ServiceAccount)."""
+    import threading
+    import uuid
+
+    import yaml
+    from lightkube import codecs
+    from lightkube.models.authentication_v1 import TokenRequestSpec
+    from lightkube.resources.core_v1 import ServiceAccount
+    from lightkube.resources.core_v1 import ServiceAccountToken as TokenRequest
+
+    from gpu_scheduler.controller import run
+
+    client = live.client
+    suffix = uuid.uuid4().hex[:6]
+    (reader,) = [d for d in yaml.safe_load_all((REPO / "manifests/base/scheduler/rbac.yaml").read_text())
+                 if d["metadata"]["name"] == "trainflow-gpu-scheduler-metrics-reader"]
+    reader["metadata"]["name"] += f"-{suffix}"
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": f"metrics-reader-{suffix}"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                           "name": reader["metadata"]["name"]},
+               "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": live.namespace}]}
+    created = [codecs.from_dict(reader), codecs.from_dict(binding)]
+    tokens = {}
+    for name in ("prometheus", "someone"):
+        client.create(ServiceAccount(metadata=ObjectMeta(name=name, namespace=live.namespace)))
+        tokens[name] = client.create(TokenRequest(metadata=ObjectMeta(name=name, namespace=live.namespace),
+                                                  spec=TokenRequestSpec(audiences=[], expirationSeconds=3600)),
+                                     name, namespace=live.namespace).status.token
+    for obj in created:
+        client.create(obj)
+    port = free_port()
+    settings = ControllerSettings(prometheus_url=live.prometheus.url, kubeconfig=str(live.bed.kubeconfig),
+                                  namespace=live.namespace, watch_namespace=live.namespace, policy="test-keep",
+                                  policy_configmap=None, leader_election=False, metrics_addr="127.0.0.1",
+                                  metrics_port=port, metrics_auth="kubernetes", interval_s=1.0)
+    stop = threading.Event()
+    exit_code: list[int] = []
+    thread = threading.Thread(target=lambda: exit_code.append(run(settings, stop=stop)), daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _get(f"{url}/readyz") == 200, timeout_s=60, what="/readyz to answer 200")
+        assert _get(f"{url}/healthz") == 200
+        assert _get(f"{url}/metrics") == 401
+        assert _get(f"{url}/metrics", token="not-a-token") == 401
+        assert _get(f"{url}/metrics", token=tokens["someone"]) == 403
+        ok = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {tokens['prometheus']}"}, timeout=10)
+        assert ok.status_code == 200 and "trainflow_scheduler_ticks_total" in ok.text
+    finally:
+        stop.set()
+        thread.join(30)
+        for obj in created:
+            with contextlib.suppress(Exception):
+                client.delete(type(obj), obj.metadata.name)
+    assert exit_code == [0]
+
+
+def _get(url: str, token: str | None = None) -> int | None:
+    try:
+        return httpx.get(url, headers={"Authorization": f"Bearer {token}"} if token else None, timeout=10).status_code
+    except httpx.HTTPError:
+        return None
+
+
+def test_watching_named_namespaces_needs_only_rolebindings_there(live: Live, kwok_gpu_nodes, tmp_path: Path) -> None:
+    """Review finding 9 (namespaced Roles via watch namespaces): with ``--watch-namespace a,b`` the
+    controller lists and patches PyTorchJobs in a and b only, so RoleBindings of the manifests'
+    ClusterRole trainflow-gpu-scheduler-jobs in those namespaces are all the write and job-read
+    rights it needs (cluster-wide it reads nodes and pods only)."""
+    import uuid
+
+    import yaml
+    from lightkube import codecs
+    from lightkube.models.authentication_v1 import TokenRequestSpec
+    from lightkube.resources.core_v1 import ServiceAccount
+    from lightkube.resources.core_v1 import ServiceAccountToken as TokenRequest
+
+    from gpu_scheduler.kube import JobView
+    from gpu_scheduler.model import ClusterSnapshot, Decision, Job, Node, Placement
+
+    kwok_gpu_nodes(1, gpus_per_node=8)
+    client = live.client
+    suffix = uuid.uuid4().hex[:6]
+    second = live.bed.create_namespace(f"{live.namespace}-b")
+    third = live.bed.create_namespace(f"{live.namespace}-c")
+    rbac = {d["metadata"]["name"]: d for d in yaml.safe_load_all((REPO / "manifests/base/scheduler/rbac.yaml").read_text())
+            if d["kind"] == "ClusterRole"}
+    reads = rbac["trainflow-gpu-scheduler"]
+    reads["rules"] = [r for r in reads["rules"] if "kubeflow.org" not in r.get("apiGroups", ())]  # nodes, pods only
+    jobs_role = rbac["trainflow-gpu-scheduler-jobs"]
+    sa = "narrow-scheduler"
+    for doc in (reads, jobs_role):
+        doc["metadata"]["name"] += f"-{suffix}"
+    cluster_objects = [codecs.from_dict(reads), codecs.from_dict(jobs_role), codecs.from_dict({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": f"narrow-reads-{suffix}"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reads["metadata"]["name"]},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": live.namespace}]})]
+    try:
+        for obj in cluster_objects:
+            client.create(obj)
+        client.create(ServiceAccount(metadata=ObjectMeta(name=sa, namespace=live.namespace)))
+        for ns in (live.namespace, second):
+            client.create(codecs.from_dict({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "narrow-jobs", "namespace": ns},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                            "name": jobs_role["metadata"]["name"]},
+                "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": live.namespace}]}))
+        token = client.create(TokenRequest(metadata=ObjectMeta(name=sa, namespace=live.namespace),
+                                           spec=TokenRequestSpec(audiences=[], expirationSeconds=3600)),
+                              sa, namespace=live.namespace).status.token
+        kubeconfig = tmp_path / "narrow.kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "bed", "cluster": {"server": live.bed.server,
+                                                     "certificate-authority": str(live.bed.root / "pki" / "ca.crt")}}],
+            "users": [{"name": sa, "user": {"token": token}}],
+            "contexts": [{"name": "bed", "context": {"cluster": "bed", "user": sa, "namespace": live.namespace}}],
+            "current-context": "bed",
+        }))
+        names = {}
+        for ns in (live.namespace, second, third):
+            spec = PyTorchJobSpec(run_id="run-1", task_name="narrow", namespace=ns, image="trainflow:test",
+                                  min_replicas=1, max_replicas=2, replicas=1, nproc_per_node=1, gpus_per_worker=1,
+                                  cpu="100m", memory="1Gi")
+            client.create(pytorchjob_resource()(render_pytorchjob(spec)))
+            names[ns] = spec.name
+        runtime = live.controller(kubeconfig=str(kubeconfig), watch_namespace=f"{live.namespace},{second}",
+                                  policy="test-keep", policy_configmap=None)
+        wait_until(lambda: len(runtime.observer.jobs) == 2, timeout_s=30, what="both namespaces' jobs in the cache")
+        assert {j.namespace for j in runtime.observer.state().jobs} == {live.namespace, second}
+        state = runtime.observer.state()
+        plan_jobs = {j.key: JobView(job=j) for j in state.jobs}
+        snap = ClusterSnapshot(nodes=(Node(name="x", gpus=8),), jobs=tuple(
+            Job(name=k, submit_time_s=0, max_workers=2) for k in plan_jobs), taken_at_s=0)
+        decision = Decision.from_placements(snap, {k: Placement.of({"x": 2}) for k in plan_jobs}, policy="t", now_s=0)
+        results = runtime.actuator.apply(plan_decision(decision, snap, plan_jobs, 0, PlanSettings()))
+        assert sorted((r.action.job, r.status) for r in results) == sorted(
+            (f"{ns}/{names[ns]}", "applied") for ns in (live.namespace, second))
+        assert client.get(pytorchjob_resource(), names[third], namespace=third)["spec"]["pytorchReplicaSpecs"][
+            "Worker"]["replicas"] == 1
+    finally:
+        for obj in cluster_objects:
+            with contextlib.suppress(Exception):
+                client.delete(type(obj), obj.metadata.name)
+        for ns in (second, third):
+            live.bed.cleanup_namespace(ns)

@@ -319,3 +319,136 @@ def test_actions_per_tick_are_capped_releases_first() -> None:
     assert len(report.deferred) == 2
     report = ctl.tick()  # the rest follows on the next tick
     assert sorted(a.kind for a in report.actions) == [ActionKind.SCALE_UP, ActionKind.SCALE_UP]
+
+
+@pytest.mark.parametrize("error", ["ZeroDivisionError", "AttributeError", "IndexError", "RuntimeError"])
+def test_a_policy_crash_of_any_kind_still_rolls_back_pending_scale_ups(error: str) -> None:
+    """Review finding 11: safety actions (rollbacks) run whatever the policy raises."""
+    cluster = two_nodes()
+    watch = '{"from":2,"to":4,"at":%s}' % (T0 - 500)
+    cluster.add_job("a", ["n0", "n0"], pending=2, annotations={ANNOTATION_PREFIX + "scale-up": watch})
+    cluster.add_job("b", ["n1"], created_at=T0 + 1)
+    ctl, _, act, _, _, _ = make(cluster, policy="test-crash")
+    ctl.policies = PolicySource(PolicyConfig(name="test-crash", params={"error": error}))
+    report = ctl.tick()
+    assert report.skipped is not None and "policy 'test-crash' failed" in report.skipped and error in report.skipped
+    assert report.decision is None
+    assert [a.kind for a in act.applied] == [ActionKind.ROLLBACK] and cluster.replicas("a") == 2
+    assert cluster.replicas("b") == 1  # the policy's jobs stay as they are
+
+
+@dataclass
+class LeaseLostWhileObserving(FakePrometheus):
+    """Prometheus answers slowly: the Lease lapses while the tick waits for it."""
+
+    leader: Leader = field(default_factory=Leader)
+
+    def observe(self, now_s: float) -> MetricsSample:
+        self.leader.leader = False
+        return super().observe(now_s)
+
+
+def test_leadership_lost_during_a_tick_writes_nothing() -> None:
+    """Review finding 11: leadership is checked again before anything is written."""
+    cluster = two_nodes()
+    watch = '{"from":2,"to":4,"at":%s}' % (T0 - 500)
+    cluster.add_job("a", ["n0", "n0"], pending=2, annotations={ANNOTATION_PREFIX + "scale-up": watch})
+    cluster.add_job("b", ["n1"], created_at=T0 + 1)
+    leader = Leader(leader=True)
+    ctl, _, act, _, _, _ = make(cluster, leader=leader)
+    ctl._prometheus = LeaseLostWhileObserving(cluster, leader=leader)
+    before = copy.deepcopy(cluster.jobs)
+    report = ctl.tick()
+    assert act.applied == [] and cluster.jobs == before  # neither the rollback of a nor b's scale-up
+    assert report.skipped is not None and "lost the lease" in report.skipped
+    assert report.results == []
+
+
+class Crash(BaseException):
+    """The controller process dies (nothing after the raise runs; not an Exception a tick catches)."""
+
+
+def json_patch(doc: Any, ops: list[dict[str, Any]]) -> Any:
+    """RFC 6902 ``test`` / ``add`` / ``replace`` (what the planner sends), on a copy; a failed
+    ``test`` raises, as the API server refuses the whole patch."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        *parents, last = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        node = doc
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        key: Any = int(last) if isinstance(node, list) else last
+        if op["op"] == "test":
+            assert node[key] == op["value"], f"test failed at {op['path']}"
+        elif op["op"] in ("add", "replace"):
+            node[key] = copy.deepcopy(op["value"])
+        else:
+            raise AssertionError(f"unexpected op {op['op']}")
+    return doc
+
+
+@dataclass
+class CrashingActuator(FakeActuator):
+    """Applies merge and JSON patches; on a ``crash_on`` action it sends the first patch, then the
+    process 'dies'."""
+
+    crash_on: ActionKind | None = None
+
+    def apply(self, actions: Any) -> list[ApplyResult]:
+        out = []
+        for action in actions:
+            self.applied.append(action)
+            name = action.job.split("/")[1]
+            for i, patch in enumerate(action.patches):
+                if i == 1 and action.kind == self.crash_on:
+                    self.crash_on = None
+                    raise Crash(f"killed between the patches of {action.kind.value}")
+                body = copy.deepcopy(patch.body)
+                if patch.patch_type == "json":
+                    self.cluster.jobs[name] = json_patch(self.cluster.jobs[name], body)
+                else:
+                    body.get("metadata", {}).pop("resourceVersion", None)
+                    self.cluster.jobs[name] = merge_patch(self.cluster.jobs[name], body)
+            out.append(ApplyResult(action=action, status="applied"))
+        return out
+
+
+def test_a_crash_between_the_reshape_patches_is_finished_by_the_next_controller() -> None:
+    """Review finding 11: suspend -> patch template -> resume survives a controller killed after the
+    template patch and before the resume; a fresh controller (empty memory) finishes it once."""
+    from gpu_scheduler.actuate.plan import GPUS_PER_WORKER_REQUEST
+
+    cluster = two_nodes()
+    cluster.add_job("a", ["n0", "n0"], annotations={GPUS_PER_WORKER_REQUEST: "2"})  # nprocPerNode "1"
+    ctl, _, _, clock, _, _ = make(cluster, policy="test-keep")
+    actuator = CrashingActuator(cluster, crash_on=ActionKind.RESHAPE_RESUME)
+    ctl._actuator = actuator
+    assert [a.kind for a in ctl.tick().actions] == [ActionKind.RESHAPE_SUSPEND]
+    assert cluster.jobs["a"]["spec"]["runPolicy"]["suspend"] is True
+    cluster.pods = []  # the operator deletes the suspended job's pods
+    clock.now += 60
+    with pytest.raises(Crash):
+        ctl.tick()
+    job = cluster.jobs["a"]
+    container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][1]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"  # the template patch went through
+    assert job["spec"]["runPolicy"]["suspend"] is True  # the resume did not
+    assert ANNOTATION_PREFIX + "reshape" in cluster.annotations("a")
+    # A new controller process: nothing in memory, everything it needs on the job.
+    restarted, _, _, clock2, _, _ = make(cluster, policy="test-keep")
+    restarted._actuator = CrashingActuator(cluster)
+    clock2.now = clock.now + 30
+    report = restarted.tick()
+    assert [a.kind for a in report.actions] == [ActionKind.RESHAPE_RESUME]
+    job = cluster.jobs["a"]
+    container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][1]
+    assert job["spec"]["runPolicy"]["suspend"] is False and cluster.replicas("a") == 1  # 2 GPUs / 2 per worker
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "2", "memory": "4Gi"}
+    assert job["spec"]["nprocPerNode"] == "2"  # one rank per GPU, as before
+    annotations = cluster.annotations("a")
+    assert ANNOTATION_PREFIX + "reshape" not in annotations and annotations[ANNOTATION_PREFIX + "restarts"] == "1"
+    assert ANNOTATION_PREFIX + "suspended-by" not in annotations
+    # The next tick only watches the new pods: no second template patch, no second restart.
+    clock2.now += 30
+    assert [a.kind for a in restarted.tick().actions] == []
+    assert cluster.annotations("a")[ANNOTATION_PREFIX + "restarts"] == "1"

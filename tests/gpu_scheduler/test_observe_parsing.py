@@ -177,3 +177,66 @@ def test_job_memo_ignores_malformed_values_and_diffs_minimally() -> None:
     assert JobMemo(requested_workers=2).changed_annotations(same) == {}
     assert JobMemo(requested_workers=2, restarts=1).changed_annotations(same) == {ANNOTATION_PREFIX + "restarts": "1"}
     assert JobMemo().changed_annotations(same) == {ANNOTATION_PREFIX + "requested-workers": None}
+
+
+def test_prometheus_bearer_token_file_is_sent_and_reread_when_rotated(tmp_path, caplog) -> None:
+    """Review item 4: a bearer token for a Prometheus behind an authenticating proxy."""
+    import logging
+
+    import httpx
+
+    from gpu_scheduler.observe.prometheus import PrometheusObserver, PrometheusUnavailable
+
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    seen: list[str | None] = []
+    status = [200]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(status[0], json={"status": "success", "data": {"resultType": "vector", "result": []}})
+
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    with caplog.at_level(logging.WARNING, logger="gpu_scheduler"):
+        observer = PrometheusObserver("http://prometheus:9090", bearer_token_file=token, client=client)
+    assert "bearer token to Prometheus over plain http" in caplog.text
+    assert observer.query("up", T0) == []
+    token.write_text("second-token")  # the kubelet rotated a projected token
+    observer.query("up", T0)
+    assert seen == ["Bearer first", "Bearer second-token"]
+    status[0] = 401
+    with pytest.raises(PrometheusUnavailable, match="refused the query: HTTP 401"):
+        observer.query("up", T0)
+    with pytest.raises(ValueError, match=r"bearer token file .*missing"):
+        PrometheusObserver("https://prometheus:9090", bearer_token_file=tmp_path / "missing", client=client)
+
+
+@pytest.mark.parametrize("payload", [
+    vector(({"namespace": "ns", "pod": "a-0", "source": "gpu_util", "gpu": "3"}, 0.5),
+           ({"job_key": "ns/a", "gauge": "step"}, 10.0), ({"job_key": "ns/b", "world_size": "4"}, 330.0),
+           ({"job_key": "ns/c"}, float("nan"))),
+    {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"job_key": "ns/a"}, "value": [T0, "+Inf"]}, {"metric": {"job_key": "ns/b"}, "value": [T0, "2"]}]}},
+    {"status": "success", "data": {"resultType": "vector", "result": []}},
+])
+def test_the_typed_decoder_reads_what_parse_vector_reads(payload: dict) -> None:
+    from gpu_scheduler.observe.prometheus import parse_vector_json
+
+    fast, stats = parse_vector_json(json.dumps(payload).encode())
+    slow = parse_vector(payload)
+    keys = ("namespace", "pod", "source", "job_key", "gauge", "world_size")
+    assert [({k: labels.get(k) for k in keys}, v) for labels, v in fast] == [
+        ({k: labels.get(k) for k in keys}, v) for labels, v in slow]
+    assert stats == {}
+
+
+@pytest.mark.parametrize(("raw", "match"), [
+    (b'{"status": "error", "errorType": "timeout", "error": "query timed out"}', "timeout: query timed out"),
+    (b'{"status": "success", "data": {"resultType": "matrix", "result": []}}', "not an instant vector"),
+    (b"<html>502 Bad Gateway</html>", "malformed JSON"),
+])
+def test_the_typed_decoder_gives_the_same_one_line_errors(raw: bytes, match: str) -> None:
+    from gpu_scheduler.observe.prometheus import parse_vector_json
+
+    with pytest.raises(PrometheusUnavailable, match=match):
+        parse_vector_json(raw)

@@ -114,3 +114,83 @@ def test_stopped_prometheus_raises_a_one_line_reason(prometheus_server, dcgm_exp
         observer.observe(time.time())
     prom.start()
     assert observer.observe(time.time()).taken_at_s > 0
+
+
+@pytest.mark.parametrize("profiling", [True, False])
+def test_exporter_scraped_without_honor_labels_is_attributed_by_exported_pod(
+    prometheus_server, dcgm_exporter, profiling: bool
+) -> None:
+    """Review item 4 (NVIDIA/dcgm-exporter#85): scraped like a ServiceMonitor does by default
+    (``honorLabels: false``, the target labelled with the exporter's own namespace and pod), the
+    workload's labels arrive as ``exported_namespace`` / ``exported_pod``."""
+    exporter = dcgm_exporter(profiling=profiling)
+    exporter.set_pod("team-a", "bert-worker-0", gpus=2, busy=0.8, node="gpu-0")
+    exporter.set_pod("team-b", "cnn-worker-0", gpus=1, busy=0.25, node="gpu-0")
+    prom = prometheus_server([exporter.target], scrape_interval_s=0.5,
+                             target_labels={"namespace": "gpu-operator", "pod": "nvidia-dcgm-exporter-x7k2p"})
+    prom.wait_for('count(DCGM_FI_DEV_GPU_UTIL{exported_pod!=""})', lambda r: r and float(r[0]["value"][1]) == 3)
+    sample = PrometheusObserver(prom.url, window_s=10).observe(time.time())
+    assert sample.pods[("team-a", "bert-worker-0")].busy == pytest.approx(0.8)
+    assert sample.pods[("team-b", "cnn-worker-0")].busy == pytest.approx(0.25)
+    assert sample.pods[("team-a", "bert-worker-0")].source == ("gr_engine_active" if profiling else "gpu_util")
+
+
+def test_https_prometheus_is_verified_with_the_given_ca(prometheus_server, dcgm_exporter, tmp_path) -> None:
+    """Review item 4: a CA option for Prometheus (served over TLS by Prometheus' web config)."""
+    from tests.support.k8s import _CertificateAuthority, _pem_write
+
+    ca = _CertificateAuthority.create("prometheus-test-ca")
+    cert, key = ca.issue("prometheus", server_names=["127.0.0.1"])
+    paths = (_pem_write(tmp_path / "tls.crt", cert), _pem_write(tmp_path / "tls.key", key),
+             _pem_write(tmp_path / "ca.crt", ca.cert_pem()))
+    exporter = dcgm_exporter()
+    exporter.set_job("ns/j", 100.0, 2)
+    prom = prometheus_server([exporter.target], scrape_interval_s=0.5, tls=paths)
+    assert prom.url.startswith("https://")
+    prom.wait_for("trainflow_world_size", lambda r: len(r) == 1)
+    sample = PrometheusObserver(prom.url, window_s=10, ca_file=paths[2]).observe(time.time())
+    assert sample.jobs["ns/j"].world_size == 2
+    with pytest.raises(PrometheusUnavailable, match=r"unreachable: ConnectError.*CERTIFICATE_VERIFY_FAILED"):
+        PrometheusObserver(prom.url, window_s=10).observe(time.time())  # the system CAs do not know it
+
+
+def test_query_stats_report_prometheus_own_time_and_the_bytes(prometheus_server, dcgm_exporter) -> None:
+    exporter = dcgm_exporter()
+    exporter.set_pod("ns", "a-worker-0", gpus=1, busy=0.5)
+    exporter.set_job("ns/a", 10.0, 1)
+    prom = prometheus_server([exporter.target], scrape_interval_s=0.5)
+    prom.wait_for("trainflow_world_size", lambda r: len(r) == 1)
+    observer = PrometheusObserver(prom.url, window_s=10, query_stats=True)
+    sample = observer.observe(time.time())
+    assert sample.jobs["ns/a"].samples_per_s == pytest.approx(10.0)
+    assert set(observer.last_query_s) == {"gpu_busy", "samples", "world_size", "work", "goodput"}
+    assert all(0 < t < 5 for t in observer.last_query_s.values())
+    assert observer.last_bytes > 200
+
+
+def test_recorded_series_read_what_the_queries_read(prometheus_server, dcgm_exporter, tmp_path) -> None:
+    """Issue 16: the monitoring component's recording rules, loaded by a real Prometheus, give the
+    observer the same readings as evaluating the queries (with ``recorded=True`` it only looks
+    them up)."""
+    from pathlib import Path
+
+    from tests.support.prometheus import rules_file
+
+    manifest = Path(__file__).resolve().parents[2] / "manifests/components/monitoring/prometheusrule.yaml"
+    exporter = dcgm_exporter()
+    exporter.set_pod("team-a", "bert-worker-0", gpus=2, busy=0.8, node="gpu-0")
+    exporter.set_pod("team-b", "cnn-worker-0", gpus=1, busy=0.25, node="gpu-0")
+    exporter.set_job("team-a/bert", 512.0, 4)
+    exporter.set_work("team-a/bert", step=100, total_steps=900, global_batch_size=256)
+    exporter.set_adaptive("team-b/cnn", remaining_samples=2.0e6, goodput_by_world_size={1: 90.0, 2: 170.0})
+    prom = prometheus_server([exporter.target], scrape_interval_s=0.5,
+                             rule_files=[rules_file(manifest, tmp_path / "rules.yml")])
+    prom.wait_for("trainflow_scheduler:goodput:5m", lambda r: len(r) == 2, timeout_s=60)
+    prom.wait_for("trainflow_scheduler:work:5m", lambda r: len(r) == 4, timeout_s=60)
+    recorded = PrometheusObserver(prom.url, recorded=True).observe(time.time())
+    direct = PrometheusObserver(prom.url, window_s=300).observe(time.time())
+    assert recorded.window_s == 300.0
+    assert recorded.pods == direct.pods and recorded.jobs == direct.jobs
+    assert recorded.work == direct.work and recorded.goodput == direct.goodput
+    assert recorded.pods[("team-a", "bert-worker-0")].busy == pytest.approx(0.8)
+    assert recorded.work["team-a/bert"].remaining_samples == (900 - 100) * 256

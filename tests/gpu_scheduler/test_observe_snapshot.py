@@ -16,6 +16,7 @@ from gpu_scheduler.observe.snapshot import (
     UNIT_BUSY_GPUS,
     UNIT_SAMPLES_PER_S,
     ClusterView,
+    IncrementalView,
     Ledger,
     build_snapshot,
     cluster_view,
@@ -209,3 +210,61 @@ def test_ledger_seeds_from_annotations_after_a_restart() -> None:
     ledger.advance(view, T0)
     assert ledger.attained_gpu_s("ns/a") == pytest.approx(1010.0)
     assert ledger.book("ns/a").unit == UNIT_BUSY_GPUS and dict(ledger.book("ns/a").by_workers) == {1: 0.9}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_incremental_view_equals_the_full_join_through_random_changes(seed: int) -> None:
+    """The per-tick view kept from cache changes (issue 16) is the same value ``cluster_view``
+    computes from scratch: jobs created, finished and deleted; worker pods pending, bound,
+    terminating, deleted, moved between jobs; foreign pods; nodes changing."""
+    import random
+
+    from gpu_scheduler.kube import NodeState, PodState, PyTorchJobState
+
+    rng = random.Random(seed)
+    nodes = {f"n{i}": NodeState(name=f"n{i}", gpus=8) for i in range(4)}
+    pods: dict[str, PodState] = {}
+    jobs: dict[str, PyTorchJobState] = {}
+    inc = IncrementalView()
+    inc.reset([], [], [])
+    seen_placed = seen_foreign = seen_terminating = 0
+
+    def random_pod(name: str) -> PodState:
+        job = rng.choice([None, *[j.split("/")[1] for j in jobs], "ghost"])
+        return PodState(namespace="ns", name=name, job_name=job, worker=job is not None and rng.random() < 0.9,
+                        node=rng.choice([None, *nodes]), gpus=rng.choice([0, 1, 2]),
+                        started_at_s=rng.choice([None, T0 - rng.randrange(100)]), created_at_s=T0 - 200,
+                        terminating=rng.random() < 0.15)
+
+    for _ in range(120):
+        pod_changes: dict[str, PodState | None] = {}
+        job_changes: dict[str, PyTorchJobState | None] = {}
+        node_list = None
+        for _ in range(rng.randint(0, 4)):
+            op = rng.random()
+            if op < 0.25:
+                key = f"ns/j{rng.randrange(8)}"
+                job = None if (key in jobs and rng.random() < 0.3) else PyTorchJobState(
+                    namespace="ns", name=key.split("/")[1], created_at_s=T0 + rng.randrange(3),
+                    resource_version=str(rng.randrange(10**6)), finished=rng.random() < 0.2, gpus_per_worker=1)
+                job_changes[key] = job
+            elif op < 0.9:
+                name = f"p{rng.randrange(20)}"
+                pod_changes[f"ns/{name}"] = None if (f"ns/{name}" in pods and rng.random() < 0.3) else random_pod(name)
+            else:
+                name = rng.choice(list(nodes))
+                nodes[name] = NodeState(name=name, gpus=rng.choice([4, 8]), schedulable=rng.random() < 0.8)
+                node_list = list(nodes.values())
+        for key, value in pod_changes.items():
+            pods.pop(key, None) if value is None else pods.__setitem__(key, value)
+        for key, value in job_changes.items():
+            jobs.pop(key, None) if value is None else jobs.__setitem__(key, value)
+        got = inc.update(nodes=node_list, pods=pod_changes, jobs=job_changes)
+        if node_list is None and inc.view is not None and not got.nodes:
+            got = inc.update(nodes=list(nodes.values()))
+        full = cluster_view(list(nodes.values()), list(pods.values()), list(jobs.values()))
+        assert got == full and list(got.jobs) == list(full.jobs)  # dict equality ignores order
+        seen_placed += any(jv.placement for jv in got.jobs.values())
+        seen_foreign += bool(got.foreign_gpus)
+        seen_terminating += any(jv.terminating_workers for jv in got.jobs.values())
+    assert min(seen_placed, seen_foreign, seen_terminating) > 10  # the walk reached the interesting states

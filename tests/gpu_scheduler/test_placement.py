@@ -73,3 +73,19 @@ def test_place_that_does_not_fit_takes_nothing() -> None:
 def test_unknown_strategy_is_a_clear_error() -> None:
     with pytest.raises(SchedulerError, match="unknown placement strategy 'worst'; choose one of: best_fit"):
         Strategy.parse("worst")
+
+
+def test_total_free_stays_the_sum_of_free_gpus_through_holds_and_releases() -> None:
+    """total_free() is kept as a running total (O(1)); it must equal the sum over nodes."""
+    import random
+
+    from gpu_scheduler.model import ClusterSnapshot, Node, Placement
+    from gpu_scheduler.policies.placement import FreeGpus
+
+    rng = random.Random(7)
+    snapshot = ClusterSnapshot(nodes=tuple(Node(name=f"n{i}", gpus=8) for i in range(6)), jobs=())
+    free = FreeGpus(snapshot)
+    for _ in range(500):
+        node, workers, gpw = f"n{rng.randrange(6)}", rng.randint(1, 3), rng.choice((1, 2, 4))
+        (free.hold if rng.random() < 0.55 else free.release)(Placement.of({node: workers}), gpw)
+        assert free.total_free() == sum(max(f, 0) for f in free.by_node().values())

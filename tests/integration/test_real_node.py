@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -296,6 +298,11 @@ def test_standalone_overlay_scheduler_deployment_becomes_ready_on_the_real_node(
 ) -> None:
     """Issue 9, 4e: ``kubectl apply --server-side -k`` of the standalone overlay with the local image."""
     repository, tag = real_node.image.rsplit(":", 1)
+    # The user's checkout: the dev MinIO's credentials are generated once per install, never shipped.
+    manifests = tmp_path / "manifests"
+    shutil.copytree(REPO_ROOT / "manifests", manifests, ignore=shutil.ignore_patterns("credentials.env"))
+    subprocess.run([str(REPO_ROOT / "scripts" / "dev-minio-credentials.sh"),
+                    str(manifests / "components" / "dev-minio" / "credentials.env")], check=True, capture_output=True)
     overlay = tmp_path / "overlay"
     overlay.mkdir()
     # A user's own overlay on top of ours: the image they built, and (test bed only) the real node.
@@ -305,7 +312,7 @@ def test_standalone_overlay_scheduler_deployment_becomes_ready_on_the_real_node(
                 "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
                 # kustomize takes bases by relative path only
-                "resources": [os.path.relpath(REPO_ROOT / "manifests" / "overlays" / "standalone", overlay)],
+                "resources": [os.path.relpath(manifests / "overlays" / "standalone", overlay)],
                 "images": [{"name": "ghcr.io/trainflow/trainflow", "newName": repository, "newTag": tag}],
                 "patches": [
                     {

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -172,15 +173,19 @@ class DcgmExporter(Collector):
         speedup: Callable[[str, int], float] = lambda job, workers: 100.0 * workers**0.9,
         busy: Callable[[str, int], float] = lambda job, workers: 0.9,
         trainer_metrics: bool = True,
+        progress: bool = False,
         interval_s: float = 0.25,
     ) -> None:
         """Follow the namespace's pods (LIST + WATCH); every ``interval_s`` serve DCGM series for the
         Running PyTorchJob worker pods with GPUs and, per job,
         ``trainflow_samples_per_second = speedup(job, workers)`` with
-        ``trainflow_world_size = workers x GPUs per worker`` (``job_key`` = ``namespace/job``)."""
+        ``trainflow_world_size = workers x GPUs per worker`` (``job_key`` = ``namespace/job``); with
+        ``progress``, also the trainer's step gauges (a step a second from when the job was first
+        seen, of 10**6 steps at a global batch of 256)."""
         from lightkube.resources.core_v1 import Pod
 
         running: dict[str, tuple[str, int, str]] = {}  # pod -> (job, gpus, node)
+        first_seen: dict[str, float] = {}
         seen_lock = threading.Lock()
 
         def info(pod: Any) -> tuple[str, int, str] | None:
@@ -234,8 +239,13 @@ class DcgmExporter(Collector):
             for key in stale:
                 self.remove_job(key)
             if trainer_metrics:
+                now = time.monotonic()
                 for job, gpu_list in workers.items():
                     self.set_job(f"{namespace}/{job}", speedup(job, len(gpu_list)), sum(gpu_list))
+                    if progress:
+                        started = first_seen.setdefault(job, now)
+                        self.set_work(f"{namespace}/{job}", step=round(now - started), total_steps=10**6,
+                                      global_batch_size=256)
 
         def loop() -> None:
             while not self._follow_stop.is_set():
@@ -289,13 +299,15 @@ def main() -> None:
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--interval-s", type=float, default=2.0)
+    parser.add_argument("--progress", action="store_true", help="also serve the trainers' step gauges")
     args = parser.parse_args()
     exporter = DcgmExporter()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(exporter)
     exporter.port = args.port
     exporter._server, _ = start_http_server(args.port, addr="127.0.0.1", registry=registry)
-    exporter.follow(Client(KubeConfig.from_file(args.kubeconfig)), args.namespace, interval_s=args.interval_s)
+    exporter.follow(Client(KubeConfig.from_file(args.kubeconfig)), args.namespace, interval_s=args.interval_s,
+                    progress=args.progress)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

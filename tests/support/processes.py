@@ -21,6 +21,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -77,11 +78,11 @@ def free_port() -> int:
 
 
 def http_ok(
-    url: str, *, timeout_s: float = 2.0, expect: Callable[[httpx.Response], bool] | None = None
+    url: str, *, timeout_s: float = 2.0, expect: Callable[[httpx.Response], bool] | None = None, verify: Any = True
 ) -> bool:
-    """True when ``GET url`` answers 2xx (and ``expect(response)`` holds, if given)."""
+    """True when ``GET url`` answers 2xx (and ``expect(response)`` holds, if given); ``verify`` as httpx's."""
     try:
-        response = httpx.get(url, timeout=timeout_s)
+        response = httpx.get(url, timeout=timeout_s, verify=verify)
     except httpx.HTTPError:
         return False
     return response.is_success and (expect is None or expect(response))

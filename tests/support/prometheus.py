@@ -5,7 +5,7 @@ and a TSDB folder under the test's tmp folder, scrapes the given targets every
 ``scrape_interval_s``, and is stopped by PID. Readiness is polled (``/-/ready``, then
 ``/api/v1/targets`` until every target was scraped and is up) — never slept for.
 
-Fixture ``prometheus_server``: ``make(targets, scrape_interval_s=1.0) -> PrometheusServer``;
+Fixture ``prometheus_server``: ``make(targets, scrape_interval_s=1.0, **options) -> PrometheusServer``;
 every server made is stopped after the test. :meth:`PrometheusServer.stop` /
 :meth:`PrometheusServer.start` stop and restart the same server (same port and data) to test
 outages.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,12 +49,26 @@ class PrometheusServer:
         root: config and data folder.
     """
 
-    def __init__(self, root: Path, targets: Sequence[str], *, scrape_interval_s: float = 1.0) -> None:
+    def __init__(self, root: Path, targets: Sequence[str], *, scrape_interval_s: float = 1.0,
+                 target_labels: Mapping[str, str] | None = None, tls: tuple[Path, Path, Path] | None = None,
+                 rule_files: Sequence[Path] = ()) -> None:
+        """``target_labels``: labels of the scrape targets (as the Kubernetes service discovery
+        attaches ``namespace`` / ``pod``; the exporter's own then arrive as ``exported_*``);
+        ``tls``: ``(cert, key, ca)`` PEM files to serve HTTPS with; ``rule_files``: recording
+        and alerting rule files to load."""
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.tls = tls
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self._verify: Any = True
+        if tls:
+            import ssl
+
+            self._verify = ssl.create_default_context(cafile=str(tls[2]))
         self.scrape_interval_s = scrape_interval_s
+        self.target_labels = dict(target_labels or {})
+        self.rule_files = [str(p) for p in rule_files]
         self.targets = list(targets)
         self.config_path = root / "prometheus.yml"
         self._process: ManagedProcess | None = None
@@ -62,14 +76,20 @@ class PrometheusServer:
 
     def _write_config(self) -> None:
         interval = f"{max(1, round(self.scrape_interval_s * 1000))}ms"
-        config = {
+        static = {"targets": self.targets, **({"labels": self.target_labels} if self.target_labels else {})}
+        config: dict[str, Any] = {
             "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
             "scrape_configs": [
-                {"job_name": "targets", "static_configs": [{"targets": self.targets}]} if self.targets else
+                {"job_name": "targets", "static_configs": [static]} if self.targets else
                 {"job_name": "targets", "static_configs": []},
             ],
         }
+        if self.rule_files:
+            config["rule_files"] = self.rule_files
         self.config_path.write_text(yaml.safe_dump(config))
+        if self.tls:
+            web = {"tls_server_config": {"cert_file": str(self.tls[0]), "key_file": str(self.tls[1])}}
+            (self.root / "web.yml").write_text(yaml.safe_dump(web))
 
     def start(self, ready_timeout_s: float = 30.0) -> PrometheusServer:
         """Start (or restart) the server and wait until it is ready and every target is up."""
@@ -83,9 +103,10 @@ class PrometheusServer:
                 "--web.enable-lifecycle",
                 "--storage.tsdb.retention.time=2h",
                 "--log.level=warn",
+                *([f"--web.config.file={self.root / 'web.yml'}"] if self.tls else []),
             ],
             log_dir=self.root,
-            ready=lambda: http_ok(f"{self.url}/-/ready"),
+            ready=lambda: http_ok(f"{self.url}/-/ready", verify=self._verify),
             ready_timeout_s=ready_timeout_s,
         ).start()
         self.wait_targets_up(ready_timeout_s)
@@ -104,7 +125,7 @@ class PrometheusServer:
         """Replace the scrape targets (config rewritten, ``POST /-/reload``) and wait until they are up."""
         self.targets = list(targets)
         self._write_config()
-        httpx.post(f"{self.url}/-/reload", timeout=10).raise_for_status()
+        httpx.post(f"{self.url}/-/reload", timeout=10, verify=self._verify).raise_for_status()
         self.wait_targets_up(timeout_s)
 
     def wait_targets_up(self, timeout_s: float = 30.0) -> None:
@@ -118,7 +139,8 @@ class PrometheusServer:
         last: dict[str, str] = {}
         while True:
             try:
-                active = httpx.get(f"{self.url}/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+                active = httpx.get(f"{self.url}/api/v1/targets", timeout=5,
+                                   verify=self._verify).json()["data"]["activeTargets"]
                 last = {t["labels"]["instance"]: t["health"] + (f" ({t['lastError']})" if t.get("lastError") else "")
                         for t in active}
                 if wanted <= {i for i, h in last.items() if h == "up"}:
@@ -131,7 +153,8 @@ class PrometheusServer:
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         """Instant query now; returns the raw result list."""
-        answer = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=10).json()
+        answer = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=10,
+                           verify=self._verify).json()
         assert answer["status"] == "success", answer
         return answer["data"]["result"]
 
@@ -152,13 +175,23 @@ class PrometheusServer:
             time.sleep(0.2)
 
 
+def rules_file(prometheus_rule: Path, out: Path) -> Path:
+    """A Prometheus rules file with the groups of a Prometheus Operator ``PrometheusRule``
+    manifest (its ``spec`` is a rules file's content), so a test's Prometheus loads the rules the
+    manifests ship."""
+    manifest = yaml.safe_load(prometheus_rule.read_text())
+    out.write_text(yaml.safe_dump({"groups": manifest["spec"]["groups"]}, sort_keys=False))
+    return out
+
+
 @pytest.fixture
 def prometheus_server(tmp_path: Path) -> Iterator[Callable[..., PrometheusServer]]:
     """Factory ``make(targets, scrape_interval_s=1.0) -> started PrometheusServer``; stopped after the test."""
     servers: list[PrometheusServer] = []
 
-    def make(targets: Sequence[str], *, scrape_interval_s: float = 1.0) -> PrometheusServer:
-        server = PrometheusServer(tmp_path / f"prometheus-{len(servers)}", targets, scrape_interval_s=scrape_interval_s)
+    def make(targets: Sequence[str], *, scrape_interval_s: float = 1.0, **options: Any) -> PrometheusServer:
+        server = PrometheusServer(tmp_path / f"prometheus-{len(servers)}", targets, scrape_interval_s=scrape_interval_s,
+                                  **options)
         servers.append(server)
         return server.start()
 
