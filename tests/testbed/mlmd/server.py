@@ -73,7 +73,7 @@ class StoreHandler(grpc.GenericRpcHandler):
                 self._pass_through(method.name)
             )
 
-    def _pass_through(self, name: str):  # noqa: ANN202 - a grpc behaviour callable
+    def _pass_through(self, name: str):
         function = getattr(store_lib, name, None)
 
         def behaviour(request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -82,7 +82,9 @@ class StoreHandler(grpc.GenericRpcHandler):
             with self._lock:
                 response, error_message, status_code = function(self._store, request)
             if status_code != 0:
-                code = next((c for c in grpc.StatusCode if c.value[0] == status_code), grpc.StatusCode.UNKNOWN)
+                code = next(
+                    (c for c in grpc.StatusCode if c.value[0] == status_code), grpc.StatusCode.UNKNOWN
+                )
                 context.abort(code, error_message.decode("utf-8", "replace"))
             return response
 

@@ -1,0 +1,124 @@
+"""trainflow's compiled pipeline against the real KFP backend (KFP 2.14.3) on the test bed.
+
+Opt-in while the stack is being brought up (issue 10): these tests run only with
+``TRAINFLOW_REALKFP=1`` (``make test-realkfp``); without it they are skipped with that reason. The
+backend is built by ``tests/testbed/build.sh kfp`` (cold: tens of minutes on 2 cores; cached under
+``~/.cache/trainflow/``) and started by :mod:`tests.support.kfp_backend`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.k8s import KubeTestBed
+from tests.support.kfp_backend import KFP_NAMESPACE, KfpBackend, kfp_binaries
+from tests.support.s3 import S3Server
+
+pytestmark = [
+    pytest.mark.realkfp,
+    pytest.mark.k8s,
+    pytest.mark.s3,
+    pytest.mark.skipif(
+        os.environ.get("TRAINFLOW_REALKFP") != "1",
+        reason="real-KFP tier is opt-in until the stack passes (issue 10): TRAINFLOW_REALKFP=1 / make test-realkfp",
+    ),
+]
+
+_SUMMARY: list[str] = []
+
+
+@pytest.fixture(scope="module")
+def kfp_backend(
+    k8s_testbed: KubeTestBed, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KfpBackend]:
+    """KFP 2.14.3's backend on the shared test bed, started once for this module."""
+    backend = KfpBackend(
+        root=tmp_path_factory.mktemp("kfp"), bed=k8s_testbed, s3=s3_server, binaries=kfp_binaries()
+    )
+    backend.start()
+    print(f"KFP backend started in {backend.startup_s:.1f} s {backend.startup_steps_s}")
+    try:
+        yield backend
+    finally:
+        backend.stop()
+
+
+@pytest.fixture(scope="module")
+def compiled_pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """trainflow's training pipeline compiled with the kfp SDK (as ``trainflow compile`` does)."""
+    from kfp import compiler
+
+    from pipelines.training import training_pipeline
+
+    path = tmp_path_factory.mktemp("pipeline") / "training-pipeline.yaml"
+    compiler.Compiler().compile(training_pipeline, str(path))
+    return path
+
+
+def _workflows(bed: KubeTestBed) -> list[dict[str, Any]]:
+    import json
+
+    out = bed.kubectl("get", "workflows.argoproj.io", "-n", KFP_NAMESPACE, "-o", "json").stdout
+    return json.loads(out)["items"]
+
+
+def test_kfp_client_uploads_the_pipeline_and_creates_a_run_that_becomes_an_argo_workflow(
+    kfp_backend: KfpBackend, compiled_pipeline: Path
+) -> None:
+    import kfp
+
+    client = kfp.Client(host=kfp_backend.api_url)
+    name = f"trainflow-training-{time.time_ns()}"
+    pipeline = client.upload_pipeline(str(compiled_pipeline), pipeline_name=name)
+    assert pipeline.pipeline_id
+    versions = client.list_pipeline_versions(pipeline.pipeline_id).pipeline_versions
+    assert len(versions) == 1
+    # The real server parsed the spec: its stored spec names the pipeline's four steps.
+    spec = versions[0].pipeline_spec
+    tasks = set(spec["root"]["dag"]["tasks"])
+    assert {"prepare-dataset", "train", "evaluate", "register-model"} <= tasks, tasks
+
+    experiment = client.create_experiment(name=name)
+    run = client.run_pipeline(
+        experiment_id=experiment.experiment_id,
+        job_name=name,
+        pipeline_id=pipeline.pipeline_id,
+        version_id=versions[0].pipeline_version_id,
+        params={"epochs": 1},
+    )
+    assert run.run_id
+    fetched = client.get_run(run.run_id)
+    assert fetched.display_name == name
+    assert fetched.experiment_id == experiment.experiment_id
+
+    # The API server turned the run into an Argo Workflow labelled with the run id.
+    deadline = time.monotonic() + 60
+    mine: list[dict[str, Any]] = []
+    while time.monotonic() < deadline and not mine:
+        mine = [
+            wf
+            for wf in _workflows(kfp_backend.bed)
+            if wf["metadata"].get("labels", {}).get("pipeline/runid") == run.run_id
+        ]
+        time.sleep(1)
+    assert len(mine) == 1, [wf["metadata"]["name"] for wf in _workflows(kfp_backend.bed)]
+    workflow = mine[0]
+    # Argo's controller picked it up (it sets a phase), and the persistence agent reports the
+    # workflow's state back to the run.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        workflow = next(
+            wf for wf in _workflows(kfp_backend.bed) if wf["metadata"]["name"] == workflow["metadata"]["name"]
+        )
+        if workflow.get("status", {}).get("phase"):
+            break
+        time.sleep(1)
+    assert workflow.get("status", {}).get("phase") in {"Pending", "Running", "Failed", "Error", "Succeeded"}
+    templates = {t["name"] for t in workflow["spec"]["templates"]}
+    assert any("driver" in t for t in templates), templates
