@@ -149,7 +149,7 @@ class KfpBackend:
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        for name in ("mysql", "mlmd", "api_http", "api_grpc", "argo_healthz"):
+        for name in ("mysql", "mlmd", "api_http", "api_grpc", "argo_healthz", "visualization"):
             self.ports[name] = free_port()
 
     @property
@@ -433,12 +433,25 @@ class KfpBackend:
             "V2_LAUNCHER_IMAGE": LAUNCHER_IMAGE,
             "ML_PIPELINE_SERVICE_HOST": self.pod_host,
             "ML_PIPELINE_SERVICE_PORT_GRPC": str(self.ports["api_grpc"]),
+            # Required at start; the visualization server (a Python notebook renderer for v1
+            # pipelines) is not run: its port is reserved and nothing listens there.
+            "ML_PIPELINE_VISUALIZATIONSERVER_SERVICE_HOST": "127.0.0.1",
+            "ML_PIPELINE_VISUALIZATIONSERVER_SERVICE_PORT": str(self.ports["visualization"]),
             "METADATA_GRPC_SERVICE_SERVICE_HOST": self.pod_host,
             "METADATA_GRPC_SERVICE_SERVICE_PORT": str(self.ports["mlmd"]),
         }
+        # The API server's REST gateway dials its own gRPC server at "localhost" + --rpcPortFlag
+        # (backend/src/apiserver/main.go, registerHttpHandlerFromEndpoint), which works only for
+        # ":PORT", i.e. a gRPC server on every interface. To keep it on one address, the flag is
+        # "HOST:PORT" and the name the gateway then dials, "localhostHOST", is made to resolve to
+        # HOST by an /etc/hosts bind-mounted over the real one in a private mount namespace.
+        hosts = config_dir / "hosts"
+        hosts.write_text(Path("/etc/hosts").read_text() + f"\n{self.pod_host} localhost{self.pod_host}\n")
         proc = self._spawn(
             "kfp-apiserver",
             [
+                "unshare", "--mount", "--propagation", "private", "--",
+                "sh", "-c", 'mount --bind "$1" /etc/hosts && shift && exec "$@"', "sh", hosts,
                 self.binaries.kfp_dir / "apiserver",
                 f"--config={config_dir}",
                 f"--rpcPortFlag={self.pod_host}:{self.ports['api_grpc']}",
@@ -446,7 +459,7 @@ class KfpBackend:
                 "--logtostderr=true",
             ],
             env=env,
-        )
+        )  # fmt: skip
 
         def healthy() -> bool:
             try:
@@ -466,7 +479,7 @@ class KfpBackend:
             'mount -t tmpfs -o size=1m,mode=0755 trainflow-kfp /run && mkdir -p "$1" && '
             'cp "$2" "$3" && shift 3 && exec "$@"'
         )
-        self._spawn(
+        proc = self._spawn(
             "kfp-persistence-agent",
             [
                 "unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh",
@@ -480,10 +493,12 @@ class KfpBackend:
                 "--ttlSecondsAfterWorkflowFinish=86400",
                 "--numWorker=2",
             ],
+            env={"KUBECONFIG": str(self.bed.kubeconfig)},  # its Argo informer reads it
         )  # fmt: skip
+        self._wait_log(proc, "Started workers")
 
     def _start_scheduledworkflow(self) -> None:
-        self._spawn(
+        proc = self._spawn(
             "kfp-scheduledworkflow",
             [
                 self.binaries.kfp_dir / "scheduledworkflow",
@@ -492,7 +507,17 @@ class KfpBackend:
                 f"--mlPipelineAPIServerName={self.pod_host}",
                 f"--mlPipelineServiceGRPCPort={self.ports['api_grpc']}",
             ],
-            env={"CRON_SCHEDULE_TIMEZONE": "UTC"},
+            env={"CRON_SCHEDULE_TIMEZONE": "UTC", "KUBECONFIG": str(self.bed.kubeconfig)},
+        )
+        self._wait_log(proc, "Started workers")
+
+    def _wait_log(self, proc: ManagedProcess, line: str) -> None:
+        """Wait until ``proc``'s log has ``line`` (a controller's own start-up message)."""
+        _wait(
+            lambda: line in proc.log_path.read_text(errors="replace"),
+            proc,
+            timeout_s=self.ready_timeout_s,
+            what=f"{proc.name} to log {line!r}",
         )
 
     def _start_workflow_controller(self) -> None:
