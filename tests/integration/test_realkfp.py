@@ -122,3 +122,20 @@ def test_kfp_client_uploads_the_pipeline_and_creates_a_run_that_becomes_an_argo_
     assert workflow.get("status", {}).get("phase") in {"Pending", "Running", "Failed", "Error", "Succeeded"}
     templates = {t["name"] for t in workflow["spec"]["templates"]}
     assert any("driver" in t for t in templates), templates
+
+
+def test_every_kfp_backend_server_listens_only_where_the_fixture_put_it(kfp_backend: KfpBackend) -> None:
+    """Loopback (or the bed's pod-facing host address) only: the API server's gRPC port included,
+    which upstream's main can only open on every interface (see KfpBackend._start_apiserver)."""
+    from tests.support.listeners import listening_sockets, normalize_ip
+
+    owners = {name: proc.pid for name, proc in kfp_backend.processes().items()}
+    sockets = listening_sockets(owners)
+    allowed = {"127.0.0.1", "::1", normalize_ip(kfp_backend.pod_host)}
+    assert [s for s in sockets if normalize_ip(s.ip) not in allowed] == []
+    ports = {(s.owner, s.port) for s in sockets}
+    assert ("kfp-apiserver", kfp_backend.ports["api_grpc"]) in ports
+    assert ("kfp-apiserver", kfp_backend.ports["api_http"]) in ports
+    assert ("mlmd", kfp_backend.ports["mlmd"]) in ports
+    assert ("mariadb", kfp_backend.ports["mysql"]) in ports
+    assert ("argo-workflow-controller", kfp_backend.ports["argo_healthz"]) in ports
