@@ -122,6 +122,13 @@ def test_kfp_client_uploads_the_pipeline_and_creates_a_run_that_becomes_an_argo_
     assert workflow.get("status", {}).get("phase") in {"Pending", "Running", "Failed", "Error", "Succeeded"}
     templates = {t["name"] for t in workflow["spec"]["templates"]}
     assert any("driver" in t for t in templates), templates
+    # The persistence agent reports the workflow back: the run leaves PENDING.
+    deadline = time.monotonic() + 90
+    state = client.get_run(run.run_id).state
+    while time.monotonic() < deadline and state == "PENDING":
+        time.sleep(2)
+        state = client.get_run(run.run_id).state
+    assert state in {"RUNNING", "FAILED", "SUCCEEDED"}, state
 
 
 def test_every_kfp_backend_server_listens_only_where_the_fixture_put_it(kfp_backend: KfpBackend) -> None:

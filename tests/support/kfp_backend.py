@@ -198,7 +198,22 @@ class KfpBackend:
         return self
 
     def stop(self) -> None:
-        """Stop every started process by PID, newest first."""
+        """Delete what runs left in the cluster, then stop every started process by PID, newest first.
+
+        The shared test bed has no garbage collector: Argo Workflows, ScheduledWorkflows and the
+        workflow pods in :data:`KFP_NAMESPACE` are deleted explicitly (errors are reported in the
+        log folder, not raised, so that the processes are always stopped).
+        """
+        if self._processes:
+            with (self.log_dir / "cleanup.log").open("a") as log:
+                for args in (
+                    ("delete", "scheduledworkflows.kubeflow.org,workflows.argoproj.io", "--all"),
+                    ("delete", "pods", "-l", "workflows.argoproj.io/workflow"),
+                ):
+                    result = self.bed.kubectl(*args, "-n", KFP_NAMESPACE, "--wait=false", check=False)
+                    log.write(
+                        f"kubectl {' '.join(args)}: rc={result.returncode} {result.stdout}{result.stderr}\n"
+                    )
         while self._processes:
             self._processes.pop().stop()
 
