@@ -10,7 +10,7 @@ export SSL_CERT_FILE ?= /etc/ssl/certs/ca-certificates.crt
 export UV_CACHE_DIR ?= $(HOME)/.cache/trainflow/uv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-12)
 
-.PHONY: all venv run test test-fast lint lock system-deps testbed bench clean help scheduler-report scheduler-bench kfp-server test-airflow bench-controller test-repeat test-realkfp
+.PHONY: all venv run test test-fast lint lock system-deps testbed image bench clean help scheduler-report scheduler-bench kfp-server test-airflow bench-controller test-repeat test-realkfp
 all: help
 
 help:
@@ -20,7 +20,8 @@ help:
 	@echo "make test-repeat N=3 [MARK=k8s]  the server tiers N times in a row, a summary per round (catches races)"
 	@echo "make lint       ruff + import-linter layering contracts"
 	@echo "make bench      benchmarks (checkpoint overhead, scheduler decision time)"
-	@echo "make testbed    build or reuse the test servers (MinIO, Kubernetes control plane, KWOK, training operator; cached under ~/.cache/trainflow/)"
+	@echo "make testbed    build or reuse the test servers (MinIO, Kubernetes control plane + real node, KWOK, training operator, CoreDNS) and the trainflow image (cached under ~/.cache/trainflow/)"
+	@echo "make image      build or reuse the trainflow image without Docker (OCI layout; docker users: see Dockerfile)"
 	@echo "make lock       re-resolve requirements.lock from pyproject.toml"
 	@echo "make scheduler-report  rerun every scheduler policy on the Pollux workloads, rewrite docs/scheduler-report.md"
 	@echo "make scheduler-bench   time one scheduling decision per policy (160 jobs/64 GPUs, 5,000 jobs/4,096 GPUs)"
@@ -41,6 +42,8 @@ $(STAMP): pyproject.toml requirements.lock
 lock:
 	$(BIN)/uv pip compile -q pyproject.toml --extra dev --python-version 3.11 \
 	  --python-platform x86_64-manylinux_2_28 -o requirements.lock
+	$(BIN)/uv pip compile -q pyproject.toml --extra train --extra kfp --extra scheduler -c requirements.lock \
+	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 -o requirements-image.lock
 
 system-deps:
 	scripts/install-system-deps.sh
@@ -56,16 +59,24 @@ test-repeat: venv system-deps testbed
 	MARK="$(MARK)" scripts/test-repeat.sh $(N)
 
 test-fast: venv
-	$(BIN)/python -m pytest -p no:cacheprovider -m "not (s3 or prometheus or airflow or browser or k8s or realkfp or slow)" tests
+	$(BIN)/python -m pytest -p no:cacheprovider -m "not (s3 or prometheus or airflow or browser or k8s or realnode or realkfp or slow)" tests
 
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-# Build (or reuse from ~/.cache/trainflow/) the servers the test tiers run: MinIO (S3), and
-# etcd, kube-apiserver, kube-scheduler, kubectl, KWOK and the training operator (docs/testbed.md).
-testbed:
-	tests/testbed/build.sh minio k8s >/dev/null
+# Build (or reuse from ~/.cache/trainflow/) the servers the test tiers run: MinIO (S3), etcd,
+# kube-apiserver, kube-scheduler, kube-controller-manager, kubelet, kube-proxy, kubectl, KWOK, the
+# training operator and CoreDNS (docs/testbed.md); meanwhile (it mostly downloads) the trainflow
+# image and the real node's containerd template. Needs root for the image (chroot, mounts).
+testbed: venv system-deps
+	tests/testbed/build.sh minio k8s >/dev/null & go=$$!; \
+	  rc=0; $(BIN)/python -m tests.support.realnode prepare || rc=$$?; \
+	  wait $$go; exit $$rc
+
+# The trainflow image, built without a Docker engine (scripts/image/build.py; docs/testbed.md).
+image: venv
+	$(BIN)/python scripts/image/build.py
 
 # The real KFP 2.14.3 backend tier (issue 10; opt-in until it passes): builds the backend, Argo
 # Workflows and the ML Metadata venv on first use (tests/testbed/build.sh kfp), then runs the tier.

@@ -1,33 +1,48 @@
-"""Steady-state checkpoint overhead, measured side by side in ONE run.
+"""Checkpoint overhead with a 95 % confidence interval: the cost of one save, measured in paired
+segments, turned into the overhead ratio at a save interval.
 
-Trains with the real trainer's step and save path (``Trainer._step`` / ``Trainer._save``: RNG
-gather, staging copy, background persist with SHA-256, manifest, retention) and alternates
-short segments with saving OFF and saving ON in ABBA order (off, on, on, off, ...), so drifts of a
-shared machine hit both alike. Saves fall every ``--interval-s`` seconds of time spent ON, so the ON
-segments together see exactly the save rate of a run at that interval; a persist still in flight at
-the end of an ON segment is waited for and charged to ON. Prints::
+Method. Trains with the real trainer's step and save path (``Trainer._step`` / ``Trainer._save``: RNG
+gather, staging copy, background persist with SHA-256, manifest, retention) on batches staged on the
+device beforehand (no host input path in the timings). The run alternates paired segments of the
+same ``N`` steps, in ABBA order (on, off, off, on, ...) so that drift hits both alike:
 
-    overhead ratio = (seconds per step, saving on) / (seconds per step, saving off)
+* **on**: one save at the segment's start, then ``N`` steps; if the persist is still running after
+  them the segment waits for it (charged to saving);
+* **off**: ``N`` steps.
 
-over the whole run, the median of the per-block ratios (robust to a burst of load from other
-processes hitting one segment), and the same ratio in process CPU seconds (which other tenants of a
-shared machine barely disturb; it counts the persist thread's hashing and writing in full)
+``N`` is chosen from a calibration save so that the persist normally finishes inside the segment, so an
+"on" segment holds the whole cost of one save: the blocking stall, and the slow-down of the steps that
+run beside the persist thread (GIL, memory bandwidth, hashing). Segment times are device-side on CUDA
+(CUDA events around the segment: GPU timestamps, idle gaps included) and wall-clock on CPU.
 
-plus the blocking stall per save and the background persist time. The first save (buffer
-allocation) happens before measuring.
+Per pair ``d = t_on - t_off`` is the extra seconds one save costs. Its mean gets a Student-t 95 %
+interval over the pairs (a percentile bootstrap is printed beside it as a check). With periodic saves
+every ``T`` seconds of wall-clock (``SaveSchedule``), each interval of ``T`` seconds does ``T - d``
+seconds of saving-free work, so
+
+    overhead ratio (seconds per step, saving on / off) = T / (T - d)
+
+with the interval's endpoints mapped the same way (monotonic). This holds while a persist fits in
+``T`` (else saves are skipped; the output flags it). It also prints the stall per save, the persist
+time, and the checkpoint size. Targets: ratio <= 1.005 and a CI half-width <= 0.003.
 
 Examples::
 
-    python benchmarks/checkpoint_overhead.py                                # small CNN on MNIST
-    python benchmarks/checkpoint_overhead.py --model resnet18 --dataset synthetic-cifar
-    python benchmarks/checkpoint_overhead.py --model resnet18 --dataset synthetic-imagenet \\
-        --batch-size 256 --checkpoint-uri s3://bucket/bench                    # on a GPU machine
+    python benchmarks/checkpoint_overhead.py --threads 1                       # small CNN, MNIST, CPU
+    python benchmarks/checkpoint_overhead.py --model resnet18 --dataset synthetic-cifar:2000 \\
+        --batch-size 32 --threads 1 --pairs 40
+    # GPU: ResNet-18 and the ~1 GB Wide ResNet-101-2, fp32 and bf16, ImageNet-shaped batches
+    python benchmarks/checkpoint_overhead.py --model resnet18,wide_resnet101_2 --amp off,bf16 \\
+        --dataset synthetic-imagenet:1024 --batch-size 128 --pairs 60
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
+import random
 import statistics
 import sys
 import tempfile
@@ -38,111 +53,195 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-def _ratio(segments: list[tuple[str, float, float, int]], column: int) -> float:
-    """(seconds per step with saving ON) / (seconds per step with saving OFF); ``column`` 1 = wall, 2 = CPU."""
-    per_step = {}
-    for mode in ("on", "off"):
-        rows = [seg for seg in segments if seg[0] == mode]
-        per_step[mode] = sum(r[column] for r in rows) / max(1, sum(r[3] for r in rows))
-    return per_step["on"] / per_step["off"]
+def t_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float, float]:
+    """``(mean, low, high)``: Student-t interval of the mean."""
+    from scipy import stats
+
+    n = len(values)
+    mean = statistics.fmean(values)
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * statistics.stdev(values) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def bootstrap_interval(values: list[float], confidence: float = 0.95, resamples: int = 10_000,
+                       seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean (Efron & Tibshirani 1993, ch. 13)."""
+    rnd = random.Random(seed)
+    n = len(values)
+    means = sorted(statistics.fmean(rnd.choices(values, k=n)) for _ in range(resamples))
+    lo = means[int((1 - confidence) / 2 * resamples)]
+    hi = means[int((1 + confidence) / 2 * resamples) - 1]
+    return lo, hi
+
+
+def ratio_at(interval_s: float, extra_s: float) -> float:
+    """Seconds per step with saving / without, for saves every ``interval_s`` costing ``extra_s`` each."""
+    return interval_s / (interval_s - extra_s) if extra_s < interval_s else math.inf
+
+
+class _Timer:
+    """Segment timer: CUDA events on the current stream (device timestamps) or ``perf_counter``."""
+
+    def __init__(self, cuda: bool) -> None:
+        import torch
+
+        self.cuda = cuda
+        self.torch = torch
+
+    def start(self):
+        if self.cuda:
+            ev = self.torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def stop(self, started) -> float:
+        if self.cuda:
+            ev = self.torch.cuda.Event(enable_timing=True)
+            ev.record()
+            ev.synchronize()
+            return started.elapsed_time(ev) / 1000.0
+        return time.perf_counter() - started
+
+
+def measure(args: argparse.Namespace, model: str, amp: str, data_dir: Path, tmp: Path) -> dict:
+    import torch
+
+    from components.training.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainConfig
+    from components.training.data import epoch_permutation, global_batch
+    from components.training.distributed import DistEnv
+    from components.training.trainer import Trainer
+
+    cfg = TrainConfig(
+        data=DataConfig(path=str(data_dir), global_batch_size=args.batch_size),
+        model=ModelConfig(name=model), optim=OptimConfig(amp=amp),
+        checkpoint=CheckpointConfig(uri=args.checkpoint_uri or str(tmp / "ckpt"), job_key=f"bench-{model}-{amp}",
+                                    interval_s=1e9, keep_last_k=2),
+        epochs=1000, deterministic=False, threads_per_rank=args.threads,
+    )
+    trainer = Trainer(cfg, DistEnv.from_env())
+    device = trainer.device
+    cuda = device.type == "cuda"
+    perm = epoch_permutation(trainer.num_samples, 0, 0)
+    batches = []  # staged on the device once: the timings hold no host input path
+    for i in range(args.staged_batches):
+        ids = global_batch(perm, (i * args.batch_size) % max(1, trainer.num_samples - args.batch_size), args.batch_size)
+        x, y = trainer.train_split.fetch(ids)
+        batches.append((x.to(device), y.to(device), len(ids)))
+    cycle = itertools.cycle(batches)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            x, y, n_global = next(cycle)
+            trainer._step(x, y, n_global)
+            trainer.state.advance(n_global, trainer.num_samples)
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    timer = _Timer(cuda)
+    steps(args.warmup_steps)
+    trainer._save(blocking=True, reason="warm-up")  # allocates the (pinned) staging buffers
+    sync()
+    t = timer.start()
+    steps(args.warmup_steps)
+    step_s = timer.stop(t) / args.warmup_steps
+    trainer._save(blocking=False, reason="calibration")
+    t0 = time.perf_counter()
+    trainer.ckpt.wait()
+    persist_s = max(trainer.ckpt.stats.last_persist_seconds, time.perf_counter() - t0)
+    n_steps = max(args.min_steps, math.ceil((persist_s * args.persist_margin + args.segment_pad_s) / step_s))
+
+    stats0 = (trainer.ckpt.stats.committed, trainer.ckpt.stats.stall_seconds_total)
+    stalls, extra, on_times, off_times, waited = [], [], [], [], 0
+    for k in range(args.pairs):
+        seg = {}
+        for mode in (("on", "off") if k % 2 == 0 else ("off", "on")):
+            sync()
+            t = timer.start()
+            if mode == "on":
+                stalls.append(trainer._save(blocking=False, reason="bench"))
+            steps(n_steps)
+            if mode == "on" and not trainer.ckpt.wait(timeout_s=0):
+                waited += 1
+                trainer.ckpt.wait()
+            seg[mode] = timer.stop(t)
+        on_times.append(seg["on"])
+        off_times.append(seg["off"])
+        extra.append(seg["on"] - seg["off"])
+        if args.verbose:
+            print(f"  pair {k:3d}: on {seg['on']:.4f} s  off {seg['off']:.4f} s  extra {extra[-1] * 1e3:+.2f} ms",
+                  flush=True)
+    trainer.ckpt.close()
+    s = trainer.ckpt.stats
+    saves = s.committed - stats0[0]
+    d_mean, d_lo, d_hi = t_interval(extra)
+    b_lo, b_hi = bootstrap_interval(extra)
+    out = {
+        "model": model, "amp": amp, "device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "batch_size": args.batch_size, "dataset": args.dataset, "pairs": args.pairs, "steps_per_segment": n_steps,
+        "step_s": statistics.fmean(off_times) / n_steps, "checkpoint_bytes": s.last_size_bytes,
+        "stall_s_mean": statistics.fmean(stalls), "stall_s_max": max(stalls),
+        "persist_s_mean": (s.persist_seconds_total) / max(1, s.committed), "saves": saves,
+        "segments_waiting_for_persist": waited, "failed": s.failed, "skipped": s.skipped_in_flight,
+        "extra_s_per_save": d_mean, "extra_s_per_save_ci95": [d_lo, d_hi], "extra_s_per_save_bootstrap_ci95": [b_lo, b_hi],
+        "intervals": {},
+    }
+    for interval in args.intervals:
+        r, lo, hi = ratio_at(interval, d_mean), ratio_at(interval, d_lo), ratio_at(interval, d_hi)
+        out["intervals"][f"{interval:g}"] = {
+            "overhead_ratio": r, "ci95": [lo, hi], "ci95_half_width": (hi - lo) / 2,
+            "persist_fits_interval": out["persist_s_mean"] < interval,
+            "meets_1_005": hi <= 1.005, "ci_half_width_meets_0_003": (hi - lo) / 2 <= 0.003,
+        }
+    return out
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="small_cnn")
-    p.add_argument("--dataset", default="mnist", help="a prepare_dataset source")
+    p.add_argument("--model", default="small_cnn", help="comma-separated: small_cnn, resnet18, wide_resnet101_2")
+    p.add_argument("--amp", default="off", help="comma-separated: off, bf16")
+    p.add_argument("--dataset", default="mnist", help="a prepare_dataset source (synthetic-imagenet:N on a GPU)")
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--interval-s", type=float, default=30.0, help="seconds between saves when ON (<= 30)")
-    p.add_argument("--segment-s", type=float, default=5.0, help="length of each ON/OFF segment")
-    p.add_argument("--pairs", type=int, default=48, help="ON/OFF segment pairs (ABBA order)")
-    p.add_argument("--verbose", action="store_true", help="print every segment")
+    p.add_argument("--intervals", default="30,10", help="save intervals (s) to report the ratio at")
+    p.add_argument("--pairs", type=int, default=40, help="on/off segment pairs (ABBA order)")
+    p.add_argument("--min-steps", type=int, default=5, help="fewest steps per segment")
+    p.add_argument("--persist-margin", type=float, default=1.5, help="segment >= margin x persist time + pad")
+    p.add_argument("--segment-pad-s", type=float, default=0.5)
+    p.add_argument("--warmup-steps", type=int, default=10)
+    p.add_argument("--staged-batches", type=int, default=8)
     p.add_argument("--checkpoint-uri", default="", help="default: a temporary folder")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    p.add_argument("--verbose", action="store_true", help="print every pair")
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args()
+    args.intervals = [float(v) for v in args.intervals.split(",")]
 
-    import torch
-
-    from components.training.config import CheckpointConfig, DataConfig, ModelConfig, TrainConfig
-    from components.training.data import epoch_permutation, global_batch, shard
-    from components.training.distributed import DistEnv
     from components.training.sources import prepare
-    from components.training.trainer import Trainer
 
+    results = []
     with tempfile.TemporaryDirectory(prefix="tf-bench-") as tmp:
         data_dir = Path(tmp) / "data"
         prepare(args.dataset, data_dir)
-        cfg = TrainConfig(
-            data=DataConfig(path=str(data_dir), global_batch_size=args.batch_size),
-            model=ModelConfig(name=args.model),
-            checkpoint=CheckpointConfig(uri=args.checkpoint_uri or str(Path(tmp) / "ckpt"), job_key="bench",
-                                        interval_s=args.interval_s, keep_last_k=2),
-            epochs=1000, deterministic=False, threads_per_rank=args.threads,
-        )
-        trainer = Trainer(cfg, DistEnv.from_env())
-        device = trainer.device
-        perm = epoch_permutation(trainer.num_samples, 0, 0)
-        pos = 0
-
-        def one_step() -> None:
-            nonlocal pos
-            if pos >= trainer.num_samples:
-                pos = 0
-            ids = shard(global_batch(perm, pos, args.batch_size), 0, 1)
-            x, y = trainer.train_split.fetch(ids)
-            trainer._step(x, y, len(ids))
-            trainer.state.advance(len(ids), trainer.num_samples)
-            pos += len(ids)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-
-        for _ in range(5):  # warm up kernels and allocator
-            one_step()
-        trainer._save(blocking=True, reason="warm-up")  # allocate the staging buffers
-
-        segments: list[tuple[str, float, float, int]] = []  # (mode, wall seconds, CPU seconds, steps)
-        stalls: list[float] = []
-        on_clock_s = 0.0  # seconds spent in ON segments so far: saves are due every interval_s of it
-        next_save_on_s = args.interval_s / 2
-        order = ["off", "on", "on", "off"] * ((args.pairs + 1) // 2)
-        for i, mode in enumerate(order[: 2 * args.pairs]):
-            t_seg, cpu_seg = time.perf_counter(), time.process_time()
-            steps = 0
-            while time.perf_counter() - t_seg < args.segment_s:
-                one_step()
-                steps += 1
-                if mode == "on" and on_clock_s + time.perf_counter() - t_seg >= next_save_on_s:
-                    stalls.append(trainer._save(blocking=False, reason="bench"))
-                    next_save_on_s += args.interval_s
-            if mode == "on":
-                trainer.ckpt.wait()  # a persist still in flight is charged to saving, not to the next segment
-                on_clock_s += time.perf_counter() - t_seg
-            segments.append((mode, time.perf_counter() - t_seg, time.process_time() - cpu_seg, steps))
-            if args.verbose:
-                print(f"  {i:3d} {mode:>3}: {steps} steps in {segments[-1][1]:.2f} s", flush=True)
-        trainer.ckpt.close()
-        s = trainer.ckpt.stats
-        ratio, cpu_ratio = _ratio(segments, 1), _ratio(segments, 2)
-        block_ratios = [_ratio(segments[b : b + 4], 1) for b in range(0, len(segments) - 3, 4)]
-        result = {
-            "model": args.model, "dataset": args.dataset, "device": str(device),
-            "batch_size": args.batch_size, "interval_s": args.interval_s, "segment_s": args.segment_s,
-            "pairs": args.pairs, "overhead_ratio": ratio,
-            "overhead_ratio_block_median": statistics.median(block_ratios) if block_ratios else None,
-            "overhead_ratio_block_quartiles": statistics.quantiles(block_ratios, n=4) if len(block_ratios) > 1 else None,
-            "cpu_overhead_ratio": cpu_ratio, "saves": len(stalls), "checkpoint_bytes": s.last_size_bytes,
-            "stall_s_mean": statistics.mean(stalls) if stalls else None,
-            "stall_s_max": max(stalls) if stalls else None,
-            "persist_s_mean": s.persist_seconds_total / max(1, s.committed), "committed": s.committed,
-            "skipped_in_flight": s.skipped_in_flight, "failed": s.failed, "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-        }
-    print(json.dumps(result, indent=1))
-    print(f"overhead ratio (on/off, wall seconds per step) = {ratio:.4f}; median over "
-          f"{len(block_ratios)} ABBA blocks {result['overhead_ratio_block_median']:.4f}; "
-          f"CPU seconds per step {cpu_ratio:.4f}   target <= 1.02 at a <= 30 s interval")
+        for model, amp in itertools.product(args.model.split(","), args.amp.split(",")):
+            r = measure(args, model, amp, data_dir, Path(tmp))
+            results.append(r)
+            print(json.dumps(r, indent=1), flush=True)
+    print()
+    print("| model | amp | device | checkpoint | step | stall per save, mean (max) | persist | extra per save (95 % CI) "
+          "| interval | overhead ratio (95 % CI) | CI half-width |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        lo_d, hi_d = r["extra_s_per_save_ci95"]
+        for interval, v in r["intervals"].items():
+            lo, hi = v["ci95"]
+            print(f"| {r['model']} | {r['amp']} | {r['device']} | {r['checkpoint_bytes'] / 1e6:.1f} MB "
+                  f"| {r['step_s'] * 1e3:.1f} ms | {r['stall_s_mean'] * 1e3:.1f} ms ({r['stall_s_max'] * 1e3:.1f} ms) "
+                  f"| {r['persist_s_mean']:.3f} s | {r['extra_s_per_save'] * 1e3:.1f} ms ({lo_d * 1e3:.1f} to {hi_d * 1e3:.1f}) "
+                  f"| {interval} s | **{v['overhead_ratio']:.4f}** ({lo:.4f}-{hi:.4f}) | {v['ci95_half_width']:.4f} |")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+        args.json.write_text(json.dumps(results, indent=1))
     return 0
 
 

@@ -10,7 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 n="${1:-3}"; shift || true
-mark="${MARK:-s3 or prometheus or airflow or browser or k8s or slow}"
+mark="${MARK:-s3 or prometheus or airflow or browser or k8s or realnode or slow}"
 out="${TEST_REPEAT_DIR:-runs/test-repeat/$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$out"
 failed=0

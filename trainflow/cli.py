@@ -101,8 +101,28 @@ def run(
     fault_at_step: Annotated[int, typer.Option(help="SIGKILL one training worker once after step N")] = -1,
     job_key: Annotated[str, typer.Option(help="Resume key [default: <KFP run id>/train]")] = "",
     model_name: Annotated[str, typer.Option(help="Name in the model store")] = "mnist-classifier",
+    backend: Annotated[str, typer.Option(
+        help="local (torchrun here) | pytorchjob (a PyTorchJob on the KUBECONFIG cluster; docs/launcher.md)")] = "local",
+    min_workers: Annotated[int, typer.Option(help="pytorchjob: fewest worker pods")] = 1,
+    max_workers: Annotated[int, typer.Option(help="pytorchjob: most worker pods")] = 1,
+    image: Annotated[str, typer.Option(help="pytorchjob: worker image holding trainflow")] = "",
+    namespace: Annotated[str, typer.Option(help="pytorchjob: namespace [default: the kubeconfig's]")] = "",
+    gpus_per_worker: Annotated[int, typer.Option(help="pytorchjob: nvidia.com/gpu per worker pod")] = 0,
+    worker_cpu: Annotated[str, typer.Option(help="pytorchjob: CPU request per worker pod")] = "1",
+    worker_memory: Annotated[str, typer.Option(help="pytorchjob: memory request and limit per worker pod")] = "4Gi",
+    worker_pod_settings: Annotated[str, typer.Option(
+        help="pytorchjob: JSON object of tolerations, node_selector, priority_class_name, ... (docs/launcher.md)")] = "",
+    s3_secret: Annotated[str, typer.Option(
+        "--s3-secret", help="pytorchjob: Secret with the workers' S3 keys (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)")] = "",
+    s3_endpoint: Annotated[str, typer.Option(
+        "--s3-endpoint", help="pytorchjob: S3 endpoint as the worker pods reach it [default: the Secret's]")] = "",
+    keep_failed_job: Annotated[bool, typer.Option(
+        "--keep-failed-job", help="pytorchjob: keep a failed PyTorchJob for inspection")] = False,
 ) -> None:
-    """Run the training pipeline locally: prepare ▶ train (elastic DDP) ▶ evaluate ▶ register."""
+    """Run the training pipeline locally: prepare ▶ train (elastic DDP) ▶ evaluate ▶ register.
+
+    With ``--backend pytorchjob`` the train step runs as a PyTorchJob on the cluster of KUBECONFIG
+    (the other steps still run here)."""
     from trainflow.local_run import RunInputError, RunOptions, summary_table
     from trainflow.local_run import run as run_pipeline
 
@@ -112,7 +132,10 @@ def run(
         optimizer=optimizer, seed=seed, workers=workers, max_restarts=max_restarts,
         checkpoint_uri=checkpoint_uri, checkpoint_interval_steps=checkpoint_interval_steps,
         checkpoint_interval_s=checkpoint_interval_s, keep_last_k=keep_last_k, fault_at_step=fault_at_step,
-        job_key=job_key, registered_model_name=model_name,
+        job_key=job_key, registered_model_name=model_name, backend=backend, min_workers=min_workers,
+        max_workers=max_workers, image=image, namespace=namespace, gpus_per_worker=gpus_per_worker,
+        worker_cpu=worker_cpu, worker_memory=worker_memory, worker_pod_settings=worker_pod_settings,
+        s3_secret_name=s3_secret, s3_endpoint_url=s3_endpoint, keep_failed_job=keep_failed_job,
     )
     console = Console()
     try:
@@ -127,14 +150,29 @@ def run(
 @app.command()
 def compile(
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the pipeline YAML")],
+    s3_secret: Annotated[str, typer.Option(
+        "--s3-secret", help="Secret whose S3 keys every step and training pod gets (the s3_secret_name "
+        "parameter's default) [env TRAINFLOW_S3_SECRET]")] = "",
+    s3_access_key_key: Annotated[str, typer.Option(
+        help="The Secret's key of the access key id (KFP's mlpipeline-minio-artifact: accesskey)")] = "",
+    s3_secret_key_key: Annotated[str, typer.Option(
+        help="The Secret's key of the secret access key (KFP's mlpipeline-minio-artifact: secretkey)")] = "",
+    s3_endpoint_key: Annotated[str, typer.Option(help="The Secret's optional key of the endpoint URL")] = "",
 ) -> None:
-    """Compile ``training_pipeline`` to a KFP package (YAML)."""
+    """Compile ``training_pipeline`` to a KFP package (YAML). Options default to the TRAINFLOW_S3_*
+    environment variables (pipelines/platform.py)."""
+    from dataclasses import replace
+
     from kfp import compiler
 
-    from pipelines.training import training_pipeline
+    from pipelines.platform import PlatformSettings
+    from pipelines.training import build_pipeline
 
+    given = {"s3_secret": s3_secret, "s3_access_key_key": s3_access_key_key,
+             "s3_secret_key_key": s3_secret_key_key, "s3_endpoint_key": s3_endpoint_key}
+    settings = replace(PlatformSettings.from_env(), **{k: v for k, v in given.items() if v})
     output.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(training_pipeline, str(output))
+    compiler.Compiler().compile(build_pipeline(settings), str(output))
     typer.echo(f"wrote {output}")
 
 

@@ -74,20 +74,42 @@ class RunOptions:
     job_key: str = ""
     registry_uri: str = ""
     registered_model_name: str = "mnist-classifier"
+    backend: str = "local"
+    """``local`` (a torchrun agent here) or ``pytorchjob`` (a PyTorchJob on the kubeconfig's cluster)."""
+    min_workers: int = 1
+    """pytorchjob: fewest worker pods (elasticPolicy.minReplicas)."""
+    max_workers: int = 1
+    """pytorchjob: most worker pods (elasticPolicy.maxReplicas)."""
+    image: str = ""
+    namespace: str = ""
+    gpus_per_worker: int = 0
+    worker_cpu: str = "1"
+    worker_memory: str = "4Gi"
+    worker_pod_settings: str = ""
+    s3_secret_name: str = ""
+    s3_endpoint_url: str = ""
+    keep_failed_job: bool = False
 
     def pipeline_arguments(self, out: Path) -> dict[str, Any]:
+        cluster = self.backend == "pytorchjob"
         return {
             "dataset_source": self.dataset, "model_name": self.model, "epochs": self.epochs,
             "global_batch_size": self.global_batch_size, "adaptive_batch": self.adaptive_batch,
             "max_global_batch_size": self.max_global_batch_size, "learning_rate": self.learning_rate,
-            "optimizer": self.optimizer, "seed": self.seed, "backend": "local", "min_workers": 1,
-            "max_workers": 1, "nproc_per_node": self.workers, "max_restarts": self.max_restarts,
+            "optimizer": self.optimizer, "seed": self.seed, "backend": self.backend,
+            "min_workers": self.min_workers if cluster else 1, "max_workers": self.max_workers if cluster else 1,
+            "nproc_per_node": self.workers, "max_restarts": self.max_restarts,
             "checkpoint_uri": self.checkpoint_uri or str(out / "checkpoints"),
             "checkpoint_interval_steps": self.checkpoint_interval_steps,
             "checkpoint_interval_s": self.checkpoint_interval_s, "keep_last_k": self.keep_last_k,
             "fault_at_step": self.fault_at_step, "job_key": self.job_key,
             "registry_uri": self.registry_uri or str(out / "checkpoints" / "models"),
             "registered_model_name": self.registered_model_name,
+            **({"image": self.image, "namespace": self.namespace, "gpus_per_worker": self.gpus_per_worker,
+                "worker_cpu": self.worker_cpu, "worker_memory": self.worker_memory,
+                "worker_pod_settings": self.worker_pod_settings, "s3_secret_name": self.s3_secret_name,
+                "s3_endpoint_url": self.s3_endpoint_url, "keep_failed_job": self.keep_failed_job}
+               if cluster else {}),
         }
 
 
@@ -128,11 +150,25 @@ def validate(opts: RunOptions) -> None:
         raise RunInputError(f"workers must be >= 1, got {opts.workers}")
     if opts.fault_at_step == 0 or opts.fault_at_step < -1:
         raise RunInputError(f"fault_at_step must be a step >= 1 (or -1 for none), got {opts.fault_at_step}")
+    if opts.backend == "pytorchjob":
+        if not opts.checkpoint_uri.startswith("s3://"):
+            raise RunInputError("--backend pytorchjob needs --checkpoint-uri s3://BUCKET/PREFIX (the worker pods "
+                                "cannot reach this machine's folders)")
+        if not opts.image:
+            raise RunInputError("--backend pytorchjob needs --image (an image holding trainflow that the cluster "
+                                "can pull)")
+        from components.launcher.pytorchjob import InvalidSpecError, worker_pod_settings
+
+        try:
+            worker_pod_settings(opts.worker_pod_settings)
+        except InvalidSpecError as e:
+            raise RunInputError(str(e)) from e
     request = TrainStepRequest(
         dataset_path="(prepared)", model_name=opts.model, epochs=opts.epochs,
         global_batch_size=opts.global_batch_size, adaptive_batch=opts.adaptive_batch,
         max_global_batch_size=opts.max_global_batch_size, learning_rate=opts.learning_rate, optimizer=opts.optimizer,
-        seed=opts.seed, nproc_per_node=opts.workers, max_restarts=opts.max_restarts,
+        seed=opts.seed, nproc_per_node=opts.workers, max_restarts=opts.max_restarts, backend=opts.backend,
+        min_workers=opts.min_workers, max_workers=opts.max_workers,
         checkpoint_interval_steps=opts.checkpoint_interval_steps, checkpoint_interval_s=opts.checkpoint_interval_s,
         keep_last_k=opts.keep_last_k, fault_at_step=opts.fault_at_step,
     )

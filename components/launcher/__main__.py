@@ -3,12 +3,15 @@
 Usage::
 
     python -m components.launcher --spec spec.json [--output job.json] [--poll-interval-s 10]
-        [--timeout-s SECONDS] [--cleanup always|on-success|never] [--keep-failed]
+        [--timeout-s SECONDS] [--cleanup always|on-success|never] [--keep-failed] [--stream-logs]
+        [--no-fail-fast]
 
 ``spec.json`` holds the keyword arguments of :class:`~components.launcher.pytorchjob.PyTorchJobSpec`
 (``-`` reads standard input). The Kubernetes client is configured from ``KUBECONFIG`` or, inside a
-pod, from its service account. Exit codes: 0 succeeded, 1 the job failed (the operator's reason is
-printed), 2 bad input, 3 another launcher error, 143 terminated by SIGTERM.
+pod, from its service account; inside a pod the job is owned by that pod (garbage-collected with
+it) unless the spec names other owners or another namespace. Exit codes: 0 succeeded, 1 the job
+failed or its workers could not start (the cause is printed), 2 bad input, 3 another launcher
+error, 143 terminated by SIGTERM.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+from components.launcher.incluster import own_pod
 from components.launcher.pytorchjob import InvalidSpecError, PyTorchJobSpec
 from components.launcher.runner import (
     LauncherError,
+    LaunchStuck,
     LaunchTerminated,
     PyTorchJobFailed,
     PyTorchJobRunner,
@@ -43,6 +49,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--keep-failed", action="store_true", help="reattach to a Failed job instead of replacing it"
     )
+    parser.add_argument("--stream-logs", action="store_true", help="print the workers' logs, prefixed by pod")
+    parser.add_argument("--no-fail-fast", action="store_true",
+                        help="wait for workers that cannot start (missing image, no node) instead of failing")
     return parser.parse_args(argv)
 
 
@@ -60,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             timeout_s=args.timeout_s,
             cleanup=args.cleanup,
             recreate_failed=not args.keep_failed,
+            stream_logs=args.stream_logs,
+            fail_fast=not args.no_fail_fast,
         )
     except (OSError, json.JSONDecodeError, TypeError, ValueError) as err:
         print(f"launcher: bad input: {err}", file=sys.stderr)
@@ -74,11 +85,14 @@ def main(argv: list[str] | None = None) -> int:
             f"launcher: no usable Kubernetes configuration (KUBECONFIG or in-cluster): {err}", file=sys.stderr
         )
         return 3
+    me = own_pod(client)
+    if me is not None and not spec.owner_references and me.namespace == spec.namespace:
+        spec = replace(spec, owner_references=[me.owner_reference()])
     runner = PyTorchJobRunner(client, settings)
     try:
         with runner.terminate_on_sigterm():
             outcome = runner.run(spec, output_path=args.output)
-    except PyTorchJobFailed as err:
+    except (PyTorchJobFailed, LaunchStuck) as err:
         print(f"launcher: {err}", file=sys.stderr)
         return 1
     except LaunchTerminated as err:

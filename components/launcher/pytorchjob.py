@@ -4,7 +4,9 @@
 ``dict``; nothing here talks to Kubernetes (the runner in :mod:`components.launcher.runner` does).
 
 The job runs Worker replicas only (elastic training has no Master): every worker container runs
-``torchrun -m components.training <training_args>``, and the Kubeflow training operator fills in
+``python -m components.training.torchrun -m components.training <training_args>`` (torchrun, with exit
+codes the operator's ``ExitCode`` policy can act on: 2 for a permanent failure, 143 when the pod is
+stopped; :mod:`components.training.torchrun`), and the Kubeflow training operator fills in
 torchrun's settings as ``PET_*`` environment variables from ``elasticPolicy`` and ``nprocPerNode``
 (``PET_NNODES=min:max``, ``PET_RDZV_BACKEND``, ``PET_RDZV_ENDPOINT``, ``PET_RDZV_CONF``,
 ``PET_MAX_RESTARTS``, ``PET_NPROC_PER_NODE``: training-operator v1.9
@@ -18,18 +20,28 @@ Choices and their sources:
   launcher finds the job its earlier attempt created;
 * ``spec.nprocPerNode`` rather than the deprecated ``elasticPolicy.nProcPerNode`` (the v1.9 webhook
   warns on the latter and rejects both together);
-* ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: elastic restarts on torch 2.13 reuse a stale rendezvous
-  store otherwise (measured in this project, see DESIGN.md §4); ``rdzvConf last_call_timeout``
-  avoids torchrun's 30 s wait for late joiners at every start with ``--nnodes=min:max``;
+* ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: each worker group's rank 0 hosts a fresh process-group
+  store at ``MASTER_ADDR:MASTER_PORT`` (its pod's host name, which resolves through the operator's
+  per-replica Service; ``components.training.distributed``) instead of sharing the store of the
+  rank-0 agent. The pods of one job are several agents, and when the agent holding the shared store
+  leaves (a scale-down, a deleted pod) the others keep its stale address (pytorch#167301) — the case
+  ``launch.py`` sets the flag for on the local backend.
+  ``rdzvConf last_call_timeout`` avoids torchrun's 30 s wait for late joiners at every start with
+  ``--nnodes=min:max``;
 * ``sidecar.istio.io/inject: "false"``: an Istio sidecar never exits, so a finished worker pod would
   never complete on Kubeflow platforms that inject sidecars;
 * label ``trainflow.dev/managed: "true"`` on the job and its pods: the GPU scheduler resizes only
-  jobs carrying it.
+  jobs carrying it; label ``trainflow.dev/job-key-hash`` on the job: the launcher finds other jobs
+  training the same checkpoint key (an orphan of an earlier launcher) by it;
+* S3 credentials only through ``secretKeyRef`` (never as values: a manifest may be logged or read
+  by anyone who can list PyTorchJobs); the endpoint from ``s3_endpoint_url`` or, when that is unset,
+  from the Secret's optional ``AWS_ENDPOINT_URL_S3`` key.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,12 +60,17 @@ RUN_ID_ANNOTATION = "trainflow.dev/kfp-run-id"
 TASK_ANNOTATION = "trainflow.dev/kfp-task-name"
 ISTIO_INJECT_ANNOTATION = "sidecar.istio.io/inject"
 JOB_KEY_ANNOTATION = "trainflow.dev/job-key"
+JOB_KEY_HASH_LABEL = "trainflow.dev/job-key-hash"
+"""sha256 of the job key (16 hex): a label value, so jobs on one key are found with a selector."""
 """The trainer's checkpoint job key; also the ``job_key`` label of its ``trainflow_`` metrics, which
 is how the GPU scheduler finds a job's samples/s (``gpu_scheduler/kube.py``)."""
 METRICS_PORT_NAME = "metrics"
 #: Environment variable carrying the checkpoint URI into the training containers.
 CHECKPOINT_URI_ENV = "TRAINFLOW_CHECKPOINT_URI"
 GPU_RESOURCE = "nvidia.com/gpu"
+#: What every worker container runs before ``training_args`` (the image puts its venv's ``python``
+#: first on ``PATH``).
+WORKER_COMMAND = ("python", "-m", "components.training.torchrun", "-m", "components.training")
 #: Longest job name rendered: leaves room for ``-worker-<index>`` within a 63-character label.
 MAX_NAME_LEN = 48
 _HASH_LEN = 10
@@ -63,6 +80,17 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[KMGTPE]i?|[munkMGTPE])?$")
 _RESERVED_ENV = frozenset({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", CHECKPOINT_URI_ENV})
+#: Credentials come from ``s3_secret_name`` only: a value in ``env`` would be readable in the manifest.
+_CREDENTIAL_ENV = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"})
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")
+_TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
+
+#: The :class:`PyTorchJobSpec` fields a user may set through the train step's ``worker_pod_settings``
+#: JSON object (the pipeline parameter of that name); the rest are set by the step itself.
+WORKER_POD_SETTINGS = (
+    "resources", "tolerations", "node_selector", "service_account_name", "priority_class_name",
+    "termination_grace_period_s", "image_pull_policy", "labels", "pod_annotations", "env",
+)
 
 RestartPolicy = Literal["OnFailure", "ExitCode", "Never", "Always"]
 CleanPodPolicy = Literal["None", "Running", "All"]
@@ -91,6 +119,36 @@ def job_name(run_id: str, task_name: str) -> str:
     return f"{slug}-{digest}"
 
 
+def job_key_hash(job_key: str) -> str:
+    """The value of :data:`JOB_KEY_HASH_LABEL` for ``job_key`` (16 hex of its SHA-256)."""
+    return hashlib.sha256(job_key.encode()).hexdigest()[:16]
+
+
+def worker_pod_settings(text: str) -> dict[str, Any]:
+    """Parse the ``worker_pod_settings`` JSON object into :class:`PyTorchJobSpec` keyword arguments.
+
+    Keys are the field names in :data:`WORKER_POD_SETTINGS` (e.g. ``{"tolerations": [...],
+    "node_selector": {"pool": "a100"}, "priority_class_name": "batch"}``); an empty string is ``{}``.
+    Values are checked when the spec is built.
+
+    Raises:
+        InvalidSpecError: not a JSON object, or an unknown key (the message lists the allowed ones).
+    """
+    if not text.strip():
+        return {}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidSpecError(f"worker_pod_settings is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise InvalidSpecError(f"worker_pod_settings must be a JSON object, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(WORKER_POD_SETTINGS))
+    if unknown:
+        raise InvalidSpecError(f"worker_pod_settings: unknown key(s) {', '.join(unknown)} "
+                               f"(allowed: {', '.join(WORKER_POD_SETTINGS)})")
+    return data
+
+
 def _label_value(value: str) -> str:
     """``value`` if it is a valid label value, else a 63-char-safe hash-suffixed form of it."""
     if len(value) <= 63 and _LABEL_VALUE.match(value):
@@ -108,7 +166,7 @@ class PyTorchJobSpec:
         task_name: KFP task name (slugged into the name).
         namespace: Kubernetes namespace of the job (DNS-1123 label).
         image: container image holding trainflow (``components.training``).
-        training_args: arguments after ``torchrun -m components.training`` (opaque here).
+        training_args: arguments after ``-m components.training`` (opaque here).
         min_replicas: fewest worker pods training may continue with (``elasticPolicy.minReplicas``).
         max_replicas: most worker pods (``elasticPolicy.maxReplicas``).
         replicas: worker pods created at start (default ``max_replicas``); the GPU scheduler may
@@ -118,6 +176,9 @@ class PyTorchJobSpec:
         gpus_per_worker: ``nvidia.com/gpu`` limit per worker pod (0: CPU training).
         cpu: CPU request per worker (Kubernetes quantity, e.g. ``"4"`` or ``"500m"``), or ``None``.
         memory: memory request and limit per worker (e.g. ``"16Gi"``), or ``None``.
+        resources: more requests and limits per worker, merged over the three above:
+            ``{"requests": {...}, "limits": {...}}`` of Kubernetes quantities (e.g. a CPU limit,
+            ``ephemeral-storage``, another extended resource).
         checkpoint_uri: where training checkpoints (``s3://bucket/prefix`` or a path); exported as
             ``TRAINFLOW_CHECKPOINT_URI``.
         s3_secret_name: Secret holding S3 credentials, read with ``secretKeyRef`` into
@@ -125,24 +186,35 @@ class PyTorchJobSpec:
         s3_access_key_key: key of the access key id in that Secret (KFP's own
             ``mlpipeline-minio-artifact`` Secret uses ``accesskey``).
         s3_secret_key_key: key of the secret access key in that Secret (KFP: ``secretkey``).
-        s3_endpoint_url: S3 endpoint (``AWS_ENDPOINT_URL_S3``), e.g. ``http://minio.kubeflow:9000``.
-        env: extra environment variables for the training containers.
+        s3_endpoint_url: S3 endpoint (``AWS_ENDPOINT_URL_S3``), e.g. ``http://minio.kubeflow:9000``;
+            ``None`` with a Secret: the Secret's optional ``s3_endpoint_key`` is used if present.
+        s3_endpoint_key: key of the endpoint in the Secret, read with ``optional: true``.
+        env: extra environment variables for the training containers (not credentials: the
+            ``AWS_*`` key variables are refused; they come from ``s3_secret_name``).
         restart_policy: worker restart policy. ``ExitCode`` (default): the operator recreates a
-            pod that died of a signal (exit code 128 and above: preemption, OOM kill) and fails the
-            job on any other non-zero exit — torchrun exits 1 once ``max_restarts`` are spent, so
-            the failure reaches KFP. ``OnFailure``: the kubelet restarts the container in place
+            pod that died of a signal (exit code 128 and above: preemption, OOM kill, a deleted
+            pod's SIGTERM) and fails the job on any other non-zero exit — torchrun exits 1 once
+            ``max_restarts`` are spent (2 for a permanent failure), so the failure reaches KFP. ``OnFailure``: the kubelet restarts the container in place
             and the job fails only past ``backoff_limit`` (never, if that is unset)
             (training-operator v1.9 ``pkg/controller.v1/common/pod.go``, ``job.go``).
         clean_pod_policy: which pods the operator deletes when the job finishes.
         backoff_limit: retries of the whole job before it is marked Failed (``None``: operator default).
         rdzv_last_call_timeout_s: torchrun's rendezvous ``last_call_timeout`` in seconds.
         service_account_name: ServiceAccount of the worker pods (``None``: the namespace default).
+        priority_class_name: PriorityClass of the worker pods (``None``: the cluster default).
+        termination_grace_period_s: seconds a worker has between SIGTERM and SIGKILL (``None``:
+            Kubernetes' 30 s); the trainer saves a checkpoint on SIGTERM within
+            ``--preemption-save-deadline-s``, so give it at least that + 10 s (the train step sets
+            and checks this).
         image_pull_policy: ``IfNotPresent``, ``Always`` or ``Never``.
         node_selector: node labels the worker pods require.
         tolerations: pod tolerations (e.g. for ``nvidia.com/gpu`` taints), as Kubernetes dicts.
         labels: extra labels on the job and its pods.
         pod_annotations: extra annotations on the worker pods.
-        job_key: the training job's checkpoint key, annotated on the job (see ``JOB_KEY_ANNOTATION``).
+        job_key: the training job's checkpoint key, annotated on the job (see ``JOB_KEY_ANNOTATION``)
+            and hashed into the ``JOB_KEY_HASH_LABEL`` label.
+        owner_references: ``metadata.ownerReferences`` of the job (e.g. the launcher's own Pod, so
+            the job is garbage-collected with it); Kubernetes dicts.
         metrics_port: the port rank 0 serves ``/metrics`` on (``--metrics-port``): declared as the
             container port ``metrics`` and advertised with ``prometheus.io/*`` pod annotations.
     """
@@ -160,17 +232,21 @@ class PyTorchJobSpec:
     gpus_per_worker: int = 0
     cpu: str | None = "1"
     memory: str | None = "4Gi"
+    resources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     checkpoint_uri: str | None = None
     s3_secret_name: str | None = None
     s3_access_key_key: str = "AWS_ACCESS_KEY_ID"
     s3_secret_key_key: str = "AWS_SECRET_ACCESS_KEY"
     s3_endpoint_url: str | None = None
+    s3_endpoint_key: str = "AWS_ENDPOINT_URL_S3"
     env: Mapping[str, str] = field(default_factory=dict)
     restart_policy: RestartPolicy = "ExitCode"
     clean_pod_policy: CleanPodPolicy = "None"
     backoff_limit: int | None = None
     rdzv_last_call_timeout_s: int = 1
     service_account_name: str | None = None
+    priority_class_name: str | None = None
+    termination_grace_period_s: int | None = None
     image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: Sequence[Mapping[str, Any]] = ()
@@ -178,14 +254,49 @@ class PyTorchJobSpec:
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
     job_key: str | None = None
     metrics_port: int | None = None
+    owner_references: Sequence[Mapping[str, Any]] = ()
 
     def __post_init__(self) -> None:
+        self._check_shapes()
         # Freeze containers so the spec is a value (hashable fields, no aliasing with the caller).
         object.__setattr__(self, "training_args", tuple(str(a) for a in self.training_args))
-        object.__setattr__(self, "tolerations", tuple(MappingProxyType(dict(t)) for t in self.tolerations))
+        for name in ("tolerations", "owner_references"):
+            object.__setattr__(self, name, tuple(MappingProxyType(dict(t)) for t in getattr(self, name)))
         for name in ("env", "node_selector", "labels", "pod_annotations"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+        object.__setattr__(self, "resources", MappingProxyType(
+            {kind: MappingProxyType(dict(values)) for kind, values in dict(self.resources).items()}))
         self._validate()
+
+    def _check_shapes(self) -> None:
+        """Types of the fields that arrive as JSON (``worker_pod_settings``), before freezing them."""
+
+        def fail(field_name: str, problem: str) -> None:
+            raise InvalidSpecError(f"PyTorchJobSpec.{field_name}: {problem}")
+
+        for name in ("env", "node_selector", "labels", "pod_annotations"):
+            value = getattr(self, name)
+            if not isinstance(value, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+            ):
+                fail(name, f"must be an object of string values, got {value!r}")
+        for name in ("tolerations", "owner_references"):
+            value = getattr(self, name)
+            if isinstance(value, str | bytes | Mapping) or not all(isinstance(t, Mapping) for t in value):
+                fail(name, f"must be a list of objects, got {value!r}")
+        if not isinstance(self.resources, Mapping):
+            fail("resources", f"must be an object with 'requests' and/or 'limits', got {self.resources!r}")
+        for kind, values in self.resources.items():
+            if kind not in ("requests", "limits"):
+                fail("resources", f"unknown key {kind!r} (use 'requests' and 'limits')")
+            if not isinstance(values, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in values.items()
+            ):
+                fail("resources", f"{kind} must map resource names to quantity strings, got {values!r}")
+        if self.termination_grace_period_s is not None and (
+            isinstance(self.termination_grace_period_s, bool) or not isinstance(self.termination_grace_period_s, int)
+        ):
+            fail("termination_grace_period_s", f"must be an integer, got {self.termination_grace_period_s!r}")
 
     def _validate(self) -> None:
         def fail(field_name: str, problem: str) -> None:
@@ -220,11 +331,35 @@ class PyTorchJobSpec:
             fail("clean_pod_policy", f"{self.clean_pod_policy!r} is not None, Running or All")
         if self.image_pull_policy not in ("IfNotPresent", "Always", "Never"):
             fail("image_pull_policy", f"{self.image_pull_policy!r} is not IfNotPresent, Always or Never")
+        for kind, values in self.resources.items():
+            for resource, quantity in values.items():
+                if not _QUANTITY.match(quantity):
+                    fail("resources", f"{kind}.{resource}: {quantity!r} is not a Kubernetes quantity")
         for key in self.env:
             if not _ENV_NAME.match(key):
                 fail("env", f"{key!r} is not a valid environment variable name")
             if key in _RESERVED_ENV:
                 fail("env", f"{key} is set by the launcher; use the matching field instead")
+            if key in _CREDENTIAL_ENV:
+                fail("env", f"{key} is a credential: put it in a Secret and name it in s3_secret_name")
+        for t in self.tolerations:
+            unknown = sorted(set(t) - _TOLERATION_KEYS)
+            if unknown:
+                fail("tolerations", f"unknown field(s) {', '.join(unknown)} (allowed: {', '.join(sorted(_TOLERATION_KEYS))})")
+            if t.get("operator", "Equal") not in ("Equal", "Exists"):
+                fail("tolerations", f"operator must be Equal or Exists, got {t.get('operator')!r}")
+            if t.get("effect", "") not in ("", "NoSchedule", "PreferNoSchedule", "NoExecute"):
+                fail("tolerations", f"effect must be NoSchedule, PreferNoSchedule or NoExecute, got {t.get('effect')!r}")
+        for name in ("service_account_name", "priority_class_name"):
+            value = getattr(self, name)
+            if value is not None and (len(value) > 253 or not _DNS1123_SUBDOMAIN.match(value)):
+                fail(name, f"{value!r} is not a valid object name (DNS-1123 subdomain)")
+        if self.termination_grace_period_s is not None and self.termination_grace_period_s < 0:
+            fail("termination_grace_period_s", f"must be >= 0, got {self.termination_grace_period_s}")
+        for ref in self.owner_references:
+            missing = [k for k in ("apiVersion", "kind", "name", "uid") if not ref.get(k)]
+            if missing:
+                fail("owner_references", f"an owner reference lacks {', '.join(missing)}")
         if self.s3_secret_name is not None and not re.match(
             r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$", self.s3_secret_name
         ):
@@ -264,6 +399,9 @@ def _env(spec: PyTorchJobSpec) -> list[dict[str, Any]]:
         env.append({"name": CHECKPOINT_URI_ENV, "value": spec.checkpoint_uri})
     if spec.s3_endpoint_url:
         env.append({"name": "AWS_ENDPOINT_URL_S3", "value": spec.s3_endpoint_url})
+    elif spec.s3_secret_name:
+        env.append({"name": "AWS_ENDPOINT_URL_S3", "valueFrom": {"secretKeyRef": {
+            "name": spec.s3_secret_name, "key": spec.s3_endpoint_key, "optional": True}}})
     if spec.s3_secret_name:
         for var, key in (
             ("AWS_ACCESS_KEY_ID", spec.s3_access_key_key),
@@ -286,6 +424,8 @@ def _resources(spec: PyTorchJobSpec) -> dict[str, dict[str, str]]:
     if spec.gpus_per_worker:
         # Extended resources: the request must equal the limit (it defaults to it).
         limits[GPU_RESOURCE] = str(spec.gpus_per_worker)
+    requests.update(spec.resources.get("requests", {}))
+    limits.update(spec.resources.get("limits", {}))
     out: dict[str, dict[str, str]] = {}
     if requests:
         out["requests"] = requests
@@ -301,7 +441,7 @@ def render_pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
         "name": CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "command": ["torchrun", "-m", "components.training", *spec.training_args],
+        "command": [*WORKER_COMMAND, *spec.training_args],
         "env": _env(spec),
     }
     resources = _resources(spec)
@@ -312,8 +452,10 @@ def render_pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
         container["ports"] = [{"name": METRICS_PORT_NAME, "containerPort": spec.metrics_port, "protocol": "TCP"}]
         pod_annotations.update({"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.metrics_port)})
     job_annotations = {RUN_ID_ANNOTATION: spec.run_id, TASK_ANNOTATION: spec.task_name}
+    job_meta_labels = dict(labels)
     if spec.job_key:
         job_annotations[JOB_KEY_ANNOTATION] = spec.job_key
+        job_meta_labels[JOB_KEY_HASH_LABEL] = job_key_hash(spec.job_key)
     pod_spec: dict[str, Any] = {"containers": [container]}
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
@@ -321,6 +463,10 @@ def render_pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
+    if spec.priority_class_name:
+        pod_spec["priorityClassName"] = spec.priority_class_name
+    if spec.termination_grace_period_s is not None:
+        pod_spec["terminationGracePeriodSeconds"] = spec.termination_grace_period_s
     run_policy: dict[str, Any] = {"cleanPodPolicy": spec.clean_pod_policy}
     if spec.backoff_limit is not None:
         run_policy["backoffLimit"] = spec.backoff_limit
@@ -330,8 +476,9 @@ def render_pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
         "metadata": {
             "name": spec.name,
             "namespace": spec.namespace,
-            "labels": labels,
+            "labels": job_meta_labels,
             "annotations": job_annotations,
+            **({"ownerReferences": [dict(r) for r in spec.owner_references]} if spec.owner_references else {}),
         },
         "spec": {
             "runPolicy": run_policy,

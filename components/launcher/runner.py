@@ -2,17 +2,27 @@
 
 Call order (:meth:`PyTorchJobRunner.run`):
 
-1. **create or reattach** — ``GET`` the job by its deterministic name (:func:`~components.launcher.
+1. **one writer per job key** — other running jobs labelled with the same job key
+   (``trainflow.dev/job-key-hash``) are orphans of an earlier launcher if the Pod that owns them is
+   gone or ended: they are deleted (and their running workers waited for) before anything starts;
+   one whose launcher Pod still runs, or that has no owner to ask, is an error. Two jobs on one key
+   would overwrite each other's checkpoints (docs/reliability review, finding 2b).
+2. **create or reattach** — ``GET`` the job by its deterministic name (:func:`~components.launcher.
    pytorchjob.job_name`); if absent, ``POST`` it (a 409 from a concurrent creator means "reattach").
    A job of another run/task under the same name is an error. A job left *Failed* by an earlier
    attempt is deleted and created anew (a KFP retry must train again, resuming from its checkpoint);
-   one that already *Succeeded* is reported as is.
-2. **wait** — poll the job's ``status.conditions`` every ``poll_interval_s`` until the operator sets
+   one that already *Succeeded* is reported as is. A reattached job takes the new launcher Pod as
+   its owner. A refused request (403, a missing namespace or CRD) is one line naming the cause.
+3. **wait** — poll the job's ``status.conditions`` every ``poll_interval_s`` until the operator sets
    ``Succeeded`` or ``Failed``; transient API errors are retried up to ``max_consecutive_errors``.
-3. **clean up** — delete the job per ``cleanup`` (``always``, ``on-success``, ``never``); when the
+   Each poll also reads the worker pods: their logs are followed (``stream_logs``), and a worker that
+   cannot start (a missing image or Secret, no node that fits: :mod:`components.launcher.diagnose`)
+   fails the launch with :class:`LaunchStuck` once the problem has lasted its grace while fewer than
+   ``minReplicas`` workers run.
+4. **clean up** — delete the job per ``cleanup`` (``always``, ``on-success``, ``never``); when the
    launcher is terminated (SIGTERM: KFP terminated the run) or times out, the job is deleted unless
    ``cleanup`` is ``never``.
-4. **report** — return a :class:`JobOutcome`; on failure raise :class:`PyTorchJobFailed` carrying
+5. **report** — return a :class:`JobOutcome`; on failure raise :class:`PyTorchJobFailed` carrying
    the operator's reason and message and the failed pods' exit codes.
 
 Shape taken from KFP's Google Cloud ``remote_runner`` ("if the job already exists, poll it"); the
@@ -33,10 +43,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from components.launcher import diagnose
 from components.launcher.pytorchjob import (
+    CONTAINER_NAME,
+    JOB_KEY_ANNOTATION,
+    JOB_KEY_HASH_LABEL,
     RUN_ID_ANNOTATION,
     TASK_ANNOTATION,
     PyTorchJobSpec,
+    job_key_hash,
     render_pytorchjob,
 )
 
@@ -72,6 +87,18 @@ class LaunchTerminated(LauncherError):
 
 class LaunchTimeout(LauncherError):
     """The job did not finish within ``timeout_s``."""
+
+
+class LaunchStuck(LauncherError):
+    """The job's workers cannot start (see :mod:`components.launcher.diagnose`).
+
+    Attributes:
+        problem: what keeps them from starting.
+    """
+
+    def __init__(self, ref: JobRef, problem: diagnose.Problem) -> None:
+        self.problem = problem
+        super().__init__(problem.line())
 
 
 @dataclass(frozen=True)
@@ -127,7 +154,16 @@ class RunnerSettings:
             deleted unless this is ``never``.
         recreate_failed: replace a Failed job found under the same name (a retried KFP task).
         max_consecutive_errors: API errors in a row tolerated while polling.
-        delete_timeout_s: how long to wait for a replaced job to disappear.
+        delete_timeout_s: how long to wait for a replaced or orphaned job (and its running workers)
+            to disappear.
+        fail_fast: fail the launch when workers cannot start (:class:`LaunchStuck`) instead of
+            waiting for them.
+        max_grace_s: cap on how long such a problem may last first (each reason has its own grace,
+            at most 60 s: :mod:`components.launcher.diagnose`).
+        operator_grace_s: fail if the training operator has neither set a condition on the job nor
+            created a pod within this many seconds (it is not installed, or not watching the
+            namespace).
+        stream_logs: follow the worker pods' logs into this process's standard output.
     """
 
     poll_interval_s: float = 10.0
@@ -136,6 +172,10 @@ class RunnerSettings:
     recreate_failed: bool = True
     max_consecutive_errors: int = 6
     delete_timeout_s: float = 120.0
+    fail_fast: bool = True
+    max_grace_s: float = 60.0
+    operator_grace_s: float = 60.0
+    stream_logs: bool = False
 
     def __post_init__(self) -> None:
         if self.poll_interval_s <= 0:
@@ -146,6 +186,9 @@ class RunnerSettings:
             raise ValueError(f"cleanup must be 'always', 'on-success' or 'never', got {self.cleanup!r}")
         if self.max_consecutive_errors < 0:
             raise ValueError(f"max_consecutive_errors must be >= 0, got {self.max_consecutive_errors}")
+        if self.max_grace_s < 0 or self.operator_grace_s <= 0:
+            raise ValueError(f"max_grace_s must be >= 0 and operator_grace_s > 0, got {self.max_grace_s} "
+                             f"and {self.operator_grace_s}")
 
 
 def pytorchjob_resource() -> Any:
@@ -202,6 +245,7 @@ class PyTorchJobRunner:
         self.stop_requested = threading.Event()
         self._resource = pytorchjob_resource()
         self._errors = 0
+        self._first_seen: dict[tuple[str, str], float] = {}  # problem key -> when first seen (clock)
 
     # -- steps ------------------------------------------------------------------------------------
 
@@ -209,13 +253,19 @@ class PyTorchJobRunner:
         """Ensure the job exists; return ``(ref, created)``.
 
         Raises:
-            LauncherError: a job of another run/task holds the name, or the API refused the job
-                (e.g. the operator's webhook rejected it; its message is included).
+            LauncherError: a job of another run/task holds the name, another live job trains the
+                same job key, or the API refused the job (403, missing namespace or CRD, the
+                operator's webhook; the message says which).
         """
         from lightkube.core.exceptions import ApiError
 
         manifest = render_pytorchjob(spec)
-        existing = self._get(spec.namespace, spec.name)
+        where = f"PyTorchJob {spec.namespace}/{spec.name}"
+        try:
+            self.evict_orphans(spec)
+            existing = self._get(spec.namespace, spec.name)
+        except ApiError as err:
+            raise LauncherError(api_refusal("reading", where, spec.namespace, err)) from err
         if existing is not None:
             self._check_owner(existing, spec)
             if self.settings.recreate_failed and (terminal_condition(existing) or ("",))[0] == "Failed":
@@ -226,6 +276,7 @@ class PyTorchJobRunner:
                 existing = None
         if existing is not None:
             ref = self._ref(existing)
+            self._adopt(existing, spec)
             log.info("reattached to PyTorchJob %s (uid %s)", ref, ref.uid)
             return ref, False
         try:
@@ -236,39 +287,110 @@ class PyTorchJobRunner:
                 if existing is not None:
                     self._check_owner(existing, spec)
                     return self._ref(existing), False
-            raise LauncherError(
-                f"creating PyTorchJob {spec.namespace}/{spec.name} was refused ({err.status.code}): {err.status.message}"
-            ) from err
+            raise LauncherError(api_refusal("creating", where, spec.namespace, err)) from err
         ref = self._ref(created)
         log.info("created PyTorchJob %s (uid %s)", ref, ref.uid)
         return ref, True
 
-    def wait(self, ref: JobRef, *, created: bool = True) -> JobOutcome:
+    def evict_orphans(self, spec: PyTorchJobSpec) -> list[JobRef]:
+        """Delete running jobs of the same job key whose launcher Pod is gone or ended; return them.
+
+        Raises:
+            LauncherError: another running job trains the key and its launcher Pod still runs, or
+                it has no owner Pod to tell whether it is orphaned.
+        """
+        from lightkube.core.exceptions import ApiError
+        from lightkube.resources.core_v1 import Pod
+
+        if not spec.job_key:
+            return []
+        try:
+            jobs = list(self.client.list(self._resource, namespace=spec.namespace,
+                                         labels={JOB_KEY_HASH_LABEL: job_key_hash(spec.job_key)}))
+        except ApiError as err:
+            if err.status.code == 403:  # cannot list: the create below will say what is wrong
+                log.warning("cannot list PyTorchJobs in %s to find other jobs on job key %r: %s",
+                            spec.namespace, spec.job_key, err.status.message)
+                return []
+            raise
+        evicted = []
+        for job in jobs:
+            annotations = job.metadata.annotations or {}
+            if (job.metadata.name == spec.name or terminal_condition(job) is not None
+                    or annotations.get(JOB_KEY_ANNOTATION) != spec.job_key or job.metadata.deletionTimestamp):
+                continue
+            ref = self._ref(job)
+            owners = [o for o in (job.metadata.ownerReferences or []) if o.kind == "Pod"]
+            if not owners:
+                raise LauncherError(
+                    f"job key {spec.job_key!r} is already being trained by PyTorchJob {ref}, which has no launcher "
+                    f"pod to tell whether it is orphaned; wait for it or delete it (kubectl delete pytorchjob -n "
+                    f"{ref.namespace} {ref.name})")
+            owner = owners[0]
+            try:
+                pod = self.client.get(Pod, owner.name, namespace=spec.namespace)
+            except ApiError as err:
+                if err.status.code != 404:
+                    raise
+                pod = None
+            alive = (pod is not None and pod.metadata.uid == owner.uid and not pod.metadata.deletionTimestamp
+                     and (pod.status and pod.status.phase) not in ("Succeeded", "Failed"))
+            if alive:
+                raise LauncherError(
+                    f"job key {spec.job_key!r} is already being trained by PyTorchJob {ref}, launched by pod "
+                    f"{owner.name}, which still runs; wait for it or delete that job")
+            log.warning("PyTorchJob %s trains job key %r but its launcher pod %s is %s: deleting the orphan "
+                        "so that one job writes the checkpoints", ref, spec.job_key, owner.name,
+                        "gone" if pod is None or pod.metadata.uid != owner.uid else "ended")
+            self._delete_and_wait(ref, workers_too=True)
+            evicted.append(ref)
+        return evicted
+
+    def wait(self, ref: JobRef, *, created: bool = True, spec: PyTorchJobSpec | None = None) -> JobOutcome:
         """Poll until the job is Succeeded or Failed; return how it ended (failure is not raised here).
+
+        Args:
+            spec: the job's spec (its ``min_replicas`` decides when stuck workers fail the launch);
+                without it, stuck workers are reported but never fail it.
 
         Raises:
             LaunchTerminated: :attr:`stop_requested` was set (SIGTERM).
             LaunchTimeout: ``timeout_s`` passed.
+            LaunchStuck: workers cannot start (``fail_fast``).
             LauncherError: the job vanished or was replaced, or the API kept failing.
         """
         start = self.clock()
         self._errors = 0
+        self._first_seen = {}
         last_phase = ""
-        while True:
-            outcome, last_phase = self._check(ref, created, last_phase)
-            if outcome is not None:
-                return outcome
-            if self.settings.timeout_s is not None and self.clock() - start > self.settings.timeout_s:
-                raise LaunchTimeout(f"PyTorchJob {ref} did not finish within {self.settings.timeout_s:.0f} s")
-            if self.stop_requested.wait(self.settings.poll_interval_s):
-                raise LaunchTerminated(f"the launcher was terminated while PyTorchJob {ref} was running")
+        logs = None
+        if self.settings.stream_logs:
+            from components.launcher.logs import WorkerLogs
 
-    def _check(self, ref: JobRef, created: bool, last_phase: str) -> tuple[JobOutcome | None, str]:
+            logs = WorkerLogs(self.client, ref.namespace, container=CONTAINER_NAME)
+        try:
+            while True:
+                outcome, last_phase = self._check(ref, created, last_phase, spec=spec, logs=logs, start=start)
+                if outcome is not None:
+                    return outcome
+                if self.settings.timeout_s is not None and self.clock() - start > self.settings.timeout_s:
+                    raise LaunchTimeout(f"PyTorchJob {ref} did not finish within {self.settings.timeout_s:.0f} s")
+                if self.stop_requested.wait(self.settings.poll_interval_s):
+                    raise LaunchTerminated(f"the launcher was terminated while PyTorchJob {ref} was running")
+        finally:
+            if logs is not None:
+                for t in logs.threads:  # let finished streams drain their last lines
+                    t.join(timeout=2.0)
+                logs.close()
+
+    def _check(self, ref: JobRef, created: bool, last_phase: str, *, spec: PyTorchJobSpec | None = None,
+               logs: Any = None, start: float = 0.0) -> tuple[JobOutcome | None, str]:
         """One status read: ``(outcome or None, latest phase)``; counts API errors in ``_errors``."""
         from lightkube.core.exceptions import ApiError
 
         try:
             job = self._get(ref.namespace, ref.name)
+            pods = self._worker_pods(ref)
         except (ApiError, OSError, _HTTPError) as err:
             self._errors += 1
             log.warning("reading PyTorchJob %s failed (%d in a row): %s", ref, self._errors, err)
@@ -282,33 +404,74 @@ class PyTorchJobRunner:
             raise LauncherError(f"PyTorchJob {ref} was deleted while the launcher waited for it")
         if job.metadata.uid != ref.uid:
             raise LauncherError(f"PyTorchJob {ref} was replaced (uid {ref.uid} -> {job.metadata.uid})")
+        if logs is not None:
+            logs.sync(pods, history=created)
         done = terminal_condition(job)
         if done is not None:
             state, reason, message = done
             failures = self.pod_failures(ref) if state == "Failed" else ""
             return JobOutcome(ref, state, reason, message, created, failures), last_phase  # type: ignore[arg-type]
-        phase = f"{_latest_condition(job) or 'waiting for the operator'}; {self.workers_summary(ref)}"
+        problems = self._problems(ref, job, pods, spec)
+        phase = f"{_latest_condition(job) or 'waiting for the operator'}; {summarize_workers(pods)}"
+        if problems:
+            phase += " [" + "; ".join(p.line() for p in problems) + "]"
         if phase != last_phase:
             log.info("PyTorchJob %s: %s", ref, phase)
+        if spec is not None and self.settings.fail_fast:
+            self._fail_if_stuck(ref, job, pods, problems, spec, start)
         return None, phase
+
+    def _problems(self, ref: JobRef, job: Any, pods: list[dict[str, Any]],
+                  spec: PyTorchJobSpec | None) -> list[diagnose.Problem]:
+        """What keeps workers from running (reads Warning Events only when some worker is not running)."""
+        min_workers = spec.min_replicas if spec is not None else 1
+        waiting = [p for p in pods if (p.get("status") or {}).get("phase") not in ("Running", "Succeeded", "Failed")]
+        if not waiting and len(pods) >= min_workers:
+            return []
+        events = self._warning_events(ref.namespace)
+        out = [problem for pod in waiting for problem in diagnose.pod_problems(pod, events)]
+        if len(pods) < min_workers:  # the operator's create errors matter only while pods are missing
+            out.extend(diagnose.job_problems(_as_dict(job), events))
+        return out
+
+    def _fail_if_stuck(self, ref: JobRef, job: Any, pods: list[dict[str, Any]],
+                       problems: list[diagnose.Problem], spec: PyTorchJobSpec, start: float) -> None:
+        now = self.clock()
+        keys = {p.key for p in problems}
+        self._first_seen = {k: t for k, t in self._first_seen.items() if k in keys}
+        if diagnose.running_workers(pods) >= spec.min_replicas or _suspended(job):
+            return  # training (or paused by the scheduler): an extra pod that cannot start is not fatal
+        for problem in problems:
+            first = self._first_seen.setdefault(problem.key, now)
+            if now - first >= min(problem.grace_s, self.settings.max_grace_s):
+                raise LaunchStuck(ref, problem)
+        conditions = (_get(_as_dict(job), "status") or {}).get("conditions") or []
+        if not conditions and not pods and now - start >= self.settings.operator_grace_s:
+            raise LauncherError(
+                f"PyTorchJob {ref}: the training operator set no condition and created no pod within "
+                f"{self.settings.operator_grace_s:.0f} s; is the Kubeflow training operator installed and "
+                f"watching namespace {ref.namespace}?")
+
+    def _worker_pods(self, ref: JobRef) -> list[dict[str, Any]]:
+        from lightkube.resources.core_v1 import Pod
+
+        return [_as_dict(p) for p in self.client.list(Pod, namespace=ref.namespace, labels={JOB_NAME_LABEL: ref.name})]
+
+    def _warning_events(self, namespace: str) -> list[dict[str, Any]]:
+        from lightkube.resources.core_v1 import Event
+
+        try:
+            return [_as_dict(e) for e in self.client.list(Event, namespace=namespace, fields={"type": "Warning"})]
+        except Exception as err:  # events are a help, not a need (RBAC may not grant them)
+            log.debug("cannot list events in %s: %s", namespace, err)
+            return []
 
     def workers_summary(self, ref: JobRef) -> str:
         """``workers: 2 Running, 1 Pending (0/4 nodes are available: ...)`` — why a job is not running yet."""
-        from lightkube.resources.core_v1 import Pod
-
-        counts: dict[str, int] = {}
-        reasons: set[str] = set()
         try:
-            for pod in self.client.list(Pod, namespace=ref.namespace, labels={JOB_NAME_LABEL: ref.name}):
-                phase = (pod.status and pod.status.phase) or "Unknown"
-                counts[phase] = counts.get(phase, 0) + 1
-                for cond in (pod.status and pod.status.conditions) or []:
-                    if cond.type == "PodScheduled" and cond.status == "False" and cond.message:
-                        reasons.add(cond.message)
+            return summarize_workers(self._worker_pods(ref))
         except Exception as err:  # a summary is best effort: never fail the wait over it
             return f"workers: unknown ({err})"
-        text = ", ".join(f"{n} {phase}" for phase, n in sorted(counts.items())) or "none yet"
-        return f"workers: {text}" + (f" ({'; '.join(sorted(reasons))})" if reasons else "")
 
     def delete(self, ref: JobRef) -> bool:
         """Delete the job (its pods follow through ownerReferences); False if it was already gone."""
@@ -327,7 +490,9 @@ class PyTorchJobRunner:
         return True
 
     def pod_failures(self, ref: JobRef) -> str:
-        """``pod=exit N (reason)`` for every terminated container with a non-zero exit code."""
+        """``pod=exit N (reason)`` for every terminated container with a non-zero exit code, followed
+        by the first line of its termination message if it left one (a worker's permanent failure:
+        ``components.training.torchrun``)."""
         from lightkube.resources.core_v1 import Pod
 
         out = []
@@ -336,7 +501,9 @@ class PyTorchJobRunner:
                 for status in (pod.status and pod.status.containerStatuses) or []:
                     term = status.state and status.state.terminated
                     if term and term.exitCode:
-                        out.append(f"{pod.metadata.name}=exit {term.exitCode} ({term.reason or 'Error'})")
+                        said = (term.message or "").strip().splitlines()
+                        out.append(f"{pod.metadata.name}=exit {term.exitCode} ({term.reason or 'Error'})"
+                                   + (f": {said[0][:400]}" if said else ""))
         return "; ".join(sorted(out))
 
     # -- the whole thing --------------------------------------------------------------------------
@@ -346,6 +513,7 @@ class PyTorchJobRunner:
 
         Raises:
             PyTorchJobFailed: the operator marked the job Failed.
+            LaunchStuck: workers could not start (the job is deleted if ``cleanup`` is ``always``).
             LaunchTerminated, LaunchTimeout, LauncherError: see :meth:`wait` and
                 :meth:`create_or_reattach`.
         """
@@ -356,10 +524,16 @@ class PyTorchJobRunner:
                 json.dumps({**asdict(ref), "state": "Running", "created": created}, sort_keys=True),
             )
         try:
-            outcome = self.wait(ref, created=created)
+            outcome = self.wait(ref, created=created, spec=spec)
         except (LaunchTerminated, LaunchTimeout):
             # The run was stopped: free the GPUs unless the user asked to keep everything.
             if self.settings.cleanup != "never":
+                with contextlib.suppress(Exception):
+                    self.delete(ref)
+            raise
+        except LaunchStuck:
+            # A failed launch: kept for inspection only when asked (cleanup on-success or never).
+            if self.settings.cleanup == "always":
                 with contextlib.suppress(Exception):
                     self.delete(ref)
             raise
@@ -419,7 +593,10 @@ class PyTorchJobRunner:
                 f" not run {spec.run_id!r} task {spec.task_name!r}; delete it or change the task name"
             )
 
-    def _delete_and_wait(self, ref: JobRef) -> None:
+    def _delete_and_wait(self, ref: JobRef, *, workers_too: bool = False) -> None:
+        """Delete the job and wait until it is gone; ``workers_too``: also until none of its worker
+        pods runs or terminates (the garbage collector deletes them; a worker still running, or saving
+        its SIGTERM checkpoint, could write one more checkpoint)."""
         self.delete(ref)
         deadline = self.clock() + self.settings.delete_timeout_s
         while (job := self._get(ref.namespace, ref.name)) is not None and job.metadata.uid == ref.uid:
@@ -428,12 +605,90 @@ class PyTorchJobRunner:
                     f"PyTorchJob {ref} was not deleted within {self.settings.delete_timeout_s:.0f} s"
                 )
             time.sleep(0.5)
+        # Terminating workers count too: on SIGTERM the trainer saves one more checkpoint.
+        deadline = self.clock() + self.settings.delete_timeout_s
+        while workers_too and [p for p in self._worker_pods(ref)
+                               if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]:
+            if self.clock() > deadline:
+                raise LauncherError(
+                    f"PyTorchJob {ref} was deleted but its workers still run after "
+                    f"{self.settings.delete_timeout_s:.0f} s (is the garbage collector running?)")
+            time.sleep(0.5)
+
+    def _adopt(self, job: Any, spec: PyTorchJobSpec) -> None:
+        """Make the spec's owner (the new launcher Pod) the owner of a reattached job, so the job
+        follows the launcher that now waits for it rather than the one that ended."""
+        from lightkube.types import PatchType
+
+        wanted = [dict(r) for r in spec.owner_references]
+        current = [r.to_dict() if hasattr(r, "to_dict") else dict(r) for r in (job.metadata.ownerReferences or [])]
+        if not wanted or [r.get("uid") for r in current] == [r["uid"] for r in wanted]:
+            return
+        try:
+            self.client.patch(self._resource, job.metadata.name, {"metadata": {"ownerReferences": wanted}},
+                              namespace=job.metadata.namespace, patch_type=PatchType.MERGE)
+            log.info("PyTorchJob %s/%s now belongs to pod %s", job.metadata.namespace, job.metadata.name,
+                     wanted[0].get("name"))
+        except Exception as err:  # the job still runs; only its garbage collection is affected
+            log.warning("could not make pod %s the owner of PyTorchJob %s/%s: %s", wanted[0].get("name"),
+                        job.metadata.namespace, job.metadata.name, err)
 
 
 try:  # httpx is lightkube's transport; its errors are the "connection refused" kind
     from httpx import HTTPError as _HTTPError
 except ImportError:  # pragma: no cover - lightkube always brings httpx
     _HTTPError = OSError  # type: ignore[assignment,misc]
+
+
+def api_refusal(action: str, what: str, namespace: str, err: Any) -> str:
+    """One line for an API error while ``action``-ing ``what`` (``creating PyTorchJob ns/x``): says
+    whether the identity lacks rights (403), the namespace or the PyTorchJob CRD is missing (404),
+    or the request itself was refused (the webhook's or the API server's message)."""
+    code = getattr(err.status, "code", None)
+    message = " ".join(str(getattr(err.status, "message", "") or err).split())
+    if code == 403:
+        return (f"{action} {what} was refused (403 Forbidden): the service account this step runs as may "
+                f"not do it in namespace {namespace} (grant it the trainflow-pipeline-runner ClusterRole "
+                f"there, or pick a namespace it may write): {message}")
+    if code == 404 and "namespace" in message.lower():
+        return f"{action} {what} failed: namespace {namespace} does not exist (404): {message}"
+    if code == 404:
+        return (f"{action} {what} failed (404): is the Kubeflow training operator (the PyTorchJob CRD) "
+                f"installed? {message}")
+    return f"{action} {what} was refused ({code}): {message}"
+
+
+def summarize_workers(pods: list[dict[str, Any]]) -> str:
+    """``workers: 2 Running, 1 Pending (0/4 nodes are available: ...)`` from worker pod dicts."""
+    counts: dict[str, int] = {}
+    reasons: set[str] = set()
+    for pod in pods:
+        status = pod.get("status") or {}
+        phase = status.get("phase") or "Unknown"
+        counts[phase] = counts.get(phase, 0) + 1
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("message"):
+                reasons.add(cond["message"])
+    text = ", ".join(f"{n} {phase}" for phase, n in sorted(counts.items())) or "none yet"
+    return f"workers: {text}" + (f" ({'; '.join(sorted(reasons))})" if reasons else "")
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    """A lightkube model (or generic resource) as a plain dict."""
+    if isinstance(obj, dict):
+        return obj
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    return dict(obj)
+
+
+def _suspended(job: Any) -> bool:
+    """The GPU scheduler suspends a job to change its GPUs per worker: no pods is then expected."""
+    data = _as_dict(job)
+    if ((data.get("spec") or {}).get("runPolicy") or {}).get("suspend"):
+        return True
+    return any(c.get("type") == "Suspended" and c.get("status") == "True"
+               for c in ((data.get("status") or {}).get("conditions") or []))
 
 
 def _latest_condition(job: Any) -> str:

@@ -7,11 +7,17 @@ Layout under the registry root::
     <model name>/v000003/model.json
     <model name>/v000003/VERSION.json   written LAST: lineage + SHA-256 of each file; a version exists
                                         only once this exists
-    <model name>/CURRENT.json           the serving pointer: {"version": 3, "history": [...]}
+    <model name>/CURRENT/p0000000004.json   the serving pointer's log: each move is a create-only entry
+                                          {"version", "at", "reason"}; the newest entry is current
+    <model name>/keys/<sha256>.json     create-only: which version a registration (idempotency key +
+                                        model SHA-256) got, so a retried registration finds it
 
 Versions are allocated by a create-only write of ``CLAIM`` (``If-None-Match: *`` on S3, ``link(2)``
-locally), so two pipelines registering at once get distinct versions. ``rollback`` moves the
-``CURRENT`` pointer to an earlier version; versions themselves are immutable.
+locally), so two pipelines registering at once get distinct versions. The pointer is a log of
+create-only entries rather than one object rewritten in place, so two promotions at once both land
+(in some order) instead of one overwriting the other's history. ``rollback`` appends an entry pointing
+at an earlier version; versions themselves are immutable. A registry written before the log existed
+keeps its ``CURRENT.json``, read as the log's first entries.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from components.training.checkpoint.storage import (
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 _VERSION_RE = re.compile(r"^v(\d{6})/VERSION\.json$")
+_POINTER_RE = re.compile(r"^CURRENT/p(\d{10})\.json$")
 MODEL_FILES = ("model.pt", "model.json")
 
 
@@ -92,8 +99,14 @@ class ModelRegistry:
         return ModelVersion(name=name, version=version, created_at=meta["created_at"], lineage=meta["lineage"],
                             files=meta["files"], uri=f"{self.storage.uri.rstrip('/')}/{prefix}")
 
-    def register(self, name: str, model_dir: str | Path, lineage: dict[str, Any], *, promote: bool = True) -> ModelVersion:
+    def register(self, name: str, model_dir: str | Path, lineage: dict[str, Any], *, promote: bool = True,
+                 idempotency_key: str | None = None) -> ModelVersion:
         """Store a new version of ``name`` from an exported model folder; optionally make it current.
+
+        Args:
+            idempotency_key: identifies the registration across retries (e.g. the training job key):
+                registering the same model files again under the same key returns the version the
+                first attempt got — finishing it if that attempt died half-way — instead of a new one.
 
         Raises:
             RegistryError: bad name or model folder.
@@ -102,19 +115,34 @@ class ModelRegistry:
         missing = [f for f in MODEL_FILES if not (model_dir / f).is_file()]
         if missing:
             raise RegistryError(f"{model_dir} is not an exported model (missing {', '.join(missing)})")
-        version = self._claim(name)
+        blobs = {fname: (model_dir / fname).read_bytes() for fname in MODEL_FILES}
+        files = {f: {"size_bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()} for f, d in blobs.items()}
+        version = self._version_for(name, idempotency_key, files) if idempotency_key else self._claim(name)
         prefix = self._prefix(name, version)
-        files = {}
-        for fname in MODEL_FILES:
-            data = (model_dir / fname).read_bytes()
-            write_bytes(self.storage, f"{prefix}/{fname}", data)
-            files[fname] = {"size_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        record = {"name": name, "version": version, "created_at": datetime.now(UTC).isoformat(),
-                  "lineage": lineage, "files": files}
-        write_bytes(self.storage, f"{prefix}/VERSION.json", json.dumps(record, indent=1, sort_keys=True).encode())
-        if promote:
+        if not self.storage.list(f"{prefix}/VERSION.json"):
+            for fname, data in blobs.items():
+                write_bytes(self.storage, f"{prefix}/{fname}", data)
+            record = {"name": name, "version": version, "created_at": datetime.now(UTC).isoformat(),
+                      "lineage": lineage, "files": files}
+            write_bytes(self.storage, f"{prefix}/VERSION.json", json.dumps(record, indent=1, sort_keys=True).encode())
+        if promote and not any(h["version"] == version and h["reason"] == "registered" for h in self.history(name)):
             self._set_current(name, version, reason="registered")
         return self.get(name, version)
+
+    def _version_for(self, name: str, idempotency_key: str, files: dict[str, dict[str, Any]]) -> int:
+        """The version this registration owns: the one recorded for its key, else a new claim."""
+        digest = hashlib.sha256(json.dumps([idempotency_key, files], sort_keys=True).encode()).hexdigest()
+        key = f"{_validate_name(name)}/keys/{digest}.json"
+        try:
+            return int(json.loads(read_bytes(self.storage, key))["version"])
+        except ObjectNotFoundError:
+            pass
+        version = self._claim(name)
+        try:
+            write_bytes(self.storage, key, json.dumps({"version": version}).encode(), create_only=True)
+        except ObjectExistsError:  # the same registration, running concurrently, recorded first
+            version = int(json.loads(read_bytes(self.storage, key))["version"])
+        return version
 
     def _claim(self, name: str) -> int:
         existing = [int(m.group(1)) for k in self.storage.list(f"{_validate_name(name)}/v")
@@ -128,12 +156,9 @@ class ModelRegistry:
                 version += 1  # another writer took it first
 
     def current(self, name: str) -> ModelVersion | None:
-        """The version ``CURRENT.json`` points at, or ``None`` before the first promotion."""
-        try:
-            pointer = json.loads(read_bytes(self.storage, f"{_validate_name(name)}/CURRENT.json"))
-        except ObjectNotFoundError:
-            return None
-        return self.get(name, int(pointer["version"]))
+        """The version the newest pointer entry names, or ``None`` before the first promotion."""
+        history = self.history(name)
+        return self.get(name, int(history[-1]["version"])) if history else None
 
     def rollback(self, name: str, version: int) -> ModelVersion:
         """Point ``CURRENT`` at an earlier (existing) version.
@@ -145,17 +170,31 @@ class ModelRegistry:
         self._set_current(name, version, reason="rollback")
         return target
 
-    def history(self, name: str) -> list[dict[str, Any]]:
+    def _pointer_entries(self, name: str) -> list[tuple[int, str]]:
+        return sorted((int(m.group(1)), k) for k in self.storage.list(f"{_validate_name(name)}/CURRENT/")
+                      if (m := _POINTER_RE.match(k[len(name) + 1 :])))
+
+    def _legacy_history(self, name: str) -> list[dict[str, Any]]:
         try:
-            return json.loads(read_bytes(self.storage, f"{_validate_name(name)}/CURRENT.json"))["history"]
+            return list(json.loads(read_bytes(self.storage, f"{name}/CURRENT.json"))["history"])
         except ObjectNotFoundError:
             return []
 
+    def history(self, name: str) -> list[dict[str, Any]]:
+        """Every move of the ``CURRENT`` pointer, oldest first: ``{"version", "at", "reason"}``."""
+        entries = [json.loads(read_bytes(self.storage, key)) for _, key in self._pointer_entries(name)]
+        return self._legacy_history(name) + entries
+
     def _set_current(self, name: str, version: int, *, reason: str) -> None:
-        history = self.history(name)
-        history.append({"version": version, "at": datetime.now(UTC).isoformat(), "reason": reason})
-        pointer = {"version": version, "history": history[-100:]}
-        write_bytes(self.storage, f"{name}/CURRENT.json", json.dumps(pointer, indent=1).encode())
+        entry = {"version": version, "at": datetime.now(UTC).isoformat(), "reason": reason}
+        seq = max((n for n, _ in self._pointer_entries(name)), default=0) + 1
+        while True:
+            try:
+                write_bytes(self.storage, f"{name}/CURRENT/p{seq:010d}.json", json.dumps(entry).encode(),
+                            create_only=True)
+                return
+            except ObjectExistsError:
+                seq += 1  # another promotion landed first: ours goes after it
 
     def download(self, name: str, version: int, dest: str | Path) -> Path:
         """Copy a version's model files into ``dest``, verifying their SHA-256."""

@@ -13,6 +13,7 @@ def evaluate(
     metrics: Output[Metrics],
     confusion: Output[ClassificationMetrics],
     split: str = "test",
+    s3_endpoint_url: str = "",
 ) -> float:
     """Evaluate ``model`` on ``split`` of ``dataset``; returns the accuracy (0..1)."""
     import json
@@ -20,6 +21,9 @@ def evaluate(
     from pathlib import Path
 
     from components.training.evaluation import evaluate as run_evaluation
+    from components.training.step import use_s3_endpoint
+
+    use_s3_endpoint(s3_endpoint_url)
 
     result = run_evaluation(model.path, dataset.path, split=split)
     metrics.log_metric("test_accuracy", result.accuracy)

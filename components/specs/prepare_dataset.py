@@ -16,6 +16,7 @@ def prepare_dataset(
     seed: int = 0,
     image_size: int = 32,
     channels: int = 3,
+    s3_endpoint_url: str = "",
 ) -> NamedTuple("PrepareOutputs", [("fingerprint", str), ("num_classes", int), ("train_samples", int)]):
     """Prepare ``source`` (mnist | digits | synthetic-imagenet[:N] | a folder | s3://bucket/prefix in
     ImageFolder layout) with a stratified, seeded held-out test split of ``test_fraction``.
@@ -24,6 +25,9 @@ def prepare_dataset(
     from collections import namedtuple
 
     from components.training.sources import describe, prepare
+    from components.training.step import use_s3_endpoint
+
+    use_s3_endpoint(s3_endpoint_url)
 
     info = prepare(source, dataset.path, test_fraction=test_fraction, seed=seed, image_size=image_size, channels=channels)
     dataset.metadata.update(describe(info))

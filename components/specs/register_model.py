@@ -19,6 +19,7 @@ def register_model(
     model_name: str = "mnist-classifier",
     min_accuracy: float = 0.0,
     kfp_run_id: str = "",
+    s3_endpoint_url: str = "",
 ) -> NamedTuple("RegisterOutputs", [("version", int), ("uri", str), ("promoted", bool)]):
     """Register ``model`` as the next version of ``model_name`` under ``registry_uri`` (a folder or
     s3://...; default: ``models/`` next to the checkpoints), recording lineage: dataset fingerprint,
@@ -29,7 +30,9 @@ def register_model(
 
     from components.registry.store import ModelRegistry
     from components.training.checkpoint.storage import join_uri, storage_for
-    from components.training.step import resolve_checkpoint_uri
+    from components.training.step import resolve_checkpoint_uri, use_s3_endpoint
+
+    use_s3_endpoint(s3_endpoint_url)
 
     metrics = {k: v for k, v in eval_metrics.metadata.items() if isinstance(v, int | float)}
     promote = float(metrics.get("test_accuracy", 0.0)) >= min_accuracy
@@ -43,6 +46,8 @@ def register_model(
     }
     root = registry_uri or join_uri(resolve_checkpoint_uri(checkpoint_uri, pipeline_root), "models")
     registry = ModelRegistry(storage_for(root))
-    mv = registry.register(model_name, model.path, lineage, promote=promote)
+    # A retry of this task (same job, same weights) gets the version its first attempt got.
+    mv = registry.register(model_name, model.path, lineage, promote=promote,
+                           idempotency_key=lineage["job_key"] or kfp_run_id or None)
     outputs = namedtuple("RegisterOutputs", ["version", "uri", "promoted"])
     return outputs(mv.version, mv.uri, promote)

@@ -1,11 +1,23 @@
 """Entry point of every training worker: ``torchrun [...] -m components.training [flags]``.
 
-Also runs as a lone process (``python -m components.training ...``) for debugging. Flags are listed
-by ``--help``; ``--config FILE`` / ``--config-json`` give the whole config as JSON (flags override).
+Works under plain ``torchrun --standalone``, under torchrun with a c10d endpoint, with or without
+torchrun's shared rendezvous store (``components.training.distributed`` picks the store the way torchrun
+tells its workers). Also runs as a lone process (``python -m components.training ...``) for debugging.
+Flags are listed by ``--help``; ``--config FILE`` / ``--config-json`` give the whole config as JSON
+(flags override). ``--dataset``, ``--checkpoint-uri`` and ``--job-key`` are required: the job key names
+the checkpoints, and running the same command again resumes them.
 
-Exit codes: 0 done; 2 bad input (config, dataset, checkpoint storage — permanent, not worth a
-retry); 143 preempted by SIGTERM after saving a checkpoint (retryable); 1 any other failure (e.g. a
-peer died), after which torchrun restarts the worker group.
+Exit codes: 0 done; 2 permanent — bad input (config, dataset, checkpoint storage, a checkpoint of
+another dataset or model under the job key) or a newer run took over the job key — not worth a
+retry; 143 preempted by SIGTERM (a checkpoint save was attempted within
+``--preemption-save-deadline-s``; the log says whether it was saved; retryable); 1 any other failure
+(e.g. a peer died), after which torchrun restarts the worker group.
+
+torchrun turns every worker failure into its own exit 1 and restarts the group first. So that a
+permanent failure still reaches the caller as one, the worker also writes it to torchelastic's error
+file (``TORCHELASTIC_ERROR_FILE``, the channel torchrun reports a root cause through) with
+``trainflow_exit_code`` 2 in its ``extraInfo``; ``components.training.launch.permanent_failure`` reads it
+back from the file the agent's caller named (``python -m components.training.torchrun`` does this).
 
 On a failure the worker waits for an in-flight checkpoint persist, prints the traceback and leaves
 with ``os._exit``: tearing down a torch interpreter takes 1-2 s, which would only delay the restart.
@@ -14,9 +26,11 @@ with ``os._exit``: tearing down a torch interpreter takes 1-2 s, which would onl
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
+import time
 import traceback
 
 from components.training import config as config_mod
@@ -27,6 +41,8 @@ from components.training.distributed import DistEnv, destroy_process_group, init
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 PERSIST_GRACE_S = 20.0
+ERROR_FILE_EXIT_KEY = "trainflow_exit_code"
+"""``extraInfo`` key of torchelastic's error file that carries a permanent exit code."""
 
 
 def _setup_logging(env: DistEnv) -> None:
@@ -35,6 +51,28 @@ def _setup_logging(env: DistEnv) -> None:
         format=f"%(asctime)s [rank {env.rank}/{env.world_size}] %(name)s %(levelname)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+def _permanent(message: str) -> int:
+    """Print the one-line reason, record it in torchelastic's error file, return exit code 2."""
+    print(f"trainflow: {message}", file=sys.stderr)
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        data = {"message": {"message": f"trainflow: {message}",
+                            "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time())),
+                                          ERROR_FILE_EXIT_KEY: str(EXIT_BAD_INPUT)}}}
+        try:
+            with open(path, "w") as fh:
+                json.dump(data, fh)
+        except OSError as e:
+            print(f"trainflow: could not write torchelastic's error file {path}: {e}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _leave(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,9 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_mod.from_args(args)
     except config_mod.ConfigError as e:
-        print(f"trainflow: invalid training config: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _permanent(f"invalid training config: {e}")
 
+    from components.training.checkpoint.manager import WriterFencedError
     from components.training.trainer import EXIT_PREEMPTED, Preempted, Trainer
 
     init_process_group(env)
@@ -57,22 +95,20 @@ def main(argv: list[str] | None = None) -> int:
         try:
             trainer = Trainer(cfg, env)
         except (DatasetError, CheckpointStorageError, ValueError) as e:
-            print(f"trainflow: {e}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+            return _permanent(str(e))
         try:
             trainer.train()
         except Preempted as e:
             logging.getLogger("trainflow.trainer").warning("%s", e)
+            if not trainer.ckpt.wait(timeout_s=0):  # a save past its deadline: do not wait for it at exit
+                _leave(EXIT_PREEMPTED)
             return EXIT_PREEMPTED
-        except config_mod.ConfigError as e:  # found on load, e.g. a checkpoint of the other batch mode
-            print(f"trainflow: {e}", file=sys.stderr)
-            return EXIT_BAD_INPUT
+        except (config_mod.ConfigError, WriterFencedError) as e:  # found on load / a newer run took the key
+            return _permanent(str(e))
         except Exception:
             traceback.print_exc()
             trainer.ckpt.wait(timeout_s=PERSIST_GRACE_S)  # a checkpoint being written is still worth having
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(EXIT_FAILED)
+            _leave(EXIT_FAILED)
         return 0
     finally:
         destroy_process_group()

@@ -33,7 +33,9 @@ def _check(cond: bool, msg: str) -> None:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DataConfig:
-    path: str = field(metadata=_opt("--dataset", "prepared dataset folder (output of prepare_dataset)"))
+    path: str = field(metadata=_opt("--dataset", "prepared dataset (output of prepare_dataset): a folder, "
+                                    "s3://BUCKET/PREFIX, or a built-in source (mnist, digits, synthetic-cifar[:N]) "
+                                    "prepared on the spot"))
     global_batch_size: int = field(
         default=64,
         metadata=_opt("--global-batch-size", "samples per optimizer step over all ranks; fixed when the world size changes"),
@@ -74,12 +76,12 @@ class DataConfig:
         return self.max_global_batch_size or 8 * self.global_batch_size
 
 
-ModelName = Literal["small_cnn", "resnet18"]
+ModelName = Literal["small_cnn", "resnet18", "wide_resnet101_2"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig:
-    name: ModelName = field(default="small_cnn", metadata=_opt("--model", "small_cnn | resnet18"))
+    name: ModelName = field(default="small_cnn", metadata=_opt("--model", "small_cnn | resnet18 | wide_resnet101_2"))
 
     def __post_init__(self) -> None:
         _check(self.name in get_args(ModelName), f"model must be one of {get_args(ModelName)}, got {self.name!r}")
@@ -117,6 +119,12 @@ class CheckpointConfig:
     interval_s: float | None = field(default=30.0, metadata=_opt("--checkpoint-interval-s", "save every N seconds"))
     keep_last_k: int = field(default=3, metadata=_opt("--keep-last-k", "committed checkpoints kept"))
     save_final: bool = field(default=True, metadata=_opt("--save-final", "save once more after the last step"))
+    preemption_save_deadline_s: float = field(
+        default=20.0,
+        metadata=_opt("--preemption-save-deadline-s", "on SIGTERM, give up the blocking checkpoint save after this many "
+                      "seconds (keep it below the pod's terminationGracePeriodSeconds minus ~5 s and below "
+                      "torchrun's 30 s stop timeout)"),
+    )
 
     def __post_init__(self) -> None:
         _check(bool(self.uri), "checkpoint uri must not be empty (--checkpoint-uri)")
@@ -127,6 +135,8 @@ class CheckpointConfig:
                f"checkpoint interval_steps must be >= 1, got {self.interval_steps}")
         _check(self.interval_s is None or self.interval_s > 0, f"checkpoint interval_s must be > 0, got {self.interval_s}")
         _check(self.keep_last_k >= 1, f"keep_last_k must be >= 1, got {self.keep_last_k}")
+        _check(math.isfinite(self.preemption_save_deadline_s) and self.preemption_save_deadline_s > 0,
+               f"preemption_save_deadline_s must be a positive number of seconds, got {self.preemption_save_deadline_s}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -142,7 +152,8 @@ class TrainConfig:
     seed: int = field(default=0, metadata=_opt("--seed", "seed of weights, data order and RNG streams"))
     deterministic: bool = field(default=True, metadata=_opt("--deterministic", "deterministic kernels (bit-exact resume)"))
     threads_per_rank: int | None = field(default=None, metadata=_opt("--threads-per-rank", "torch CPU threads per rank"))
-    metrics_path: str | None = field(default=None, metadata=_opt("--metrics-path", "per-step JSONL file (rank 0)"))
+    metrics_path: str | None = field(default=None, metadata=_opt("--metrics-path", "per-step JSONL (rank 0): a file, "
+                                     "or a storage URI of segment objects (components/training/metrics.py)"))
     metrics_port: int = field(default=0, metadata=_opt("--metrics-port", "Prometheus /metrics port on rank 0; 0 = off"))
     metrics_addr: str = field(default="127.0.0.1", metadata=_opt("--metrics-addr", "address /metrics binds to"))
     model_output: str | None = field(default=None, metadata=_opt("--model-output", "folder for the final model (rank 0)"))
@@ -198,14 +209,30 @@ def _build(cls: type, data: Any, where: str) -> Any:
     unknown = sorted(set(data) - names)
     if unknown:
         raise ConfigError(f"unknown training option(s) {', '.join(where + u for u in unknown)}")
+    missing = _missing_required(cls, data)
+    if missing:
+        raise ConfigError(missing)
     kwargs = {}
     for name, value in data.items():
         section = _SECTIONS.get(name) if cls is TrainConfig else None
         kwargs[name] = _build(section, value, f"{name}.") if section else _coerce(value, hints[name], where + name)
-    try:
-        return cls(**kwargs)
-    except TypeError as e:  # a missing required field
-        raise ConfigError(f"{where or 'config'}: {e}") from e
+    return cls(**kwargs)
+
+
+def _required(cls: type) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+
+
+def _missing_required(cls: type, data: dict[str, Any]) -> str | None:
+    """A one-line sentence naming the first required option ``data`` lacks (by its flag), or None."""
+    for f in _required(cls):
+        if f.name in data:
+            continue
+        section = _SECTIONS.get(f.name) if cls is TrainConfig else None
+        sub = _required(section)[0] if section else f
+        return f"{sub.metadata['flag']} is required: {sub.metadata['help']}"
+    return None
 
 
 def _coerce(value: Any, hint: Any, name: str) -> Any:

@@ -9,6 +9,18 @@ A *prepared dataset* is a folder written by ``prepare_dataset`` (``components.tr
 
 (kind "synthetic" stores only its parameters: samples are generated from (seed, index).)
 
+**Where a prepared dataset is** (a *dataset location*, what ``--dataset`` and :class:`PreparedDataset`
+take; :func:`local_folder` turns each into a local folder):
+
+* a local folder (a path, or ``file://PATH``);
+* a storage URI (``s3://bucket/prefix``; ``minio://`` as KFP writes artifact URIs on its MinIO):
+  the folder's files as objects, ``dataset.json`` written last (:func:`publish`); read once per
+  pod into a cache folder keyed by the URI and the dataset's fingerprint, so worker pods read the
+  dataset from shared storage;
+* a built-in source name (``mnist``, ``digits``, ``synthetic-cifar[:N]``, ``synthetic-imagenet[:N]``,
+  see :mod:`components.training.sources`), prepared on the spot with ``prepare_dataset``'s defaults
+  (test fraction 0.2, seed 0): the same folder, fingerprint and split on every rank.
+
 **Exactly-once data.** The position in an epoch is a *global sample index* ``samples_in_epoch``.
 Step ``s`` of an epoch consumes ``perm[pos : pos + B]`` of that epoch's permutation (a pure function
 of ``(seed, epoch)``), where ``B`` is the global batch size, and rank ``r`` of ``W`` takes the
@@ -20,8 +32,13 @@ CheckFreq keeps for a fixed size; torchtitan refuses a changed data-parallel deg
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,10 +80,17 @@ class DatasetInfo:
             raise DatasetError(f"dataset folder {folder} does not exist")
         if not meta_path.is_file():
             raise DatasetError(f"{folder} is not a prepared dataset (no dataset.json); run prepare_dataset first")
+        return cls.from_json(meta_path.read_bytes(), where=str(meta_path))
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, where: str) -> DatasetInfo:
+        """Parse ``dataset.json`` content; ``where`` names it in errors. Raises :class:`DatasetError`."""
+        meta_path = where
         try:
-            m = json.loads(meta_path.read_text())
-            if m.get("format") != DATASET_FORMAT:
-                raise DatasetError(f"{meta_path}: format {m.get('format')!r}, expected {DATASET_FORMAT!r}")
+            m = json.loads(text)
+            if not isinstance(m, dict) or m.get("format") != DATASET_FORMAT:
+                raise DatasetError(f"{meta_path}: format {m.get('format') if isinstance(m, dict) else None!r}, "
+                                   f"expected {DATASET_FORMAT!r}")
             return cls(
                 name=m["name"],
                 kind=m["kind"],
@@ -98,6 +122,165 @@ class DatasetInfo:
             "fingerprint": self.fingerprint,
             "extra": self.extra,
         }
+
+
+# ------------------------------------------------------------------------------ dataset locations
+INFO_NAME = "dataset.json"
+CACHE_ENV = "TRAINFLOW_DATASET_CACHE"
+"""Folder for local copies of datasets read from storage (default ``<tmp>/trainflow-datasets``)."""
+
+
+def storage_uri(location: str) -> str | None:
+    """The storage URI of a dataset location on an object store (``minio://`` → ``s3://``), else ``None``."""
+    if location.startswith("minio://"):
+        return "s3://" + location.removeprefix("minio://")
+    if location.startswith("s3://"):
+        return location
+    return None
+
+
+def _is_local(location: str) -> bool:
+    return location.startswith("file://") or "://" not in location
+
+
+def _unsupported(location: str) -> DatasetError:
+    return DatasetError(f"unsupported dataset location {location!r}: use a folder, s3://BUCKET/PREFIX, "
+                        "minio://BUCKET/PREFIX or a built-in source (mnist, digits, synthetic-cifar[:N])")
+
+
+def read_info(location: str) -> DatasetInfo:
+    """``dataset.json`` of a prepared dataset at any location (reads that one object for URIs).
+
+    Raises:
+        DatasetError: not there, unreadable or not a prepared dataset (one line).
+    """
+    from components.training.sources import is_builtin
+
+    uri = storage_uri(location)
+    if uri is None and not _is_local(location):
+        raise _unsupported(location)
+    if uri is None:
+        folder = Path(location.removeprefix("file://"))
+        if not folder.exists() and is_builtin(location):
+            return DatasetInfo.read(local_folder(location))
+        return DatasetInfo.read(folder)
+    return DatasetInfo.from_json(_read_object(uri, INFO_NAME), where=f"{uri}/{INFO_NAME}")
+
+
+def _read_object(uri: str, key: str) -> bytes:
+    from components.training.checkpoint.storage import (
+        CheckpointStorageError,
+        ObjectNotFoundError,
+        storage_for,
+    )
+
+    try:
+        with storage_for(uri).open_read(key) as f:
+            return f.read()
+    except ObjectNotFoundError as e:
+        raise DatasetError(f"{uri} is not a prepared dataset (no {key}); run prepare_dataset first") from e
+    except CheckpointStorageError as e:
+        raise DatasetError(f"cannot read dataset {uri}: {e}") from e
+
+
+def local_folder(location: str, *, cache_dir: str | Path | None = None) -> Path:
+    """A local folder holding the prepared dataset at ``location`` (see the module docstring).
+
+    Safe to call from every rank at once: a copy is made in a private folder and renamed into place;
+    the first rename wins and the others use it.
+
+    Raises:
+        DatasetError: the location is missing, unreadable or not a prepared dataset.
+    """
+    from components.training.sources import is_builtin, prepare
+
+    uri = storage_uri(location)
+    if uri is None:
+        if not _is_local(location):
+            raise _unsupported(location)
+        folder = Path(location.removeprefix("file://"))
+        if folder.exists() or not is_builtin(location):
+            return folder
+    cache = Path(cache_dir or os.environ.get(CACHE_ENV) or Path(tempfile.gettempdir()) / "trainflow-datasets")
+    if uri is None:  # a built-in source: deterministic, so its name is its key
+        final = cache / f"builtin-{hashlib.sha256(location.encode()).hexdigest()[:16]}"
+        if (final / INFO_NAME).is_file():
+            return final
+        return _install(final, cache, lambda tmp: prepare(location, tmp))
+    info_bytes = _read_object(uri, INFO_NAME)
+    info = DatasetInfo.from_json(info_bytes, where=f"{uri}/{INFO_NAME}")
+    final = cache / f"{hashlib.sha256(uri.encode()).hexdigest()[:16]}-{info.fingerprint[:16]}"
+    if (final / INFO_NAME).is_file():
+        return final
+    return _install(final, cache, lambda tmp: _download(uri, tmp, info_bytes))
+
+
+def _download(uri: str, out: Path, info_bytes: bytes) -> None:
+    from components.training.checkpoint.storage import CheckpointStorageError, storage_for
+
+    storage = storage_for(uri)
+    try:
+        for key in storage.list(""):
+            if key == INFO_NAME:
+                continue
+            target = out / key
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with storage.open_read(key) as src, target.open("wb") as dst:
+                shutil.copyfileobj(src, dst)
+    except CheckpointStorageError as e:
+        raise DatasetError(f"cannot read dataset {uri}: {e}") from e
+    (out / INFO_NAME).write_bytes(info_bytes)
+
+
+def _install(final: Path, cache: Path, fill: Any) -> Path:
+    """Fill a private folder with ``fill(folder)`` and rename it to ``final`` (first one wins)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=cache))
+    try:
+        fill(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / INFO_NAME).is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def publish(folder: str | Path, uri: str) -> DatasetInfo:
+    """Copy a prepared dataset folder to storage at ``uri`` (``dataset.json`` last, so a reader never
+    sees a partial dataset); nothing is copied if ``uri`` already holds the same fingerprint.
+
+    Raises:
+        DatasetError: ``folder`` is not a prepared dataset, its images are in a local folder that
+            another machine could not read, or the storage refuses the writes.
+    """
+    from components.training.checkpoint.storage import CheckpointStorageError, storage_for
+
+    folder = Path(folder)
+    info = DatasetInfo.read(folder)
+    if info.kind == "imagefolder":
+        root = json.loads((folder / "index.json").read_text()).get("root", "")
+        if storage_uri(root) is None:
+            raise DatasetError(f"the dataset's images are in the local folder {root}, which other machines "
+                               "cannot read; prepare it from an s3://BUCKET/PREFIX source")
+    with contextlib.suppress(DatasetError):
+        if read_info(uri).fingerprint == info.fingerprint:
+            return info
+    storage = storage_for(uri)
+    try:
+        for path in sorted(folder.rglob("*")):
+            rel = path.relative_to(folder).as_posix()
+            if path.is_file() and rel != INFO_NAME:
+                with path.open("rb") as src, storage.open_write(rel) as dst:
+                    shutil.copyfileobj(src, dst)
+        with storage.open_write(INFO_NAME) as dst:
+            dst.write((folder / INFO_NAME).read_bytes())
+    except CheckpointStorageError as e:
+        raise DatasetError(f"cannot copy the dataset to {uri}: {e}") from e
+    return info
 
 
 # ------------------------------------------------------------------------------- batch plan (pure)
@@ -196,14 +379,14 @@ class ImageFolderSplit(torch.utils.data.Dataset):
 
 
 class PreparedDataset:
-    """A prepared dataset folder opened for training or evaluation.
+    """A prepared dataset opened for training or evaluation, from any dataset location (module docstring).
 
     Raises:
-        DatasetError: the folder is missing or not a prepared dataset.
+        DatasetError: the location is missing, unreadable or not a prepared dataset.
     """
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        self.path = local_folder(str(path))  # a folder, a storage URI or a built-in source
         self.info = DatasetInfo.read(self.path)
         self._splits: dict[str, Any] = {}
 

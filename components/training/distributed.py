@@ -1,15 +1,32 @@
 """The only reader of torchrun's environment, and process-group set-up/tear-down.
 
 torchrun (``torch/distributed/run.py``) sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` and ``TORCHELASTIC_RESTART_COUNT``. RANK is not
-stable across restarts and the restart count is local to one agent (pytorch#108158), so neither is
-ever used as an identity: the checkpoint's job key is.
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``, ``TORCHELASTIC_RESTART_COUNT`` and
+``TORCHELASTIC_USE_AGENT_STORE``. RANK is not stable across restarts and the restart count is local to
+one agent (pytorch#108158), so neither is ever used as an identity: the checkpoint's job key is.
+
+Which store the process group uses is chosen the way torchrun tells its workers
+(``torch/distributed/elastic/agent/server/local_elastic_agent.py`` sets ``TORCHELASTIC_USE_AGENT_STORE``
+from the rendezvous handler's ``use_agent_store``; ``torch/distributed/rendezvous.py``
+``_create_c10d_store`` reads it):
+
+* **shared** (``TORCHELASTIC_USE_AGENT_STORE=True``, torchrun's default with the c10d rendezvous): the
+  rank-0 agent already serves a ``TCPStore`` at ``MASTER_ADDR:MASTER_PORT``; every rank, rank 0
+  included, connects to it as a client. That store outlives the workers, so keys written by an earlier
+  worker group of the same agent are still there after a restart — the stale-store failures of
+  pytorch#135712. Each worker group therefore first agrees on a fresh namespace
+  (:func:`incarnation_store`) and builds its process group inside it.
+* **not shared** (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``): rank 0 hosts the store at ``MASTER_PORT``;
+  when ``MASTER_ADDR`` is a loopback address it listens on 127.0.0.1 only
+  (:func:`loopback_store_server`), otherwise torch's ``env://`` store is used.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -71,11 +88,64 @@ def loopback_store_server(port: int = 0, *, timeout_s: float = 300.0) -> dist.TC
                          wait_for_workers=False, multi_tenant=True, timeout=timedelta(seconds=timeout_s))
 
 
+def uses_agent_store(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether torchrun shares its rendezvous ``TCPStore`` with the workers (the same test as
+    ``torch/distributed/rendezvous.py`` ``_torchelastic_use_agent_store``)."""
+    env = os.environ if environ is None else environ
+    return env.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+
+
+_INCARNATION_NS = "trainflow/incarnation"
+
+
+def incarnation_store(store: dist.Store, rank: int, world_size: int, *, timeout_s: float = 120.0,
+                      poll_s: float = 0.01) -> dist.PrefixStore:
+    """``store`` under a namespace that this worker group alone uses (a fresh one per group).
+
+    A shared store keeps every key of the worker groups an agent ran before, and a restarted group
+    must not read them (gloo/NCCL addresses and barrier counters of dead peers). No number that every
+    rank knows tells the groups apart (restart counts are per agent, pytorch#108158), so rank 0 draws
+    a random token and hands it out by a request/grant/ack exchange in which every key a rank waits
+    on is new: rank ``r`` writes a fresh nonce to ``req/r`` and waits for ``grant/<nonce>``; rank 0
+    keeps granting whatever nonce ``req/r`` holds (a stale one from a dead group gets a grant nobody
+    reads) until ``ack/<token>/r`` appears.
+
+    Raises:
+        TimeoutError: a rank did not take part within ``timeout_s``.
+    """
+    if rank == 0:
+        token = uuid.uuid4().hex
+        pending = set(range(1, world_size))
+        granted: dict[int, str] = {}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            for r in sorted(pending):
+                if store.check([f"{_INCARNATION_NS}/ack/{token}/{r}"]):
+                    pending.discard(r)
+                    continue
+                if store.check([f"{_INCARNATION_NS}/req/{r}"]):
+                    nonce = store.get(f"{_INCARNATION_NS}/req/{r}").decode()
+                    if granted.get(r) != nonce:
+                        store.set(f"{_INCARNATION_NS}/grant/{nonce}", token)
+                        granted[r] = nonce
+            if pending:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"ranks {sorted(pending)} did not join the worker group within {timeout_s:g} s")
+                time.sleep(poll_s)
+    else:
+        nonce = uuid.uuid4().hex
+        store.set(f"{_INCARNATION_NS}/req/{rank}", nonce)
+        token = store.get(f"{_INCARNATION_NS}/grant/{nonce}").decode()  # waits up to the store's timeout
+        store.set(f"{_INCARNATION_NS}/ack/{token}/{rank}", b"1")
+    return dist.PrefixStore(f"trainflow/{token}", store)
+
+
 def init_process_group(env: DistEnv, *, timeout_s: float = 120.0) -> bool:
     """Join the job's process group (nccl on GPU, gloo on CPU). Returns False for a lone process.
 
-    When every rank is on this machine (``MASTER_ADDR`` is a loopback address) rank 0 serves the
-    group's store on 127.0.0.1 only; otherwise torch's ``env://`` store is used.
+    The store is chosen as the module docstring says: torchrun's agent store when it is shared
+    (in a namespace of this worker group's own), else one rank 0 hosts on 127.0.0.1 when every rank
+    is on this machine, else torch's ``env://`` store.
     """
     if not env.under_torchrun:
         return False
@@ -86,16 +156,20 @@ def init_process_group(env: DistEnv, *, timeout_s: float = 120.0) -> bool:
         backend = "gloo"
     timeout = timedelta(seconds=timeout_s)
     addr, port = os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT", "0"))
-    if addr in LOOPBACK_HOSTS and port:
+    store: dist.Store | None = None
+    if uses_agent_store() and addr and port:
+        agent_store = dist.TCPStore(addr, port, is_master=False, timeout=timeout)
+        store = incarnation_store(agent_store, env.rank, env.world_size, timeout_s=timeout_s)
+    elif addr in LOOPBACK_HOSTS and port:
         if env.rank == 0:
             store = loopback_store_server(port, timeout_s=timeout_s)
         else:
             store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+    if store is not None:
         dist.init_process_group(backend=backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout)
     else:
         dist.init_process_group(backend=backend, timeout=timeout)
     return True
-
 
 
 def destroy_process_group() -> None:

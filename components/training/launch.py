@@ -10,15 +10,23 @@ single point of failure: if it dies, every other agent loses the rendezvous. :cl
 hosts the store in the long-lived launcher process instead (agents join with ``is_host=false``), so
 any agent can leave or die and new ones can join.
 
-Settings that make restarts reliable on torch 2.13 (../shared/DESIGN.md §4, pytorch#135712):
-``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (a fresh store per worker group, so restarted workers never
-read a dead peer's address) and ``last_call_timeout=1`` (no 30 s wait per start with ``--nnodes=1:N``).
+Settings: ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` — the workers cope with torchrun's shared store
+(``components.training.distributed`` gives each worker group its own namespace in it), but with several
+agents the shared store lives in the rank-0 agent, and when that agent leaves the others keep its stale
+address (pytorch#167301); with the flag rank 0's worker hosts a fresh store per worker group.
+``last_call_timeout=1``: no 30 s wait per start with ``--nnodes=1:N``.
+
+Permanent failures: torchrun restarts the group on any worker failure and exits 1 at the end; the worker
+records a permanent one (exit 2) in torchelastic's error file, which :func:`run_agent` names for the
+agent and reads back (:func:`permanent_failure`), so its caller gets exit code 2 again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
+import json
 import os
 import signal
 import socket
@@ -194,9 +202,34 @@ class Agent:
         return self.wait(10)
 
 
+EXIT_PERMANENT = 2
+"""A worker's permanent failure (``components/training/__main__.py``), as the agent's caller sees it."""
+
+
+def permanent_failure(error_file: str | Path) -> str | None:
+    """The one-line reason if torchelastic's error file (written by torchrun for its root-cause
+    failure) holds a permanent trainflow failure, else ``None`` (also when the file is absent)."""
+    try:
+        data = json.loads(Path(error_file).read_text())
+        message = data["message"]
+        code = message.get("extraInfo", {}).get("trainflow_exit_code")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if code != str(EXIT_PERMANENT):
+        return None
+    return str(message.get("message", "")).strip() or "permanent failure"
+
+
 def run_agent(spec: AgentSpec, training_args: Sequence[str], *, log_path: Path,
               on_line: Callable[[str], None] | None = None) -> int:
-    """Run one agent to completion; SIGTERM/SIGINT to this process are forwarded to it (KFP terminate)."""
+    """Run one agent to completion; SIGTERM/SIGINT to this process are forwarded to it (KFP terminate).
+
+    Returns the agent's exit code, except :data:`EXIT_PERMANENT` (2) when the root cause was a
+    worker's permanent failure (bad input, a checkpoint of another job, fenced).
+    """
+    error_file = Path(log_path).with_name(Path(log_path).name + ".error.json")
+    error_file.unlink(missing_ok=True)
+    spec = dataclasses.replace(spec, env={**spec.env, "TORCHELASTIC_ERROR_FILE": str(error_file)})
     agent = Agent(spec, training_args, log_path=log_path, on_line=on_line)
     forwarded = {}
 
@@ -207,7 +240,8 @@ def run_agent(spec: AgentSpec, training_args: Sequence[str], *, log_path: Path,
         with contextlib.suppress(ValueError):  # not the main thread
             forwarded[sig] = signal.signal(sig, forward)
     try:
-        return agent.wait()
+        rc = agent.wait()
     finally:
         for sig, handler in forwarded.items():
             signal.signal(sig, handler)
+    return EXIT_PERMANENT if rc != 0 and permanent_failure(error_file) else rc

@@ -1,4 +1,8 @@
-"""Model factory: a small CNN and torchvision's ResNet-18 adapted to the data's shape.
+"""Model factory: a small CNN and torchvision's ResNet-18 / Wide ResNet-101-2 adapted to the data's shape.
+
+``wide_resnet101_2`` (Zagoruyko & Komodakis 2016; torchvision) has 126.9 M parameters: with SGD
+momentum its checkpoint holds about 1.0 GB (fp32), the large-checkpoint case of
+``benchmarks/checkpoint_overhead.py``.
 
 Input of every model: float32 (N, C, H, W) normalized images; output: logits (N, num_classes).
 """
@@ -8,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-MODEL_NAMES = ("small_cnn", "resnet18")
+MODEL_NAMES = ("small_cnn", "resnet18", "wide_resnet101_2")
 
 
 class SmallCNN(nn.Module):
@@ -40,12 +44,14 @@ class SmallCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-def resnet18(in_channels: int, num_classes: int, image_size: tuple[int, int]) -> nn.Module:
-    """torchvision ResNet-18 (He et al., 2016). For small images (< 64 px) the 7x7/2 stem and max-pool
-    are replaced by a 3x3/1 convolution, the usual CIFAR adaptation; ``in_channels`` may differ from 3."""
-    from torchvision.models import resnet18 as tv_resnet18
+def resnet18(in_channels: int, num_classes: int, image_size: tuple[int, int], *,
+             variant: str = "resnet18") -> nn.Module:
+    """torchvision ResNet-18 (He et al., 2016), or another torchvision ResNet ``variant``. For small
+    images (< 64 px) the 7x7/2 stem and max-pool are replaced by a 3x3/1 convolution, the usual CIFAR
+    adaptation; ``in_channels`` may differ from 3."""
+    import torchvision.models
 
-    model = tv_resnet18(weights=None, num_classes=num_classes)
+    model = getattr(torchvision.models, variant)(weights=None, num_classes=num_classes)
     if min(image_size) < 64:
         model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
         model.maxpool = nn.Identity()
@@ -62,6 +68,6 @@ def build_model(name: str, *, in_channels: int, num_classes: int, image_size: tu
     """
     if name == "small_cnn":
         return SmallCNN(in_channels, num_classes)
-    if name == "resnet18":
-        return resnet18(in_channels, num_classes, image_size)
+    if name in ("resnet18", "wide_resnet101_2"):
+        return resnet18(in_channels, num_classes, image_size, variant=name)
     raise ValueError(f"unknown model {name!r}; choose one of {MODEL_NAMES}")

@@ -32,7 +32,14 @@ from components.training.data import DatasetError, DatasetInfo
 
 _SYNTHETIC = {"synthetic-imagenet": (224, 1000, 12_800), "synthetic-cifar": (32, 10, 10_000)}
 """name -> (image size, classes, default samples)."""
+BUILTIN = ("mnist", "digits", *_SYNTHETIC)
+"""Sources that need no files: their data ships with the image (or is generated)."""
 _IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+def is_builtin(source: str) -> bool:
+    """``mnist``, ``digits``, ``synthetic-imagenet[:N]`` or ``synthetic-cifar[:N]``."""
+    return source.partition(":")[0] in BUILTIN
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,14 @@ Two backends run the same training runtime (``python -m components.training``):
 * ``pytorchjob`` — a Kubeflow PyTorchJob with ``elasticPolicy`` created (or re-attached) through
   ``components.launcher``; its worker pods run torchrun.
 
+On the cluster backend nothing the workers read or write is a path of this pod: they read the
+dataset from the object store (the prepared artifact's own ``s3://``/``minio://`` URI when the
+workers' credentials can read it, else a copy published under ``<checkpoint uri>/<job key>/dataset``),
+write the model to ``<...>/final-model`` (copied back into this step's output artifact) and their
+metrics to ``<...>/metrics`` (segment objects), from which the summary is built. Their logs are
+followed into this step's log. S3 credentials reach them only as ``secretKeyRef``s to
+``s3_secret_name``; the endpoint as ``s3_endpoint_url`` or the Secret's ``AWS_ENDPOINT_URL_S3``.
+
 The job key comes from the KFP run id and task name unless the caller gives one (an Airflow DAG gives
 ``dag_id/run_id/task_id/map_index`` so that an Airflow retry, which creates a new KFP run, still resumes
 the same checkpoints). Everything that can be checked before a worker starts is checked here, so bad
@@ -14,12 +22,15 @@ input fails the step with one line instead of a torchrun traceback.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import re
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +45,7 @@ from components.training.config import (
     OptimConfig,
     TrainConfig,
 )
-from components.training.data import DatasetInfo
+from components.training.data import DatasetError, DatasetInfo
 from components.training.faults import fired_faults
 from components.training.metrics import read_jsonl
 from components.training.summary import TrainingSummary, summarize
@@ -44,6 +55,16 @@ log = logging.getLogger("trainflow.step")
 BACKENDS = ("local", "pytorchjob")
 TRAINER_METRICS_PORT = 9090
 """Port of rank 0's Prometheus endpoint in PyTorchJob pods."""
+#: Under ``<checkpoint uri>/<job key>/`` on the cluster backend (beside ``step-*/`` and ``faults/``).
+PREEMPTION_GRACE_MARGIN_S = 10
+"""Seconds a worker pod's ``terminationGracePeriodSeconds`` exceeds the trainer's SIGTERM save deadline
+(``CheckpointConfig.preemption_save_deadline_s``): torchrun's shutdown, the process exits and the last
+metrics write after the save (docs/training.md, "SIGTERM")."""
+DEFAULT_GRACE_PERIOD_S = 30
+"""Kubernetes' own default ``terminationGracePeriodSeconds``."""
+DATASET_KEY = "dataset"
+METRICS_KEY = "metrics"
+MODEL_KEY = "final-model"
 
 
 class TrainStepError(RuntimeError):
@@ -78,11 +99,26 @@ class TrainStepRequest:
     kfp_run_id: str = ""
     kfp_task_name: str = ""
     pipeline_root: str = ""
+    dataset_uri: str = ""
+    """The prepared dataset artifact's URI (KFP ``artifact.uri``): what workers read on a cluster."""
     # pytorchjob backend
     image: str = ""
-    namespace: str = "kubeflow"
+    """Worker image; empty: the image this step runs in (read from its own Pod)."""
+    namespace: str = ""
+    """Namespace of the PyTorchJob; empty: this pod's own (the user's KFP profile), or the kubeconfig's."""
     gpus_per_worker: int = 0
+    worker_cpu: str = "1"
+    worker_memory: str = "4Gi"
+    worker_pod_settings: str = ""
+    """JSON object of more worker settings (``components.launcher.pytorchjob.WORKER_POD_SETTINGS``)."""
     s3_secret_name: str = ""
+    s3_access_key_key: str = "AWS_ACCESS_KEY_ID"
+    s3_secret_key_key: str = "AWS_SECRET_ACCESS_KEY"
+    s3_endpoint_url: str = ""
+    """S3 endpoint for the workers (empty: the Secret's ``AWS_ENDPOINT_URL_S3`` key, if any)."""
+    keep_failed_job: bool = False
+    """Keep a failed or stuck PyTorchJob for inspection instead of deleting it."""
+    poll_interval_s: float = 5.0
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
@@ -123,8 +159,9 @@ def resolve_checkpoint_uri(checkpoint_uri: str, pipeline_root: str) -> str:
 
 
 def build_config(req: TrainStepRequest, *, job_key: str, checkpoint_uri: str, metrics_path: str | None,
-                 model_output: str | None) -> TrainConfig:
-    """The runtime config for this request. Raises :class:`ConfigError` (one line) on bad values."""
+                 model_output: str | None, dataset: str | None = None) -> TrainConfig:
+    """The runtime config for this request (``dataset``: the location workers read, default
+    ``req.dataset_path``). Raises :class:`ConfigError` (one line) on bad values."""
     if req.backend not in BACKENDS:
         raise ConfigError(f"backend must be one of {BACKENDS}, got {req.backend!r}")
     if not 1 <= req.min_workers <= req.max_workers:
@@ -137,7 +174,7 @@ def build_config(req: TrainStepRequest, *, job_key: str, checkpoint_uri: str, me
         raise ConfigError(f"max_global_batch_size must be >= 0 (0 = 8x global_batch_size), "
                           f"got {req.max_global_batch_size}")
     return TrainConfig(
-        data=DataConfig(path=req.dataset_path, global_batch_size=req.global_batch_size,
+        data=DataConfig(path=dataset or req.dataset_path, global_batch_size=req.global_batch_size,
                         adaptive_batch=req.adaptive_batch, max_global_batch_size=req.max_global_batch_size or None),
         model=ModelConfig(name=req.model_name),  # type: ignore[arg-type]
         optim=OptimConfig(optimizer=req.optimizer, lr=req.learning_rate),  # type: ignore[arg-type]
@@ -155,26 +192,44 @@ def build_config(req: TrainStepRequest, *, job_key: str, checkpoint_uri: str, me
     )
 
 
-def preflight(cfg: TrainConfig) -> DatasetInfo:
+def preflight(cfg: TrainConfig, *, s3_secret_name: str = "") -> DatasetInfo:
     """Checks that need no worker: the dataset is a prepared dataset, the checkpoint store answers.
+
+    Args:
+        s3_secret_name: named in the error when the store refuses and this process has no S3 key
+            in its environment (the Secret is then missing, or not wired into the pipeline's steps).
 
     Raises:
         TrainStepError: with the one-line reason.
     """
-    from components.training.data import DatasetError
+    from components.training.data import read_info
 
     try:
-        info = DatasetInfo.read(Path(cfg.data.path))
+        info = read_info(cfg.data.path)
     except DatasetError as e:
         raise TrainStepError(str(e)) from e
     if cfg.data.global_batch_size > info.splits.get("train", 0):
         raise TrainStepError(f"global_batch_size {cfg.data.global_batch_size} exceeds the "
                              f"{info.splits.get('train', 0)} training samples")
-    try:
-        storage_for(join_uri(cfg.checkpoint.uri, cfg.checkpoint.job_key)).check()
-    except CheckpointStorageError as e:
-        raise TrainStepError(f"checkpoint storage: {e}") from e
+    check_storage(cfg.checkpoint.uri, cfg.checkpoint.job_key, s3_secret_name=s3_secret_name)
     return info
+
+
+def check_storage(checkpoint_uri: str, job_key: str, *, s3_secret_name: str = "") -> None:
+    """The checkpoint store answers (the bucket exists, the credentials are accepted).
+
+    Raises:
+        TrainStepError: ``checkpoint storage: <reason>``, with a hint when this process has no S3
+            key in its environment although a Secret was named for it.
+    """
+    try:
+        storage_for(join_uri(checkpoint_uri, job_key)).check()
+    except CheckpointStorageError as e:
+        hint = ""
+        if s3_secret_name and checkpoint_uri.startswith("s3://") and not os.environ.get("AWS_ACCESS_KEY_ID"):
+            hint = (f" (this step has no AWS_ACCESS_KEY_ID: does Secret {s3_secret_name!r} exist in its namespace "
+                    "with the S3 keys, and was the pipeline compiled with --s3-secret?)")
+        raise TrainStepError(f"checkpoint storage: {e}{hint}") from e
 
 
 @dataclass(frozen=True)
@@ -212,27 +267,77 @@ def run_train_step(req: TrainStepRequest, *, model_dir: Path, work_dir: Path) ->
     job_key = resolve_job_key(req.job_key, req.kfp_run_id, req.kfp_task_name)
     checkpoint_uri = resolve_checkpoint_uri(req.checkpoint_uri, req.pipeline_root)
     work_dir.mkdir(parents=True, exist_ok=True)
-    metrics_path = work_dir / "train-metrics.jsonl"
-    # Locally the workers write the model straight into the output folder; pods write it next to the
-    # checkpoints and the launcher copies it back.
-    model_output = str(model_dir) if req.backend == "local" else join_uri(checkpoint_uri, job_key, "final-model")
-    cfg = build_config(req, job_key=job_key, checkpoint_uri=checkpoint_uri, metrics_path=str(metrics_path),
-                       model_output=model_output)
-    preflight(cfg)
+    local_metrics = work_dir / "train-metrics.jsonl"
+    if req.backend == "local":
+        # The workers are this pod's subprocesses: they read and write local paths.
+        cfg = build_config(req, job_key=job_key, checkpoint_uri=checkpoint_uri, metrics_path=str(local_metrics),
+                           model_output=str(model_dir))
+    else:
+        # The workers are other pods: everything they read or write lives on shared storage.
+        build_config(req, job_key=job_key, checkpoint_uri=checkpoint_uri, metrics_path=None, model_output=None)
+        job_root = _cluster_job_root(checkpoint_uri, job_key)
+        check_storage(checkpoint_uri, job_key, s3_secret_name=req.s3_secret_name)
+        cfg = build_config(req, job_key=job_key, checkpoint_uri=checkpoint_uri,
+                           metrics_path=join_uri(job_root, METRICS_KEY), model_output=join_uri(job_root, MODEL_KEY),
+                           dataset=worker_dataset(req, job_root))
+    preflight(cfg, s3_secret_name=req.s3_secret_name)
     (work_dir / "train-config.json").write_text(cfg.to_json())
     t0 = time.monotonic()
     resource = None
     if req.backend == "local":
         _run_local(req, cfg, work_dir)
+        records = read_jsonl(local_metrics)
     else:
         resource = _run_pytorchjob(req, cfg, work_dir)
-        copy_model(model_output, model_dir)
+        copy_model(cfg.model_output or "", model_dir)
+        records = read_jsonl(cfg.metrics_path or "")
     train_seconds = time.monotonic() - t0
     storage = storage_for(join_uri(checkpoint_uri, job_key))
-    summary = summarize(read_jsonl(metrics_path), fired_faults(storage), train_seconds=round(train_seconds, 3))
+    summary = summarize(records, fired_faults(storage), train_seconds=round(train_seconds, 3))
     (work_dir / "train-summary.json").write_text(json.dumps(summary.to_dict(), indent=1))
     return TrainStepResult(job_key=job_key, checkpoint_uri=checkpoint_uri, summary=summary,
                            train_seconds=train_seconds, resource=resource)
+
+
+def _cluster_job_root(checkpoint_uri: str, job_key: str) -> str:
+    """``<checkpoint uri>/<job key>`` after checking the cluster backend can use it."""
+    if "://" not in checkpoint_uri or checkpoint_uri.startswith("file://"):
+        raise TrainStepError("the pytorchjob backend needs checkpoints on shared storage (s3://...), "
+                             f"not the local path {checkpoint_uri!r}")
+    return join_uri(checkpoint_uri, job_key)
+
+
+def worker_dataset(req: TrainStepRequest, job_root: str) -> str:
+    """Where worker pods read the prepared dataset from: the artifact's own object-store URI when
+    this step (with the workers' credentials) can read it there, else a copy published under
+    ``<job root>/dataset`` (kept for retries; nothing is copied twice).
+
+    Raises:
+        TrainStepError: the dataset cannot be published (e.g. its images are in a local folder).
+    """
+    from components.training.data import publish, read_info, storage_uri
+
+    local_info = None
+    with contextlib.suppress(DatasetError):
+        local_info = DatasetInfo.read(Path(req.dataset_path))
+    uri = storage_uri(req.dataset_uri) if req.dataset_uri else None
+    if uri is not None:
+        try:
+            remote = read_info(uri)
+            if local_info is None or remote.fingerprint == local_info.fingerprint:
+                log.info("workers read the dataset from the artifact at %s", uri)
+                return uri
+            log.info("the artifact at %s differs from the local copy: publishing the local one", uri)
+        except DatasetError as e:
+            log.info("workers cannot read the artifact at %s (%s): publishing a copy next to the checkpoints",
+                     uri, e)
+    staged = join_uri(job_root, DATASET_KEY)
+    try:
+        publish(req.dataset_path, staged)
+    except DatasetError as e:
+        raise TrainStepError(str(e)) from e
+    log.info("workers read the dataset from %s", staged)
+    return staged
 
 
 def _run_local(req: TrainStepRequest, cfg: TrainConfig, work_dir: Path) -> None:
@@ -254,32 +359,116 @@ def _run_local(req: TrainStepRequest, cfg: TrainConfig, work_dir: Path) -> None:
 def _run_pytorchjob(req: TrainStepRequest, cfg: TrainConfig, work_dir: Path) -> str:
     from lightkube import Client
 
-    from components.launcher.pytorchjob import PyTorchJobSpec
-    from components.launcher.runner import LauncherError, PyTorchJobRunner
+    from components.launcher.incluster import own_pod
+    from components.launcher.pytorchjob import InvalidSpecError, PyTorchJobSpec, worker_pod_settings
+    from components.launcher.runner import LauncherError, PyTorchJobRunner, RunnerSettings
 
-    if "://" not in cfg.checkpoint.uri:
-        raise TrainStepError("the pytorchjob backend needs checkpoints on shared storage (s3://...), "
-                             f"not the local path {cfg.checkpoint.uri!r}")
-    if not req.image:
-        raise TrainStepError("the pytorchjob backend needs an image holding trainflow (image=...)")
+    try:
+        client = Client(field_manager="trainflow-launcher")
+    except Exception as e:  # lightkube's ConfigError and file errors: one line
+        raise TrainStepError(f"no usable Kubernetes configuration (in-cluster or KUBECONFIG): {e}") from e
+    me = own_pod(client)
+    namespace = req.namespace or (me.namespace if me else client.namespace)
+    image = req.image or (me.image if me else "")
+    if not image:
+        raise TrainStepError("the pytorchjob backend needs an image holding trainflow (image=...): "
+                             "outside a pod there is no own image to default to")
+    owners = []
+    if me is not None and me.namespace == namespace:
+        owners = [me.owner_reference()]  # an OOM-killed or deleted launcher takes its job with it
+    elif me is not None:
+        log.warning("the PyTorchJob goes to namespace %s, not this pod's (%s): it cannot be owned by this pod "
+                    "(ownerReferences do not cross namespaces) and outlives it", namespace, me.namespace)
     # Rank 0 serves /metrics in the pod so the GPU scheduler can read the job's samples/s.
     cfg = dataclasses.replace(cfg, metrics_port=TRAINER_METRICS_PORT, metrics_addr="0.0.0.0")
-    job_spec = PyTorchJobSpec(
-        run_id=req.kfp_run_id or cfg.checkpoint.job_key, task_name=req.kfp_task_name or "train",
-        namespace=req.namespace, image=req.image, training_args=("--config-json", cfg.to_json()),
-        min_replicas=req.min_workers, max_replicas=req.max_workers, nproc_per_node=req.nproc_per_node,
-        max_restarts=req.max_restarts, gpus_per_worker=req.gpus_per_worker, checkpoint_uri=cfg.checkpoint.uri,
-        s3_secret_name=req.s3_secret_name or None,
-        s3_endpoint_url=os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None,
-        env=req.extra_env, job_key=cfg.checkpoint.job_key, metrics_port=TRAINER_METRICS_PORT,
-    )
-    runner = PyTorchJobRunner(Client())
     try:
-        with runner.terminate_on_sigterm():
+        settings = worker_pod_settings(req.worker_pod_settings)
+        settings["termination_grace_period_s"] = worker_grace_period_s(
+            settings.get("termination_grace_period_s"), cfg.checkpoint.preemption_save_deadline_s)
+        env = {**req.extra_env, **settings.pop("env", {})}
+        job_spec = PyTorchJobSpec(
+            run_id=req.kfp_run_id or cfg.checkpoint.job_key, task_name=req.kfp_task_name or "train",
+            namespace=namespace, image=image, training_args=("--config-json", cfg.to_json()),
+            min_replicas=req.min_workers, max_replicas=req.max_workers, nproc_per_node=req.nproc_per_node,
+            max_restarts=req.max_restarts, gpus_per_worker=req.gpus_per_worker, cpu=req.worker_cpu or None,
+            memory=req.worker_memory or None, checkpoint_uri=cfg.checkpoint.uri,
+            s3_secret_name=req.s3_secret_name or None, s3_access_key_key=req.s3_access_key_key,
+            s3_secret_key_key=req.s3_secret_key_key, s3_endpoint_url=req.s3_endpoint_url or None,
+            env=env, job_key=cfg.checkpoint.job_key, metrics_port=TRAINER_METRICS_PORT,
+            owner_references=owners, **settings,
+        )
+    except InvalidSpecError as e:
+        raise TrainStepError(str(e)) from e
+    except TypeError as e:  # a worker_pod_settings value of the wrong type for its field
+        raise TrainStepError(f"worker_pod_settings: {e}") from e
+    runner = PyTorchJobRunner(client, RunnerSettings(
+        poll_interval_s=req.poll_interval_s, cleanup="on-success" if req.keep_failed_job else "always",
+        stream_logs=True))
+    mirror = _MetricsMirror(cfg.metrics_path or "", work_dir / "train-metrics.jsonl")
+    try:
+        with runner.terminate_on_sigterm(), mirror:
             outcome = runner.run(job_spec, output_path=work_dir / "pytorchjob.json")
     except LauncherError as e:
         raise TrainStepError(f"PyTorchJob {job_spec.namespace}/{job_spec.name}: {e}") from e
     return f"{outcome.ref}"
+
+
+def worker_grace_period_s(requested: object, save_deadline_s: float) -> object:
+    """The workers' ``terminationGracePeriodSeconds``: at least the SIGTERM save deadline +
+    :data:`PREEMPTION_GRACE_MARGIN_S`, Kubernetes' 30 s if that is more; a value the user set
+    (``worker_pod_settings``) is kept if it is long enough.
+
+    Raises:
+        TrainStepError: the user's value would cut the SIGTERM checkpoint short.
+    """
+    needed = math.ceil(save_deadline_s) + PREEMPTION_GRACE_MARGIN_S
+    if requested is None:
+        return max(DEFAULT_GRACE_PERIOD_S, needed)
+    if isinstance(requested, int) and not isinstance(requested, bool) and requested < needed:
+        raise TrainStepError(
+            f"worker_pod_settings: termination_grace_period_s {requested} is shorter than the SIGTERM "
+            f"checkpoint needs: the save deadline ({save_deadline_s:g} s) + {PREEMPTION_GRACE_MARGIN_S} s "
+            f"= {needed} s")
+    return requested  # a wrong type is named by PyTorchJobSpec
+
+
+class _MetricsMirror:
+    """Copies the workers' metrics records from storage into a local JSONL file while the job runs
+    (``trainflow run`` shows progress from that file). Best effort: read errors are skipped."""
+
+    def __init__(self, uri: str, local: Path, interval_s: float = 5.0) -> None:
+        self.uri, self.local, self.interval_s = uri, local, interval_s
+        self._copied: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="metrics-mirror", daemon=True)
+
+    def __enter__(self) -> _MetricsMirror:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.sync()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sync()
+
+    def sync(self) -> None:
+        from components.training.metrics import read_segments
+
+        try:
+            segments = read_segments(self.uri)
+        except Exception as e:  # storage hiccups: the next sync catches up
+            log.debug("reading metrics from %s failed: %s", self.uri, e)
+            return
+        with self.local.open("a") as out:
+            for key, lines in segments:
+                done = self._copied.get(key, 0)
+                for line in lines[done:]:
+                    out.write(line + "\n")
+                self._copied[key] = max(done, len(lines))
 
 
 def copy_model(src_uri: str, dst: Path) -> None:
@@ -289,6 +478,16 @@ def copy_model(src_uri: str, dst: Path) -> None:
     for name in ("model.pt", "model.json"):
         with src.open_read(name) as f, (dst / name).open("wb") as out:
             shutil.copyfileobj(f, out)
+
+
+S3_ENDPOINT_ENV = "AWS_ENDPOINT_URL_S3"
+
+
+def use_s3_endpoint(url: str) -> None:
+    """Point this process's S3 clients at ``url`` (a pipeline parameter); empty keeps the environment's
+    (e.g. the Secret's ``AWS_ENDPOINT_URL_S3``)."""
+    if url:
+        os.environ[S3_ENDPOINT_ENV] = url
 
 
 def env_work_dir(default: Path) -> Path:

@@ -4,9 +4,14 @@ Every start loads the newest committed checkpoint under the job key, so the same
 after any restart (torchrun restarting workers, a pod restart, a KFP or Airflow retry). Saved state:
 model, optimizer, LR scheduler, grad scaler, step/epoch/data position, and every rank's RNG streams.
 
-One tiny all-reduce per step carries ``[loss_sum, correct, save_due, stop_requested]`` so that every
-rank agrees on the reported global loss, on *when* to checkpoint (rank 0's clock decides time-based
-saves) and on stopping after SIGTERM; a disagreement between ranks is impossible by construction.
+One tiny all-reduce per step carries ``[loss_sum, correct, save_due, stop_requested, fenced]`` so that
+every rank agrees on the reported global loss, on *when* to checkpoint (rank 0's clock decides
+time-based saves), on stopping after SIGTERM and on stopping when a newer writer took over the job key
+(``checkpoint.manager``, writer fencing); a disagreement between ranks is impossible by construction.
+
+Resuming checks the checkpoint's identity first: a checkpoint of another dataset (fingerprint) or
+another model under the same job key is refused with one line (:class:`ConfigError`, exit 2), never
+loaded into the wrong job.
 
 Bit-exact resume (same world size, CPU or 2 GPUs): data order is a pure function of
 (seed, epoch, position) (``components.training.data``), RNG states are restored per rank, kernels are
@@ -43,7 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 from components.training import data as datamod
 from components.training import distributed as dist_utils
 from components.training import goodput, rng
-from components.training.checkpoint.manager import CheckpointManager, LoadedCheckpoint
+from components.training.checkpoint.manager import CheckpointManager, LoadedCheckpoint, WriterFencedError
 from components.training.checkpoint.storage import CheckpointStorage, join_uri, storage_for
 from components.training.config import ConfigError, TrainConfig
 from components.training.distributed import DistEnv
@@ -58,7 +63,7 @@ EXIT_PREEMPTED = 143
 
 
 class Preempted(Exception):
-    """SIGTERM was received; a final checkpoint was saved."""
+    """SIGTERM was received; a final checkpoint was attempted (the message says whether it was saved)."""
 
 
 @dataclass(slots=True)
@@ -179,6 +184,7 @@ class Trainer:
         self.metrics = self._build_metrics()
         self.storage: CheckpointStorage = storage_for(join_uri(cfg.checkpoint.uri, cfg.checkpoint.job_key))
         self.storage.check()
+        self.fingerprint = info.fingerprint
         self.ckpt = CheckpointManager(
             self.storage,
             keep_last_k=cfg.checkpoint.keep_last_k,
@@ -187,6 +193,8 @@ class Trainer:
                             "model": cfg.model.name, "torch_version": torch.__version__},
             on_event=lambda event: self.metrics.record(event),
         )
+        if env.is_main:
+            self.ckpt.claim()  # the newest writer generation owns the key; older ones stop writing
         self.schedule = SaveSchedule(interval_steps=cfg.checkpoint.interval_steps,
                                      interval_s=cfg.checkpoint.interval_s, clock=clock)
         self.faults = FaultInjector(at_step=cfg.fault_at_step, storage=self.storage, rank=env.rank,
@@ -196,6 +204,7 @@ class Trainer:
         self._stop_requested = False
         self._last_loss = float("nan")
         self._pending_first_step_event = False
+        self._last_outcome: str | None = None
         self._sample_log = None
         self.incarnation: dict[str, Any] = {"id": "", "started": 0.0}
         if cfg.sample_log_dir:
@@ -233,7 +242,8 @@ class Trainer:
             sinks.append(JsonlSink(self.cfg.metrics_path))
         if self.cfg.metrics_port:
             sinks.append(PrometheusSink(port=self.cfg.metrics_port, addr=self.cfg.metrics_addr,
-                                        job_key=self.cfg.checkpoint.job_key))
+                                        job_key=self.cfg.checkpoint.job_key,
+                                        last_commit_unix_s=lambda: self.ckpt.stats.last_commit_unix_s))
         return FanOut(sinks)
 
     # --------------------------------------------------------------------------------- loop
@@ -369,11 +379,13 @@ class Trainer:
         self.state.advance(n_global, self.num_samples)
         step = self.state.step
         save_due = 1.0 if self.env.is_main and self.schedule.due(step) else 0.0
+        fenced = 1.0 if self.env.is_main and self.ckpt.fenced is not None else 0.0
         agreed = torch.stack([loss_sum.cpu(), correct.cpu(), torch.tensor(save_due, dtype=torch.float64),
-                              torch.tensor(1.0 if self._stop_requested else 0.0, dtype=torch.float64)])
+                              torch.tensor(1.0 if self._stop_requested else 0.0, dtype=torch.float64),
+                              torch.tensor(fenced, dtype=torch.float64)])
         if self.adaptive is not None:
             # + [local squared norm, 1 / local batch, rank had samples, averaged gradient's squared norm,
-            # re-pick due (rank 0's clock)]: summed here so that every rank derives phi, progress, the
+            # re-pick due (rank 0's clock)] at indices 5..9: summed here so that every rank derives phi, progress, the
             # end and the moment of the next batch choice from the same numbers.
             n_local = len(ids)
             retune = self.env.is_main and time.monotonic() - self._picked_at_s >= self.cfg.data.adaptive_interval_s
@@ -393,10 +405,19 @@ class Trainer:
                 "incarnation": self.incarnation["id"], "incarnation_started": self.incarnation["started"],
                 "ids": ids.tolist()}) + "\n")
         stall = 0.0
-        if float(agreed[3]) > 0:  # any rank got SIGTERM: everyone saves, then stops
-            self._save(blocking=True, reason="preempted")
-            self.metrics.record({"event": "preempted", "step": step})
-            raise Preempted(f"SIGTERM received; checkpoint saved at step {step}")
+        if float(agreed[4]) > 0:  # rank 0's writer was fenced: another run owns the key now
+            raise WriterFencedError(str(self.ckpt.fenced) if self.ckpt.fenced else
+                                    "a newer writer took over this job key; this run stops")
+        if float(agreed[3]) > 0:  # any rank got SIGTERM: everyone saves (within the deadline), then stops
+            self._save(blocking=True, reason="preempted", deadline_s=self.cfg.checkpoint.preemption_save_deadline_s)
+            outcome = dist_utils.broadcast_object(self._last_outcome)
+            self.metrics.record({"event": "preempted", "step": step, "outcome": outcome})
+            if outcome == "committed":
+                raise Preempted(f"SIGTERM received; checkpoint saved at step {step}")
+            last = self.ckpt.stats.last_committed_step
+            newest = f"; the newest checkpoint this run committed is {'none' if last is None else f'step {last}'}"
+            raise Preempted(f"SIGTERM received; checkpoint NOT saved at step {step} ({outcome})"
+                            + (newest if self.env.is_main else ""))
         if float(agreed[2]) > 0 and not self._done():
             stall = self._save(blocking=False, reason="periodic")
         dt = time.perf_counter() - t_start
@@ -421,11 +442,11 @@ class Trainer:
         a = self.adaptive
         assert a is not None
         world = self.env.world_size
-        self._retune_due = float(agreed[8]) > 0
+        self._retune_due = float(agreed[9]) > 0
         gain = a.gain(n_global)
         a.advance(n_global)
-        if world >= 2 and int(agreed[6]) == world:
-            est = goodput.gns_sample(float(agreed[4]) / world, float(agreed[5]) / world, float(agreed[7]) / world,
+        if world >= 2 and int(agreed[7]) == world:
+            est = goodput.gns_sample(float(agreed[5]) / world, float(agreed[6]) / world, float(agreed[8]) / world,
                                      float(n_global))
             if est is not None:
                 a.gns.update(*est)
@@ -451,8 +472,9 @@ class Trainer:
             **({"adaptive_batch": self.adaptive.state_dict()} if self.adaptive is not None else {}),
         }
 
-    def _save(self, *, blocking: bool, reason: str) -> float:
-        """Checkpoint at the current step on every rank's behalf; returns the blocking seconds."""
+    def _save(self, *, blocking: bool, reason: str, deadline_s: float | None = None) -> float:
+        """Checkpoint at the current step on every rank's behalf; returns the blocking seconds.
+        Rank 0's outcome (``CheckpointManager.save``) is left in ``_last_outcome``."""
         t0 = time.perf_counter()
         rng_by_rank = dist_utils.gather_objects(rng.capture())  # all ranks take part
         outcome = None
@@ -461,8 +483,10 @@ class Trainer:
                 self.state.step, self._training_state(rng_by_rank), blocking=blocking,
                 manifest_fields={"epoch": self.state.epoch, "samples_in_epoch": self.state.samples_in_epoch,
                                  "world_size": self.env.world_size, "reason": reason},
+                deadline_s=deadline_s,
             )
             self.schedule.mark(self.state.step)
+        self._last_outcome = outcome
         stall = time.perf_counter() - t0
         if self.env.is_main:
             self.metrics.record({"event": "checkpoint", "step": self.state.step, "outcome": outcome,
@@ -471,12 +495,18 @@ class Trainer:
 
     def _load(self) -> None:
         """Resume from the newest committed checkpoint that verifies (rank 0 chooses for everyone)."""
-        loaded: LoadedCheckpoint | None = self.ckpt.load_latest() if self.env.is_main else None
+        loaded: LoadedCheckpoint | None = None
+        mismatch = None
+        if self.env.is_main:
+            loaded = self.ckpt.load_latest()
+            mismatch = self._identity_mismatch(loaded.manifest) if loaded else None
         # One id and start time per worker group ("incarnation"), shared by its ranks: audits use it to
         # tell a step's final execution from executions rolled back by a restart.
-        step, self.incarnation = dist_utils.broadcast_object(
-            (loaded.step if loaded else None, {"id": uuid.uuid4().hex[:12], "started": time.time()})
+        step, self.incarnation, mismatch = dist_utils.broadcast_object(
+            (loaded.step if loaded else None, {"id": uuid.uuid4().hex[:12], "started": time.time()}, mismatch)
         )
+        if mismatch:
+            raise ConfigError(mismatch)
         self.metrics.record({"event": "start", "world_size": self.env.world_size, "total_steps": self.total_steps,
                              "global_batch_size": self.cfg.data.global_batch_size,
                              "restart_count": self.env.restart_count, "resume_step": step,
@@ -526,13 +556,33 @@ class Trainer:
             log.info("resumed from step %d (epoch %d, sample %d) in %.2f s", self.state.step, self.state.epoch,
                      self.state.samples_in_epoch, loaded.load_seconds)
 
+    def _identity_mismatch(self, manifest: dict[str, Any]) -> str | None:
+        """Why the checkpoint with ``manifest`` belongs to another job (one line), or None."""
+        theirs = (manifest.get("dataset_fingerprint"), manifest.get("model"))
+        ours = (self.fingerprint, self.cfg.model.name)
+        diffs = [f"{what} {t!s:.16} (this run: {o!s:.16})" for what, t, o in
+                 zip(("dataset", "model"), theirs, ours, strict=True) if t is not None and t != o]
+        if not diffs:
+            return None
+        return (f"the checkpoint at step {manifest['step']} under {self.storage.uri} was written for another "
+                f"{' and '.join(diffs)}: resume it with the same data and model, or start afresh under another "
+                "--job-key")
+
     # -------------------------------------------------------------------------------- close
     def _close(self) -> None:
         if self.cfg.checkpoint.save_final and self.ckpt.stats.last_committed_step != self.state.step:
-            existing = self.ckpt.committed_steps() if self.env.is_main else []
-            need = dist_utils.broadcast_object(self.state.step not in existing)
+            # a step already committed needs no final save, unless that checkpoint fails to verify
+            need = dist_utils.broadcast_object(not self.ckpt.has_good(self.state.step) if self.env.is_main else None)
             if need:
                 self._save(blocking=True, reason="final")
+        fenced = None
+        if self.env.is_main:
+            with contextlib.suppress(WriterFencedError):
+                self.ckpt.check_fence()  # a run that lost the key must not export over the new run's model
+            fenced = str(self.ckpt.fenced) if self.ckpt.fenced else None
+        fenced = dist_utils.broadcast_object(fenced)
+        if fenced:
+            raise WriterFencedError(fenced)
         if self.env.is_main:
             self.ckpt.close()
             if self.cfg.model_output:

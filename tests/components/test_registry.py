@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from components.registry.store import ModelRegistry, RegistryError
+from components.registry.store import MODEL_FILES, ModelRegistry, RegistryError
 from components.training.checkpoint.local import LocalStorage
 
 
@@ -71,3 +71,33 @@ def test_errors(registry, model_dir, tmp_path) -> None:
     with pytest.raises(RegistryError, match="is not an exported model"):
         registry.register("m", tmp_path, {})
     assert registry.current("never-registered") is None
+
+
+def test_concurrent_promotions_all_land_in_the_history(registry, model_dir) -> None:
+    """Review finding 12: CURRENT.json was a read-modify-write; two promotions at once lost one."""
+    versions = [registry.register("race", model_dir, {}, promote=False).version for _ in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(lambda v: registry.rollback("race", v), versions))
+    history = registry.history("race")
+    assert sorted(h["version"] for h in history) == versions
+    assert registry.current("race").version == history[-1]["version"]
+
+
+def test_a_retried_registration_returns_the_first_attempts_version(registry, model_dir) -> None:
+    """Review finding 12: register was not idempotent across retries (a KFP retry of register_model)."""
+    first = registry.register("idem", model_dir, {"job_key": "j"}, idempotency_key="job-j")
+    again = registry.register("idem", model_dir, {"job_key": "j"}, idempotency_key="job-j")
+    assert again.version == first.version == 1
+    assert [h["version"] for h in registry.history("idem")] == [1]  # promoted once
+    # An attempt that died after recording its version but before VERSION.json: the retry finishes it.
+    (model_dir / "model.pt").write_bytes(b"retrained weights")
+    version = registry._version_for("idem", "job-j", {
+        f: {"size_bytes": len((model_dir / f).read_bytes()),
+            "sha256": __import__("hashlib").sha256((model_dir / f).read_bytes()).hexdigest()} for f in MODEL_FILES})
+    assert registry.versions("idem")[-1].version == 1  # nothing committed yet for it
+    finished = registry.register("idem", model_dir, {"job_key": "j"}, idempotency_key="job-j")
+    assert finished.version == version == 2 and registry.current("idem").version == 2
+    with ThreadPoolExecutor(4) as pool:  # the same registration, concurrently: one version
+        got = set(pool.map(lambda _: registry.register("idem", model_dir, {}, idempotency_key="job-k").version,
+                           range(4)))
+    assert len(got) == 1

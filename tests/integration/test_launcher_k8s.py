@@ -30,6 +30,7 @@ from tests.support.k8s import (
     DELAY_ANNOTATION,
     EXIT_CODE_ANNOTATION,
     OUTCOME_ANNOTATION,
+    TERMINATION_MESSAGE_ANNOTATION,
     KubeTestBed,
     wait_until,
 )
@@ -120,7 +121,8 @@ def test_failed_workers_fail_the_launch_with_the_operators_reason(
         k8s_namespace,
         k8s_namespace,
         max_replicas=1,
-        pod_annotations={OUTCOME_ANNOTATION: "Failed", EXIT_CODE_ANNOTATION: "3", DELAY_ANNOTATION: "2s"},
+        pod_annotations={OUTCOME_ANNOTATION: "Failed", EXIT_CODE_ANNOTATION: "2", DELAY_ANNOTATION: "2s",
+                         TERMINATION_MESSAGE_ANNOTATION: "permanent failure, not retried: trainflow: no dataset\nmore"},
     )
     runner = PyTorchJobRunner(
         client, RunnerSettings(poll_interval_s=0.5, timeout_s=120, cleanup="on-success")
@@ -131,8 +133,11 @@ def test_failed_workers_fail_the_launch_with_the_operators_reason(
     assert outcome.state == "Failed"
     assert outcome.reason == "PyTorchJobFailed"
     assert spec.name in outcome.message and "failed" in outcome.message
-    assert "exit 3" in outcome.pod_failures
-    assert "exit 3" in str(failed.value)
+    # exit 2 is not retryable under ExitCode; the worker's termination message (what
+    # components.training.torchrun writes for a permanent failure) names the cause, first line only.
+    assert outcome.pod_failures == f"{spec.name}-worker-0=exit 2 (Error): permanent failure, not retried: " \
+                                   "trainflow: no dataset"
+    assert "exit 2 (Error): permanent failure" in str(failed.value) and "\n" not in str(failed.value)
     # on-success clean-up keeps a failed job for inspection.
     assert (
         client.get(pytorchjob_resource(), spec.name, namespace=k8s_namespace).metadata.uid == outcome.ref.uid

@@ -27,6 +27,9 @@ from tests.support.processes import ManagedProcess, free_port
 from tests.support.s3 import S3Server
 
 TESTBED_SERVERS = {"etcd", "kube-apiserver", "kube-scheduler", "kwok", "training-operator"}
+#: With a real node (a session with ``realnode`` tests): the bed's controller manager, and the
+#: node's programs, which run in the node's network namespace.
+REAL_NODE_SERVERS = {"kube-controller-manager", "containerd", "kubelet", "coredns", "kube-proxy"}
 
 
 @pytest.mark.k8s
@@ -36,7 +39,10 @@ def test_every_testbed_and_s3_server_listens_on_loopback_only(
 ) -> None:
     s3_server.start()  # an earlier test may have left it stopped
     owners = {name: proc.pid for name, proc in k8s_testbed.processes().items()}
-    assert set(owners) == TESTBED_SERVERS
+    node = k8s_testbed.node
+    if node is not None:
+        owners.update({name: proc.pid for name, proc in node.processes().items()})
+    assert set(owners) == TESTBED_SERVERS | (REAL_NODE_SERVERS if node is not None else set())
     owners["minio"] = s3_server.pid
 
     sockets = listening_sockets(owners)
@@ -51,8 +57,11 @@ def test_every_testbed_and_s3_server_listens_on_loopback_only(
     webhook = [s for s in sockets if s.port == k8s_testbed.ports["webhook"]]
     assert {s.owner for s in webhook} == {"training-operator"}, report
 
-    # ... and every one of them is bound to loopback.
-    outside = off_loopback(sockets)
+    # ... and every one of them is bound to loopback, or (real node) to an address of the network
+    # the bed made itself: the API server to the host end of the node's veth, the node's programs
+    # to the node's address inside its namespace.
+    own = {k8s_testbed.node_host_ip, node.ip} if node is not None else set()
+    outside = [s for s in off_loopback(sockets) if s.ip not in own]
     assert outside == [], "servers reachable from outside this machine:\n" + "\n".join(map(str, outside))
     assert {s.ip for s in webhook} == {"127.0.0.1"}, report
 

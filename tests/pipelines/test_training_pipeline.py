@@ -8,6 +8,7 @@ log a confusion matrix.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -123,9 +124,11 @@ def test_adaptive_batch_is_declared_off_and_reaches_the_train_config(tmp_path, m
     monkeypatch.setenv("TRAINFLOW_LOG_DIR", str(tmp_path / "logs"))
     (tmp_path / "logs").mkdir()
     model = SimpleNamespace(path=str(tmp_path / "model"), metadata={}, framework="")
-    train.python_func(dataset=SimpleNamespace(path="/data"), model=model, metrics=Metrics(),
+    train.python_func(dataset=SimpleNamespace(path="/data", uri="minio://mlpipeline/v2/artifacts/r/dataset"),
+                      model=model, metrics=Metrics(),
                       global_batch_size=32, adaptive_batch=True, max_global_batch_size=512)
     assert (seen[0].adaptive_batch, seen[0].max_global_batch_size) == (True, 512)
+    assert seen[0].dataset_uri == "minio://mlpipeline/v2/artifacts/r/dataset"  # what workers read on a cluster
     assert model.metadata["train_config"]["data"]["adaptive_batch"] is True
 
     cfg = TrainConfig.from_json(json.dumps(model.metadata["train_config"]))  # what a worker parses
@@ -227,3 +230,71 @@ def test_trainflow_run_adaptive_batch_smoke(tmp_path) -> None:
     assert (choice["step"], choice["global_batch_size"]) == (0, 32)  # no noise scale yet: stays at B0
     steps = [r for r in records if "loss" in r and "step" in r]
     assert steps and all(r["gradient_noise_scale"] is not None for r in steps[1:])
+
+
+def test_compiled_for_kubeflow_the_s3_secret_reaches_every_step_and_the_workers(tmp_path) -> None:
+    """``trainflow compile --s3-secret``: each task pod gets the Secret's keys as AWS_* variables
+    (kfp-kubernetes, optional so a missing Secret fails the step with a line, not a stuck pod); the
+    Secret name is the ``s3_secret_name`` parameter (a run may pick another); the key names reach the
+    train step, which puts them in the workers' secretKeyRefs. No credential is a parameter."""
+    out = tmp_path / "kubeflow.yaml"
+    subprocess.run(
+        [sys.executable, "-m", "trainflow.cli", "compile", "--output", str(out), "--s3-secret", "mlpipeline-minio-artifact",
+         "--s3-access-key-key", "accesskey", "--s3-secret-key-key", "secretkey"],
+        check=True, capture_output=True, timeout=300,
+    )
+    spec, platform = _docs(out)
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert set(executors) == {"exec-prepare-dataset", "exec-train", "exec-evaluate", "exec-register-model"}
+    for config in executors.values():
+        (wiring,) = config["secretAsEnv"]
+        assert wiring["secretNameParameter"] == {"componentInputParameter": "s3_secret_name"}
+        assert wiring["optional"] is True
+        assert {(m["secretKey"], m["envVar"]) for m in wiring["keyToEnv"]} == {
+            ("accesskey", "AWS_ACCESS_KEY_ID"), ("secretkey", "AWS_SECRET_ACCESS_KEY"),
+            ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_S3")}
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert params["s3_secret_name"]["defaultValue"] == "mlpipeline-minio-artifact"
+    assert not [p for p in params if re.search(r"access_key|secret_key|password|token", p)]
+    train = spec["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
+    assert train["s3_access_key_key"] == {"runtimeValue": {"constant": "accesskey"}}
+    assert train["s3_secret_key_key"] == {"runtimeValue": {"constant": "secretkey"}}
+    for name in ("s3_secret_name", "s3_endpoint_url", "namespace", "worker_cpu", "worker_memory", "gpus_per_worker",
+                 "worker_pod_settings", "keep_failed_job", "image"):
+        assert train[name] == {"componentInputParameter": name}, name
+    for task in ("prepare-dataset", "evaluate", "register-model"):
+        assert spec["root"]["dag"]["tasks"][task]["inputs"]["parameters"]["s3_endpoint_url"] == {
+            "componentInputParameter": "s3_endpoint_url"}
+    assert params["namespace"]["defaultValue"] == ""  # the run's own namespace (the KFP profile)
+    assert (params["worker_cpu"]["defaultValue"], params["worker_memory"]["defaultValue"]) == ("1", "4Gi")
+
+    laptop = tmp_path / "laptop.yaml"
+    subprocess.run([sys.executable, "-m", "trainflow.cli", "compile", "--output", str(laptop)], check=True,
+                   capture_output=True, timeout=300, env={k: v for k, v in os.environ.items()
+                                                          if not k.startswith("TRAINFLOW_S3_")})
+    assert len(_docs(laptop)) == 1  # no platform settings without a Secret
+
+
+def test_pipeline_train_and_request_signatures_agree() -> None:
+    """One home per parameter: every train component parameter is a TrainStepRequest field (or an
+    artifact), with the same default; every pipeline parameter the train task takes has the
+    component's default."""
+    import dataclasses
+    import inspect
+
+    from components.specs import train
+    from components.training.step import TrainStepRequest
+    from pipelines.platform import PlatformSettings
+    from pipelines.training import build_pipeline
+
+    request = {f.name: f.default for f in dataclasses.fields(TrainStepRequest)}
+    component = inspect.signature(train.python_func).parameters
+    for name, p in component.items():
+        if name in ("dataset", "model", "metrics"):
+            continue
+        assert name in request, name
+        assert p.default == request[name], (name, p.default, request[name])
+    pipeline = inspect.signature(build_pipeline(PlatformSettings()).pipeline_func).parameters
+    for name, p in pipeline.items():
+        if name in component and name not in ("epochs", "checkpoint_interval_steps"):  # pipeline demo defaults
+            assert p.default == component[name].default, name

@@ -16,7 +16,12 @@ Register with ``pytest_plugins = ["tests.support.k8s"]`` (tests/conftest.py does
 
 Every server listens on 127.0.0.1 only (``tests/integration/test_loopback_only.py`` checks it).
 
-No kube-controller-manager (it would double the build): there is no garbage collector, namespace
+A session with tests marked ``realnode`` gets a bed with a real node (:mod:`tests.support.realnode`:
+kubelet, containerd, CoreDNS, kube-proxy in a network namespace) and kube-controller-manager; its
+API server then listens on :attr:`KubeTestBed.node_host_ip` instead of 127.0.0.1. Fixture
+``real_node`` (session) returns the :class:`~tests.support.realnode.RealNode`.
+
+Without a real node there is no kube-controller-manager: no garbage collector, namespace
 controller or service-account controller. :meth:`KubeTestBed.create_namespace` therefore creates the
 ``default`` ServiceAccount itself, and :meth:`KubeTestBed.cleanup_namespace` deletes PyTorchJobs and
 then their pods (ownerReferences are not followed). Namespaces are never deleted (they would stay
@@ -30,6 +35,10 @@ Fixtures:
 * ``k8s_namespace`` (function): a fresh namespace with a ``default`` ServiceAccount, cleaned after.
 * ``kwok_gpu_nodes`` (function): ``create(count, gpus_per_node=8, **kw) -> list[str]`` making KWOK
   GPU nodes that are deleted after the test.
+* ``real_node`` (session; tests marked ``realnode``): the bed's real node — ``image``,
+  ``pod_placement()``, ``node_selector``, ``tolerations``, ``host_ip``, ``ip``, ``pod_cidr``,
+  ``import_image(source, ref)``, ``ctr(...)``, ``nsenter(...)``. This API is what the end-to-end
+  tests build on: keep it stable.
 
 The build takes ~15-25 minutes on 2 cores the first time and is cached by version under
 ``~/.cache/trainflow/testbed/``; a warm start takes about 10-20 s.
@@ -59,6 +68,7 @@ import yaml
 
 from tests.support.lifetime import die_with_parent
 from tests.support.processes import ManagedProcess, free_port
+from tests.support.realnode import RealNode, SlotLease, cleanup_slot
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TESTBED_DIR = REPO_ROOT / "tests" / "testbed"
@@ -72,6 +82,11 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 OUTCOME_ANNOTATION = "kwok.trainflow.dev/outcome"
 EXIT_CODE_ANNOTATION = "kwok.trainflow.dev/exit-code"
 DELAY_ANNOTATION = "kwok.trainflow.dev/delay"
+TERMINATION_MESSAGE_ANNOTATION = "kwok.trainflow.dev/termination-message"
+#: A bound pod with this annotation stays Pending, its containers waiting for the reason it names
+#: (``ErrImagePull``, ``CreateContainerConfigError``...; message from WAITING_MESSAGE_ANNOTATION).
+WAITING_REASON_ANNOTATION = "kwok.trainflow.dev/waiting-reason"
+WAITING_MESSAGE_ANNOTATION = "kwok.trainflow.dev/waiting-message"
 #: Label on every node the test bed creates.
 TESTBED_NODE_LABEL = "trainflow.dev/testbed-node"
 
@@ -83,6 +98,47 @@ OPERATOR_NAMESPACE = "kubeflow"
 OPERATOR_WEBHOOK_SECRET = "training-operator-webhook-cert"
 WEBHOOK_NAME = "trainflow-testbed.validator.pytorchjob.kubeflow.org"
 
+#: kube-controller-manager's controllers with a real node: owner-reference garbage collection,
+#: EndpointSlices (DNS for the operator's headless Services, the kube-proxy's Service rules),
+#: Deployments and ReplicaSets, default ServiceAccounts, the kube-root-ca.crt ConfigMap that
+#: projected service-account volumes mount, namespace deletion, aggregated ClusterRoles and the
+#: storage-protection finalizers. Not the node lifecycle (KWOK nodes), pod GC or Job controllers.
+CONTROLLERS = (
+    "garbage-collector-controller",
+    "endpointslice-controller",
+    "endpointslice-mirroring-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+    "namespace-controller",
+    "clusterrole-aggregation-controller",
+    # Lift the kubernetes.io/pvc-protection finalizers (else a namespace with a PVC never goes).
+    "persistentvolumeclaim-protection-controller",
+    "persistentvolume-protection-controller",
+)
+#: What CoreDNS's kubernetes plugin reads (as kubeadm's system:coredns ClusterRole), for user
+#: system:coredns (the real node's CoreDNS client certificate).
+COREDNS_RBAC = """
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "system:coredns"}
+rules:
+- apiGroups: [""]
+  resources: [endpoints, services, pods, namespaces]
+  verbs: [list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "system:coredns"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: "system:coredns"}
+"""
+
 
 # --------------------------------------------------------------------------------------- binaries
 
@@ -91,14 +147,19 @@ WEBHOOK_NAME = "trainflow-testbed.validator.pytorchjob.kubeflow.org"
 class TestBedBinaries:
     """Paths of the built test-bed programs (see ``tests/testbed/build.sh``)."""
 
-    testbed: Path  # multi-call: kube-apiserver, kube-scheduler, etcd, kubectl
+    testbed: Path  # multi-call: kube-apiserver, kube-scheduler, kube-controller-manager, kubelet, ...
     kwok: Path
     training_operator: Path
     pytorchjob_crd: Path
+    coredns: Path
 
     @property
     def kubectl(self) -> Path:
         return self.testbed.parent / "kubectl"
+
+    def program(self, name: str) -> Path:
+        """The multi-call binary's symlink for ``name`` (``kubelet``, ``kube-proxy``, ...)."""
+        return self.testbed.parent / name
 
 
 def testbed_binaries() -> TestBedBinaries:
@@ -129,6 +190,7 @@ def testbed_binaries() -> TestBedBinaries:
         kwok=Path(paths["KWOK_BIN"]),
         training_operator=operator,
         pytorchjob_crd=Path(paths["PYTORCHJOB_CRD"]),
+        coredns=Path(paths["COREDNS_BIN"]),
     )
 
 
@@ -365,17 +427,28 @@ def _describe_leftover(obj: Any, cleanup_started: dt.datetime) -> str:
 class KubeTestBed:
     """etcd + kube-apiserver + kube-scheduler + KWOK + training operator on 127.0.0.1.
 
+    With ``real_node=True`` also a real node (:mod:`tests.support.realnode`: kubelet, containerd,
+    CoreDNS, kube-proxy in a network namespace of the bed's own) and kube-controller-manager; the
+    API server then listens on :attr:`node_host_ip` (the host's address on the node's network)
+    instead of 127.0.0.1, so that the node and its pods reach it.
+
     Attributes:
         root: working folder (certificates, kubeconfigs, etcd data, logs).
         binaries: the built programs.
+        real_node: start a real node (needs root; see :mod:`tests.support.realnode`).
         kubeconfig: path of a cluster-admin kubeconfig (user ``trainflow-admin``, group
             ``system:masters``).
-        server: the API server URL, ``https://127.0.0.1:PORT``.
+        server: the API server URL, ``https://127.0.0.1:PORT`` (``https://<node_host_ip>:PORT``
+            with a real node).
+        node: the real node, once started.
     """
 
     root: Path
     binaries: TestBedBinaries
     ready_timeout_s: float = 90.0
+    real_node: bool = False
+    node: RealNode | None = field(init=False, default=None)
+    _lease: SlotLease | None = field(init=False, default=None, repr=False)
     kubeconfig: Path = field(init=False)
     server: str = field(init=False)
     _ports: dict[str, int] = field(init=False, default_factory=dict)
@@ -396,10 +469,17 @@ class KubeTestBed:
             "operator_metrics",
             "operator_probe",
             "webhook",
+            *(["controller_manager"] if self.real_node else []),
         ):
             self._ports[name] = free_port()
         self.server = f"https://127.0.0.1:{self._ports['apiserver']}"
         self.kubeconfig = self.root / "admin.kubeconfig"
+
+    @property
+    def node_host_ip(self) -> str:
+        """Where servers that pods must reach listen: the host's address on the real node's
+        network (``10.250.<slot>.1``), or 127.0.0.1 without a real node."""
+        return self._lease.slot.host_ip if self._lease is not None else "127.0.0.1"
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -411,15 +491,18 @@ class KubeTestBed:
                 message); everything already started is stopped first.
         """
         started = time.monotonic()
+        steps: list[Callable[[], None]] = [
+            self._write_pki,
+            self._start_etcd,
+            self._start_apiserver,
+            self._start_scheduler_and_kwok,
+            self._bootstrap,
+            self._start_operator,
+        ]
+        if self.real_node:
+            steps = [self._node_network, *steps, self._start_controller_manager, self._start_node]
         try:
-            for step in (
-                self._write_pki,
-                self._start_etcd,
-                self._start_apiserver,
-                self._start_scheduler_and_kwok,
-                self._bootstrap,
-                self._start_operator,
-            ):
+            for step in steps:
                 t0 = time.monotonic()
                 step()
                 self.startup_steps_s[step.__name__.lstrip("_")] = round(time.monotonic() - t0, 2)
@@ -430,13 +513,26 @@ class KubeTestBed:
         return self
 
     def stop(self) -> None:
-        """Stop every started process by PID, newest first."""
+        """Stop every started process by PID, newest first (a real node's pods and programs first)."""
+        if self._lease is not None:
+            # Controllers would recreate the pods the node is about to delete.
+            for name in ("training-operator", "kube-controller-manager"):
+                proc = self.processes().get(name)
+                if proc is not None:
+                    proc.stop()
+            if self.node is not None:
+                self.node.stop()
+                self.node = None
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.close()
             self._client = None
         while self._processes:
             self._processes.pop().stop()
+        if self._lease is not None:
+            cleanup_slot(self._lease.slot)
+            self._lease.release()
+            self._lease = None
 
     def __enter__(self) -> KubeTestBed:
         return self.start()
@@ -457,11 +553,21 @@ class KubeTestBed:
         """TCP ports on 127.0.0.1 by role, chosen at creation.
 
         Roles: ``etcd``, ``etcd_peer``, ``apiserver``, ``scheduler``, ``kwok`` (KWOK's server),
-        ``webhook``, ``operator_metrics`` and ``operator_probe`` (the training operator's).
+        ``webhook``, ``operator_metrics`` and ``operator_probe`` (the training operator's),
+        ``controller_manager`` (with a real node). The API server's is on :attr:`node_host_ip`.
         """
         return dict(self._ports)
 
     # -- pieces -------------------------------------------------------------------------------
+
+    def _node_network(self) -> None:
+        """Take a real-node slot, make its network, and move the API server onto it."""
+        from tests.support.realnode import acquire_slot, check_host, create_network
+
+        check_host()
+        self._lease = acquire_slot()
+        create_network(self._lease)
+        self.server = f"https://{self.node_host_ip}:{self._ports['apiserver']}"
 
     def _write_pki(self) -> None:
         pki = self.root / "pki"
@@ -475,14 +581,31 @@ class KubeTestBed:
                 "kubernetes",
                 "kubernetes.default",
                 "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
                 "10.96.0.1",
+                *([self.node_host_ip] if self.real_node else []),
             ],
         )
         _pem_write(pki / "apiserver.crt", crt)
         _pem_write(pki / "apiserver.key", key)
-        for user, org in (("trainflow-admin", "system:masters"), ("system:kube-scheduler", None)):
+        # (user, organization, file stem); the real node's components only with a real node.
+        users = [("trainflow-admin", "system:masters", "trainflow-admin"), ("system:kube-scheduler", None, "system-kube-scheduler")]
+        if self.real_node:
+            from tests.support.realnode import NODE_NAME
+
+            users += [
+                (f"system:node:{NODE_NAME}", "system:nodes", "system-node"),
+                ("system:kube-proxy", None, "system-kube-proxy"),
+                ("system:coredns", None, "system-coredns"),
+                ("system:kube-controller-manager", None, "system-kube-controller-manager"),
+                ("kube-apiserver-kubelet-client", "system:masters", "apiserver-kubelet-client"),
+            ]
+            assert self._lease is not None
+            crt, key = ca.issue(NODE_NAME, server_names=[self._lease.slot.node_ip, NODE_NAME])
+            _pem_write(pki / "kubelet-serving.crt", crt)
+            _pem_write(pki / "kubelet-serving.key", key)
+        for user, org, stem in users:
             crt, key = ca.issue(user, organization=org)
-            stem = user.replace(":", "-")
             _pem_write(pki / f"{stem}.crt", crt)
             _pem_write(pki / f"{stem}.key", key)
             text = _kubeconfig(self.server, pki / "ca.crt", pki / f"{stem}.crt", pki / f"{stem}.key", user)
@@ -536,14 +659,30 @@ class KubeTestBed:
 
     def _start_apiserver(self) -> None:
         pki = self.root / "pki"
+        if self.real_node:
+            # Reachable from the node and its pods; the `kubernetes` Service's endpoint is this
+            # address (lease reconciler); kubelets authenticate as nodes (Node authorizer).
+            host = self.node_host_ip
+            node_flags = [
+                "--endpoint-reconciler-type=lease",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
+        else:
+            host = "127.0.0.1"
+            node_flags = ["--endpoint-reconciler-type=none", "--authorization-mode=RBAC"]
         proc = self._spawn(
             "kube-apiserver",
             [
                 self.binaries.testbed,
                 "kube-apiserver",
                 f"--etcd-servers=http://127.0.0.1:{self._ports['etcd']}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={host}",
+                f"--advertise-address={host}",
                 f"--secure-port={self._ports['apiserver']}",
                 f"--cert-dir={self.root / 'apiserver'}",
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -552,9 +691,8 @@ class KubeTestBed:
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                "--authorization-mode=RBAC",
                 "--service-cluster-ip-range=10.96.0.0/16",
-                "--endpoint-reconciler-type=none",
+                *node_flags,
                 "--allow-privileged=true",
                 # No node-lifecycle controller removes the not-ready taint this plugin puts on new nodes.
                 "--disable-admission-plugins=TaintNodesByCondition",
@@ -601,6 +739,9 @@ class KubeTestBed:
             return any(c.type == "Established" and c.status == "True" for c in (crd.status.conditions or []))
 
         wait_until(established, timeout_s=30, what=f"CRD {crd_name} to be Established")
+        if self.real_node:
+            for obj in codecs.load_all_yaml(COREDNS_RBAC):
+                client.apply(obj, field_manager="trainflow-testbed", force=True)
         import base64
 
         client.create(
@@ -689,6 +830,35 @@ class KubeTestBed:
         self._wait_ready(
             operator, lambda: _http_ok(f"http://127.0.0.1:{self._ports['operator_probe']}/readyz")
         )
+
+    def _start_controller_manager(self) -> None:
+        """kube-controller-manager with the controllers a real node's workloads need."""
+        cm = self.root / "system-kube-controller-manager.kubeconfig"
+        proc = self._spawn(
+            "kube-controller-manager",
+            [
+                self.binaries.program("kube-controller-manager"),
+                f"--kubeconfig={cm}",
+                f"--authentication-kubeconfig={cm}",
+                f"--authorization-kubeconfig={cm}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={self._ports['controller_manager']}",
+                "--leader-elect=false",
+                "--use-service-account-credentials=true",
+                f"--root-ca-file={self.root / 'pki' / 'ca.crt'}",
+                "--controllers=" + ",".join(CONTROLLERS),
+                "--v=1",
+            ],
+        )
+        self._wait_ready(
+            proc, lambda: _http_ok(f"https://127.0.0.1:{self._ports['controller_manager']}/healthz", verify=False)
+        )
+
+    def _start_node(self) -> None:
+        assert self._lease is not None
+        self.node = RealNode(bed=self, lease=self._lease)
+        self.node.start()
+        self.startup_steps_s.update({f"node.{k}": v for k, v in self.node.startup_steps_s.items()})
 
     # -- API helpers --------------------------------------------------------------------------
 
@@ -1027,16 +1197,44 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.write_line(line)
 
 
+#: Marker of the tests that need the real node (``real_node`` fixture).
+REAL_NODE_MARKER = "realnode"
+
+
 @pytest.fixture(scope="session")
-def k8s_testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeTestBed]:
-    """The Kubernetes test bed, started once per session and stopped by PID at the end."""
-    bed = KubeTestBed(root=tmp_path_factory.mktemp("k8s"), binaries=testbed_binaries())
+def k8s_testbed(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[KubeTestBed]:
+    """The Kubernetes test bed, started once per session and stopped by PID at the end.
+
+    It has a real node (:mod:`tests.support.realnode`) when the session has a test marked
+    ``realnode``: one API server for the session, whose address is then the node's host address.
+    """
+    real_node = any(item.get_closest_marker(REAL_NODE_MARKER) for item in request.session.items)
+    bed = KubeTestBed(root=tmp_path_factory.mktemp("k8s"), binaries=testbed_binaries(), real_node=real_node)
     bed.start()
     _SUMMARY.append(f"k8s test bed started in {bed.startup_s:.1f} s {bed.startup_steps_s}")
+    if bed.node is not None and bed.node.images is not None:
+        images = bed.node.images
+        _SUMMARY.append(
+            f"real node {bed.node.name} ({bed.node.ip}, pods {bed.node.pod_cidr}) with {images.ref} "
+            f"({images.size_bytes / 1e9:.2f} GB unpacked; image + template ready in {images.build_s:.1f} s)"
+        )
     try:
         yield bed
     finally:
         bed.stop()
+
+
+@pytest.fixture(scope="session")
+def real_node(k8s_testbed: KubeTestBed) -> RealNode:
+    """The test bed's real node (kubelet + containerd): mark the test ``realnode``.
+
+    Pods for it need ``real_node.pod_placement()`` (node selector + toleration of its taint),
+    ``image=real_node.image`` with ``imagePullPolicy: IfNotPresent``, and servers they reach listen
+    on ``real_node.host_ip``.
+    """
+    if k8s_testbed.node is None:
+        pytest.fail("the test bed has no real node: mark the test with @pytest.mark.realnode")
+    return k8s_testbed.node
 
 
 @pytest.fixture(scope="session")
@@ -1069,7 +1267,7 @@ def kwok_gpu_nodes(k8s_testbed: KubeTestBed) -> Iterator[Callable[..., list[str]
 
 
 def main() -> None:
-    """Start the test bed by hand: ``python -m tests.support.k8s [--nodes N --gpus-per-node G]``."""
+    """Start the test bed by hand: ``python -m tests.support.k8s [--nodes N --gpus-per-node G] [--real-node]``."""
     import argparse
     import signal
     import tempfile
@@ -1077,13 +1275,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Run the trainflow Kubernetes test bed until Ctrl-C.")
     parser.add_argument("--nodes", type=int, default=2, help="KWOK GPU nodes to create")
     parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--real-node", action="store_true",
+                        help="also a real node (kubelet, containerd, CoreDNS, kube-proxy; needs root)")  # fmt: skip
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory(prefix="trainflow-testbed-") as root,
-        KubeTestBed(root=Path(root), binaries=testbed_binaries()) as bed,
+        KubeTestBed(root=Path(root), binaries=testbed_binaries(), real_node=args.real_node) as bed,
     ):
         bed.create_gpu_nodes(args.nodes, args.gpus_per_node, prefix="gpu")
-        print(f"test bed up in {bed.startup_s:.1f} s; logs in {bed.log_dir}")
+        print(f"test bed up in {bed.startup_s:.1f} s {bed.startup_steps_s}; logs in {bed.log_dir}")
+        if bed.node is not None:
+            print(f"real node {bed.node.name}: {bed.node.ip}, pods {bed.node.pod_cidr}, image {bed.node.image}; "
+                  f"servers for pods listen on {bed.node_host_ip}")  # fmt: skip
         print(f"export KUBECONFIG={bed.kubeconfig}")
         print(f"alias kubectl={bed.binaries.kubectl}")
         stop = threading.Event()

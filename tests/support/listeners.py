@@ -100,11 +100,49 @@ def listening_sockets(owners: Mapping[str, int]) -> list[ListeningSocket]:
         for proc in process_tree(pid):
             with contextlib.suppress(*_GONE):
                 name = proc.name()
-                for conn in proc.net_connections(kind="tcp"):
-                    if conn.status == psutil.CONN_LISTEN and conn.laddr:
-                        ip, port = conn.laddr[0], conn.laddr[1]
-                        sockets.add(ListeningSocket(owner, proc.pid, name, normalize_ip(ip), port))
+                if _own_netns(proc.pid):
+                    for conn in proc.net_connections(kind="tcp"):
+                        if conn.status == psutil.CONN_LISTEN and conn.laddr:
+                            ip, port = conn.laddr[0], conn.laddr[1]
+                            sockets.add(ListeningSocket(owner, proc.pid, name, normalize_ip(ip), port))
+                else:
+                    for ip, port in _listening_in_netns(proc.pid):
+                        sockets.add(ListeningSocket(owner, proc.pid, name, ip, port))
     return sorted(sockets)
+
+
+def _own_netns(pid: int) -> bool:
+    """True when ``pid`` shares this process's network namespace (psutil reads only this one's)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net")
+    except OSError:
+        return True
+
+
+def _listening_in_netns(pid: int) -> set[tuple[str, int]]:
+    """``(ip, port)`` of the listening TCP sockets ``pid`` holds, read from its own namespace's
+    ``/proc/<pid>/net/tcp{,6}`` (the real node's programs run in a network namespace)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    found = set()
+    for table, width in (("tcp", 8), ("tcp6", 32)):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/net/{table}") as fh:
+            next(fh)
+            for line in fh:
+                fields = line.split()
+                if fields[3] != "0A" or fields[9] not in inodes:  # 0A: TCP_LISTEN
+                    continue
+                hex_ip, hex_port = fields[1].split(":")
+                raw = bytes.fromhex(hex_ip)
+                # The kernel prints each 32-bit word in host (little-endian) order.
+                raw = b"".join(raw[i : i + 4][::-1] for i in range(0, width // 2, 4))
+                found.add((normalize_ip(str(ipaddress.ip_address(raw))), int(hex_port, 16)))
+    return found
 
 
 def off_loopback(sockets: Iterable[ListeningSocket]) -> list[ListeningSocket]:

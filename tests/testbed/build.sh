@@ -6,12 +6,15 @@
 #
 # Prints NAME=PATH lines (shell- and Python-parsable) for what was asked:
 #   MINIO_BIN             MinIO server                     ~/.cache/trainflow/minio/<version>/
-#   TESTBED_BIN           multi-call kube-apiserver/kube-scheduler/etcd/kubectl
-#                                                          ~/.cache/trainflow/testbed/controlplane/<k8s>-<hash>/
-#   KUBE_APISERVER_BIN, KUBE_SCHEDULER_BIN, ETCD_BIN, KUBECTL_BIN   symlinks to TESTBED_BIN
-#   KWOK_BIN, TRAINING_OPERATOR_BIN, PYTORCHJOB_CRD       ~/.cache/trainflow/testbed/tools/<versions>-<hash>/
+#   TESTBED_BIN           multi-call kube-apiserver/kube-scheduler/kube-controller-manager/kubelet/
+#                         kube-proxy/etcd/kubectl   ~/.cache/trainflow/testbed/controlplane/<k8s>-<hash>/
+#   KUBE_APISERVER_BIN, KUBE_SCHEDULER_BIN, KUBE_CONTROLLER_MANAGER_BIN, KUBELET_BIN, KUBE_PROXY_BIN,
+#   ETCD_BIN, KUBECTL_BIN                                 symlinks to TESTBED_BIN
+#   KWOK_BIN, TRAINING_OPERATOR_BIN, COREDNS_BIN, PYTORCHJOB_CRD
+#                                                         ~/.cache/trainflow/testbed/tools/<versions>-<hash>/
 #                         (TRAINING_OPERATOR_BIN: tools/cmd/training-operator, the operator's packages
-#                          behind a main whose servers all listen on 127.0.0.1)
+#                          behind a main whose servers all listen on 127.0.0.1; COREDNS_BIN:
+#                          tools/cmd/coredns, CoreDNS with the plugins the real node's DNS uses)
 #   KFP_BIN_DIR           Kubeflow Pipelines 2.14.3 backend: apiserver, persistence (agent),
 #                         scheduledworkflow (controller), driver, launcher-v2; CRDs under crds/
 #                                                          ~/.cache/trainflow/kfp/<version>-<hash>/
@@ -78,7 +81,7 @@ module_hash() { (cd "$1" && find . \( -name go.mod -o -name go.sum -o -name '*.g
 
 build_controlplane() {
   local out="$1" minor p c ld
-  log "building kube-apiserver, kube-scheduler, kubectl $KUBERNETES_VERSION and etcd $ETCD_VERSION (first use; ~10-15 min on 2 cores)"
+  log "building kube-apiserver, kube-scheduler, kube-controller-manager, kubelet, kube-proxy, kubectl $KUBERNETES_VERSION and etcd $ETCD_VERSION (first use; ~20-30 min on 2 cores)"
   minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
   # The release's version, as its own build (hack/lib/version.sh) stamps it into both packages.
   ld="-s -w"
@@ -86,15 +89,16 @@ build_controlplane() {
     ld+=" -X $p.gitVersion=$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
   done
   (cd "$here/controlplane" && nice -n 10 go build -ldflags "$ld" -o "$out/testbed" .) >&2
-  for c in kube-apiserver kube-scheduler etcd kubectl; do ln -s testbed "$out/$c"; done
+  for c in $CONTROLPLANE_PROGRAMS; do ln -s testbed "$out/$c"; done
 }
 
 build_tools() {
   local out="$1" dir
-  log "building kwok $KWOK_VERSION and training-operator $TRAINING_OPERATOR_VERSION (first use; ~4-6 min on 2 cores)"
-  # ./cmd/training-operator: our loopback-only main around the operator's packages (see its doc).
+  log "building kwok $KWOK_VERSION, training-operator $TRAINING_OPERATOR_VERSION and coredns $COREDNS_VERSION (first use; ~6-9 min on 2 cores)"
+  # ./cmd/training-operator: our loopback-only main around the operator's packages (see its doc);
+  # ./cmd/coredns: CoreDNS with the few plugins the cluster DNS uses (see its doc).
   (cd "$here/tools" && nice -n 10 go build -ldflags "-s -w" -o "$out/" \
-    sigs.k8s.io/kwok/cmd/kwok ./cmd/training-operator) >&2
+    sigs.k8s.io/kwok/cmd/kwok ./cmd/training-operator ./cmd/coredns) >&2
   dir="$(cd "$here/tools" && go mod download -json github.com/kubeflow/training-operator |
     sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
   cp "$dir/manifests/base/crds/kubeflow.org_pytorchjobs.yaml" "$out/"
@@ -146,6 +150,7 @@ build_mlmd() {
   "$out/venv/bin/python" -c "import ml_metadata.metadata_store.pywrap.metadata_store_extension" >&2
 }
 
+CONTROLPLANE_PROGRAMS="kube-apiserver kube-scheduler kube-controller-manager kubelet kube-proxy etcd kubectl"
 want_minio=0 want_k8s=0 want_kfp=0
 [ $# -eq 0 ] && set -- minio k8s
 for part in "$@"; do
@@ -166,14 +171,15 @@ if [ $want_k8s = 1 ]; then
   d="$cache_root/testbed/controlplane/$KUBERNETES_VERSION-$(module_hash "$here/controlplane")"
   locked "$d" testbed build_controlplane
   echo "TESTBED_BIN=$d/testbed"
-  echo "KUBE_APISERVER_BIN=$d/kube-apiserver"
-  echo "KUBE_SCHEDULER_BIN=$d/kube-scheduler"
-  echo "ETCD_BIN=$d/etcd"
-  echo "KUBECTL_BIN=$d/kubectl"
-  d="$cache_root/testbed/tools/kwok-$KWOK_VERSION-to-$TRAINING_OPERATOR_VERSION-$(module_hash "$here/tools")"
+  for c in $CONTROLPLANE_PROGRAMS; do
+    v="$(echo "$c" | tr 'a-z-' 'A-Z_')_BIN"
+    echo "$v=$d/$c"
+  done
+  d="$cache_root/testbed/tools/kwok-$KWOK_VERSION-to-$TRAINING_OPERATOR_VERSION-dns-$COREDNS_VERSION-$(module_hash "$here/tools")"
   locked "$d" kubeflow.org_pytorchjobs.yaml build_tools
   echo "KWOK_BIN=$d/kwok"
   echo "TRAINING_OPERATOR_BIN=$d/training-operator"
+  echo "COREDNS_BIN=$d/coredns"
   echo "PYTORCHJOB_CRD=$d/kubeflow.org_pytorchjobs.yaml"
 fi
 if [ $want_kfp = 1 ]; then

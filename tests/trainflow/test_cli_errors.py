@@ -44,6 +44,14 @@ def _run(args: list[str], tmp_path: Path, env: dict | None = None) -> subprocess
             "invalid hyper-parameter: max_global_batch_size must be >= global_batch_size (64), got 32",
         ),
         (["run", "--checkpoint-uri", "gs://bucket/x"], "no checkpoint storage accepts 'gs://bucket/x'"),
+        (["run", "--backend", "slurm"], "invalid hyper-parameter: backend must be one of ('local', 'pytorchjob')"),
+        (["run", "--backend", "pytorchjob", "--image", "x:1"],
+         "--backend pytorchjob needs --checkpoint-uri s3://BUCKET/PREFIX"),
+        (["run", "--backend", "pytorchjob", "--checkpoint-uri", "s3://b/c"], "--backend pytorchjob needs --image"),
+        (["run", "--backend", "pytorchjob", "--checkpoint-uri", "s3://b/c", "--image", "x:1",
+          "--worker-pod-settings", '{"nodeSelector": {}}'], "worker_pod_settings: unknown key(s) nodeSelector"),
+        (["run", "--backend", "pytorchjob", "--checkpoint-uri", "s3://b/c", "--image", "x:1", "--min-workers", "3",
+          "--max-workers", "2"], "invalid hyper-parameter: need 1 <= min_workers <= max_workers, got 3..2"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, args, message) -> None:

@@ -3,11 +3,15 @@
 ::
 
     <checkpoint uri>/<job key>/
-        step-0000000120/state.pt        torch.save of the whole training state (model, optimizer, ...)
-        step-0000000120/MANIFEST.json   written LAST: a checkpoint exists only once this exists
-        faults/...                       fault-injection markers (see components.training.faults)
+        writers/g0000000003.json             create-only claim of writer generation 3 (the newest owns the key)
+        step-0000000120/state-g0000000003.pt torch.save of the whole training state, by writer generation 3
+        step-0000000120/MANIFEST.json        written LAST, create-only: a checkpoint exists only once this exists
+        faults/...                           fault-injection markers (see components.training.faults)
 
-Steps are zero-padded so lexicographic listing (S3 ``ListObjectsV2``) equals numeric order.
+Steps and generations are zero-padded so lexicographic listing (S3 ``ListObjectsV2``) equals numeric
+order. Each writer generation names its own state file, so two writers of one step never overwrite
+each other's bytes, and a manifest always describes the file its writer wrote. Checkpoints written
+before generations existed hold ``state.pt`` (still loaded).
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ import re
 FORMAT = "trainflow-checkpoint/1"
 MANIFEST_NAME = "MANIFEST.json"
 STATE_NAME = "state.pt"
+WRITERS_PREFIX = "writers/"
 _STEP_RE = re.compile(r"^step-(\d{10})/")
+_WRITER_RE = re.compile(r"^writers/g(\d{10})\.json$")
+_STATE_RE = re.compile(r"^state(-g\d{10})?\.pt$")
 
 
 def step_prefix(step: int) -> str:
@@ -29,6 +36,26 @@ def step_prefix(step: int) -> str:
 
 def manifest_key(step: int) -> str:
     return f"{step_prefix(step)}/{MANIFEST_NAME}"
+
+
+def state_name(generation: int) -> str:
+    """The state file a writer generation writes (``3`` → ``"state-g0000000003.pt"``)."""
+    return f"state-g{generation:010d}.pt"
+
+
+def is_state_name(name: str) -> bool:
+    """``state.pt`` (before writer generations) or ``state-g<N>.pt``."""
+    return bool(_STATE_RE.match(name))
+
+
+def writer_key(generation: int) -> str:
+    return f"{WRITERS_PREFIX}g{generation:010d}.json"
+
+
+def parse_writer(key: str) -> int | None:
+    """The generation a claim key names (``writers/g0000000003.json`` → 3), or ``None``."""
+    m = _WRITER_RE.match(key)
+    return int(m.group(1)) if m else None
 
 
 def parse_step(key: str) -> int | None:
@@ -44,8 +71,8 @@ def validate_manifest(manifest: object) -> dict:
     if manifest.get("format") != FORMAT:
         raise ValueError(f"manifest format is {manifest.get('format')!r}, expected {FORMAT!r}")
     files = manifest.get("files")
-    if not isinstance(files, dict) or STATE_NAME not in files:
-        raise ValueError(f"manifest lists no {STATE_NAME}")
+    if not isinstance(files, dict) or sum(is_state_name(n) for n in files) != 1:
+        raise ValueError("manifest lists no state file (or more than one)")
     for name, meta in files.items():
         if not (isinstance(meta, dict) and isinstance(meta.get("size_bytes"), int) and isinstance(meta.get("sha256"), str)):
             raise ValueError(f"manifest entry for {name!r} lacks size_bytes/sha256")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -59,11 +60,23 @@ class LocalStorage:
         except OSError as e:
             raise CheckpointStorageError(f"checkpoint folder {self.root} is not writable: {e}") from e
 
+    def _makedirs(self, folder: Path) -> None:
+        """``mkdir -p`` that fsyncs the parent of every folder it creates, so a committed file's
+        folder (``step-N/``, the job folder) survives a crash as well as the file itself."""
+        missing = []
+        while not folder.is_dir():
+            missing.append(folder)
+            folder = folder.parent
+        for path in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                path.mkdir()
+            _fsync_dir(path.parent)
+
     @contextlib.contextmanager
     def open_write(self, key: str, *, create_only: bool = False) -> Iterator[BinaryIO]:
         target = self._path(key)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            self._makedirs(target.parent)
         except OSError as e:
             raise CheckpointStorageError(f"cannot create {target.parent}: {e}") from e
         if create_only and target.exists():
@@ -112,6 +125,25 @@ class LocalStorage:
                 if key.startswith(prefix):
                     keys.append(key)
         return sorted(keys)
+
+    def cleanup_incomplete(self, *, older_than_s: float | None) -> int:
+        if not self.root.is_dir():
+            return 0
+        cutoff = None if older_than_s is None else time.time() - older_than_s
+        removed = 0
+        for dirpath, _dirnames, filenames in os.walk(self.root):
+            for name in filenames:
+                if not (name.startswith(".") and _TMP_MARK in name):
+                    continue
+                path = Path(dirpath, name)
+                with contextlib.suppress(FileNotFoundError):
+                    if cutoff is None or path.stat().st_mtime < cutoff:
+                        path.unlink()
+                        removed += 1
+                        with contextlib.suppress(OSError):  # a step folder holding nothing else
+                            if path.parent != self.root and not any(path.parent.iterdir()):
+                                path.parent.rmdir()
+        return removed
 
     def delete(self, keys: Iterable[str]) -> None:
         parents = set()

@@ -17,15 +17,29 @@ is skipped (logged and counted), so a slow or unreachable store never stalls tra
 
 Loading walks committed checkpoints newest first; a checkpoint whose manifest is unreadable, or whose
 files are missing, truncated or fail their SHA-256, is skipped with a warning and the previous one is
-used. Retention keeps the newest ``keep_last_k`` committed checkpoints; deleting removes the manifest
-first, so a half-deleted checkpoint is never seen as committed.
+used. Retention keeps the newest ``keep_last_k`` checkpoints that are known good — committed by this
+manager, or verified (sizes + SHA-256) once — never deletes a good one newer than its own newest
+commit, and deletes checkpoints found corrupt; deleting removes the manifest first, so a
+half-deleted checkpoint is never seen as committed. Leftovers of interrupted writes (local temp
+files, unfinished S3 multipart uploads) are removed when the writer claims the key and, once old,
+at every retention.
+
+**Writer fencing.** Rank 0 of one worker group is the only writer *within* a job, but a job key can
+gain a second writer (a run resubmitted while the old one still saves on SIGTERM, an orphaned
+PyTorchJob still training beside its retry). Every writer therefore first claims a *generation*
+with a create-only write of ``writers/g<N>.json`` (N = newest + 1; ``link(2)`` locally,
+``If-None-Match: *`` on S3) — the newest claim owns the key. Before each manifest write and before
+retention the writer lists ``writers/``; finding a newer claim it stops writing and deleting for good
+(:class:`WriterFencedError`; the trainer exits 2). Each generation writes its own state file, and the
+manifest itself is create-only, so interleaved writes of one step can never produce a manifest whose
+checksum describes the other writer's bytes.
 
 Call order, per rank (the trainer does this; see ``components.training.trainer``):
 
 * every rank: ``load_step(step)`` for the step rank 0 chose with ``latest_committed_step()`` /
   ``load_latest()``;
-* rank 0 only (the single writer): ``save(...)``, ``wait_for_staging()`` before each
-  ``optimizer.step()``, ``close()`` at exit. Per-rank state (RNG) is gathered to rank 0 by the
+* rank 0 only (the single writer): ``claim()`` before loading, ``save(...)``, ``wait_for_staging()``
+  before each ``optimizer.step()``, ``close()`` at exit. Per-rank state (RNG) is gathered to rank 0 by the
   trainer before ``save``.
 """
 
@@ -36,6 +50,8 @@ import hashlib
 import io
 import json
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -45,12 +61,21 @@ from datetime import UTC, datetime
 from typing import Any, BinaryIO
 
 import torch
-from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+)
 
 from components.training.checkpoint import layout
 from components.training.checkpoint.storage import (
     CheckpointStorage,
     CheckpointStorageError,
+    ObjectExistsError,
+    ObjectNotFoundError,
     read_bytes,
     write_bytes,
 )
@@ -60,6 +85,14 @@ log = logging.getLogger("trainflow.checkpoint")
 
 class CheckpointCorruptError(RuntimeError):
     """A checkpoint's manifest or files are missing, unreadable or fail their checksum."""
+
+
+class WriterFencedError(RuntimeError):
+    """A newer writer generation claimed this job key: this writer must stop writing (permanently)."""
+
+
+STALE_WRITE_AGE_S = 600.0
+"""Retention removes leftovers of interrupted writes once they are this old (a claim removes all)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +111,8 @@ class CheckpointStats:
     committed: int = 0
     skipped_in_flight: int = 0
     failed: int = 0
+    last_commit_unix_s: float | None = None
+    """Wall-clock time of the last commit (for the age-of-last-commit metric)."""
     stall_seconds_total: float = 0.0
     last_stall_seconds: float = 0.0
     last_persist_seconds: float = 0.0
@@ -187,12 +222,14 @@ class CheckpointManager:
 
     Args:
         storage: where this job's checkpoints live (already scoped to the job key).
-        keep_last_k: committed checkpoints kept (>= 1).
+        keep_last_k: known-good checkpoints kept (>= 1).
         retry: how a failed persist is retried.
         clock: monotonic seconds; injectable for tests.
         manifest_extra: constant fields copied into every manifest (job key, versions, ...).
         on_event: called from the persist thread with ``{"event": "checkpoint_committed", "step",
-            "persist_s", "size_bytes"}`` or ``{"event": "checkpoint_failed", "step", "error"}``.
+            "persist_s", "size_bytes"}`` or ``{"event": "checkpoint_failed", "step", "error"}``
+            (``"fenced": True`` when a newer writer took the key). Exceptions it raises are logged
+            and ignored: a full disk under the metrics file never stops checkpointing.
 
     Raises:
         ValueError: ``keep_last_k < 1``.
@@ -217,11 +254,57 @@ class CheckpointManager:
         self.manifest_extra = dict(manifest_extra or {})
         self.on_event = on_event or (lambda event: None)
         self.stats = CheckpointStats()
+        self.generation: int | None = None
+        """This writer's generation once :meth:`claim` ran."""
+        self.fenced: WriterFencedError | None = None
+        """Set (for good) once a newer writer generation is seen."""
+        self._good: set[int] = set()  # steps known to verify: committed here, or verified once
         self._stager = _Stager()
         self._staging_event: Any = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-persist")
         self._in_flight: _InFlight | None = None
         self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------------ writer fencing
+    def claim(self) -> int:
+        """Claim the next writer generation of this job key (create-only), then remove leftovers of
+        interrupted writes. Returns the generation. Call once, before loading, on the writer rank.
+
+        Raises:
+            CheckpointStorageError: the storage failed.
+        """
+        if self.generation is not None:
+            return self.generation
+        generation = self._newest_generation() + 1
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "claimed_at": datetime.now(UTC).isoformat(),
+                  **{k: v for k, v in self.manifest_extra.items() if k == "job_key"}}
+        while True:
+            try:
+                write_bytes(self.storage, layout.writer_key(generation),
+                            json.dumps({**record, "generation": generation}).encode(), create_only=True)
+                break
+            except ObjectExistsError:
+                generation += 1  # another writer claimed it first
+        self.generation = generation
+        removed = self.storage.cleanup_incomplete(older_than_s=None)
+        log.info("claimed writer generation %d%s", generation,
+                 f"; removed {removed} leftover(s) of interrupted writes" if removed else "")
+        return generation
+
+    def _newest_generation(self) -> int:
+        return max((g for k in self.storage.list(layout.WRITERS_PREFIX) if (g := layout.parse_writer(k)) is not None),
+                   default=0)
+
+    def check_fence(self) -> None:
+        """Raise :class:`WriterFencedError` if a newer writer generation claimed the key."""
+        if self.fenced is None and self.generation is not None:
+            newest = self._newest_generation()
+            if newest > self.generation:
+                self.fenced = WriterFencedError(
+                    f"writer generation {newest} took over this job key from generation {self.generation} "
+                    f"({self.storage.uri}): another run is training it; this one stops writing")
+        if self.fenced is not None:
+            raise self.fenced
 
     # ----------------------------------------------------------------- discovery and loading
     def committed_steps(self) -> list[int]:
@@ -233,8 +316,27 @@ class CheckpointManager:
         }
         return sorted((s for s in steps if s is not None), reverse=True)
 
-    def load_step(self, step: int, *, map_location: str | torch.device = "cpu") -> LoadedCheckpoint:
-        """Load and verify one checkpoint.
+    def read_manifest(self, step: int) -> dict[str, Any]:
+        """The validated manifest of ``step``.
+
+        Raises:
+            CheckpointCorruptError: missing, unreadable or invalid, or for another step.
+            CheckpointStorageError: the storage itself failed.
+        """
+        prefix = layout.step_prefix(step)
+        try:
+            manifest = layout.validate_manifest(json.loads(read_bytes(self.storage, layout.manifest_key(step))))
+        except ObjectNotFoundError as e:
+            raise CheckpointCorruptError(f"{prefix}: no manifest") from e
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CheckpointCorruptError(f"{prefix}: bad manifest: {e}") from e
+        if manifest["step"] != step:
+            raise CheckpointCorruptError(f"{prefix}: manifest is for step {manifest['step']}")
+        return manifest
+
+    def load_step(self, step: int, *, map_location: str | torch.device = "cpu",
+                  load_state: bool = True) -> LoadedCheckpoint:
+        """Load and verify one checkpoint (``load_state=False``: verify only; ``state`` is empty).
 
         Raises:
             CheckpointCorruptError: manifest unreadable/invalid, a file missing, truncated, or
@@ -243,31 +345,36 @@ class CheckpointManager:
         """
         t0 = self.clock()
         prefix = layout.step_prefix(step)
-        try:
-            manifest = layout.validate_manifest(json.loads(read_bytes(self.storage, layout.manifest_key(step))))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise CheckpointCorruptError(f"{prefix}: bad manifest: {e}") from e
-        if manifest["step"] != step:
-            raise CheckpointCorruptError(f"{prefix}: manifest is for step {manifest['step']}")
+        manifest = self.read_manifest(step)
         state = None
         for name, meta in manifest["files"].items():
             key = f"{prefix}/{name}"
             try:
                 with self.storage.open_read(key) as f:
                     _verify(f, size_bytes=meta["size_bytes"], sha256=meta["sha256"], what=key)
-                    if name == layout.STATE_NAME:
+                    if load_state and layout.is_state_name(name):
                         state = torch.load(f, map_location=map_location, weights_only=True)
             except CheckpointCorruptError:
                 raise
-            except CheckpointStorageError as e:
-                if "does not exist" in str(e):
-                    raise CheckpointCorruptError(f"{key} is missing") from e
+            except ObjectNotFoundError as e:
+                raise CheckpointCorruptError(f"{key} is missing") from e
+            except CheckpointStorageError:
                 raise
             except Exception as e:  # torch.load / pickle errors on a file that passed its checksum
                 raise CheckpointCorruptError(f"{key}: cannot be loaded: {e}") from e
-        if not isinstance(state, dict):
-            raise CheckpointCorruptError(f"{prefix}: {layout.STATE_NAME} holds no state dict")
-        return LoadedCheckpoint(step=step, state=state, manifest=manifest, load_seconds=self.clock() - t0)
+        if load_state and not isinstance(state, dict):
+            raise CheckpointCorruptError(f"{prefix}: its state file holds no state dict")
+        self._good.add(step)
+        return LoadedCheckpoint(step=step, state=state or {}, manifest=manifest, load_seconds=self.clock() - t0)
+
+    def latest_manifest(self) -> dict[str, Any] | None:
+        """The manifest of the newest committed step that has a valid one (files not verified), or None."""
+        for step in self.committed_steps():
+            try:
+                return self.read_manifest(step)
+            except CheckpointCorruptError:
+                continue
+        return None
 
     def load_latest(self, *, map_location: str | torch.device = "cpu") -> LoadedCheckpoint | None:
         """The newest checkpoint that verifies, or ``None`` if there is none.
@@ -289,6 +396,7 @@ class CheckpointManager:
         *,
         blocking: bool = False,
         manifest_fields: dict[str, Any] | None = None,
+        deadline_s: float | None = None,
     ) -> str:
         """Stage ``state`` and persist it in the background (or synchronously if ``blocking``).
 
@@ -297,12 +405,18 @@ class CheckpointManager:
             state: a tree of dicts/lists/tuples with tensors and picklable-with-``weights_only`` leaves.
             blocking: wait for the in-flight persist, then persist this one before returning.
             manifest_fields: extra JSON fields for this checkpoint's manifest (epoch, world size...).
+            deadline_s: blocking only: give up after this many seconds in all (waiting for the
+                in-flight persist, retries included); the persist may still finish in the background.
 
         Returns:
-            ``"staged"`` (persisting in the background), ``"committed"`` / ``"failed"`` (blocking),
-            or ``"skipped"`` (a previous persist is still in flight).
+            ``"staged"`` (persisting in the background), ``"committed"`` / ``"failed"`` (blocking;
+            ``"failed"`` also when the deadline passed first), ``"skipped"`` (a previous persist is
+            still in flight) or ``"fenced"`` (a newer writer owns the key; nothing is written).
         """
         t0 = self.clock()
+        deadline = None if deadline_s is None else t0 + deadline_s
+        if self.fenced is not None:
+            return "fenced"
         if self._in_flight is not None and not self._in_flight.future.done():
             if not blocking:
                 self.stats.skipped_in_flight += 1
@@ -312,21 +426,31 @@ class CheckpointManager:
                     self._in_flight.step,
                 )
                 return "skipped"
-            self.wait()
+            if not self.wait(None if deadline is None else max(0.0, deadline - self.clock())):
+                log.warning("checkpoint at step %d NOT saved: the save of step %d still persists after %.1f s",
+                            step, self._in_flight.step, deadline_s)
+                return "failed"
         staged, event = self._stager.stage(state)
         self._staging_event = event
         fields = {**self.manifest_extra, **(manifest_fields or {})}
-        future = self._executor.submit(self._persist, step, staged, event, fields)
+        future = self._executor.submit(self._persist, step, staged, event, fields, deadline)
         self._in_flight = _InFlight(step=step, future=future, started_s=t0)
         stall = self.clock() - t0
+        timed_out = False
         if blocking:
-            future.result()
+            try:
+                future.result(timeout=None if deadline is None else max(0.0, deadline - self.clock()))
+            except TimeoutError:
+                timed_out = True
+                log.warning("checkpoint at step %d NOT saved within its %.1f s deadline", step, deadline_s)
             stall = self.clock() - t0
         self.stats.last_stall_seconds = stall
         self.stats.stall_seconds_total += stall
         if not blocking:
             return "staged"
-        return "committed" if self.stats.last_committed_step == step else "failed"
+        if self.fenced is not None:
+            return "fenced"
+        return "committed" if not timed_out and self.stats.last_committed_step == step else "failed"
 
     def wait_for_staging(self) -> None:
         """Gate before ``optimizer.step()``: the staging copies must have read the weights."""
@@ -350,14 +474,24 @@ class CheckpointManager:
         self.wait(timeout_s)
         self._executor.shutdown(wait=timeout_s is None, cancel_futures=False)
 
-    def _persist(self, step: int, staged: Any, event: Any, fields: dict[str, Any]) -> None:
+    def _emit(self, event: dict[str, Any]) -> None:
+        try:
+            self.on_event(event)
+        except Exception as e:  # e.g. ENOSPC under the metrics file: never lose a checkpoint over it
+            log.warning("checkpoint event %s not recorded: %s", event.get("event"), e)
+
+    def _persist(self, step: int, staged: Any, event: Any, fields: dict[str, Any], deadline: float | None) -> None:
         if event is not None:
             event.synchronize()
         t0 = self.clock()
-        prefix = layout.step_prefix(step)
+        stop = stop_after_attempt(self.retry.attempts)
+        if deadline is not None:
+            stop = stop | stop_after_delay(max(0.0, deadline - t0))
         try:
+            if self.generation is None:
+                self.claim()
             for attempt in Retrying(
-                stop=stop_after_attempt(self.retry.attempts),
+                stop=stop,
                 wait=wait_exponential(multiplier=self.retry.base_s, max=self.retry.max_wait_s),
                 retry=retry_if_exception_type(CheckpointStorageError),
                 before_sleep=lambda rs: log.warning(
@@ -369,46 +503,120 @@ class CheckpointManager:
                 reraise=True,
             ):
                 with attempt:
-                    size = self._write(step, prefix, staged, fields)
-        except (CheckpointStorageError, RetryError) as e:
+                    size = self._write(step, staged, fields)
+        except WriterFencedError as e:
+            with self._lock:
+                self.stats.failed += 1
+            log.error("checkpoint at step %d NOT saved: %s", step, e)
+            self._emit({"event": "checkpoint_failed", "step": step, "error": str(e)[:300], "fenced": True})
+            return
+        except (CheckpointStorageError, CheckpointCorruptError, RetryError) as e:
             with self._lock:
                 self.stats.failed += 1
             log.warning("checkpoint at step %d NOT saved after %d attempts: %s", step, self.retry.attempts, e)
-            self.on_event({"event": "checkpoint_failed", "step": step, "error": str(e)[:300]})
+            self._emit({"event": "checkpoint_failed", "step": step, "error": str(e)[:300]})
             return
         except Exception:  # a bug, not a storage hiccup: never kill the persist thread silently
             with self._lock:
                 self.stats.failed += 1
             log.exception("checkpoint at step %d NOT saved: unexpected error", step)
-            self.on_event({"event": "checkpoint_failed", "step": step, "error": "unexpected error"})
+            self._emit({"event": "checkpoint_failed", "step": step, "error": "unexpected error"})
             return
         persist_s = self.clock() - t0
         with self._lock:
             self.stats.committed += 1
             self.stats.last_committed_step = step
+            self.stats.last_commit_unix_s = time.time()
             self.stats.last_persist_seconds = persist_s
             self.stats.persist_seconds_total += persist_s
             self.stats.last_size_bytes = size
+        self._good.add(step)
         log.info("checkpoint at step %d committed (%.1f MB in %.2f s)", step, size / 1e6, persist_s)
-        self.on_event({"event": "checkpoint_committed", "step": step, "persist_s": persist_s, "size_bytes": size})
-        self._apply_retention()
+        self._emit({"event": "checkpoint_committed", "step": step, "persist_s": persist_s, "size_bytes": size})
+        self._apply_retention(step)
 
-    def _write(self, step: int, prefix: str, staged: Any, fields: dict[str, Any]) -> int:
-        with self.storage.open_write(f"{prefix}/{layout.STATE_NAME}") as f:
+    def _write(self, step: int, staged: Any, fields: dict[str, Any]) -> int:
+        """Write the state file, then — unless fenced — the manifest, create-only. Returns the state's size.
+
+        A step that already has a manifest (committed by an earlier writer, e.g. a SIGTERM right after a
+        resume) is left as it is: the state at that step is already saved.
+        """
+        assert self.generation is not None
+        prefix = layout.step_prefix(step)
+        self.check_fence()
+        if self.storage.list(layout.manifest_key(step)):
+            size = self._existing_commit(step, ours=None)
+            if size is not None:
+                return size
+        name = layout.state_name(self.generation)
+        with self.storage.open_write(f"{prefix}/{name}") as f:
             writer = _HashingWriter(f)
             torch.save(staged, writer)  # type: ignore[arg-type]
+        files = {name: {"size_bytes": writer.size_bytes, "sha256": writer.sha256.hexdigest()}}
         manifest = {
             **fields,
             "format": layout.FORMAT,
             "step": step,
+            "writer_generation": self.generation,
             "created_at": datetime.now(UTC).isoformat(),
-            "files": {layout.STATE_NAME: {"size_bytes": writer.size_bytes, "sha256": writer.sha256.hexdigest()}},
+            "files": files,
         }
-        write_bytes(self.storage, layout.manifest_key(step), json.dumps(manifest, indent=1).encode())
-        return writer.size_bytes
+        data = json.dumps(manifest, indent=1).encode()
+        for _ in range(2):
+            self.check_fence()
+            try:
+                write_bytes(self.storage, layout.manifest_key(step), data, create_only=True)
+                return writer.size_bytes
+            except ObjectExistsError:  # another writer committed this step meanwhile
+                size = self._existing_commit(step, ours=name)
+                if size is not None:
+                    return size
+        raise CheckpointStorageError(f"step {step}: could not commit its manifest (another writer keeps replacing it)")
 
-    def _apply_retention(self) -> None:
+    def has_good(self, step: int) -> bool:
+        """Whether ``step`` is committed and verifies (sizes + SHA-256; cached once verified)."""
+        if step in self._good:
+            return True
         try:
+            self.load_step(step, load_state=False)
+        except CheckpointCorruptError:
+            return False
+        return True
+
+    def _existing_commit(self, step: int, *, ours: str | None) -> int | None:
+        """``step`` already has a manifest. Ours (a retried write whose reply was lost) or an earlier
+        writer's that verifies: keep it, drop our state file ``ours``, return its size. A newer
+        writer's: we are fenced. An earlier writer's that is corrupt: un-commit it and return None
+        (the caller writes its own)."""
+        try:
+            existing = json.loads(read_bytes(self.storage, layout.manifest_key(step)))
+            owner = existing.get("writer_generation", 0)
+            size = sum(int(m["size_bytes"]) for m in existing["files"].values())
+        except ObjectNotFoundError:
+            return None  # deleted meanwhile
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+            owner, size = 0, 0
+        if owner == self.generation:
+            return size
+        if isinstance(owner, int) and self.generation is not None and owner > self.generation:
+            self.check_fence()
+        if not self.has_good(step):
+            log.warning("step %d holds a corrupt checkpoint of writer generation %s: replacing it", step, owner)
+            keys = self.storage.list(layout.step_prefix(step) + "/")
+            manifest = [k for k in keys if k.endswith("/" + layout.MANIFEST_NAME)]
+            self.storage.delete(manifest)  # un-commit first
+            self.storage.delete([k for k in keys if k not in manifest and not k.endswith("/" + (ours or "-"))])
+            return None
+        if ours is not None:
+            self.storage.delete([f"{layout.step_prefix(step)}/{ours}"])
+        log.info("step %d was already committed by writer generation %s: keeping that checkpoint", step, owner)
+        return size
+
+    def _apply_retention(self, newest_own: int) -> None:
+        """Keep ``newest_own`` and the newest ``keep_last_k - 1`` other known-good checkpoints below it,
+        every good one above it, uncommitted steps above it (may be in flight); delete the rest."""
+        try:
+            self.check_fence()
             keys = self.storage.list("step-")
             by_step: dict[int, list[str]] = {}
             for k in keys:
@@ -419,16 +627,30 @@ class CheckpointManager:
                 (s for s, ks in by_step.items() if any(k.endswith("/" + layout.MANIFEST_NAME) for k in ks)),
                 reverse=True,
             )
-            keep = set(committed[: self.keep_last_k])
-            newest = committed[0] if committed else -1
-            for s, ks in sorted(by_step.items()):
-                # Old committed checkpoints beyond k, and uncommitted leftovers older than the newest
-                # commit (a crashed persist). Newer uncommitted steps may still be in flight: left alone.
-                if s in keep or s >= newest:
+            keep, corrupt = {newest_own}, set()
+            kept_below = 0
+            for s in committed:
+                if s == newest_own or (s < newest_own and kept_below >= self.keep_last_k - 1):
                     continue
+                if s not in self._good:
+                    try:
+                        self.load_step(s, load_state=False)  # sizes + SHA-256, once per step
+                    except CheckpointCorruptError as e:
+                        log.warning("checkpoint at step %d is corrupt (%s): deleting it", s, e)
+                        corrupt.add(s)
+                        continue
+                keep.add(s)
+                kept_below += s < newest_own
+            for s, ks in sorted(by_step.items()):
+                if s in keep or (s > newest_own and s not in corrupt):
+                    continue
+                self.check_fence()
                 manifest = [k for k in ks if k.endswith("/" + layout.MANIFEST_NAME)]
                 self.storage.delete(manifest)  # un-commit first
                 self.storage.delete([k for k in ks if k not in manifest])
+            self.storage.cleanup_incomplete(older_than_s=STALE_WRITE_AGE_S)
+        except WriterFencedError as e:
+            log.error("checkpoint retention skipped: %s", e)
         except CheckpointStorageError as e:
             log.warning("checkpoint retention skipped: %s", e)
 

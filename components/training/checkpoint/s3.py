@@ -6,14 +6,17 @@ aborted by boto3 on error and otherwise expires through the bucket's lifecycle r
 ``create_only`` uses a conditional PUT (``If-None-Match: *``), supported by AWS S3 since 2024 and by
 MinIO since RELEASE.2023-02 (minio/minio#16551).
 
-Endpoint and credentials (first found wins):
+Endpoint: ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, else an ``endpoint`` file in the Secret
+folder below, else AWS. Credentials (first found wins), never frozen for the life of the job:
 
-1. environment: ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` (endpoint), ``AWS_ACCESS_KEY_ID``,
-   ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``;
-2. a mounted Kubernetes Secret: the folder in ``TRAINFLOW_S3_SECRET_DIR`` holding files named like the
-   variables above, or KFP's ``accesskey`` / ``secretkey`` (the ``mlpipeline-minio-artifact`` layout),
-   plus optional ``endpoint``;
-3. boto3's own chain (instance profile, IRSA web identity, ``~/.aws``).
+1. explicit keys in :class:`S3Settings` (tests, tools): static;
+2. a mounted Kubernetes Secret: the folder in ``TRAINFLOW_S3_SECRET_DIR`` holding files named like
+   ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, or KFP's ``accesskey`` /
+   ``secretkey`` (the ``mlpipeline-minio-artifact`` layout): re-read every
+   ``credentials_refresh_s`` (the kubelet updates mounted Secrets in place when they are rotated);
+3. boto3's own credential chain — environment variables, IRSA web identity, container and instance
+   credentials, ``~/.aws`` with ``credential_process`` — which refreshes temporary credentials
+   itself (a session token in the environment is read by that chain, not copied and frozen here).
 """
 
 from __future__ import annotations
@@ -21,10 +24,14 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
+
+from botocore.credentials import CredentialProvider, RefreshableCredentials
 
 from components.training.checkpoint.storage import (
     CheckpointStorageError,
@@ -40,13 +47,17 @@ _MULTIPART_CHUNK_BYTES = 16 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class S3Settings:
-    """Connection settings for an S3 endpoint."""
+    """Connection settings for an S3 endpoint (secrets are left out of ``repr``)."""
 
     endpoint_url: str | None = None
     """``http(s)://host:port``; ``None`` means AWS's regional endpoint."""
     access_key: str | None = None
-    secret_key: str | None = None
-    session_token: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    secret_dir: str | None = None
+    """A mounted Secret folder to (re-)read credentials from (see module docstring)."""
+    credentials_refresh_s: float = 60.0
+    """How often credentials from ``secret_dir`` are re-read."""
     region: str = "us-east-1"
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 60.0
@@ -55,19 +66,44 @@ class S3Settings:
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> S3Settings:
-        """Settings from the environment, then from a mounted Secret folder (see module docstring)."""
+        """Endpoint and region from the environment (then the Secret folder); credentials are left to
+        the Secret folder or boto3's chain (see module docstring)."""
         env = dict(os.environ if environ is None else environ)
-        secret_dir = env.get("TRAINFLOW_S3_SECRET_DIR")
-        if secret_dir:
-            for name, value in _read_secret_dir(Path(secret_dir)).items():
-                env.setdefault(name, value)
+        secret_dir = env.get("TRAINFLOW_S3_SECRET_DIR") or None
+        from_secret = _read_secret_dir(Path(secret_dir)) if secret_dir else {}
+        has_keys = "AWS_ACCESS_KEY_ID" in from_secret and "AWS_SECRET_ACCESS_KEY" in from_secret
         return cls(
-            endpoint_url=env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None,
-            access_key=env.get("AWS_ACCESS_KEY_ID") or None,
-            secret_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
-            session_token=env.get("AWS_SESSION_TOKEN") or None,
-            region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+            endpoint_url=env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+            or from_secret.get("AWS_ENDPOINT_URL_S3") or None,
+            secret_dir=secret_dir if has_keys and not env.get("AWS_ACCESS_KEY_ID") else None,
+            region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or from_secret.get("AWS_REGION") or "us-east-1",
         )
+
+
+class _SecretDirProvider(CredentialProvider):
+    """A botocore credential provider re-reading a Secret folder every ``refresh_s`` seconds.
+
+    botocore refreshes ``RefreshableCredentials`` once their expiry is within its advisory window
+    (15 min, ``botocore/credentials.py``), so the expiry reported here is that window + ``refresh_s``.
+    """
+
+    METHOD = "trainflow-secret-dir"
+    CANONICAL_NAME = "TrainflowSecretDir"
+
+    def __init__(self, path: Path, refresh_s: float) -> None:
+        super().__init__()
+        self.path = path
+        self.refresh_s = refresh_s
+
+    def _fetch(self) -> dict[str, Any]:
+        values = _read_secret_dir(self.path)
+        expiry = datetime.now(UTC) + timedelta(minutes=15, seconds=self.refresh_s)
+        return {"access_key": values.get("AWS_ACCESS_KEY_ID", ""), "secret_key": values.get("AWS_SECRET_ACCESS_KEY", ""),
+                "token": values.get("AWS_SESSION_TOKEN"), "expiry_time": expiry.isoformat()}
+
+    def load(self) -> Any:
+        return RefreshableCredentials.create_from_metadata(metadata=self._fetch(), refresh_using=self._fetch,
+                                                           method=self.METHOD)
 
 
 _SECRET_ALIASES = {
@@ -107,6 +143,7 @@ class S3Storage:
 
     def __init__(self, uri: str, settings: S3Settings | None = None) -> None:
         import boto3
+        import botocore.session
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 
@@ -114,12 +151,15 @@ class S3Storage:
         self.bucket, self.prefix = parse_s3_uri(uri)
         self.settings = settings or S3Settings.from_env()
         s = self.settings
-        self._client = boto3.client(
+        session = botocore.session.get_session()
+        if s.access_key and s.secret_key:
+            session.set_credentials(s.access_key, s.secret_key, s.session_token)
+        elif s.secret_dir:  # first in boto3's chain (its documented extension point)
+            session.get_component("credential_provider").insert_before(
+                "env", _SecretDirProvider(Path(s.secret_dir), s.credentials_refresh_s))
+        self._client = boto3.session.Session(botocore_session=session).client(
             "s3",
             endpoint_url=s.endpoint_url,
-            aws_access_key_id=s.access_key,
-            aws_secret_access_key=s.secret_key,
-            aws_session_token=s.session_token,
             region_name=s.region,
             config=Config(
                 connect_timeout=s.connect_timeout_s,
@@ -153,17 +193,25 @@ class S3Storage:
         return CheckpointStorageError(f"{action} {self._where()} failed: {_describe(e)}")
 
     def check(self) -> None:
+        """The bucket answers and these credentials may write and delete under the prefix (a real
+        PUT + DELETE of a probe object: ``head_bucket`` alone passes with a read-only policy)."""
         from botocore.exceptions import BotoCoreError, ClientError
 
+        action = "checking"
         try:
             self._client.head_bucket(Bucket=self.bucket)
+            probe = self._key(f".trainflow-write-probe-{uuid.uuid4().hex}")
+            action = "writing a probe object to"
+            self._client.put_object(Bucket=self.bucket, Key=probe, Body=b"")
+            action = "deleting a probe object from"
+            self._client.delete_object(Bucket=self.bucket, Key=probe)
         except ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
             if code in ("404", "NoSuchBucket"):
                 raise CheckpointStorageError(f"S3 bucket {self.bucket!r} does not exist ({self._where()})") from e
-            if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-                raise CheckpointStorageError(f"S3 credentials rejected for {self._where()}: {code}") from e
-            raise self._error("checking", e) from e
+            if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"):
+                raise CheckpointStorageError(f"S3 credentials rejected {action} {self._where()}: {code}") from e
+            raise self._error(action, e) from e
         except BotoCoreError as e:
             raise CheckpointStorageError(f"S3 endpoint unreachable for {self._where()}: {_describe(e)}") from e
 
@@ -226,9 +274,41 @@ class S3Storage:
         full = [{"Key": self._key(k)} for k in keys]
         try:
             for i in range(0, len(full), 1000):  # DeleteObjects takes at most 1,000 keys
-                self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": full[i : i + 1000], "Quiet": True})
+                reply = self._client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": full[i : i + 1000], "Quiet": True})
+                # Quiet mode still reports every key that failed (AccessDenied, ...): a reply of 200 is no
+                # proof that anything was deleted.
+                errors = [err for err in reply.get("Errors", []) if err.get("Code") != "NoSuchKey"]
+                if errors:
+                    first = errors[0]
+                    raise CheckpointStorageError(
+                        f"deleting from {self._where()} failed for {len(errors)} key(s), e.g. {first.get('Key')}: "
+                        f"{first.get('Code')} {first.get('Message', '')}".rstrip())
         except (BotoCoreError, ClientError) as e:
             raise self._error("deleting from", e) from e
+
+    def cleanup_incomplete(self, *, older_than_s: float | None) -> int:
+        """Abort unfinished multipart uploads under the prefix. Lists the bucket's uploads and filters
+        by key here: MinIO answers ``ListMultipartUploads`` with a prefix only for an exact key."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        root = f"{self.prefix}/" if self.prefix else ""
+        cutoff = None if older_than_s is None else datetime.now(UTC) - timedelta(seconds=older_than_s)
+        aborted = 0
+        try:
+            for page in self._client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket):
+                for upload in page.get("Uploads", []) or []:
+                    if not upload["Key"].startswith(root):
+                        continue
+                    if cutoff is not None and upload["Initiated"] > cutoff:
+                        continue
+                    with contextlib.suppress(ClientError):  # finished or aborted meanwhile
+                        self._client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
+                                                            UploadId=upload["UploadId"])
+                        aborted += 1
+        except (BotoCoreError, ClientError) as e:
+            raise self._error("listing unfinished uploads of", e) from e
+        return aborted
 
 
 def _describe(e: Exception) -> str:

@@ -16,6 +16,8 @@ Contract every backend honours:
 * ``open_write(key, create_only=True)`` fails with :class:`ObjectExistsError` when ``key`` already
   exists (local: ``link(2)``; S3: ``If-None-Match: *``), which makes it usable as a lock or a claim.
 * ``list()`` never returns objects that are still being written.
+* ``cleanup_incomplete(older_than_s)`` removes what interrupted writes left behind (local: hidden
+  temp files; S3: unfinished multipart uploads) under the root.
 * Every failure surfaces as :class:`CheckpointStorageError` (or a subclass) with the cause chained.
 
 Backends claim URIs through a ``accepts(uri)`` classmethod, the way
@@ -65,7 +67,12 @@ class CheckpointStorage(Protocol):
         ...
 
     def delete(self, keys: Iterable[str]) -> None:
-        """Delete ``keys``; keys that do not exist are ignored."""
+        """Delete ``keys``; keys that do not exist are ignored. Any key that fails raises."""
+        ...
+
+    def cleanup_incomplete(self, *, older_than_s: float | None) -> int:
+        """Remove leftovers of interrupted writes last touched more than ``older_than_s`` seconds ago
+        (``None``: all of them — only safe where no other writer is active). Returns how many."""
         ...
 
 

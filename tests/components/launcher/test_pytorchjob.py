@@ -96,7 +96,9 @@ def test_manifest_has_elastic_policy_resources_env_and_labels() -> None:
     assert template["metadata"]["labels"]["trainflow.dev/managed"] == "true"
     c = container(m)
     assert c["name"] == "pytorch"
-    assert c["command"] == ["torchrun", "-m", "components.training", "--epochs", "3"]
+    # torchrun through the wrapper whose exit codes the ExitCode policy can act on (2 permanent, 143 stopped)
+    assert c["command"] == ["python", "-m", "components.training.torchrun", "-m", "components.training",
+                            "--epochs", "3"]
     assert c["resources"] == {
         "requests": {"cpu": "1", "memory": "4Gi"},
         "limits": {"memory": "4Gi", "nvidia.com/gpu": "8"},
@@ -181,18 +183,45 @@ def test_example_manifest_is_what_the_renderer_produces() -> None:
             task_name="train",
             namespace="trainflow",
             image="ghcr.io/trainflow/trainflow:0.1.0",
-            training_args=["--dataset", "mnist", "--epochs", "5"],
+            training_args=["--dataset", "mnist", "--checkpoint-uri", "s3://trainflow-checkpoints",
+                           "--job-key", "example-run/train", "--epochs", "3"],
             min_replicas=1,
-            max_replicas=4,
-            gpus_per_worker=1,
-            cpu="4",
-            memory="16Gi",
-            checkpoint_uri="s3://trainflow-checkpoints/example-run/train",
+            max_replicas=2,
+            cpu="1",
+            memory="2Gi",
+            checkpoint_uri="s3://trainflow-checkpoints",
             s3_secret_name="trainflow-s3-credentials",
             s3_endpoint_url="http://trainflow-minio:9000",
+            job_key="example-run/train",
+            termination_grace_period_s=60,
         )
     )
     assert example == rendered
+
+
+def test_example_manifest_runs_as_written() -> None:
+    """What a worker of the example parses: a dataset it can read (a built-in source, no prepared
+    folder needed), checkpoints on the dev MinIO under the example's job key."""
+    import argparse
+
+    import yaml
+
+    from components.training import config as config_mod
+    from components.training.sources import is_builtin
+
+    example = yaml.safe_load(
+        (Path(__file__).resolve().parents[3] / "manifests" / "examples" / "pytorchjob.yaml").read_text()
+    )
+    command = container(example)["command"]
+    assert command[:5] == ["python", "-m", "components.training.torchrun", "-m", "components.training"]
+    parser = argparse.ArgumentParser()
+    config_mod.add_arguments(parser)
+    cfg = config_mod.from_args(parser.parse_args(command[5:]))
+    grace = example["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace >= cfg.checkpoint.preemption_save_deadline_s + 10
+    assert is_builtin(cfg.data.path)
+    assert (cfg.checkpoint.uri, cfg.checkpoint.job_key) == ("s3://trainflow-checkpoints", "example-run/train")
+    assert example["metadata"]["annotations"]["trainflow.dev/job-key"] == cfg.checkpoint.job_key
 
 
 def test_job_and_pod_labels_are_separate_dicts() -> None:
@@ -213,3 +242,102 @@ def test_job_key_annotation_and_metrics_port() -> None:
     template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
     assert template["spec"]["containers"][0]["ports"] == [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
     assert template["metadata"]["annotations"]["prometheus.io/port"] == "9090"
+
+
+def test_worker_pod_settings_reach_the_pod_spec() -> None:
+    """Every key of the ``worker_pod_settings`` JSON parameter lands where Kubernetes reads it."""
+    import json
+
+    from components.launcher.pytorchjob import WORKER_POD_SETTINGS, worker_pod_settings
+
+    settings = {
+        "resources": {"requests": {"ephemeral-storage": "20Gi"}, "limits": {"cpu": "8", "rdma/hca": "1"}},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "node_selector": {"pool": "a100"},
+        "service_account_name": "trainer",
+        "priority_class_name": "batch-low",
+        "termination_grace_period_s": 120,
+        "image_pull_policy": "Always",
+        "labels": {"team": "vision"},
+        "pod_annotations": {"example.com/cost-center": "42"},
+        "env": {"NCCL_DEBUG": "INFO"},
+    }
+    assert set(settings) == set(WORKER_POD_SETTINGS)
+    m = render_pytorchjob(spec(cpu="4", memory="32Gi", **worker_pod_settings(json.dumps(settings))))
+    pod = m["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    c = container(m)
+    assert c["resources"] == {
+        "requests": {"cpu": "4", "memory": "32Gi", "ephemeral-storage": "20Gi"},
+        "limits": {"memory": "32Gi", "nvidia.com/gpu": "8", "cpu": "8", "rdma/hca": "1"},
+    }
+    assert pod["spec"]["tolerations"] == settings["tolerations"]
+    assert pod["spec"]["nodeSelector"] == {"pool": "a100"}
+    assert pod["spec"]["serviceAccountName"] == "trainer"
+    assert pod["spec"]["priorityClassName"] == "batch-low"
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 120
+    assert c["imagePullPolicy"] == "Always"
+    assert pod["metadata"]["labels"]["team"] == "vision"
+    assert pod["metadata"]["annotations"]["example.com/cost-center"] == "42"
+    assert {"name": "NCCL_DEBUG", "value": "INFO"} in c["env"]
+    assert worker_pod_settings("") == {} and worker_pod_settings("  ") == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[1]", "must be a JSON object"),
+        ("{nope", "not valid JSON"),
+        ('{"tolerations": [], "nodeSelector": {}}', "unknown key(s) nodeSelector (allowed: resources,"),
+    ],
+)
+def test_bad_worker_pod_settings_are_one_line(text: str, message: str) -> None:
+    from components.launcher.pytorchjob import worker_pod_settings
+
+    with pytest.raises(InvalidSpecError, match=re.escape(message)) as err:
+        worker_pod_settings(text)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"tolerations": {"key": "x"}}, "tolerations: must be a list of objects"),
+        ({"tolerations": [{"key": "x", "operator": "Sometimes"}]}, "operator must be Equal or Exists"),
+        ({"tolerations": [{"key": "x", "effect": "NoSchedule", "tolerance": 1}]}, "unknown field(s) tolerance"),
+        ({"node_selector": {"pool": 3}}, "node_selector: must be an object of string values"),
+        ({"resources": {"requests": {"cpu": "lots"}}}, "resources: requests.cpu: 'lots' is not a Kubernetes quantity"),
+        ({"resources": {"asks": {}}}, "unknown key 'asks'"),
+        ({"service_account_name": "Trainer!"}, "service_account_name: 'Trainer!' is not a valid object name"),
+        ({"priority_class_name": "_x"}, "priority_class_name"),
+        ({"termination_grace_period_s": -1}, "termination_grace_period_s: must be >= 0"),
+        ({"termination_grace_period_s": "60"}, "termination_grace_period_s: must be an integer"),
+        ({"env": {"AWS_SECRET_ACCESS_KEY": "hunter2"}}, "is a credential: put it in a Secret"),
+        ({"owner_references": [{"kind": "Pod", "name": "p"}]}, "lacks apiVersion, uid"),
+    ],
+)
+def test_invalid_worker_settings_name_the_field(overrides: dict, message: str) -> None:
+    with pytest.raises(InvalidSpecError, match=re.escape(message)) as err:
+        spec(**overrides)
+    assert "\n" not in str(err.value)
+
+
+def test_endpoint_from_the_secret_when_no_url_and_never_a_credential_value() -> None:
+    c = container(render_pytorchjob(spec(s3_endpoint_url=None)))
+    env = {e["name"]: e for e in c["env"]}
+    assert env["AWS_ENDPOINT_URL_S3"] == {"name": "AWS_ENDPOINT_URL_S3", "valueFrom": {"secretKeyRef": {
+        "name": "minio-credentials", "key": "AWS_ENDPOINT_URL_S3", "optional": True}}}
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert "value" not in env[name] and env[name]["valueFrom"]["secretKeyRef"]["name"] == "minio-credentials"
+
+
+def test_owner_reference_and_job_key_hash_label_are_on_the_job_only() -> None:
+    from components.launcher.pytorchjob import JOB_KEY_HASH_LABEL, job_key_hash
+
+    owner = {"apiVersion": "v1", "kind": "Pod", "name": "train-launcher-xyz", "uid": "0b6f-pod-uid"}
+    m = render_pytorchjob(spec(owner_references=[owner], job_key="dag/run/train/-1"))
+    assert m["metadata"]["ownerReferences"] == [owner]
+    assert m["metadata"]["labels"][JOB_KEY_HASH_LABEL] == job_key_hash("dag/run/train/-1")
+    assert re.fullmatch(r"[0-9a-f]{16}", job_key_hash("dag/run/train/-1"))
+    pod_meta = m["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]
+    assert JOB_KEY_HASH_LABEL not in pod_meta["labels"] and "ownerReferences" not in pod_meta
+    assert "ownerReferences" not in render_pytorchjob(spec())["metadata"]

@@ -21,6 +21,8 @@ from components.training.checkpoint.local import LocalStorage
 from components.training.checkpoint.manager import CheckpointManager, RetryPolicy
 from components.training.checkpoint.storage import CheckpointStorageError, read_bytes, write_bytes
 
+STATE = layout.state_name(1)  # the state file of the first writer generation
+
 
 def _state(step: int) -> dict:
     return {"model": {"w": torch.full((4, 4), float(step))}, "train_state": {"step": step, "note": "x"}}
@@ -41,8 +43,9 @@ def test_save_commits_manifest_last_with_checksums(storage) -> None:
     _save_all(mgr, [10])
     manifest = json.loads(read_bytes(storage, "step-0000000010/MANIFEST.json"))
     assert manifest["format"] == layout.FORMAT and manifest["step"] == 10 and manifest["job_key"] == "j"
-    meta = manifest["files"]["state.pt"]
-    data = read_bytes(storage, "step-0000000010/state.pt")
+    meta = manifest["files"][STATE]
+    assert manifest["writer_generation"] == 1
+    data = read_bytes(storage, f"step-0000000010/{STATE}")
     import hashlib
 
     assert meta == {"size_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
@@ -66,7 +69,7 @@ def _flip_byte(storage, key: str) -> None:
 def test_corrupt_latest_falls_back_to_previous(storage, damage, caplog) -> None:
     mgr = CheckpointManager(storage, keep_last_k=5)
     _save_all(mgr, [1, 2])
-    state_key, manifest_key = "step-0000000002/state.pt", "step-0000000002/MANIFEST.json"
+    state_key, manifest_key = f"step-0000000002/{STATE}", "step-0000000002/MANIFEST.json"
     if damage == "bit_flip":
         _flip_byte(storage, state_key)
     elif damage == "truncated":
@@ -91,7 +94,7 @@ def test_corrupt_latest_falls_back_to_previous(storage, damage, caplog) -> None:
 def test_all_corrupt_means_fresh_start(storage) -> None:
     mgr = CheckpointManager(storage)
     _save_all(mgr, [3])
-    _flip_byte(storage, "step-0000000003/state.pt")
+    _flip_byte(storage, f"step-0000000003/{STATE}")
     assert mgr.load_latest() is None
 
 
@@ -112,7 +115,7 @@ class _SlowStorage(LocalStorage):
         self.release = threading.Event()
 
     def open_write(self, key, *, create_only=False):
-        if key.endswith("state.pt"):
+        if layout.is_state_name(key.rsplit("/", 1)[-1]):
             assert self.release.wait(10)
         return super().open_write(key, create_only=create_only)
 
@@ -134,7 +137,7 @@ class _FlakyStorage(LocalStorage):
         self.failures = failures
 
     def open_write(self, key, *, create_only=False):
-        if key.endswith("state.pt") and self.failures > 0:
+        if layout.is_state_name(key.rsplit("/", 1)[-1]) and self.failures > 0:
             self.failures -= 1
             raise CheckpointStorageError("S3 endpoint unreachable (simulated)")
         return super().open_write(key, create_only=create_only)

@@ -73,3 +73,11 @@ def test_flags_override_config_file(tmp_path) -> None:
 def test_missing_required_field() -> None:
     with pytest.raises(c.ConfigError, match="checkpoint"):
         c.TrainConfig.from_dict({"data": {"path": "/d"}})
+
+
+def test_model_names_have_one_home() -> None:
+    from typing import get_args
+
+    from components.training.model import MODEL_NAMES
+
+    assert get_args(c.ModelName) == MODEL_NAMES

@@ -52,6 +52,11 @@ def test_trainer_serves_prometheus_metrics(digits_dataset, tmp_path) -> None:
         assert metrics["trainflow_checkpoint_persist_seconds"] > 0
         assert metrics["trainflow_resumes_total"] == 0
         assert metrics["trainflow_total_steps"] == 135 and metrics["trainflow_global_batch_size"] == 32
+        # checkpoint health (review finding 5): failures and skips are counted, the last commit is recent
+        assert metrics["trainflow_checkpoint_failures_total"] == 0
+        assert metrics["trainflow_checkpoint_skipped_total"] == 0
+        assert 0 <= metrics["trainflow_checkpoint_last_commit_age_seconds"] < 30
+        assert abs(metrics["trainflow_checkpoint_last_commit_timestamp_seconds"] - time.time()) < 30
         proc.send_signal(signal.SIGTERM)  # preemption: saves, then exits 143
         assert proc.wait(120) == 143
     finally:

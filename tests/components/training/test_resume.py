@@ -87,7 +87,7 @@ def test_corrupt_latest_checkpoint_falls_back_when_rerun(digits_dataset, make_jo
     job = make_job(digits_dataset, "corrupt", *COMMON)
     assert job.agent().wait(300) == 0
     clean_final = job.final_losses()[90]
-    state = tmp_path / "ckpt" / "corrupt" / "step-0000000090" / "state.pt"
+    (state,) = (tmp_path / "ckpt" / "corrupt" / "step-0000000090").glob("state*.pt")
     data = bytearray(state.read_bytes())
     data[len(data) // 2] ^= 0xFF
     state.write_bytes(bytes(data))
@@ -101,3 +101,5 @@ def test_corrupt_latest_checkpoint_falls_back_when_rerun(digits_dataset, make_jo
     resumes = [r for r in job.records() if r.get("event") == "resume"]
     assert [r["resumed_from_step"] for r in resumes] == [80]
     assert job.final_losses()[90] == clean_final  # the redone steps are bit-exact too
+    # the rerun's final save replaced the corrupt checkpoint instead of keeping it
+    assert CheckpointManager(LocalStorage(str(tmp_path / "ckpt" / "corrupt"))).load_latest().step == 90

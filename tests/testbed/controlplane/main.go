@@ -1,10 +1,11 @@
 // Command testbed is a multi-call binary holding the Kubernetes programs that the trainflow test
-// bed runs as local processes: kube-apiserver, kube-scheduler, etcd and kubectl.
+// bed runs as local processes: kube-apiserver, kube-scheduler, etcd and kubectl, and for the real
+// node kubelet, kube-controller-manager and kube-proxy.
 //
-// Usage: testbed <kube-apiserver|kube-scheduler|etcd|kubectl> [flags...]
+// Usage: testbed <program> [flags...], program one of the names in the switch below
 // (or call it through a symlink named after the program).
 //
-// One binary instead of four saves three link steps and compiles the packages the programs share
+// One binary instead of seven saves six link steps and compiles the packages the programs share
 // (client-go, apiserver, grpc, otel) once. The programs are the upstream ones, unmodified: each
 // subcommand hands its arguments to the upstream entry point (k8s.io/kubernetes/cmd/*/app,
 // k8s.io/kubectl/pkg/cmd, go.etcd.io/etcd/server/v3/etcdmain), and the version reported is the
@@ -12,6 +13,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -27,10 +29,13 @@ import (
 	kubectl "k8s.io/kubectl/pkg/cmd"
 	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
-const usage = "usage: testbed <kube-apiserver|kube-scheduler|etcd|kubectl> [flags...]"
+const usage = "usage: testbed <kube-apiserver|kube-scheduler|kube-controller-manager|kubelet|kube-proxy|etcd|kubectl> [flags...]"
 
 func main() {
 	name, args := filepath.Base(os.Args[0]), os.Args[1:]
@@ -48,6 +53,12 @@ func main() {
 		os.Exit(cli.Run(apiserver.NewAPIServerCommand()))
 	case "kube-scheduler":
 		os.Exit(cli.Run(scheduler.NewSchedulerCommand()))
+	case "kube-controller-manager":
+		os.Exit(cli.Run(controllermanager.NewControllerManagerCommand()))
+	case "kubelet":
+		os.Exit(cli.Run(kubelet.NewKubeletCommand(context.Background())))
+	case "kube-proxy":
+		os.Exit(cli.Run(proxy.NewProxyCommand()))
 	case "etcd":
 		etcdmain.Main(os.Args)
 	case "kubectl":

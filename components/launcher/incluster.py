@@ -1,0 +1,78 @@
+"""Who the launcher is when it runs in a pod: its namespace, its Pod (for ownerReferences), its image.
+
+A KFP task pod gets ``KFP_POD_NAME`` and ``KFP_POD_UID`` from the downward API (kubeflow/pipelines
+``backend/src/v2/compiler/argocompiler/container.go``); any pod has its namespace in the mounted
+ServiceAccount token folder. Outside a pod (``trainflow run`` on a laptop) there is no own Pod, and
+the namespace comes from the kubeconfig context.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+#: The container KFP runs a component's code in (the others are KFP's own).
+KFP_MAIN_CONTAINER = "main"
+
+
+@dataclass(frozen=True)
+class PodIdentity:
+    """The launcher's own Pod."""
+
+    namespace: str
+    name: str
+    uid: str
+    image: str = ""
+
+    def owner_reference(self) -> dict[str, Any]:
+        """An ownerReference to this Pod: what it owns is garbage-collected when the Pod is deleted.
+
+        Not ``controller`` (the training operator controls the job's pods, nobody controls the job)
+        and not ``blockOwnerDeletion`` (that needs update rights on the Pod's finalizers).
+        """
+        return {"apiVersion": "v1", "kind": "Pod", "name": self.name, "uid": self.uid}
+
+
+def own_namespace(sa_namespace_file: Path = SA_NAMESPACE_FILE) -> str | None:
+    """The namespace of the pod this process runs in, or ``None`` outside a pod."""
+    try:
+        value = sa_namespace_file.read_text().strip()
+    except OSError:
+        return None
+    return value or None
+
+
+def own_pod(client: Any | None = None, *, environ: dict[str, str] | None = None,
+            sa_namespace_file: Path = SA_NAMESPACE_FILE) -> PodIdentity | None:
+    """This process's Pod, or ``None`` when not in a pod (or its uid cannot be learned).
+
+    Name and uid from ``KFP_POD_NAME``/``KFP_POD_UID`` (or ``POD_NAME``/``POD_UID``); the name
+    falls back to the hostname, and a missing uid or image is read with ``GET pod`` through
+    ``client`` if given (best effort: RBAC may refuse it).
+    """
+    env = os.environ if environ is None else environ
+    namespace = own_namespace(sa_namespace_file)
+    if namespace is None:
+        return None
+    name = env.get("KFP_POD_NAME") or env.get("POD_NAME") or env.get("HOSTNAME") or socket.gethostname()
+    uid = env.get("KFP_POD_UID") or env.get("POD_UID") or ""
+    image = ""
+    if client is not None:
+        from lightkube.resources.core_v1 import Pod
+
+        try:
+            pod = client.get(Pod, name, namespace=namespace)
+        except Exception:  # RBAC or a transient error: go on with what the environment said
+            pod = None
+        if pod is not None:
+            uid = uid or pod.metadata.uid
+            containers = pod.spec.containers if pod.spec else []
+            main = [c for c in containers if c.name == KFP_MAIN_CONTAINER] or containers[:1]
+            image = main[0].image if main else ""
+    if not uid:
+        return None
+    return PodIdentity(namespace=namespace, name=name, uid=uid, image=image or "")

@@ -1,0 +1,159 @@
+"""Follow the worker pods' logs into the launcher's own output, each line prefixed by its pod.
+
+On Kubeflow the train step's log is what the KFP UI shows; the training runs in other pods. The
+runner calls :meth:`WorkerLogs.sync` with the worker pods on every poll; each container *instance*
+(pod uid + restart count) that has started gets one follower thread, which streams
+``GET pods/<name>/log?follow=true&timestamps=true`` and prints ``[<pod>] <line>``. So:
+
+* a recreated pod (new uid, same name) and a restarted container (restart count + 1) are followed
+  anew; an instance is never followed twice, so no line is printed twice;
+* a stream the API server cuts while the container still runs is reopened with ``sinceSeconds``
+  from the last line's timestamp, and lines at or before that timestamp are dropped;
+* on re-attaching to a running job (a retried launcher) only the last ``tail_lines`` of each
+  running container are printed, not the whole history;
+* a pod whose logs cannot be read (no kubelet behind a fake node, RBAC without ``pods/log``) is
+  reported once and skipped; logs never fail a launch.
+
+The threads are daemons: the process does not wait for them, and :meth:`close` stops new output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_RETRIES = 3
+
+
+def split_timestamp(line: str) -> tuple[str, str]:
+    """``"2026-11-23T10:00:00.123456789Z text"`` → (timestamp, text); ("", line) without one."""
+    head, sep, rest = line.partition(" ")
+    if sep and len(head) >= 20 and head[4] == "-" and head[10] == "T" and head.endswith("Z"):
+        return head, rest
+    return "", line
+
+
+def _parse(ts: str) -> dt.datetime | None:
+    try:  # RFC3339Nano: trim to microseconds for fromisoformat
+        main, _, frac = ts.rstrip("Z").partition(".")
+        return dt.datetime.fromisoformat(main + (f".{frac[:6]}" if frac else "")).replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+
+
+class WorkerLogs:
+    """Streams worker container logs to ``write`` (default: standard output, flushed per line).
+
+    Args:
+        client: a lightkube ``Client``.
+        namespace: the pods' namespace.
+        container: the container to follow (the PyTorchJob's ``pytorch``).
+        write: called with each output line (thread-safe: calls are serialized).
+        tail_lines: lines of history printed for containers already running when first seen after
+            a re-attach (see :meth:`sync`).
+    """
+
+    def __init__(self, client: Any, namespace: str, *, container: str = "pytorch",
+                 write: Callable[[str], None] | None = None, tail_lines: int = 50) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.container = container
+        self._write = write or _stdout
+        self.tail_lines = tail_lines
+        self._lock = threading.Lock()
+        self._started: set[tuple[str, int]] = set()
+        self._unreadable: set[str] = set()
+        self._closed = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def emit(self, text: str) -> None:
+        if self._closed.is_set():
+            return
+        with self._lock:
+            self._write(text)
+
+    def sync(self, pods: Iterable[Mapping[str, Any]], *, history: bool = True) -> None:
+        """Start a follower for every container instance in ``pods`` (dicts) that has started and is
+        not followed yet. ``history=False`` (a re-attach) prints only the last ``tail_lines`` of
+        instances that are already running."""
+        if self._closed.is_set():
+            return
+        for pod in pods:
+            meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+            name, uid = meta.get("name", ""), meta.get("uid", "")
+            for cs in status.get("containerStatuses") or []:
+                if cs.get("name") != self.container:
+                    continue
+                state = cs.get("state") or {}
+                if state.get("running") is None and state.get("terminated") is None:
+                    continue  # not started: nothing to read yet
+                instance = (uid, int(cs.get("restartCount") or 0))
+                if instance in self._started:
+                    continue
+                self._started.add(instance)
+                tail = None if history or state.get("running") is None else self.tail_lines
+                t = threading.Thread(target=self._follow, args=(name, instance, tail), daemon=True,
+                                     name=f"logs-{name}-{instance[1]}")
+                self.threads.append(t)
+                t.start()
+
+    def close(self) -> None:
+        """Stop printing (followers end with their streams)."""
+        self._closed.set()
+
+    def _follow(self, pod: str, instance: tuple[str, int], tail_lines: int | None) -> None:
+        last: dt.datetime | None = None
+        failures = 0
+        while not self._closed.is_set():
+            since = None
+            if last is not None:
+                since = max(1, int((dt.datetime.now(dt.UTC) - last).total_seconds()) + 1)
+            try:
+                for raw in self.client.log(pod, namespace=self.namespace, container=self.container, follow=True,
+                                           timestamps=True, tail_lines=tail_lines if last is None else None,
+                                           since=since, newlines=False):
+                    ts, text = split_timestamp(raw)
+                    when = _parse(ts) if ts else None
+                    if when is not None and last is not None and when <= last:
+                        continue  # already printed before the stream was reopened
+                    last = when or last
+                    self.emit(f"[{pod}] {text}")
+                    failures = 0
+            except Exception as err:  # the API's errors and httpx's: logs are best effort
+                failures += 1
+                if failures >= _RETRIES:
+                    if pod not in self._unreadable:
+                        self._unreadable.add(pod)
+                        self.emit(f"[{pod}] (logs unavailable: {' '.join(str(err).split())[:200]})")
+                    return
+                time.sleep(min(8.0, 0.5 * 2**failures))
+                continue
+            if not self._still_running(pod, instance):
+                return  # this instance ended: its stream is complete (a restart has its own follower)
+            time.sleep(0.5)
+
+    def _still_running(self, pod: str, instance: tuple[str, int]) -> bool:
+        """Whether the container instance we follow (pod uid, restart count) is the one running."""
+        from lightkube.resources.core_v1 import Pod
+
+        with contextlib.suppress(Exception):
+            p = self.client.get(Pod, pod, namespace=self.namespace)
+            if p.metadata.uid != instance[0]:
+                return False
+            for cs in (p.status and p.status.containerStatuses) or []:
+                if cs.name == self.container:
+                    return bool(cs.state and cs.state.running) and int(cs.restartCount or 0) == instance[1]
+        return False
+
+
+def _stdout(text: str) -> None:
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()

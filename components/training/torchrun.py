@@ -1,0 +1,75 @@
+"""``torchrun`` whose exit code keeps what the operator needs to know: ``python -m components.training.torchrun
+[torchrun args] -m components.training [flags]`` — the command of PyTorchJob worker containers.
+
+torchrun restarts the worker group on any failure and then exits 1, so a container's exit code cannot
+tell bad input (the worker's exit 2, not worth a retry) from a crash. This runs torchrun
+(``torch.distributed.run``) in-process with torchelastic's error file set, and exits 2 when the root
+cause it recorded is a permanent trainflow failure (``components.training.launch.permanent_failure``),
+writing the one-line reason to the container's termination message (``/dev/termination-log``, the
+kubelet's default ``terminationMessagePath``) so the launcher can name it.
+
+torchrun also exits 1 when it is itself stopped by a signal (``SignalException``: the kubelet's
+SIGTERM of a deleted, evicted or scaled-down pod). Under the PyTorchJob ``restartPolicy: ExitCode``
+only exit codes of 128 and above are retryable (training-operator v1.9 ``IsRetryableExitCode``), so a
+pod deleted mid-training would fail the whole job; this exits ``128 + signal number`` instead (143
+for SIGTERM), the shell's convention and what the workers themselves exit with.
+
+Every other outcome keeps torchrun's own exit code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from components.training.launch import EXIT_PERMANENT, permanent_failure
+
+#: Where Kubernetes reads a container's termination message (``terminationMessagePath``'s default).
+TERMINATION_LOG = Path("/dev/termination-log")
+
+
+def main(argv: list[str] | None = None, *, termination_log: Path = TERMINATION_LOG) -> int:
+    """Run torchrun with ``argv`` (default ``sys.argv[1:]``); return the exit code described above.
+
+    Args:
+        termination_log: written with the permanent failure's reason if it exists (in a pod).
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.run import main as torchrun_main
+
+    owned = "TORCHELASTIC_ERROR_FILE" not in os.environ
+    if owned:
+        fd, path = tempfile.mkstemp(prefix="torchrun-error-", suffix=".json")
+        os.close(fd)
+        os.unlink(path)
+        os.environ["TORCHELASTIC_ERROR_FILE"] = path
+    error_file = Path(os.environ["TORCHELASTIC_ERROR_FILE"])
+    try:
+        torchrun_main(argv)
+        return 0
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else 1
+    except SignalException as e:  # torchrun stopped its workers (they saved a checkpoint) and gave up
+        print(f"torchrun stopped by signal {int(e.sigval)}", file=sys.stderr)
+        return 128 + int(e.sigval)
+    except Exception:  # ChildFailedError and friends: torchrun's own `record` already printed them
+        rc = 1
+    finally:
+        reason = permanent_failure(error_file)
+        if owned:
+            error_file.unlink(missing_ok=True)
+    if rc != 0 and reason:
+        line = f"permanent failure, not retried: {reason}"
+        print(line, file=sys.stderr)
+        if termination_log.exists():
+            with contextlib.suppress(OSError):
+                termination_log.write_text(line[:4096])  # the kubelet keeps at most 4096 bytes
+        return EXIT_PERMANENT
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

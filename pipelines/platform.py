@@ -1,0 +1,76 @@
+"""Compile-time settings of the pipeline for a Kubernetes platform (kfp-kubernetes), in one place.
+
+What the compiled YAML must carry because KFP fixes it before a run starts: which Secret's keys
+become which environment variables of the task pods. A run can still pick another Secret (the
+``s3_secret_name`` pipeline parameter feeds the wiring), but not other key names.
+
+Set them with ``trainflow compile --s3-secret NAME [--s3-access-key-key K ...]`` or, for
+``kfp dsl compile``, with the environment variables in :data:`ENV` (read when ``pipelines.training``
+is imported). Without ``s3_secret`` the pipeline has no kfp-kubernetes settings at all (the laptop
+default: ``kfp.local`` ignores them anyway).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: Environment variable → field of :class:`PlatformSettings`.
+ENV = {
+    "TRAINFLOW_S3_SECRET": "s3_secret",
+    "TRAINFLOW_S3_ACCESS_KEY_KEY": "s3_access_key_key",
+    "TRAINFLOW_S3_SECRET_KEY_KEY": "s3_secret_key_key",
+    "TRAINFLOW_S3_ENDPOINT_KEY": "s3_endpoint_key",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlatformSettings:
+    """How the pipeline's task pods (and, through the train step, the PyTorchJob's workers) get S3
+    credentials.
+
+    Attributes:
+        s3_secret: default name of the Secret holding them, in the namespace runs execute in (the
+            ``s3_secret_name`` parameter's default); empty: no Secret wiring.
+        s3_access_key_key: the Secret's key holding the access key id (KFP's own
+            ``mlpipeline-minio-artifact`` Secret: ``accesskey``).
+        s3_secret_key_key: the Secret's key holding the secret access key (KFP: ``secretkey``).
+        s3_endpoint_key: the Secret's optional key holding the endpoint URL.
+    """
+
+    s3_secret: str = ""
+    s3_access_key_key: str = "AWS_ACCESS_KEY_ID"
+    s3_secret_key_key: str = "AWS_SECRET_ACCESS_KEY"
+    s3_endpoint_key: str = "AWS_ENDPOINT_URL_S3"
+
+    def __post_init__(self) -> None:
+        for name in ("s3_access_key_key", "s3_secret_key_key", "s3_endpoint_key"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} must not be empty")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> PlatformSettings:
+        env = os.environ if environ is None else environ
+        return cls(**{field: env[var] for var, field in ENV.items() if env.get(var)})
+
+    def apply(self, task: Any, secret_name: Any) -> Any:
+        """Wire the Secret named by ``secret_name`` (a pipeline parameter) into ``task``'s environment:
+        ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` and ``AWS_ENDPOINT_URL_S3``.
+
+        ``optional``: a missing Secret or key leaves the variable unset instead of holding the pod in
+        ``CreateContainerConfigError`` (which KFP does not fail); the step then fails at once with
+        one line naming the Secret (``components.training.step.check_storage``).
+        """
+        if not self.s3_secret:
+            return task
+        from kfp import kubernetes
+
+        return kubernetes.use_secret_as_env(
+            task, secret_name=secret_name,
+            secret_key_to_env={self.s3_access_key_key: "AWS_ACCESS_KEY_ID",
+                               self.s3_secret_key_key: "AWS_SECRET_ACCESS_KEY",
+                               self.s3_endpoint_key: "AWS_ENDPOINT_URL_S3"},
+            optional=True,
+        )

@@ -1,0 +1,164 @@
+"""Pod status and Events → the cause a launch fails with (pure).
+
+The shapes are the API's own: Pod ``status`` as the kubelet and kube-scheduler write it and
+``core/v1`` Events as ``kubectl get events -o yaml`` shows them (Kubernetes docs, "Debug Pods":
+``ImagePullBackOff``, ``CreateContainerConfigError``, ``FailedScheduling``; kubelet
+``pkg/kubelet/images/types.go``; training-operator v1.9 ``pod_control.go``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from components.launcher.diagnose import (
+    UNSCHEDULABLE_GRACE_S,
+    Problem,
+    job_problems,
+    one_line,
+    pod_problems,
+    running_workers,
+)
+
+
+def pod(*, phase: str = "Pending", waiting: dict | None = None, terminated: dict | None = None,
+        conditions: list | None = None, name: str = "train-1a2b-worker-0", uid: str = "uid-0",
+        deleting: bool = False, image: str = "registry.example/trainflow:9.9") -> dict:
+    status: dict = {"phase": phase, "conditions": conditions or []}
+    if waiting is not None or terminated is not None:
+        state = {"waiting": waiting} if waiting is not None else {"terminated": terminated}
+        status["containerStatuses"] = [{"name": "pytorch", "image": image, "imageID": "", "ready": False,
+                                        "restartCount": 0, "started": False, "state": state}]
+    meta = {"name": name, "namespace": "team-a", "uid": uid}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-23T10:00:00Z"
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "status": status}
+
+
+def event(reason: str, message: str, *, kind: str = "Pod", name: str = "train-1a2b-worker-0", uid: str = "uid-0",
+          last: str = "2026-11-23T10:00:05Z", type_: str = "Warning") -> dict:
+    return {"apiVersion": "v1", "kind": "Event", "type": type_, "reason": reason, "message": message, "count": 3,
+            "involvedObject": {"kind": kind, "name": name, "namespace": "team-a", "uid": uid},
+            "firstTimestamp": "2026-11-23T10:00:00Z", "lastTimestamp": last,
+            "source": {"component": "kubelet", "host": "node-1"}}
+
+
+UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                 "lastTransitionTime": "2026-11-23T10:00:00Z",
+                 "message": "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes are available: "
+                            "3 No preemption victims found for incoming pod."}
+
+
+def test_image_pull_backoff_names_the_image_and_takes_the_kubelets_reason_from_the_event() -> None:
+    p = pod(waiting={"reason": "ImagePullBackOff", "message": 'Back-off pulling image "registry.example/trainflow:9.9"'})
+    events = [
+        event("Pulling", 'Pulling image "registry.example/trainflow:9.9"', type_="Normal"),
+        event("Failed", 'Failed to pull image "registry.example/trainflow:9.9": rpc error: code = NotFound desc = '
+                        'failed to pull and unpack image "registry.example/trainflow:9.9": failed to resolve reference '
+                        '"registry.example/trainflow:9.9": registry.example/trainflow:9.9: not found'),
+        event("Failed", "Error: ErrImagePull"),
+        event("BackOff", 'Back-off pulling image "registry.example/trainflow:9.9"'),
+    ]
+    (problem,) = pod_problems(p, events)
+    assert problem.reason == "ImagePullBackOff" and problem.grace_s == 30
+    line = problem.line()
+    assert line.startswith("pod team-a/train-1a2b-worker-0: cannot pull image 'registry.example/trainflow:9.9'")
+    assert "not found" in line and "\n" not in line
+
+
+def test_events_of_an_earlier_pod_with_the_same_name_are_not_used() -> None:
+    p = pod(waiting={"reason": "ErrImagePull", "message": "rpc error: code = Unknown desc = 503"})
+    stale = event("Failed", 'Failed to pull image "x": not found', uid="uid-of-the-previous-pod")
+    (problem,) = pod_problems(p, [stale])
+    assert "503" in problem.message and "not found" not in problem.message
+
+
+@pytest.mark.parametrize(
+    ("waiting", "expected", "grace"),
+    [
+        ({"reason": "InvalidImageName", "message": 'Failed to apply default image tag "Bad//Name": couldn\'t parse '
+                                                   'image name "Bad//Name": invalid reference format'},
+         "invalid image name (InvalidImageName): Failed to apply default image tag", 0),
+        ({"reason": "ErrImageNeverPull", "message": 'Container image "x:1" is not present with pull policy of Never'},
+         "imagePullPolicy is Never", 0),
+        ({"reason": "CreateContainerConfigError", "message": 'secret "trainflow-s3-credentials" not found'},
+         'container configuration error (a Secret or ConfigMap it names) (CreateContainerConfigError): secret '
+         '"trainflow-s3-credentials" not found', 0),
+        ({"reason": "CreateContainerConfigError",
+          "message": "couldn't find key accesskey in Secret team-a/trainflow-s3-credentials"},
+         "couldn't find key accesskey", 0),
+        ({"reason": "CreateContainerError", "message": "context deadline exceeded"}, "cannot create", 30),
+    ],
+)
+def test_waiting_reasons(waiting: dict, expected: str, grace: float) -> None:
+    (problem,) = pod_problems(pod(waiting=waiting))
+    assert expected in problem.line() and problem.grace_s == grace
+
+
+def test_a_command_that_cannot_start_is_fatal_at_once() -> None:
+    terminated = {"exitCode": 128, "reason": "StartError", "startedAt": "1970-01-01T00:00:00Z",
+                  "finishedAt": "2026-11-23T10:00:01Z",
+                  "message": 'failed to create containerd task: failed to create shim task: OCI runtime create failed: '
+                             'runc create failed: unable to start container process: exec: "torchrun": executable '
+                             'file not found in $PATH: unknown'}
+    (problem,) = pod_problems(pod(terminated=terminated))
+    assert problem.reason == "StartError" and problem.grace_s == 0 and "torchrun" in problem.message
+
+
+@pytest.mark.parametrize(
+    "message",
+    [UNSCHEDULABLE["message"],
+     "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector. preemption: 0/4 nodes are "
+     "available: 4 Preemption is not helpful for scheduling."],
+)
+def test_unschedulable_pods_quote_the_scheduler(message: str) -> None:
+    cond = {**UNSCHEDULABLE, "message": message}
+    (problem,) = pod_problems(pod(conditions=[cond]))
+    assert problem.reason == "Unschedulable" and problem.grace_s == UNSCHEDULABLE_GRACE_S
+    assert problem.line() == f"pod team-a/train-1a2b-worker-0: no node can run it (Unschedulable): {message}"
+
+
+def test_running_finished_and_deleted_pods_have_no_problems() -> None:
+    waiting = {"reason": "ErrImagePull", "message": "x"}
+    for p in (pod(phase="Running", waiting=waiting), pod(phase="Failed", waiting=waiting),
+              pod(phase="Succeeded"), pod(deleting=True, waiting=waiting)):
+        assert pod_problems(p) == []
+    assert pod_problems(pod(conditions=[{"type": "PodScheduled", "status": "True"}])) == []  # scheduled, starting
+
+
+def test_mount_and_sandbox_events_count_once_each_with_the_newest_message() -> None:
+    p = pod(conditions=[{"type": "PodScheduled", "status": "True"}])
+    events = [
+        event("FailedMount", 'MountVolume.SetUp failed for volume "creds" : secret "old" not found',
+              last="2026-11-23T10:00:01Z"),
+        event("FailedMount", 'MountVolume.SetUp failed for volume "creds" : secret "creds" not found',
+              last="2026-11-23T10:00:09Z"),
+        event("FailedCreatePodSandBox", "Failed to create pod sandbox: plugin type=\"bridge\" failed (add): "
+                                        "failed to allocate for range 0"),
+    ]
+    problems = {p.reason: p for p in pod_problems(p, events)}
+    assert set(problems) == {"FailedMount", "FailedCreatePodSandBox"}
+    assert 'secret "creds"' in problems["FailedMount"].message
+
+
+def test_the_operators_create_errors_on_the_job() -> None:
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+           "metadata": {"name": "train-1a2b", "namespace": "team-a", "uid": "job-uid"}}
+    events = [
+        event("FailedCreatePod", 'Error creating: pods "train-1a2b-worker-0" is forbidden: error looking up service '
+                                 'account team-a/trainer: serviceaccount "trainer" not found',
+              kind="PyTorchJob", name="train-1a2b", uid="job-uid"),
+        event("SuccessfulCreateService", "Created service: train-1a2b-worker-0", kind="PyTorchJob",
+              name="train-1a2b", uid="job-uid", type_="Normal"),
+        event("FailedCreatePod", "Error creating: other job", kind="PyTorchJob", name="other", uid="x"),
+    ]
+    (problem,) = job_problems(job, events)
+    assert problem.subject == "PyTorchJob team-a/train-1a2b" and problem.grace_s == 30
+    assert 'serviceaccount "trainer" not found' in problem.line()
+
+
+def test_running_workers_and_one_line() -> None:
+    assert running_workers([pod(phase="Running"), pod(phase="Running", deleting=True), pod()]) == 1
+    assert one_line("a\n  b\tc") == "a b c"
+    long = one_line("x" * 1000)
+    assert len(long) == 400 and long.endswith("...")
+    assert Problem("s", "R", "w", "", 0).line() == "s: w (R): no message"

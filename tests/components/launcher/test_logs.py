@@ -1,0 +1,96 @@
+"""Following worker logs: which container instances get a follower, reopened streams, prefixes.
+
+Pure logic with a stand-in for the API's ``pods/log`` (the real streams are followed on the real
+node: tests/integration, ``realnode``)."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+from components.launcher.logs import WorkerLogs, split_timestamp
+
+
+def pod(name: str, uid: str, restarts: int, state: str) -> dict:
+    return {"metadata": {"name": name, "uid": uid},
+            "status": {"containerStatuses": [{"name": "pytorch", "restartCount": restarts, "state": {state: {}}}]}}
+
+
+class LogAPI:
+    """``client.log`` and ``client.get(Pod)`` of a pod whose stream is cut once mid-way."""
+
+    def __init__(self, streams: dict[str, list[list[str]]], running: dict[str, bool]) -> None:
+        self.streams = streams  # per pod: the lines each successive request returns
+        self.running = running
+        self.calls: list[dict] = []
+        self.lock = threading.Lock()
+
+    def log(self, name: str, **kw: object):
+        with self.lock:
+            self.calls.append({"name": name, **kw})
+            batches = self.streams[name]
+            lines = batches.pop(0) if batches else []
+        if lines == ["ERROR"]:
+            raise OSError("connection refused by kubelet 10.0.0.7:10250")
+        yield from lines
+
+    def get(self, _res: object, name: str, *, namespace: str) -> SimpleNamespace:
+        running = self.running[name]
+        self.running[name] = False  # after one reopen the container ends
+        cs = SimpleNamespace(name="pytorch", restartCount=0, state=SimpleNamespace(running=object() if running else None))
+        return SimpleNamespace(metadata=SimpleNamespace(uid="u0"), status=SimpleNamespace(containerStatuses=[cs]))
+
+
+def test_each_container_instance_is_followed_once_and_a_cut_stream_resumes_without_repeats() -> None:
+    api = LogAPI(
+        {"w-0": [["2026-11-23T10:00:00.1Z step 1", "2026-11-23T10:00:01.25Z step 2"],
+                 ["2026-11-23T10:00:01.25Z step 2", "2026-11-23T10:00:02.000000001Z step 3"]]},
+        {"w-0": True},
+    )
+    out: list[str] = []
+    logs = WorkerLogs(api, "ns", write=out.append)
+    logs.sync([pod("w-0", "u0", 0, "waiting")])
+    assert logs.threads == []  # not started: nothing to read
+    logs.sync([pod("w-0", "u0", 0, "running")])
+    logs.sync([pod("w-0", "u0", 0, "running")])  # the same instance again: no second follower
+    for t in logs.threads:
+        t.join(10)
+    assert len(logs.threads) == 1
+    assert out == ["[w-0] step 1", "[w-0] step 2", "[w-0] step 3"]
+    first, reopened = api.calls
+    assert first["follow"] is True and first["timestamps"] is True and first["since"] is None
+    assert reopened["since"] >= 1 and reopened["tail_lines"] is None
+
+
+def test_restarts_and_recreated_pods_are_new_instances_and_reattach_prints_only_a_tail() -> None:
+    api = LogAPI({"w-0": [["a"], ["b"], ["c"]], "w-1": [["d"]]}, {"w-0": False, "w-1": False})
+    out: list[str] = []
+    logs = WorkerLogs(api, "ns", write=out.append, tail_lines=5)
+    logs.sync([pod("w-0", "u0", 0, "running"), pod("w-1", "u1", 0, "terminated")], history=False)
+    logs.sync([pod("w-0", "u0", 1, "running")])  # container restarted in place
+    logs.sync([pod("w-0", "u9", 0, "running")])  # pod recreated under the same name
+    for t in logs.threads:
+        t.join(10)
+    assert len(logs.threads) == 4
+    assert sorted(out) == ["[w-0] a", "[w-0] b", "[w-0] c", "[w-1] d"]
+    tails = {(c["name"], c["tail_lines"]) for c in api.calls}
+    assert ("w-0", 5) in tails  # running when re-attached: only its tail
+    assert ("w-1", None) in tails  # already finished: its whole log
+
+
+def test_unreadable_logs_are_reported_once_and_never_raise() -> None:
+    api = LogAPI({"w-0": [["ERROR"]] * 5}, {"w-0": True})
+    out: list[str] = []
+    logs = WorkerLogs(api, "ns", write=out.append)
+    logs.sync([pod("w-0", "u0", 0, "running")])
+    logs.threads[0].join(30)
+    assert out == ["[w-0] (logs unavailable: connection refused by kubelet 10.0.0.7:10250)"]
+    logs.close()
+    logs.emit("after close")
+    assert len(out) == 1
+
+
+def test_split_timestamp() -> None:
+    assert split_timestamp("2026-11-23T10:00:00.123456789Z hello world") == ("2026-11-23T10:00:00.123456789Z",
+                                                                              "hello world")
+    assert split_timestamp("no timestamp here") == ("", "no timestamp here")

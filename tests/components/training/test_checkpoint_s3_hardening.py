@@ -1,0 +1,155 @@
+"""Review findings on a real S3 server (MinIO on 127.0.0.1, marker s3): the write probe against a
+policy that denies PutObject under the prefix (5), credentials re-read from a rotated Secret folder
+(5), per-key errors of quiet deletes (12), unfinished multipart uploads aborted when a writer claims
+the key (7), create-only writer claims with ``If-None-Match: *`` (2), and the SIGTERM save's deadline
+while the store is down (8).
+
+Restricted credentials come from MinIO's STS ``AssumeRole`` with an inline session policy (the root
+user's own rights, minus what the policy denies) — MinIO's real policy engine, no admin tool needed.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from components.training.checkpoint.manager import CheckpointManager
+from components.training.checkpoint.s3 import S3Settings, S3Storage
+from components.training.checkpoint.storage import CheckpointStorageError, read_bytes, write_bytes
+from components.training.metrics import read_jsonl
+
+pytestmark = pytest.mark.s3
+
+
+def _restricted_credentials(s3_server, bucket: str, deny: list[str], prefix: str) -> dict[str, str]:
+    import boto3
+
+    sts = boto3.client("sts", endpoint_url=s3_server.endpoint_url, aws_access_key_id=s3_server.access_key,
+                       aws_secret_access_key=s3_server.secret_key, region_name=s3_server.region)
+    policy = {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Allow", "Action": ["s3:*"], "Resource": ["arn:aws:s3:::*"]},
+        {"Effect": "Deny", "Action": deny, "Resource": [f"arn:aws:s3:::{bucket}/{prefix}*"]},
+    ]}
+    creds = sts.assume_role(RoleArn="arn:aws:iam::000000000000:role/trainflow-test", RoleSessionName="trainflow",
+                            Policy=json.dumps(policy), DurationSeconds=900)["Credentials"]
+    return {"AWS_ACCESS_KEY_ID": creds["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": creds["SecretAccessKey"],
+            "AWS_SESSION_TOKEN": creds["SessionToken"]}
+
+
+def _storage(s3_server, uri: str, creds: dict[str, str] | None = None) -> S3Storage:
+    creds = creds or {"AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}
+    return S3Storage(uri, S3Settings(endpoint_url=s3_server.endpoint_url, access_key=creds["AWS_ACCESS_KEY_ID"],
+                                     secret_key=creds["AWS_SECRET_ACCESS_KEY"],
+                                     session_token=creds.get("AWS_SESSION_TOKEN")))
+
+
+def test_check_fails_when_the_prefix_is_read_only(s3_server, s3_bucket, digits_dataset, tmp_path) -> None:
+    creds = _restricted_credentials(s3_server, s3_bucket, ["s3:PutObject"], "ckpt/")
+    storage = _storage(s3_server, f"s3://{s3_bucket}/ckpt/job", creds)
+    storage._client.head_bucket(Bucket=s3_bucket)  # what the old check did: it passes
+    with pytest.raises(CheckpointStorageError, match=r"S3 credentials rejected writing a probe object to .*AccessDenied"):
+        storage.check()
+    # the trainer refuses to start (exit 2, one line) instead of training for hours without checkpoints
+    env = {**s3_server.env(), **creds}
+    proc = subprocess.run([sys.executable, "-m", "components.training", "--dataset", str(digits_dataset),
+                           "--checkpoint-uri", f"s3://{s3_bucket}/ckpt", "--job-key", "ro", "--threads-per-rank", "1"],
+                          env={**__import__("os").environ, **env}, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "S3 credentials rejected writing a probe object to" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_quiet_deletes_report_per_key_errors(s3_server, s3_bucket) -> None:
+    root = _storage(s3_server, f"s3://{s3_bucket}/jobs/a")
+    write_bytes(root, "step-0000000001/state.pt", b"x")
+    limited = _storage(s3_server, f"s3://{s3_bucket}/jobs/a",
+                       _restricted_credentials(s3_server, s3_bucket, ["s3:DeleteObject"], "jobs/"))
+    with pytest.raises(CheckpointStorageError, match=r"failed for 1 key\(s\), e.g. jobs/a/step-0000000001/state.pt: AccessDenied"):
+        limited.delete(["step-0000000001/state.pt"])
+    assert root.list() == ["step-0000000001/state.pt"]
+    root.delete(["never/existed"])  # a missing key is not an error
+
+
+def test_credentials_are_reread_from_a_rotated_secret_folder(s3_server, s3_bucket, tmp_path) -> None:
+    secret = tmp_path / "secret"
+    secret.mkdir()
+
+    def mount(values: dict[str, str]) -> None:  # what the kubelet does when the Secret is rotated
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            (secret / name).unlink(missing_ok=True)
+        for name, value in values.items():
+            (secret / name).write_text(value)
+
+    mount(_restricted_credentials(s3_server, s3_bucket, ["s3:PutObject"], "jobs/"))
+    storage = S3Storage(f"s3://{s3_bucket}/jobs/b", S3Settings(endpoint_url=s3_server.endpoint_url,
+                                                                secret_dir=str(secret), credentials_refresh_s=1.0))
+    with pytest.raises(CheckpointStorageError, match="AccessDenied"):
+        write_bytes(storage, "obj", b"1")
+    mount({"accesskey": s3_server.access_key, "secretkey": s3_server.secret_key})  # KFP's key names
+    time.sleep(1.5)
+    write_bytes(storage, "obj", b"2")  # the same client, new credentials
+    assert read_bytes(storage, "obj") == b"2"
+    assert s3_server.secret_key not in repr(storage.settings)
+
+
+def test_unfinished_multipart_uploads_are_aborted_when_a_writer_claims_the_key(s3_server, s3_bucket) -> None:
+    client = s3_server.client()
+    left = client.create_multipart_upload(Bucket=s3_bucket, Key="ckpt/job/step-0000000005/state-g0000000001.pt")
+    other = client.create_multipart_upload(Bucket=s3_bucket, Key="ckpt/other-job/step-0000000005/x")
+    mgr = CheckpointManager(_storage(s3_server, f"s3://{s3_bucket}/ckpt/job"))
+    mgr.claim()
+    uploads = {u["UploadId"] for u in client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])}
+    assert left["UploadId"] not in uploads and other["UploadId"] in uploads  # only this job's leftovers
+
+
+def test_writer_claims_on_s3_are_create_only(s3_server, s3_bucket) -> None:
+    uri = f"s3://{s3_bucket}/ckpt/job"
+    with ThreadPoolExecutor(4) as pool:
+        gens = sorted(pool.map(lambda _: CheckpointManager(_storage(s3_server, uri)).claim(), range(4)))
+    assert gens == [1, 2, 3, 4]
+    old, new = CheckpointManager(_storage(s3_server, uri)), CheckpointManager(_storage(s3_server, uri))
+    old.claim()
+    new.claim()
+    state = {"w": torch.ones(8)}
+    assert new.save(10, state, blocking=True) == "committed"
+    assert old.save(20, state, blocking=True) == "fenced"
+    assert new.committed_steps() == [10]
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_store_is_down_says_not_saved_within_the_deadline(s3_server, s3_bucket, digits_dataset,
+                                                                            tmp_path) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "components.training", "--dataset", str(digits_dataset), "--checkpoint-uri",
+         f"s3://{s3_bucket}/ckpt", "--job-key", "deadline", "--epochs", "3", "--global-batch-size", "32",
+         "--threads-per-rank", "1", "--checkpoint-interval-steps", "5", "--throttle-step-s", "0.1",
+         "--metrics-path", str(metrics), "--preemption-save-deadline-s", "3"],
+        env={**__import__("os").environ, **s3_server.env()}, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not any(r.get("event") == "checkpoint_committed" for r in read_jsonl(metrics)):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        s3_server.stop(kill=True)
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        assert proc.wait(60) == 143
+        took = time.monotonic() - t0
+        stderr = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        s3_server.start()
+    assert took < 3 + 10  # the deadline, plus leaving
+    assert "checkpoint NOT saved at step" in stderr and "checkpoint saved at step" not in stderr
+    assert [r["outcome"] for r in read_jsonl(metrics) if r.get("event") == "preempted"] == ["failed"]
+    assert Path(metrics).exists()

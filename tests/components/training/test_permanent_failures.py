@@ -1,0 +1,137 @@
+"""Permanent failures end the job with exit 2 and one line, and stay permanent through torchrun
+(review findings 6 and 12); a run whose job key another run took over stops (finding 2).
+Real processes: lone ``python -m components.training`` and ``python -m components.training.torchrun``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from components.training.checkpoint import layout
+from components.training.checkpoint.local import LocalStorage
+from components.training.checkpoint.storage import write_bytes
+from components.training.launch import AgentSpec, free_port, run_agent
+from components.training.metrics import read_jsonl
+from components.training.sources import prepare
+
+pytestmark = pytest.mark.slow
+
+
+def _train(dataset, tmp_path, *extra: str, key: str = "ident") -> list[str]:
+    return [sys.executable, "-m", "components.training", "--dataset", str(dataset), "--checkpoint-uri",
+            str(tmp_path / "ckpt"), "--job-key", key, "--epochs", "1", "--global-batch-size", "32",
+            "--threads-per-rank", "1", "--checkpoint-interval-steps", "5", *extra]
+
+
+def test_resume_refuses_a_checkpoint_of_another_dataset_or_model(digits_dataset, tmp_path) -> None:
+    """Finding 6: same job key, the data fixed (another fingerprint, same shapes), or another model."""
+    first = subprocess.run(_train(digits_dataset, tmp_path, "--max-steps", "5"), capture_output=True, text=True,
+                           timeout=240)
+    assert first.returncode == 0, first.stderr[-2000:]
+    other = tmp_path / "digits-fixed"
+    prepare("digits", other, test_fraction=0.25, seed=1)  # same images' shape and classes, other split
+    rerun = subprocess.run(_train(other, tmp_path, "--max-steps", "10"), capture_output=True, text=True, timeout=240)
+    assert rerun.returncode == 2 and "Traceback" not in rerun.stderr
+    last = rerun.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"trainflow: the checkpoint at step 5 under {tmp_path / 'ckpt' / 'ident'} was written "
+                           "for another dataset ") and last.endswith("start afresh under another --job-key")
+    model = subprocess.run(_train(digits_dataset, tmp_path, "--max-steps", "10", "--model", "resnet18"),
+                           capture_output=True, text=True, timeout=240)
+    assert model.returncode == 2
+    assert "was written for another model small_cnn (this run: resnet18)" in model.stderr.strip().splitlines()[-1]
+
+
+def test_a_permanent_worker_failure_stays_permanent_through_torchrun(tmp_path) -> None:
+    """Finding 12: torchrun restarts the group, then exits 1; the wrapper and run_agent give back 2."""
+    args = ["--dataset", str(tmp_path / "no-such-dataset"), "--checkpoint-uri", str(tmp_path / "ckpt"),
+            "--job-key", "perm", "--threads-per-rank", "1"]
+    plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                            "--max-restarts", "1", "--monitor-interval", "0.2", "-m", "components.training", *args],
+                           capture_output=True, text=True, timeout=240)
+    assert plain.returncode == 1  # what torchrun itself makes of it
+    wrapped = subprocess.run([sys.executable, "-m", "components.training.torchrun", "--standalone",
+                              "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.2",
+                              "-m", "components.training", *args], capture_output=True, text=True, timeout=240)
+    assert wrapped.returncode == 2
+    assert wrapped.stderr.strip().splitlines()[-1].startswith("permanent failure, not retried: trainflow: ")
+    assert "no-such-dataset" in wrapped.stderr.strip().splitlines()[-1]
+    spec = AgentSpec(rdzv_id="perm", rdzv_endpoint=f"127.0.0.1:{free_port()}", nproc_per_node=2, max_restarts=1)
+    assert run_agent(spec, args, log_path=tmp_path / "agent.log") == 2
+
+
+def test_a_run_whose_key_was_taken_over_stops(digits_dataset, tmp_path) -> None:
+    """Finding 2: an old run still training (an orphaned PyTorchJob, a resubmission during CANCELING)
+    stops writing, and stops, once a newer run claimed the job key."""
+    metrics = tmp_path / "metrics.jsonl"
+    proc = subprocess.Popen(_train(digits_dataset, tmp_path, "--throttle-step-s", "0.1", "--metrics-path",
+                                   str(metrics), key="zombie"), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not any(r.get("event") == "checkpoint_committed" for r in read_jsonl(metrics)):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        storage = LocalStorage(str(tmp_path / "ckpt" / "zombie"))
+        write_bytes(storage, layout.writer_key(2), b"{}", create_only=True)  # what a newer run's claim writes
+        assert proc.wait(120) == 2
+        stderr = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert stderr.strip().splitlines()[-1].startswith("trainflow: writer generation 2 took over this job key "
+                                                      "from generation 1")
+    records = read_jsonl(metrics)
+    failed = [r for r in records if r.get("event") == "checkpoint_failed"]
+    assert len(failed) == 1 and failed[0]["fenced"] is True
+    assert max(r["step"] for r in records if "loss" in r) < 45  # it stopped long before the end
+
+
+def test_the_pod_command_keeps_exit_codes_the_operator_can_act_on(tmp_path) -> None:
+    """PyTorchJob workers run ``python -m components.training.torchrun`` under ``restartPolicy:
+    ExitCode`` (retryable: 128 and above). Plain torchrun exits 1 when SIGTERMed (a deleted or
+    scaled-down pod), which the operator would take as a permanent failure of the whole job; the
+    wrapper exits 143. A permanent failure's reason goes to the termination message."""
+    import os
+    import signal
+
+    worker = tmp_path / "worker.py"
+    worker.write_text("import signal, sys, time\n"
+                      "signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))\n"
+                      "print('worker up', flush=True)\n"
+                      "time.sleep(120)\n")
+    torchrun = ["--standalone", "--nproc-per-node", "1", "--monitor-interval", "0.2", str(worker)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    codes = {}
+    for name, module in (("plain", "torch.distributed.run"), ("wrapped", "components.training.torchrun")):
+        proc = subprocess.Popen([sys.executable, "-m", module, *torchrun], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:  # the worker runs: torchrun is past its rendezvous
+                if "worker up" in line:
+                    break
+            proc.send_signal(signal.SIGTERM)
+            codes[name] = proc.wait(60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert codes == {"plain": 1, "wrapped": 143}
+
+    said = tmp_path / "termination-log"
+    said.write_text("")  # the kubelet creates the file; the wrapper only writes to one that exists
+    code = ("import sys; from pathlib import Path; from components.training.torchrun import main; "
+            "log = Path(sys.argv.pop(1)); sys.exit(main(sys.argv[1:], termination_log=log))")
+    args = ["--dataset", str(tmp_path / "no-such-dataset"), "--checkpoint-uri", str(tmp_path / "ckpt"),
+            "--job-key", "perm", "--threads-per-rank", "1"]
+    proc = subprocess.run([sys.executable, "-c", code, str(said), "--standalone", "--nproc-per-node", "1",
+                           "--max-restarts", "0", "--monitor-interval", "0.2", "-m", "components.training", *args],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    text = said.read_text()
+    assert text.startswith("permanent failure, not retried: trainflow: ") and "no-such-dataset" in text
+    assert "\n" not in text.strip()

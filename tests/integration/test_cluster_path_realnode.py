@@ -1,0 +1,144 @@
+"""The cluster path on the real node (kubelet + containerd + CNI + DNS, issue 9): what KWOK cannot show.
+
+Skipped until the test bed has a real node: these tests need a ``real_node`` fixture (from
+``tests.support.realnode``, being built on the ``realnode`` branch) with
+
+* ``client()`` — a cluster-admin lightkube ``Client``; ``kubeconfig`` — its file;
+* ``namespace()`` — a fresh namespace with the dev MinIO Secret ``trainflow-s3-credentials``
+  (keys ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``), deleted afterwards;
+* ``image`` — the trainflow image's tag in the node's containerd (``imagePullPolicy: IfNotPresent``);
+* ``s3_server`` — the test bed's MinIO, and ``s3_endpoint_for_pods`` — its URL as pods reach it.
+
+Adapt the names when both branches land. Each test names the behaviour only a real kubelet shows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+realnode = pytest.importorskip("tests.support.realnode", reason="the real-node test bed is not on this branch yet")
+
+pytestmark = [pytest.mark.realnode, pytest.mark.k8s, pytest.mark.s3, pytest.mark.slow]
+
+
+def _request(node: Any, namespace: str, bucket: str, dataset: Path, **overrides: Any) -> Any:
+    from components.training.step import TrainStepRequest
+
+    fields: dict[str, Any] = {
+        "dataset_path": str(dataset), "dataset_uri": str(dataset), "backend": "pytorchjob", "epochs": 1,
+        "global_batch_size": 64, "job_key": f"realnode/{time.time_ns()}", "kfp_run_id": f"run-{time.time_ns()}",
+        "kfp_task_name": "train", "checkpoint_uri": f"s3://{bucket}/ckpt", "checkpoint_interval_steps": 10,
+        "image": node.image, "namespace": namespace, "min_workers": 1, "max_workers": 2, "nproc_per_node": 1,
+        "worker_cpu": "500m", "worker_memory": "2Gi", "s3_secret_name": "trainflow-s3-credentials",
+        "s3_endpoint_url": node.s3_endpoint_for_pods, "poll_interval_s": 2.0,
+    }
+    fields.update(overrides)
+    return TrainStepRequest(**fields)
+
+
+@pytest.fixture
+def env(real_node: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in real_node.s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("KUBECONFIG", str(real_node.kubeconfig))
+
+
+def test_train_step_trains_in_pods_streams_their_logs_and_summarizes_from_s3(
+    real_node: Any, env: None, digits_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from components.training.step import run_train_step
+
+    namespace = real_node.namespace()
+    bucket = real_node.s3_server.make_bucket("ckpt")
+    result = run_train_step(_request(real_node, namespace, bucket, digits_dataset), model_dir=tmp_path / "model",
+                            work_dir=tmp_path / "work")
+    assert result.summary.steps == result.summary.total_steps > 0
+    assert result.summary.world_sizes and result.summary.world_sizes[-1] == 2
+    assert json.loads((tmp_path / "model" / "model.json").read_text())["steps"] == result.summary.steps
+    out = capsys.readouterr().out
+    assert "-worker-0] " in out and "-worker-1] " in out  # both pods' logs, prefixed
+    assert (tmp_path / "work" / "train-metrics.jsonl").read_text()  # mirrored for trainflow run's display
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"image": "registry.invalid/trainflow:missing"}, "cannot pull image 'registry.invalid/trainflow:missing'"),
+        ({"s3_secret_name": "no-such-secret"}, 'secret "no-such-secret" not found'),
+        ({"worker_cpu": "64"}, "Insufficient cpu"),
+    ],
+    ids=["missing-image", "missing-secret", "too-much-cpu"],
+)
+def test_bad_input_fails_within_two_minutes_from_the_kubelets_own_status(
+    real_node: Any, env: None, digits_dataset: Path, tmp_path: Path, overrides: dict, expected: str
+) -> None:
+    from components.launcher.runner import pytorchjob_resource
+    from components.training.step import TrainStepError, run_train_step
+
+    namespace = real_node.namespace()
+    bucket = real_node.s3_server.make_bucket("ckpt")
+    req = _request(real_node, namespace, bucket, digits_dataset, **overrides)
+    t0 = time.monotonic()
+    with pytest.raises(TrainStepError) as failed:
+        run_train_step(req, model_dir=tmp_path / "m", work_dir=tmp_path / "w")
+    assert expected in str(failed.value) and "\n" not in str(failed.value)
+    assert time.monotonic() - t0 < 120
+    assert not list(real_node.client().list(pytorchjob_resource(), namespace=namespace))
+
+
+def test_a_job_is_garbage_collected_with_its_launcher_pod(real_node: Any, env: None) -> None:
+    """ownerReference to the launcher Pod: deleting the Pod deletes the job (needs the garbage collector)."""
+    from lightkube.models.core_v1 import Container, PodSpec
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Pod
+
+    from components.launcher.pytorchjob import PyTorchJobSpec
+    from components.launcher.runner import PyTorchJobRunner, RunnerSettings, pytorchjob_resource
+
+    client = real_node.client()
+    namespace = real_node.namespace()
+    launcher = client.create(Pod(metadata=ObjectMeta(name="launcher", namespace=namespace), spec=PodSpec(
+        containers=[Container(name="main", image=real_node.image, command=["sleep", "3600"])])))
+    spec = PyTorchJobSpec(run_id="gc", task_name="train", namespace=namespace, image=real_node.image,
+                          training_args=["--help"], cpu="100m", memory="256Mi",
+                          owner_references=[{"apiVersion": "v1", "kind": "Pod", "name": "launcher",
+                                             "uid": launcher.metadata.uid}])
+    ref, _ = PyTorchJobRunner(client, RunnerSettings()).create_or_reattach(spec)
+    client.delete(Pod, "launcher", namespace=namespace)
+    deadline = time.monotonic() + 120
+    while ref.name in [j.metadata.name for j in client.list(pytorchjob_resource(), namespace=namespace)]:
+        assert time.monotonic() < deadline, "the PyTorchJob outlived its launcher Pod"
+        time.sleep(1)
+
+
+def test_the_example_pytorchjob_runs_as_written(real_node: Any) -> None:
+    """manifests/examples/pytorchjob.yaml with only image, namespace and endpoint swapped for the
+    test bed's: it reaches Succeeded and leaves a committed checkpoint."""
+    import yaml
+
+    from components.launcher.runner import pytorchjob_resource, terminal_condition
+
+    namespace = real_node.namespace()
+    manifest = yaml.safe_load((Path(__file__).resolve().parents[2] / "manifests/examples/pytorchjob.yaml").read_text())
+    manifest["metadata"]["namespace"] = namespace
+    bucket = real_node.s3_server.make_bucket("trainflow-checkpoints")
+    container = manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    container["image"] = real_node.image
+    container["command"] = [c.replace("s3://trainflow-checkpoints", f"s3://{bucket}") for c in container["command"]]
+    for e in container["env"]:
+        if e["name"] == "AWS_ENDPOINT_URL_S3":
+            e["value"] = real_node.s3_endpoint_for_pods
+    client = real_node.client()
+    job = client.create(pytorchjob_resource().from_dict(manifest))
+    deadline = time.monotonic() + 900
+    while (done := terminal_condition(client.get(pytorchjob_resource(), job.metadata.name, namespace=namespace))) is None:
+        assert time.monotonic() < deadline
+        time.sleep(5)
+    assert done[0] == "Succeeded", done
+    keys = [o["Key"] for o in real_node.s3_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
+    assert any(k.startswith("example-run/train/step-") and k.endswith("MANIFEST.json") for k in keys)

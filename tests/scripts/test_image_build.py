@@ -1,0 +1,72 @@
+"""Pure parts of the daemonless image build (scripts/image/build.py): no root, no debootstrap."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from scripts.image import build
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _pins(path: Path) -> dict[str, str]:
+    return dict(re.findall(r"^([A-Za-z0-9_.\-\[\]]+)==(\S+)", path.read_text(), flags=re.M))
+
+
+def test_the_image_lock_pins_every_package_as_the_development_lock_does() -> None:
+    """requirements-image.lock is resolved with ``-c requirements.lock`` (``make lock``): the image
+    runs exactly the versions the tests ran."""
+    image, dev = _pins(REPO / "requirements-image.lock"), _pins(REPO / "requirements.lock")
+    assert {"torch", "kfp", "lightkube", "boto3"} <= set(image)
+    assert {name: (version, dev.get(name)) for name, version in image.items() if dev.get(name) != version} == {}
+
+
+def test_the_image_config_comes_from_the_dockerfiles_last_stage() -> None:
+    config = build.dockerfile_config()
+    env = dict(item.split("=", 1) for item in config["Env"])  # type: ignore[union-attr]
+    assert env["PATH"].split(":")[0] == "/opt/venv/bin"  # ${PATH} of the base expanded after it
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert config["Cmd"] == ["python"]
+    assert config["WorkingDir"] == "/"
+    assert config["Labels"]["org.opencontainers.image.title"] == "trainflow"  # type: ignore[index]
+
+
+def test_a_dockerfile_instruction_in_an_unsupported_form_is_refused_with_its_text(tmp_path: Path) -> None:
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text("FROM debian\nCMD python -m x\n")
+    with pytest.raises(build.BuildError, match="CMD 'python -m x': use the JSON"):
+        build.dockerfile_config(dockerfile)
+
+
+def test_the_default_tag_is_the_components_repository_at_the_project_version() -> None:
+    from components.specs._image import REPOSITORY
+
+    ref = build.default_ref()
+    assert ref.startswith(f"{REPOSITORY}:")
+    assert re.fullmatch(r"\d+\.\d+\.\d+.*", ref.rsplit(":", 1)[1])
+
+
+def test_a_layout_names_its_image_for_ctr_and_has_one_manifest_with_every_layer(tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "bin").mkdir(parents=True)
+    (rootfs / "bin" / "hello").write_text("#!/bin/sh\necho hi\n")
+    layer = build.write_layer("tiny", rootfs, tmp_path, created_by="test")
+    layout = tmp_path / "oci"
+
+    digests = build.write_layout(layout, [layer], {"Cmd": ["/bin/hello"]}, "example.test/tiny:1")
+
+    index = json.loads((layout / "index.json").read_text())
+    (entry,) = index["manifests"]
+    assert entry["digest"] == digests["manifest"]
+    assert entry["annotations"] == {"io.containerd.image.name": "example.test/tiny:1",
+                                    "org.opencontainers.image.ref.name": "1"}  # fmt: skip
+    manifest = json.loads((layout / "blobs" / "sha256" / digests["manifest"].split(":")[1]).read_bytes())
+    assert [d["digest"] for d in manifest["layers"]] == [layer.digest]
+    assert manifest["config"]["digest"] == digests["config"]
+    # Same input, same digests (fixed creation time): a rebuild does not change the image id.
+    again = build.write_layout(tmp_path / "oci2", [layer], {"Cmd": ["/bin/hello"]}, "example.test/tiny:1")
+    assert again == digests
