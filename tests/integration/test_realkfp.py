@@ -37,16 +37,32 @@ _SUMMARY: list[str] = []
 def kfp_backend(
     k8s_testbed: KubeTestBed, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[KfpBackend]:
-    """KFP 2.14.3's backend on the shared test bed, started once for this module."""
+    """KFP 2.14.3's backend on the shared test bed, started once for this module.
+
+    When the bed has a real node (the session has a ``realnode`` test), runs execute there and the
+    backend gets a MinIO of its own on the node's host address (pods reach it as minio-service).
+    """
+    from tests.support.s3 import minio_binary
+
+    root = tmp_path_factory.mktemp("kfp")
+    node = k8s_testbed.node
+    own_s3 = None
+    if node is not None:
+        own_s3 = S3Server(
+            binary=minio_binary(), data_dir=root / "minio" / "data", log_dir=root, host=node.host_ip
+        )
+        own_s3.start()
     backend = KfpBackend(
-        root=tmp_path_factory.mktemp("kfp"), bed=k8s_testbed, s3=s3_server, binaries=kfp_binaries()
+        root=root, bed=k8s_testbed, s3=own_s3 or s3_server, binaries=kfp_binaries(), node=node
     )
-    backend.start()
-    print(f"KFP backend started in {backend.startup_s:.1f} s {backend.startup_steps_s}")
     try:
+        backend.start()
+        print(f"KFP backend started in {backend.startup_s:.1f} s {backend.startup_steps_s}")
         yield backend
     finally:
         backend.stop()
+        if own_s3 is not None:
+            own_s3.stop()
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +162,53 @@ def test_every_kfp_backend_server_listens_only_where_the_fixture_put_it(kfp_back
     assert ("mlmd", kfp_backend.ports["mlmd"]) in ports
     assert ("mariadb", kfp_backend.ports["mysql"]) in ports
     assert ("argo-workflow-controller", kfp_backend.ports["argo_healthz"]) in ports
+
+
+def _diagnose(backend: KfpBackend, run_id: str) -> str:
+    """The run's Argo workflow nodes (phase, message) and its pods, for a failure message."""
+    import json
+
+    lines = []
+    for wf in _workflows(backend.bed):
+        if wf["metadata"].get("labels", {}).get("pipeline/runid") != run_id:
+            continue
+        status = wf.get("status", {})
+        lines.append(f"workflow {wf['metadata']['name']}: {status.get('phase')} {status.get('message', '')}")
+        for node in status.get("nodes", {}).values():
+            lines.append(f"  {node.get('displayName')}: {node.get('phase')} {node.get('message', '')}")
+    pods = json.loads(backend.bed.kubectl("get", "pods", "-n", KFP_NAMESPACE, "-o", "json").stdout)["items"]
+    for pod in pods:
+        for cs in pod.get("status", {}).get("containerStatuses", []) or []:
+            lines.append(f"  pod {pod['metadata']['name']}/{cs['name']}: {json.dumps(cs.get('state'))[:300]}")
+    return "\n".join(lines)
+
+
+@pytest.mark.realnode
+@pytest.mark.slow
+def test_the_compiled_pipeline_runs_to_success_on_the_real_node(
+    kfp_backend: KfpBackend, compiled_pipeline: Path
+) -> None:
+    """Issue 10, 3a (local-backend train step for now): prepare -> train -> evaluate -> register
+    run as KFP driver/launcher pods on the real node; the run SUCCEEDS and its artifacts are in
+    MinIO under the pipeline root."""
+    import kfp
+
+    client = kfp.Client(host=kfp_backend.api_url)
+    name = f"trainflow-realnode-{time.time_ns()}"
+    run = client.create_run_from_pipeline_package(
+        str(compiled_pipeline),
+        arguments={"dataset_source": "digits", "epochs": 1, "nproc_per_node": 1, "max_restarts": 0},
+        run_name=name,
+        experiment_name=name,
+    )
+    started = time.monotonic()
+    result = client.wait_for_run_completion(run.run_id, timeout=1800)
+    print(f"run {run.run_id}: {result.state} after {time.monotonic() - started:.0f} s")
+    assert result.state == "SUCCEEDED", _diagnose(kfp_backend, run.run_id)
+    bucket, _, prefix = kfp_backend.pipeline_root.removeprefix("minio://").partition("/")
+    keys = [
+        o["Key"]
+        for o in kfp_backend.s3.client().list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    ]
+    assert any("/prepare-dataset/" in k for k in keys), keys
+    assert any("/train/" in k for k in keys), keys

@@ -47,6 +47,7 @@ from tests.support.processes import ManagedProcess, free_port, port_open
 
 if TYPE_CHECKING:
     from tests.support.k8s import KubeTestBed
+    from tests.support.realnode import RealNode
     from tests.support.s3 import S3Server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -104,6 +105,60 @@ def kfp_binaries() -> KfpBinaries:
     )
 
 
+#: The images pods of a KFP run use: reference -> (binary folder attribute, program name). Each is
+#: the one static binary FROM scratch, on PATH (the API server's workflows run "driver" and
+#: "launcher-v2" by name; Argo runs "argoexec"), with a world-writable /tmp.
+KFP_IMAGES = {
+    DRIVER_IMAGE: ("kfp_dir", "driver"),
+    LAUNCHER_IMAGE: ("kfp_dir", "launcher-v2"),
+    ARGOEXEC_IMAGE: ("argo_dir", "argoexec"),
+}
+
+
+def build_binary_image(binary: Path, ref: str) -> Path:
+    """OCI layout of an image holding only ``binary`` as ``/bin/<name>`` (and an empty ``/tmp``).
+
+    Made with the project's daemonless image builder (``scripts/image/build.py``: ``write_layer``,
+    ``write_layout``), as the real node's pause image is; cached under
+    ``~/.cache/trainflow/image/bin-<name>-<sha256 of the binary and ref>/``.
+
+    Returns:
+        the layout folder (``index.json`` inside), for :meth:`RealNode.import_image`.
+    """
+    import hashlib
+    import tempfile
+
+    from scripts.image import build  # scripts/ is a namespace package on pytest's pythonpath
+
+    digest = hashlib.sha256(binary.read_bytes() + ref.encode()).hexdigest()[:16]
+    out = build.cache_root() / f"bin-{binary.name}-{digest}"
+    layout = out / "oci"
+    if (layout / "index.json").exists():
+        return layout
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".bin-{binary.name}-", dir=out.parent))
+    try:
+        rootfs = tmp / "rootfs"
+        (rootfs / "bin").mkdir(parents=True)
+        (rootfs / "tmp").mkdir(mode=0o1777)
+        (rootfs / "tmp").chmod(0o1777)
+        shutil.copy2(binary, rootfs / "bin" / binary.name)
+        layer = build.write_layer(
+            binary.name, rootfs, tmp, created_by=f"COPY {binary.name} /bin/{binary.name}"
+        )
+        config = {"Env": ["PATH=/bin"], "WorkingDir": "/", "Entrypoint": [f"/bin/{binary.name}"]}
+        build.write_layout(tmp / "oci", [layer], config, ref)
+        shutil.rmtree(rootfs)
+        try:
+            tmp.rename(out)
+        except OSError:  # another process finished the same image first
+            shutil.rmtree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return layout
+
+
 def _wait(predicate: Callable[[], bool], proc: ManagedProcess, *, timeout_s: float, what: str) -> None:
     """Poll ``predicate`` until true; fail at once (with the log tail) if ``proc`` exits."""
     deadline = time.monotonic() + timeout_s
@@ -127,8 +182,13 @@ class KfpBackend:
         bed: the running Kubernetes test bed (its admin kubeconfig is used by every component).
         s3: the running MinIO (pipeline specs; the default pipeline root's bucket).
         binaries: from :func:`kfp_binaries`.
-        pod_host: address pods reach this machine at (the real node's host IP); the ML Metadata
-            server and the API server's gRPC port listen there. ``127.0.0.1`` when no pod runs.
+        pod_host: address pods reach this machine at; the ML Metadata server and the API server
+            listen there. ``127.0.0.1`` when no pod runs; with ``node``, its ``host_ip``.
+        node: the bed's real node, where runs execute: the driver, launcher and Argo executor
+            images are imported into its containerd, every workflow's pods are placed on it
+            (Argo's ``workflowDefaults``), and Services ``ml-pipeline``, ``metadata-grpc-service``
+            and ``minio-service`` (as in a KFP install, so pods find them by the variables
+            Kubernetes injects) point at ``pod_host``; ``s3`` must then listen on ``pod_host``.
         ready_timeout_s: per component.
 
     Attributes:
@@ -141,6 +201,7 @@ class KfpBackend:
     s3: S3Server
     binaries: KfpBinaries
     pod_host: str = "127.0.0.1"
+    node: RealNode | None = None
     ready_timeout_s: float = 180.0
     ports: dict[str, int] = field(init=False, default_factory=dict)
     startup_s: float = field(init=False, default=0.0)
@@ -148,6 +209,12 @@ class KfpBackend:
     _processes: list[ManagedProcess] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.node is not None:
+            self.pod_host = self.node.host_ip
+            if self.s3.host != self.pod_host:
+                raise ValueError(
+                    f"with a real node, the S3 server must listen on {self.pod_host}, not {self.s3.host}"
+                )
         self.root.mkdir(parents=True, exist_ok=True)
         for name in ("mysql", "mlmd", "api_http", "api_grpc", "argo_healthz", "visualization"):
             self.ports[name] = free_port()
@@ -183,6 +250,7 @@ class KfpBackend:
                 self._start_mariadb,
                 self._start_mlmd,
                 self._install_cluster_objects,
+                self._import_images,
                 self._start_apiserver,
                 self._start_persistence_agent,
                 self._start_scheduledworkflow,
@@ -391,6 +459,10 @@ class KfpBackend:
                 "stringData": {"accesskey": self.s3.access_key, "secretkey": self.s3.secret_key},
             },
         ]
+        if self.node is not None:
+            placement = self.node.pod_placement()
+            manifests[0]["data"]["workflowDefaults"] = json.dumps({"spec": placement})
+            manifests += self._service_manifests()
         self.bed.kubectl(
             "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests})
         )
@@ -403,6 +475,56 @@ class KfpBackend:
             "--duration=24h",
         ).stdout.strip()  # fmt: skip
         (self.root / "persistenceagent-sa-token").write_text(token)
+
+    def _service_manifests(self) -> list[dict[str, Any]]:
+        """Services of a KFP install (names and ports as upstream's manifests), without selectors,
+        each with an EndpointSlice to the server on ``pod_host``: kube-proxy on the node routes the
+        Service's ClusterIP there, and pods get ``<NAME>_SERVICE_HOST``/``_PORT_<PORT NAME>``."""
+        services = {
+            # name: [(port name, Service port, where it really listens)]
+            "ml-pipeline": [("http", 8888, self.ports["api_http"]), ("grpc", 8887, self.ports["api_grpc"])],
+            "metadata-grpc-service": [("grpc-api", 8080, self.ports["mlmd"])],
+            "minio-service": [("http", 9000, self.s3.port)],
+        }
+        out: list[dict[str, Any]] = []
+        for name, ports in services.items():
+            meta = {"name": name, "namespace": KFP_NAMESPACE}
+            out.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "metadata": meta,
+                    "spec": {
+                        "ports": [
+                            {"name": p, "port": port, "targetPort": target, "protocol": "TCP"}
+                            for p, port, target in ports
+                        ]
+                    },
+                }
+            )
+            out.append(
+                {
+                    "apiVersion": "discovery.k8s.io/v1",
+                    "kind": "EndpointSlice",
+                    "metadata": {
+                        **meta,
+                        "name": f"{name}-testbed",
+                        "labels": {"kubernetes.io/service-name": name},
+                    },
+                    "addressType": "IPv4",
+                    "endpoints": [{"addresses": [self.pod_host], "conditions": {"ready": True}}],
+                    "ports": [{"name": p, "port": target, "protocol": "TCP"} for p, _, target in ports],
+                }
+            )
+        return out
+
+    def _import_images(self) -> None:
+        """Import the driver, launcher and argoexec images into the real node's containerd."""
+        if self.node is None:
+            return
+        for ref, (folder, program) in KFP_IMAGES.items():
+            binary = getattr(self.binaries, folder) / program
+            self.node.import_image(build_binary_image(binary, ref), ref)
 
     def _start_apiserver(self) -> None:
         config_dir = self.root / "apiserver"
@@ -441,7 +563,7 @@ class KfpBackend:
             "HOME": str(home),
             "KUBECONFIG": str(self.bed.kubeconfig),
             "POD_NAMESPACE": KFP_NAMESPACE,
-            "MINIO_SERVICE_SERVICE_HOST": "127.0.0.1",
+            "MINIO_SERVICE_SERVICE_HOST": self.s3.host,
             "MINIO_SERVICE_SERVICE_PORT": str(self.s3.port),
             "MINIO_SERVICE_REGION": self.s3.region,
             "V2_DRIVER_IMAGE": DRIVER_IMAGE,

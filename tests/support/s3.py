@@ -69,7 +69,9 @@ class S3Server:
         binary: the MinIO executable.
         data_dir: the drive folder (objects, bucket metadata).
         log_dir: where ``minio.log`` is written.
-        port: S3 API port on 127.0.0.1.
+        port: S3 API port on ``host``.
+        host: the address it listens on: 127.0.0.1, or the test bed's real-node host address
+            (``RealNode.host_ip``) for a server pods must reach.
         access_key: root user (also the S3 access key id).
         secret_key: root password (also the S3 secret access key).
         region: the region MinIO reports and signs with.
@@ -79,6 +81,7 @@ class S3Server:
     data_dir: Path
     log_dir: Path
     port: int = field(default_factory=free_port)
+    host: str = "127.0.0.1"
     access_key: str = "trainflow-test"
     secret_key: str = field(default_factory=lambda: uuid.uuid4().hex)
     region: str = "us-east-1"
@@ -87,8 +90,8 @@ class S3Server:
 
     @property
     def endpoint_url(self) -> str:
-        """``http://127.0.0.1:PORT`` — the S3 endpoint (path-style addressing)."""
-        return f"http://127.0.0.1:{self.port}"
+        """``http://HOST:PORT`` — the S3 endpoint (path-style addressing)."""
+        return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -134,9 +137,9 @@ class S3Server:
                 "server",
                 self.data_dir,
                 "--address",
-                f"127.0.0.1:{self.port}",
+                f"{self.host}:{self.port}",
                 "--console-address",
-                f"127.0.0.1:{free_port()}",
+                f"{self.host}:{free_port()}",
                 "--quiet",
             ],
             log_dir=self.log_dir,
