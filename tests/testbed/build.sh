@@ -130,15 +130,29 @@ build_kfp() {
 }
 
 build_argo() {
-  local out="$1" argo_dir
-  log "building Argo Workflows $ARGO_WORKFLOWS_VERSION workflow-controller and argoexec (first use; ~10-15 min on 2 cores)"
-  (cd "$here/argo" && nice -n 10 go build -ldflags "-s -w" -o "$out/" \
-    ./cmd/workflow-controller github.com/argoproj/argo-workflows/v3/cmd/argoexec) >&2
+  local out="$1" src="$1/.src" argo_dir os_dir
+  log "building Argo Workflows $ARGO_WORKFLOWS_VERSION workflow-controller and argoexec (first use; ~15-30 min on 2 cores)"
   argo_dir="$(cd "$here/argo" && go mod download -json "github.com/argoproj/argo-workflows/v3@$ARGO_WORKFLOWS_VERSION" |
     sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  mkdir -p "$src"
+  cp -r "$here/argo/go.mod" "$here/argo/go.sum" "$here/argo/cmd" "$src/"
+  # The module zip has no workflow/executor/os-specific/signal_linux.go (Go module zips leave out
+  # symbolic links; in the repository it stands for signal_darwin.go, which defines the same
+  # process-group functions for Unix), so argoexec does not compile for Linux from the proxy, and
+  # go build -overlay may not add files under GOMODCACHE. The build therefore uses a copy of the
+  # module (a replace directive in a copy of the wrapper module) with that file added as the
+  # module's own signal_darwin.go under the Linux name.
+  cp -r "$argo_dir" "$src/argo-workflows"
+  chmod -R u+w "$src/argo-workflows"
+  os_dir="$src/argo-workflows/workflow/executor/os-specific"
+  [ -e "$os_dir/signal_linux.go" ] || cp "$os_dir/signal_darwin.go" "$os_dir/signal_linux.go"
+  (cd "$src" && go mod edit -replace "github.com/argoproj/argo-workflows/v3=./argo-workflows" &&
+    nice -n 10 go build -ldflags "-s -w" -o "$out/" \
+      ./cmd/workflow-controller github.com/argoproj/argo-workflows/v3/cmd/argoexec) >&2
   mkdir -p "$out/crds"
   cp "$argo_dir"/manifests/base/crds/minimal/*.yaml "$out/crds/"
   chmod -R u+w "$out/crds"
+  rm -rf "$src"
 }
 
 build_mlmd() {
