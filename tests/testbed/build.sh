@@ -150,7 +150,7 @@ build_argo() {
     nice -n 10 go build -ldflags "-s -w" -o "$out/" \
       ./cmd/workflow-controller github.com/argoproj/argo-workflows/v3/cmd/argoexec) >&2
   mkdir -p "$out/crds"
-  cp "$argo_dir"/manifests/base/crds/minimal/*.yaml "$out/crds/"
+  cp "$argo_dir"/manifests/base/crds/minimal/argoproj.io_*.yaml "$out/crds/"
   chmod -R u+w "$out/crds"
   rm -rf "$src"
 }
