@@ -18,7 +18,7 @@
 //
 //	workflow-controller --kubeconfig=PATH --namespace=NS --configmap=NAME
 //	    --executor-image=IMAGE [--executor-image-pull-policy=IfNotPresent]
-//	    --healthz-address=127.0.0.1:PORT [--workflow-workers=N] [--loglevel=info]
+//	    --healthz-address=127.0.0.1:PORT [--workflow-workers=N] [--loglevel=info] [--gloglevel=0]
 package main
 
 import (
@@ -38,6 +38,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	wfclientset "github.com/argoproj/argo-workflows/v3/pkg/client/clientset/versioned"
+	cmdutil "github.com/argoproj/argo-workflows/v3/util/cmd"
 	"github.com/argoproj/argo-workflows/v3/workflow/controller"
 )
 
@@ -64,7 +65,11 @@ func main() {
 	workflowWorkers := flag.Int("workflow-workers", 4, "workflow workers")
 	podCleanupWorkers := flag.Int("pod-cleanup-workers", 2, "pod clean-up workers")
 	logLevel := flag.String("loglevel", "info", "debug|info|warn|error")
+	glogLevel := flag.Int("gloglevel", 0, "klog verbosity, also passed to the executor (--gloglevel)")
 	flag.Parse()
+	// Registers klog's flags and sets -v: the controller passes that value to every argoexec
+	// container as --gloglevel (workflow/controller/workflowpod.go), which rejects an empty one.
+	cmdutil.SetGLogLevel(*glogLevel)
 
 	if err := run(*kubeconfig, *namespace, *managedNamespace, *configMap, *executorImage,
 		*executorPullPolicy, *healthzAddress, *workflowWorkers, *podCleanupWorkers, *logLevel); err != nil {
