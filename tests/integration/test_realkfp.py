@@ -180,6 +180,18 @@ def _diagnose(backend: KfpBackend, run_id: str) -> str:
     for pod in pods:
         for cs in pod.get("status", {}).get("containerStatuses", []) or []:
             lines.append(f"  pod {pod['metadata']['name']}/{cs['name']}: {json.dumps(cs.get('state'))[:300]}")
+            if (cs.get("state", {}).get("terminated") or {}).get("exitCode", 0) != 0:
+                logs = backend.bed.kubectl(
+                    "logs",
+                    "-n",
+                    KFP_NAMESPACE,
+                    pod["metadata"]["name"],
+                    "-c",
+                    cs["name"],
+                    "--tail=40",
+                    check=False,
+                )
+                lines.append("    " + (logs.stdout + logs.stderr).replace("\n", "\n    "))
     return "\n".join(lines)
 
 
