@@ -4,6 +4,7 @@
 #   containerd, runc, containernetworking-plugins, iptables, iproute2, catatonit
 #                                               the test bed's real node (tests/support/realnode.py)
 #   debootstrap, zstd                           the trainflow image without Docker (scripts/image/build.py)
+#   mariadb-server, mariadb-client              the real KFP backend's database (tests/support/kfp_backend.py)
 set -euo pipefail
 need=()
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
@@ -17,6 +18,7 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 [ -x /usr/bin/catatonit ] || need+=(catatonit)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v zstd >/dev/null 2>&1 || need+=(zstd)
+command -v mariadbd >/dev/null 2>&1 || need+=(mariadb-server mariadb-client)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   echo "installing Debian packages: ${need[*]}"

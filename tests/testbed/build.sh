@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build (or reuse) the test bed's servers from the Go module proxy, pinned in versions.env.
 #
-#   tests/testbed/build.sh [minio] [k8s]      (no argument: both)
+#   tests/testbed/build.sh [minio] [k8s] [kfp]      (no argument: minio and k8s; kfp also gives
+#                                                     Argo Workflows and the MLMD venv)
 #
 # Prints NAME=PATH lines (shell- and Python-parsable) for what was asked:
 #   MINIO_BIN             MinIO server                     ~/.cache/trainflow/minio/<version>/
@@ -14,6 +15,14 @@
 #                         (TRAINING_OPERATOR_BIN: tools/cmd/training-operator, the operator's packages
 #                          behind a main whose servers all listen on 127.0.0.1; COREDNS_BIN:
 #                          tools/cmd/coredns, CoreDNS with the plugins the real node's DNS uses)
+#   KFP_BIN_DIR           Kubeflow Pipelines 2.14.3 backend: apiserver, persistence (agent),
+#                         scheduledworkflow (controller), driver, launcher-v2; CRDs under crds/
+#                                                          ~/.cache/trainflow/kfp/<version>-<hash>/
+#   ARGO_BIN_DIR          Argo Workflows: workflow-controller (tests/testbed/argo/cmd, loopback-only
+#                         main), argoexec; CRDs under crds/  ~/.cache/trainflow/argo/<version>-<hash>/
+#   MLMD_PYTHON           python of a venv with ml-metadata (mlmd/requirements.txt), which runs
+#                         mlmd/server.py, the gRPC front of the ML Metadata store KFP 2.14.3 needs
+#                                                          ~/.cache/trainflow/mlmd/<version>-<hash>/
 #
 # Each part is built at most once per version (and per hash of its wrapper module's files); a lock
 # keeps concurrent callers (several pytest sessions, make testbed) from building it twice. Builds
@@ -96,14 +105,74 @@ build_tools() {
   chmod u+w "$out/kubeflow.org_pytorchjobs.yaml"
 }
 
+build_kfp() {
+  local out="$1" src="$1/.src" kfp_dir
+  log "building the KFP $KFP_VERSION backend (first use; ~15-25 min on 2 cores)"
+  mkdir -p "$src"
+  cp "$here/kfp/go.mod" "$here/kfp/go.sum" "$src/"
+  "$here/kfp/gen-api.sh" "$src/gen"
+  # The API server's storage package uses go-sqlite3's cgo-only error types even when it talks to
+  # MySQL, so it is the one cgo binary (gcc); the rest are static (driver and launcher go into
+  # FROM-scratch images).
+  (cd "$src" && CGO_ENABLED=1 nice -n 10 go build -ldflags "-s -w" -o "$out/" \
+    github.com/kubeflow/pipelines/backend/src/apiserver) >&2
+  (cd "$src" && nice -n 10 go build -ldflags "-s -w" -o "$out/" \
+    github.com/kubeflow/pipelines/backend/src/agent/persistence \
+    github.com/kubeflow/pipelines/backend/src/crd/controller/scheduledworkflow \
+    github.com/kubeflow/pipelines/backend/src/v2/cmd/driver \
+    github.com/kubeflow/pipelines/backend/src/v2/cmd/launcher-v2) >&2
+  kfp_dir="$(cd "$src" && go mod download -json "github.com/kubeflow/pipelines@$KFP_MODULE_VERSION" |
+    sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  mkdir -p "$out/crds"
+  cp "$kfp_dir/manifests/kustomize/base/pipeline/cluster-scoped/scheduled-workflow-crd.yaml" "$out/crds/"
+  chmod -R u+w "$out/crds"
+  rm -rf "$src"
+}
+
+build_argo() {
+  local out="$1" src="$1/.src" argo_dir os_dir
+  log "building Argo Workflows $ARGO_WORKFLOWS_VERSION workflow-controller and argoexec (first use; ~15-30 min on 2 cores)"
+  argo_dir="$(cd "$here/argo" && go mod download -json "github.com/argoproj/argo-workflows/v3@$ARGO_WORKFLOWS_VERSION" |
+    sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  mkdir -p "$src"
+  cp -r "$here/argo/go.mod" "$here/argo/go.sum" "$here/argo/cmd" "$src/"
+  # The module zip has no workflow/executor/os-specific/signal_linux.go (Go module zips leave out
+  # symbolic links; in the repository it stands for signal_darwin.go, which defines the same
+  # process-group functions for Unix), so argoexec does not compile for Linux from the proxy, and
+  # go build -overlay may not add files under GOMODCACHE. The build therefore uses a copy of the
+  # module (a replace directive in a copy of the wrapper module) with that file added as the
+  # module's own signal_darwin.go under the Linux name.
+  cp -r "$argo_dir" "$src/argo-workflows"
+  chmod -R u+w "$src/argo-workflows"
+  os_dir="$src/argo-workflows/workflow/executor/os-specific"
+  [ -e "$os_dir/signal_linux.go" ] || cp "$os_dir/signal_darwin.go" "$os_dir/signal_linux.go"
+  (cd "$src" && go mod edit -replace "github.com/argoproj/argo-workflows/v3=./argo-workflows" &&
+    nice -n 10 go build -ldflags "-s -w" -o "$out/" \
+      ./cmd/workflow-controller github.com/argoproj/argo-workflows/v3/cmd/argoexec) >&2
+  mkdir -p "$out/crds"
+  cp "$argo_dir"/manifests/base/crds/minimal/argoproj.io_*.yaml "$out/crds/"
+  chmod -R u+w "$out/crds"
+  rm -rf "$src"
+}
+
+build_mlmd() {
+  local out="$1" python="${PYTHON:-python3}"
+  log "installing ml-metadata $MLMD_VERSION into a venv of its own (first use; ~1 min)"
+  "$python" -m venv "$out/venv" >&2
+  "$out/venv/bin/python" -m pip install -q --disable-pip-version-check --only-binary=:all: \
+    -r "$here/mlmd/requirements.txt" >&2
+  "$out/venv/bin/python" -c "import ml_metadata.metadata_store.pywrap.metadata_store_extension" >&2
+}
+
 CONTROLPLANE_PROGRAMS="kube-apiserver kube-scheduler kube-controller-manager kubelet kube-proxy etcd kubectl"
-want_minio=0 want_k8s=0
+want_minio=0 want_k8s=0 want_kfp=0
 [ $# -eq 0 ] && set -- minio k8s
 for part in "$@"; do
   case "$part" in
     minio) want_minio=1 ;;
     k8s) want_k8s=1 ;;
-    *) log "unknown part '$part' (want: minio, k8s)"; exit 2 ;;
+    kfp) want_kfp=1 ;;
+    *) log "unknown part '$part' (want: minio, k8s, kfp)"; exit 2 ;;
   esac
 done
 
@@ -126,4 +195,18 @@ if [ $want_k8s = 1 ]; then
   echo "TRAINING_OPERATOR_BIN=$d/training-operator"
   echo "COREDNS_BIN=$d/coredns"
   echo "PYTORCHJOB_CRD=$d/kubeflow.org_pytorchjobs.yaml"
+fi
+if [ $want_kfp = 1 ]; then
+  # gen-api.sh and protogen/ are inputs too: they write the api modules the build replaces.
+  h="$( (module_hash "$here/kfp"; sha256sum <"$here/kfp/gen-api.sh") | sha256sum | cut -c1-12)"
+  d="$cache_root/kfp/$KFP_VERSION-$h"
+  locked "$d" launcher-v2 build_kfp
+  echo "KFP_BIN_DIR=$d"
+  d="$cache_root/argo/$ARGO_WORKFLOWS_VERSION-$(module_hash "$here/argo")"
+  locked "$d" argoexec build_argo
+  echo "ARGO_BIN_DIR=$d"
+  MLMD_VERSION="$(sed -n 's/^ml-metadata==//p' "$here/mlmd/requirements.txt")"
+  d="$cache_root/mlmd/$MLMD_VERSION-$(sha256sum <"$here/mlmd/requirements.txt" | cut -c1-12)"
+  locked "$d" venv/bin/python build_mlmd
+  echo "MLMD_PYTHON=$d/venv/bin/python"
 fi

@@ -1,0 +1,226 @@
+"""trainflow's compiled pipeline against the real KFP backend (KFP 2.14.3) on the test bed.
+
+Opt-in while the stack is being brought up (issue 10): these tests run only with
+``TRAINFLOW_REALKFP=1`` (``make test-realkfp``); without it they are skipped with that reason. The
+backend is built by ``tests/testbed/build.sh kfp`` (cold: tens of minutes on 2 cores; cached under
+``~/.cache/trainflow/``) and started by :mod:`tests.support.kfp_backend`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.k8s import KubeTestBed
+from tests.support.kfp_backend import KFP_NAMESPACE, KfpBackend, kfp_binaries
+from tests.support.s3 import S3Server
+
+pytestmark = [
+    pytest.mark.realkfp,
+    pytest.mark.k8s,
+    pytest.mark.s3,
+    pytest.mark.skipif(
+        os.environ.get("TRAINFLOW_REALKFP") != "1",
+        reason="real-KFP tier is opt-in until the stack passes (issue 10): TRAINFLOW_REALKFP=1 / make test-realkfp",
+    ),
+]
+
+_SUMMARY: list[str] = []
+
+
+@pytest.fixture(scope="module")
+def kfp_backend(
+    k8s_testbed: KubeTestBed, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KfpBackend]:
+    """KFP 2.14.3's backend on the shared test bed, started once for this module.
+
+    When the bed has a real node (the session has a ``realnode`` test), runs execute there and the
+    backend gets a MinIO of its own on the node's host address (pods reach it as minio-service).
+    """
+    from tests.support.s3 import minio_binary
+
+    root = tmp_path_factory.mktemp("kfp")
+    node = k8s_testbed.node
+    own_s3 = None
+    if node is not None:
+        own_s3 = S3Server(
+            binary=minio_binary(), data_dir=root / "minio" / "data", log_dir=root, host=node.host_ip
+        )
+        own_s3.start()
+    backend = KfpBackend(
+        root=root, bed=k8s_testbed, s3=own_s3 or s3_server, binaries=kfp_binaries(), node=node
+    )
+    try:
+        backend.start()
+        print(f"KFP backend started in {backend.startup_s:.1f} s {backend.startup_steps_s}")
+        yield backend
+    finally:
+        backend.stop()
+        if own_s3 is not None:
+            own_s3.stop()
+
+
+@pytest.fixture(scope="module")
+def compiled_pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """trainflow's training pipeline compiled with the kfp SDK (as ``trainflow compile`` does)."""
+    from kfp import compiler
+
+    from pipelines.training import training_pipeline
+
+    path = tmp_path_factory.mktemp("pipeline") / "training-pipeline.yaml"
+    compiler.Compiler().compile(training_pipeline, str(path))
+    return path
+
+
+def _workflows(bed: KubeTestBed) -> list[dict[str, Any]]:
+    import json
+
+    out = bed.kubectl("get", "workflows.argoproj.io", "-n", KFP_NAMESPACE, "-o", "json").stdout
+    return json.loads(out)["items"]
+
+
+def test_kfp_client_uploads_the_pipeline_and_creates_a_run_that_becomes_an_argo_workflow(
+    kfp_backend: KfpBackend, compiled_pipeline: Path
+) -> None:
+    import kfp
+
+    client = kfp.Client(host=kfp_backend.api_url)
+    name = f"trainflow-training-{time.time_ns()}"
+    pipeline = client.upload_pipeline(str(compiled_pipeline), pipeline_name=name)
+    assert pipeline.pipeline_id
+    versions = client.list_pipeline_versions(pipeline.pipeline_id).pipeline_versions
+    assert len(versions) == 1
+    # The real server parsed the spec: its stored spec names the pipeline's four steps.
+    spec = versions[0].pipeline_spec
+    tasks = set(spec["root"]["dag"]["tasks"])
+    assert {"prepare-dataset", "train", "evaluate", "register-model"} <= tasks, tasks
+
+    experiment = client.create_experiment(name=name)
+    run = client.run_pipeline(
+        experiment_id=experiment.experiment_id,
+        job_name=name,
+        pipeline_id=pipeline.pipeline_id,
+        version_id=versions[0].pipeline_version_id,
+        params={"epochs": 1},
+    )
+    assert run.run_id
+    fetched = client.get_run(run.run_id)
+    assert fetched.display_name == name
+    assert fetched.experiment_id == experiment.experiment_id
+
+    # The API server turned the run into an Argo Workflow labelled with the run id.
+    deadline = time.monotonic() + 60
+    mine: list[dict[str, Any]] = []
+    while time.monotonic() < deadline and not mine:
+        mine = [
+            wf
+            for wf in _workflows(kfp_backend.bed)
+            if wf["metadata"].get("labels", {}).get("pipeline/runid") == run.run_id
+        ]
+        time.sleep(1)
+    assert len(mine) == 1, [wf["metadata"]["name"] for wf in _workflows(kfp_backend.bed)]
+    workflow = mine[0]
+    # Argo's controller picked it up (it sets a phase), and the persistence agent reports the
+    # workflow's state back to the run.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        workflow = next(
+            wf for wf in _workflows(kfp_backend.bed) if wf["metadata"]["name"] == workflow["metadata"]["name"]
+        )
+        if workflow.get("status", {}).get("phase"):
+            break
+        time.sleep(1)
+    assert workflow.get("status", {}).get("phase") in {"Pending", "Running", "Failed", "Error", "Succeeded"}
+    templates = {t["name"] for t in workflow["spec"]["templates"]}
+    assert any("driver" in t for t in templates), templates
+    # The persistence agent reports the workflow back: the run leaves PENDING.
+    deadline = time.monotonic() + 90
+    state = client.get_run(run.run_id).state
+    while time.monotonic() < deadline and state == "PENDING":
+        time.sleep(2)
+        state = client.get_run(run.run_id).state
+    assert state in {"RUNNING", "FAILED", "SUCCEEDED"}, state
+
+
+def test_every_kfp_backend_server_listens_only_where_the_fixture_put_it(kfp_backend: KfpBackend) -> None:
+    """Loopback (or the bed's pod-facing host address) only: the API server's gRPC port included,
+    which upstream's main can only open on every interface (see KfpBackend._start_apiserver)."""
+    from tests.support.listeners import listening_sockets, normalize_ip
+
+    owners = {name: proc.pid for name, proc in kfp_backend.processes().items()}
+    sockets = listening_sockets(owners)
+    allowed = {"127.0.0.1", "::1", normalize_ip(kfp_backend.pod_host)}
+    assert [s for s in sockets if normalize_ip(s.ip) not in allowed] == []
+    ports = {(s.owner, s.port) for s in sockets}
+    assert ("kfp-apiserver", kfp_backend.ports["api_grpc"]) in ports
+    assert ("kfp-apiserver", kfp_backend.ports["api_http"]) in ports
+    assert ("mlmd", kfp_backend.ports["mlmd"]) in ports
+    assert ("mariadb", kfp_backend.ports["mysql"]) in ports
+    assert ("argo-workflow-controller", kfp_backend.ports["argo_healthz"]) in ports
+
+
+def _diagnose(backend: KfpBackend, run_id: str) -> str:
+    """The run's Argo workflow nodes (phase, message) and its pods, for a failure message."""
+    import json
+
+    lines = []
+    for wf in _workflows(backend.bed):
+        if wf["metadata"].get("labels", {}).get("pipeline/runid") != run_id:
+            continue
+        status = wf.get("status", {})
+        lines.append(f"workflow {wf['metadata']['name']}: {status.get('phase')} {status.get('message', '')}")
+        for node in status.get("nodes", {}).values():
+            lines.append(f"  {node.get('displayName')}: {node.get('phase')} {node.get('message', '')}")
+    pods = json.loads(backend.bed.kubectl("get", "pods", "-n", KFP_NAMESPACE, "-o", "json").stdout)["items"]
+    for pod in pods:
+        for cs in pod.get("status", {}).get("containerStatuses", []) or []:
+            lines.append(f"  pod {pod['metadata']['name']}/{cs['name']}: {json.dumps(cs.get('state'))[:300]}")
+            if (cs.get("state", {}).get("terminated") or {}).get("exitCode", 0) != 0:
+                logs = backend.bed.kubectl(
+                    "logs",
+                    "-n",
+                    KFP_NAMESPACE,
+                    pod["metadata"]["name"],
+                    "-c",
+                    cs["name"],
+                    "--tail=40",
+                    check=False,
+                )
+                lines.append("    " + (logs.stdout + logs.stderr).replace("\n", "\n    "))
+    return "\n".join(lines)
+
+
+@pytest.mark.realnode
+@pytest.mark.slow
+def test_the_compiled_pipeline_runs_to_success_on_the_real_node(
+    kfp_backend: KfpBackend, compiled_pipeline: Path
+) -> None:
+    """Issue 10, 3a (local-backend train step for now): prepare -> train -> evaluate -> register
+    run as KFP driver/launcher pods on the real node; the run SUCCEEDS and its artifacts are in
+    MinIO under the pipeline root."""
+    import kfp
+
+    client = kfp.Client(host=kfp_backend.api_url)
+    name = f"trainflow-realnode-{time.time_ns()}"
+    run = client.create_run_from_pipeline_package(
+        str(compiled_pipeline),
+        arguments={"dataset_source": "digits", "epochs": 1, "nproc_per_node": 1, "max_restarts": 0},
+        run_name=name,
+        experiment_name=name,
+    )
+    started = time.monotonic()
+    result = client.wait_for_run_completion(run.run_id, timeout=1800)
+    print(f"run {run.run_id}: {result.state} after {time.monotonic() - started:.0f} s")
+    assert result.state == "SUCCEEDED", _diagnose(kfp_backend, run.run_id)
+    bucket, _, prefix = kfp_backend.pipeline_root.removeprefix("minio://").partition("/")
+    keys = [
+        o["Key"]
+        for o in kfp_backend.s3.client().list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    ]
+    assert any("/prepare-dataset/" in k for k in keys), keys
+    assert any("/train/" in k for k in keys), keys
