@@ -363,11 +363,22 @@ def test_standalone_overlay_scheduler_deployment_becomes_ready_on_the_real_node(
 
         holder = wait_until(lease_holder, timeout_s=POD_TIMEOUT_S, what="the scheduler's Lease", interval_s=1.0)
         assert name in holder
-        # ... and the host reaches its /metrics on the pod network (as Prometheus would).
-        metrics = httpx.get(f"http://{pod['status']['podIP']}:9400/metrics", timeout=10.0)
-        assert metrics.status_code == 200
+        # ... and the host reaches its /metrics on the pod network as Prometheus would: refused without
+        # a token, served to a ServiceAccount bound to the shipped metrics-reader ClusterRole (its
+        # TokenReview + SubjectAccessReview go through the `kubernetes` Service too).
+        url = f"http://{pod['status']['podIP']}:9400/metrics"
+        assert httpx.get(url, timeout=10.0).status_code == 401
+        k8s_testbed.kubectl("create", "serviceaccount", "prometheus-test", "-n", namespace)
+        k8s_testbed.kubectl("create", "clusterrolebinding", "trainflow-test-metrics-reader",
+                            "--clusterrole=trainflow-gpu-scheduler-metrics-reader",
+                            f"--serviceaccount={namespace}:prometheus-test")
+        token = k8s_testbed.kubectl("create", "token", "prometheus-test", "-n", namespace).stdout.strip()
+        metrics = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=10.0)
+        assert metrics.status_code == 200, metrics.text[:500]
+        assert "trainflow" in metrics.text
         restarts = _pod_json(k8s_testbed, namespace, name)["status"]["containerStatuses"][0]["restartCount"]
         previous = k8s_testbed.kubectl("logs", name, "-n", namespace, "--previous", check=False)
         assert restarts == 0, previous.stdout[-3000:] + previous.stderr
     finally:
+        k8s_testbed.kubectl("delete", "clusterrolebinding", "trainflow-test-metrics-reader", "--ignore-not-found", check=False)
         k8s_testbed.kubectl("delete", "-k", str(overlay), "--wait=false", "--ignore-not-found", check=False)
