@@ -8,6 +8,9 @@ event's extra (listing fingerprints, objects added/removed/changed) into the new
 Compile::
 
     kfp dsl compile --py pipelines/retraining.py --function retraining_pipeline --output retraining_pipeline.yaml
+
+For Kubeflow, the S3 Secret is wired into every task pod and the train step's workers exactly as in
+``training_pipeline`` (:mod:`pipelines.platform`; set ``TRAINFLOW_S3_SECRET``... before compiling).
 """
 
 from typing import NamedTuple
@@ -15,6 +18,7 @@ from typing import NamedTuple
 from kfp import dsl
 
 from components.specs import drift_check, evaluate, prepare_dataset, register_model, train
+from pipelines.platform import PlatformSettings
 from pipelines.training import TRAIN_RETRIES
 
 RETRAIN_POLICIES = ("on-drift", "always")
@@ -25,7 +29,7 @@ class RetrainingOutputs(NamedTuple):
     verdict: dsl.Artifact
 
 
-def _retrain_steps(*, dataset_source, registry_uri, registered_model_name, dataset_change, min_accuracy_to_promote,
+def _retrain_steps(*, platform: PlatformSettings, s3_secret_name, dataset_source, registry_uri, registered_model_name, dataset_change, min_accuracy_to_promote,
                    test_fraction, image_size, channels, seed, checkpoint_uri, job_key, s3_endpoint_url,
                    **train_args) -> None:
     data = prepare_dataset(source=dataset_source, test_fraction=test_fraction, seed=seed, image_size=image_size,
@@ -33,7 +37,8 @@ def _retrain_steps(*, dataset_source, registry_uri, registered_model_name, datas
     training = train(
         dataset=data.outputs["dataset"], seed=seed, checkpoint_uri=checkpoint_uri, job_key=job_key,
         kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, kfp_task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
-        pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER, s3_endpoint_url=s3_endpoint_url, **train_args,
+        pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER, s3_endpoint_url=s3_endpoint_url, s3_secret_name=s3_secret_name,
+        s3_access_key_key=platform.s3_access_key_key, s3_secret_key_key=platform.s3_secret_key_key, **train_args,
     )
     training.set_display_name("train (elastic DDP)").set_retry(num_retries=TRAIN_RETRIES, backoff_duration="5s")
     training.set_caching_options(False)
@@ -47,57 +52,69 @@ def _retrain_steps(*, dataset_source, registry_uri, registered_model_name, datas
         dataset_change=dataset_change,
     ).set_display_name("register model (if better)")
     registered.set_caching_options(False)
+    for task in (data, training, scores, registered):
+        platform.apply(task, s3_secret_name)
 
 
-@dsl.pipeline(
-    name="retraining-pipeline",
-    description="Check new data for drift against the current model version; retrain and register a better one.",
-)
-def retraining_pipeline(
-    dataset_source: str,
-    registry_uri: str,
-    registered_model_name: str = "mnist-classifier",
-    retrain_policy: str = "on-drift",
-    dataset_change: str = "",
-    drift_alpha: float = 0.01,
-    max_accuracy_drop: float = 0.05,
-    min_accuracy_to_promote: float = 0.0,
-    test_fraction: float = 0.2,
-    image_size: int = 32,
-    channels: int = 3,
-    model_name: str = "small_cnn",
-    epochs: int = 8,
-    global_batch_size: int = 64,
-    learning_rate: float = 0.05,
-    optimizer: str = "sgd",
-    seed: int = 0,
-    backend: str = "local",
-    min_workers: int = 1,
-    max_workers: int = 1,
-    nproc_per_node: int = 2,
-    checkpoint_uri: str = "",
-    checkpoint_interval_steps: int = 50,
-    job_key: str = "",
-    image: str = "",
-    namespace: str = "kubeflow",
-    gpus_per_worker: int = 0,
-    s3_secret_name: str = "",
-    s3_endpoint_url: str = "",
-) -> RetrainingOutputs:
-    check = drift_check(source=dataset_source, registry_uri=registry_uri, model_name=registered_model_name,
-                        alpha=drift_alpha, max_accuracy_drop=max_accuracy_drop,
-                        retrain_policy=retrain_policy, s3_endpoint_url=s3_endpoint_url).set_display_name("drift check")
-    check.set_caching_options(False)
-    with dsl.If(check.outputs["Output"] == True, name="retrain"):  # noqa: E712
-        _retrain_steps(
-            dataset_source=dataset_source, registry_uri=registry_uri, registered_model_name=registered_model_name,
-            dataset_change=dataset_change, min_accuracy_to_promote=min_accuracy_to_promote,
-            test_fraction=test_fraction, image_size=image_size, channels=channels, model_name=model_name,
-            epochs=epochs, global_batch_size=global_batch_size, learning_rate=learning_rate, optimizer=optimizer,
-            seed=seed, backend=backend, min_workers=min_workers, max_workers=max_workers,
-            nproc_per_node=nproc_per_node, checkpoint_uri=checkpoint_uri,
-            checkpoint_interval_steps=checkpoint_interval_steps, job_key=job_key, image=image,
-            namespace=namespace, gpus_per_worker=gpus_per_worker, s3_secret_name=s3_secret_name,
-            s3_endpoint_url=s3_endpoint_url,
-        )
-    return RetrainingOutputs(retrain=check.outputs["Output"], verdict=check.outputs["verdict"])
+def build_retraining_pipeline(platform: PlatformSettings) -> object:
+    """The pipeline function for ``platform``'s compile-time settings (a ``dsl.pipeline``), as
+    :func:`pipelines.training.build_pipeline`."""
+
+    @dsl.pipeline(
+        name="retraining-pipeline",
+        description="Check new data for drift against the current model version; retrain and register a better one.",
+    )
+    def retraining_pipeline(
+        dataset_source: str,
+        registry_uri: str,
+        registered_model_name: str = "mnist-classifier",
+        retrain_policy: str = "on-drift",
+        dataset_change: str = "",
+        drift_alpha: float = 0.01,
+        max_accuracy_drop: float = 0.05,
+        min_accuracy_to_promote: float = 0.0,
+        test_fraction: float = 0.2,
+        image_size: int = 32,
+        channels: int = 3,
+        model_name: str = "small_cnn",
+        epochs: int = 8,
+        global_batch_size: int = 64,
+        learning_rate: float = 0.05,
+        optimizer: str = "sgd",
+        seed: int = 0,
+        backend: str = "local",
+        min_workers: int = 1,
+        max_workers: int = 1,
+        nproc_per_node: int = 2,
+        checkpoint_uri: str = "",
+        checkpoint_interval_steps: int = 50,
+        job_key: str = "",
+        image: str = "",
+        namespace: str = "",
+        gpus_per_worker: int = 0,
+        s3_secret_name: str = platform.s3_secret,
+        s3_endpoint_url: str = "",
+    ) -> RetrainingOutputs:
+        check = drift_check(source=dataset_source, registry_uri=registry_uri, model_name=registered_model_name,
+                            alpha=drift_alpha, max_accuracy_drop=max_accuracy_drop,
+                            retrain_policy=retrain_policy, s3_endpoint_url=s3_endpoint_url).set_display_name("drift check")
+        check.set_caching_options(False)
+        platform.apply(check, s3_secret_name)
+        with dsl.If(check.outputs["Output"] == True, name="retrain"):  # noqa: E712
+            _retrain_steps(
+                platform=platform, dataset_source=dataset_source, registry_uri=registry_uri, registered_model_name=registered_model_name,
+                dataset_change=dataset_change, min_accuracy_to_promote=min_accuracy_to_promote,
+                test_fraction=test_fraction, image_size=image_size, channels=channels, model_name=model_name,
+                epochs=epochs, global_batch_size=global_batch_size, learning_rate=learning_rate, optimizer=optimizer,
+                seed=seed, backend=backend, min_workers=min_workers, max_workers=max_workers,
+                nproc_per_node=nproc_per_node, checkpoint_uri=checkpoint_uri,
+                checkpoint_interval_steps=checkpoint_interval_steps, job_key=job_key, image=image,
+                namespace=namespace, gpus_per_worker=gpus_per_worker, s3_secret_name=s3_secret_name,
+                s3_endpoint_url=s3_endpoint_url,
+            )
+        return RetrainingOutputs(retrain=check.outputs["Output"], verdict=check.outputs["verdict"])
+
+    return retraining_pipeline
+
+
+retraining_pipeline = build_retraining_pipeline(PlatformSettings.from_env())

@@ -76,3 +76,51 @@ def test_retraining_pipeline_decides_trains_and_registers(tmp_path, monkeypatch)
     v2 = registry.current("digits")
     assert v2.version == 2 and v2.lineage["metrics"]["test_accuracy"] > v2.lineage["previous_version_accuracy"]
     assert os.path.isdir(tmp_path / "models" / "digits" / "v000001")  # the old version stays
+
+
+def test_compiled_for_kubeflow_the_s3_secret_reaches_every_step_and_the_workers(tmp_path) -> None:
+    """As ``training_pipeline``: with a Secret in the compile-time settings, every task pod (the drift
+    check too) gets its keys as AWS_* variables, the Secret's name is the ``s3_secret_name``
+    parameter, the key names reach the train step for the workers, and the namespace is the run's own."""
+    import yaml
+    from kfp import compiler
+
+    from pipelines.platform import PlatformSettings
+    from pipelines.retraining import build_retraining_pipeline
+
+    out = tmp_path / "retraining.yaml"
+    settings = PlatformSettings(s3_secret="mlpipeline-minio-artifact", s3_access_key_key="accesskey",
+                                s3_secret_key_key="secretkey")
+    compiler.Compiler().compile(build_retraining_pipeline(settings), str(out))
+    spec, platform = list(yaml.safe_load_all(out.read_text()))
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert set(executors) == {"exec-drift-check", "exec-prepare-dataset", "exec-train", "exec-evaluate",
+                              "exec-register-model"}
+    for name, config in executors.items():
+        (wiring,) = config["secretAsEnv"]
+        # inside the dsl.If, KFP passes the root parameter into the sub-DAG as a pipeline channel
+        parameter = "s3_secret_name" if name == "exec-drift-check" else "pipelinechannel--s3_secret_name"
+        assert wiring["secretNameParameter"] == {"componentInputParameter": parameter}, name
+        assert {(m["secretKey"], m["envVar"]) for m in wiring["keyToEnv"]} >= {
+            ("accesskey", "AWS_ACCESS_KEY_ID"), ("secretkey", "AWS_SECRET_ACCESS_KEY")}
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert params["s3_secret_name"]["defaultValue"] == "mlpipeline-minio-artifact"
+    assert params["namespace"]["defaultValue"] == ""
+
+
+def test_retraining_train_parameters_have_the_components_defaults() -> None:
+    """One home per parameter: each retraining pipeline parameter that the train step takes has the
+    train component's default (``epochs`` and ``checkpoint_interval_steps`` are pipeline demo
+    defaults, as in ``training_pipeline``)."""
+    import inspect
+
+    from components.specs import train
+    from pipelines.platform import PlatformSettings
+    from pipelines.retraining import build_retraining_pipeline
+
+    component = inspect.signature(train.python_func).parameters
+    pipeline = inspect.signature(build_retraining_pipeline(PlatformSettings()).pipeline_func).parameters
+    shared = [name for name in pipeline if name in component and name not in ("epochs", "checkpoint_interval_steps")]
+    assert "namespace" in shared and "s3_secret_name" in shared
+    for name in shared:
+        assert pipeline[name].default == component[name].default, name
