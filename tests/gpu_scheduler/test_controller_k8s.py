@@ -420,9 +420,18 @@ def test_command_line_runs_the_controller_until_sigterm(live: Live, kwok_gpu_nod
     with log_path.open("wb") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
                                 start_new_session=True)
+    scrapes: list[str] = []
+
+    def controller_said() -> str:
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
+        return f"controller exit code {proc.poll()}; the last lines of its log:\n{tail}"
+
     try:
-        wait_until(lambda: live.replicas(name) == 2, timeout_s=60, what="the CLI controller to scale the job")
-        metrics = wait_until(lambda: _scrape(port), timeout_s=20, what="/metrics")
+        try:
+            wait_until(lambda: live.replicas(name) == 2, timeout_s=60, what="the CLI controller to scale the job")
+            metrics = wait_until(lambda: _scrape(port, scrapes), timeout_s=20, what="/metrics")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}; last scrape: {scrapes[-1:] or 'none'}; {controller_said()}") from exc
         assert "trainflow_scheduler_ticks_total" in metrics and 'trainflow_scheduler_leader 1.0' in metrics
         holder = live.client.get(_lease(), "trainflow-gpu-scheduler", namespace=live.namespace).spec.holderIdentity
         assert holder
@@ -444,12 +453,19 @@ def _lease() -> Any:
     return Lease
 
 
-def _scrape(port: int) -> str | None:
+def _scrape(port: int, seen: list[str] | None = None) -> str | None:
+    """The text of ``/metrics`` once it has the tick counter, else None (what came back goes to ``seen``)."""
     try:
         response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
-    except httpx.HTTPError:
+    except httpx.HTTPError as exc:
+        if seen is not None:
+            seen.append(f"{type(exc).__name__}: {exc}")
         return None
-    return response.text if response.status_code == 200 and "trainflow_scheduler_ticks_total" in response.text else None
+    if response.status_code == 200 and "trainflow_scheduler_ticks_total" in response.text:
+        return response.text
+    if seen is not None:
+        seen.append(f"HTTP {response.status_code}: {response.text[:200]!r}")
+    return None
 
 
 def _metrics_text(runtime: Runtime) -> bytes:
