@@ -214,7 +214,7 @@ def compile(
 
 def _registry(uri: str):
     from components.registry.store import ModelRegistry
-    from components.training.checkpoint.storage import storage_for
+    from trainflow.storage import storage_for
 
     with _registry_errors():
         return ModelRegistry(storage_for(uri))
@@ -224,7 +224,7 @@ def _registry(uri: str):
 def _registry_errors() -> Iterator[None]:
     """A registry or storage error (unknown version, unreachable S3, ...) as one line, exit 2."""
     from components.registry.store import RegistryError
-    from components.training.checkpoint.storage import CheckpointStorageError
+    from trainflow.storage import CheckpointStorageError
 
     try:
         yield

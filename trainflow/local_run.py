@@ -33,10 +33,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from components.training.checkpoint.storage import CheckpointStorageError, storage_for
 from components.training.config import ConfigError
 from components.training.metrics import read_jsonl
 from components.training.step import TrainStepRequest, build_config
+from trainflow.storage import CheckpointStorageError, storage_for
 
 STAGES = ("prepare-dataset", "train", "evaluate", "register-model")
 _TASK_START = re.compile(r"Executing task \W*'([\w-]+)'")

@@ -221,8 +221,8 @@ def source_listing(source: str) -> list[ListingEntry] | None:
     if source.startswith("s3://"):
         from botocore.exceptions import BotoCoreError, ClientError
 
-        from components.training.checkpoint.s3 import S3Storage
-        from components.training.checkpoint.storage import CheckpointStorageError
+        from trainflow.storage import CheckpointStorageError
+        from trainflow.storage.s3 import S3Storage
 
         try:
             s3 = S3Storage(source)
@@ -290,8 +290,8 @@ def run_drift_check(source: str, *, registry_uri: str, model_name: str, threshol
         components.registry.store.RegistryError: bad model name or unreadable registry.
     """
     from components.registry.store import ModelRegistry, RegistryError
-    from components.training.checkpoint.storage import CheckpointStorageError, storage_for
     from components.training.sources import prepare
+    from trainflow.storage import CheckpointStorageError, storage_for
 
     th = thresholds or DriftThresholds()
     listing = source_listing(source)

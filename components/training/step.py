@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from components.training.checkpoint.storage import CheckpointStorageError, join_uri, storage_for
 from components.training.config import (
     CheckpointConfig,
     ConfigError,
@@ -49,6 +48,7 @@ from components.training.data import DatasetError, DatasetInfo
 from components.training.faults import fired_faults
 from components.training.metrics import read_jsonl
 from components.training.summary import TrainingSummary, summarize
+from trainflow.storage import CheckpointStorageError, join_uri, storage_for
 
 log = logging.getLogger("trainflow.step")
 

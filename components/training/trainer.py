@@ -49,12 +49,12 @@ from components.training import data as datamod
 from components.training import distributed as dist_utils
 from components.training import goodput, rng
 from components.training.checkpoint.manager import CheckpointManager, LoadedCheckpoint, WriterFencedError
-from components.training.checkpoint.storage import CheckpointStorage, join_uri, storage_for
 from components.training.config import ConfigError, TrainConfig
 from components.training.distributed import DistEnv
 from components.training.faults import FaultInjector
 from components.training.metrics import FanOut, JsonlSink, MetricsSink, NullSink, PrometheusSink
 from components.training.model import build_model
+from trainflow.storage import CheckpointStorage, join_uri, storage_for
 
 log = logging.getLogger("trainflow.trainer")
 

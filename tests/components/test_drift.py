@@ -30,10 +30,10 @@ from components.drift.profile import (
     profile_prepared,
 )
 from components.registry.store import ModelRegistry, RegistryError
-from components.training.checkpoint.local import LocalStorage
 from components.training.data import DatasetError
 from components.training.model import build_model
 from components.training.sources import load_mnist_5k, prepare
+from trainflow.storage.local import LocalStorage
 
 CLASSES = [str(i) for i in range(10)]
 

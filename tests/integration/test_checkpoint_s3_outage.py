@@ -14,7 +14,7 @@ import time
 import pytest
 
 from components.training.checkpoint.manager import CheckpointManager
-from components.training.checkpoint.s3 import S3Settings, S3Storage
+from trainflow.storage.s3 import S3Settings, S3Storage
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 

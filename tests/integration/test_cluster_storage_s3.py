@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from components.training import data as d
-from components.training.checkpoint.storage import join_uri, storage_for
 from components.training.faults import fired_faults
 from components.training.metrics import read_jsonl
 from components.training.step import (
@@ -26,6 +25,7 @@ from components.training.step import (
     worker_dataset,
 )
 from components.training.summary import summarize
+from trainflow.storage import join_uri, storage_for
 
 pytestmark = pytest.mark.s3
 

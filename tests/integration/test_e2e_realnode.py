@@ -102,7 +102,7 @@ def test_trainflow_run_trains_mnist_in_an_elastic_pytorchjob_on_the_real_node(
     assert report["checkpoints_committed"] >= report["steps"] // INTERVAL_STEPS, report
     # ... and the model was registered, with the accuracy it was evaluated at.
     from components.registry.store import ModelRegistry
-    from components.training.checkpoint.local import LocalStorage
+    from trainflow.storage.local import LocalStorage
 
     registry = ModelRegistry(LocalStorage(str(out / "checkpoints" / "models")))
     (v1,) = registry.versions("mnist-classifier")

@@ -185,7 +185,7 @@ def test_runs_under_kfp_local_with_a_fault(tmp_path) -> None:
     assert report["checkpoint_stall_seconds_total"] >= 0 and report["model_version"] == 1
 
     from components.registry.store import ModelRegistry
-    from components.training.checkpoint.local import LocalStorage
+    from trainflow.storage.local import LocalStorage
 
     registry = ModelRegistry(LocalStorage(str(out / "checkpoints" / "models")))
     (v1,) = registry.versions("mnist-classifier")

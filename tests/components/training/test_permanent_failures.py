@@ -12,11 +12,11 @@ import time
 import pytest
 
 from components.training.checkpoint import layout
-from components.training.checkpoint.local import LocalStorage
-from components.training.checkpoint.storage import write_bytes
 from components.training.launch import AgentSpec, free_port, run_agent
 from components.training.metrics import read_jsonl
 from components.training.sources import prepare
+from trainflow.storage import write_bytes
+from trainflow.storage.local import LocalStorage
 
 pytestmark = pytest.mark.slow
 
