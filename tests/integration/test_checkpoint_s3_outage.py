@@ -37,7 +37,7 @@ def test_training_survives_s3_killed_mid_upload(s3_server, digits_dataset, make_
     job = make_job(
         digits_dataset,
         "s3job",
-        "--model",
+        "--model-name",
         "resnet18",
         "--epochs",
         "1",
