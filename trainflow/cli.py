@@ -117,10 +117,9 @@ def run(**options: Any) -> None:
     With ``--backend pytorchjob`` the train step runs as a PyTorchJob on the cluster of KUBECONFIG
     (the other steps still run here). Every option but --output-dir is a row of the training spec
     (docs/training-parameters.md)."""
+    from trainflow.common.training_spec import ROWS, ConfigError
     from trainflow.local_run import RunInputError, RunOptions, summary_table
     from trainflow.local_run import run as run_pipeline
-
-    from trainflow.common.training_spec import ROWS, ConfigError
 
     try:  # values arrive as text (see _run_signature): the table converts them, with its own messages
         opts = RunOptions(**{name: ROWS[name].check(value) if name in ROWS else value
