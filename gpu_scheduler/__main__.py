@@ -1,7 +1,8 @@
 """``python -m gpu_scheduler``: the GPU scheduler's command line.
 
 Subcommands: ``simulate``, ``report``, ``policies`` (:mod:`gpu_scheduler.cli_simulate`) and ``run``,
-the live controller (:mod:`gpu_scheduler.cli_run`). Bad input ends with a one-line error and exit
+the live controller, and ``release``, which hands the jobs back before an uninstall
+(:mod:`gpu_scheduler.cli_run`). Bad input ends with a one-line error and exit
 code 2.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from gpu_scheduler.cli_run import run_command
+from gpu_scheduler.cli_run import release_command, run_command
 from gpu_scheduler.cli_simulate import policies_command, report_command, simulate_command
 
 app = typer.Typer(
@@ -29,6 +30,7 @@ app.command("simulate")(simulate_command)
 app.command("report")(report_command)
 app.command("policies")(policies_command)
 app.command("run")(run_command)
+app.command("release")(release_command)
 
 
 def main() -> None:

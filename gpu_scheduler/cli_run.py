@@ -1,4 +1,5 @@
-"""The ``run`` subcommand: start the live controller (flags mirror :class:`ControllerSettings`)."""
+"""The ``run`` subcommand: start the live controller (flags mirror :class:`ControllerSettings`);
+``release``: hand the PyTorchJobs back before the controller is removed."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import typer
 
 from gpu_scheduler.model import SchedulerError
 
-__all__ = ["run_command"]
+__all__ = ["release_command", "run_command"]
 
 
 class ReplicasVia(enum.StrEnum):
@@ -140,3 +141,38 @@ def run_command(
     except (SchedulerError, ValueError) as exc:
         raise _fail(str(exc)) from None
     raise typer.Exit(code=code)
+
+
+def release_command(
+    kubeconfig: Annotated[str | None, typer.Option(
+        help="kubeconfig file (default: in-cluster service account, else KUBECONFIG / ~/.kube/config).")] = None,
+    watch_namespace: Annotated[str | None, typer.Option(
+        help="Release PyTorchJobs in this namespace only, or these (comma-separated); default: all.")] = None,
+    dry_run: Annotated[bool, typer.Option(help="Server-side dry run: print what would change.")] = False,
+) -> None:
+    """Before uninstalling: resume the jobs the controller suspended and remove its annotations.
+
+    Scale the controller's Deployment to 0 first (a running controller would suspend them again).
+    Worker counts, jobs suspended by anyone else and the gpus-per-worker request stay as they are.
+    """
+    import httpx2
+    from lightkube.core.exceptions import ApiError
+
+    from gpu_scheduler.actuate.release import release_jobs
+    from gpu_scheduler.observe.kubernetes import KubeConnector
+
+    namespaces = [n.strip() for n in (watch_namespace or "").split(",") if n.strip()] or None
+    try:
+        client = KubeConnector(kubeconfig or os.environ.get("KUBECONFIG") or None).client()
+        released = release_jobs(client, namespaces, dry_run=dry_run)
+    except SchedulerError as exc:
+        raise _fail(str(exc)) from None
+    except ApiError as exc:
+        raise _fail(f"Kubernetes refused: {exc.status.message or exc}") from None
+    except (OSError, httpx2.TransportError) as exc:
+        raise _fail(f"Kubernetes API unreachable: {exc}") from None
+    for job in released:
+        typer.echo(f"{job.namespace}/{job.name}: {'resumed, ' if job.resumed else ''}"
+                   f"{job.annotations_removed} annotation(s) removed{' (dry run)' if dry_run else ''}")
+    resumed = sum(j.resumed for j in released)
+    typer.echo(f"released {len(released)} job(s), resumed {resumed}{' (dry run)' if dry_run else ''}")

@@ -92,6 +92,21 @@ def test_bad_input_is_a_one_line_error(tmp_path: Path, data: Path) -> None:
         assert "Traceback" not in proc.stderr
 
 
+def test_release_without_a_cluster_is_a_one_line_error(tmp_path: Path) -> None:
+    """``release`` with a missing kubeconfig, or an API server that is not there, says so in one line."""
+    unreachable = tmp_path / "kubeconfig"
+    unreachable.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "users: [{name: u, user: {}}]\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n")
+    cases = [([f"--kubeconfig={tmp_path / 'none'}"], "cannot load Kubernetes configuration"),
+             ([f"--kubeconfig={unreachable}"], "Kubernetes API unreachable")]
+    for args, message in cases:
+        proc = cli("release", *args, cwd=tmp_path)
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert proc.stderr.strip().count("\n") == 0 and message in proc.stderr, proc.stderr
+
+
 def test_policies_lists_the_registry(tmp_path: Path) -> None:
     proc = cli("policies", cwd=tmp_path)
     assert proc.returncode == 0

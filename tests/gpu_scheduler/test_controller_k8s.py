@@ -389,6 +389,54 @@ def test_a_controller_killed_between_the_reshape_patches_is_finished_by_the_next
     assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "2"
 
 
+def test_release_before_an_uninstall_resumes_what_the_controller_suspended_and_nothing_else(
+    live: Live, kwok_gpu_nodes
+) -> None:
+    """Review finding 11: a job the controller suspended would stay suspended once the controller is
+    removed. ``python -m gpu_scheduler release`` resumes it and drops the controller's annotations
+    (a GPUs-per-worker change it began goes back to a request); a job a user suspended stays
+    suspended, a job the controller never touched is not written."""
+    from gpu_scheduler.actuate.plan import GPUS_PER_WORKER_REQUEST
+
+    kwok_gpu_nodes(1, gpus_per_node=8)
+    ours = live.create_job("ours", replicas=2, max_replicas=4)
+    theirs = live.create_job("theirs", replicas=1, max_replicas=2)
+    untouched = live.create_job("untouched", replicas=1, max_replicas=2)
+    live.wait_running(ours, 2)
+    live.client.patch(pytorchjob_resource(), ours, {"metadata": {"annotations": {GPUS_PER_WORKER_REQUEST: "2"}}},
+                      namespace=live.namespace, patch_type=PatchType.MERGE)
+    live.client.patch(pytorchjob_resource(), theirs, {"spec": {"runPolicy": {"suspend": True}}},
+                      namespace=live.namespace, patch_type=PatchType.MERGE)
+    controller = live.controller(policy="test-keep")
+    report = controller.controller.tick()  # suspends ``ours`` to change its GPUs per worker
+    assert (ActionKind.RESHAPE_SUSPEND, "applied") in [(r.action.kind, r.status) for r in report.results]
+    assert live.job(ours)["spec"]["runPolicy"]["suspend"] is True
+    controller.close()  # the Deployment scaled to 0
+    live.runtimes.remove(controller)
+    controller_annotations = [k for k in live.job(ours).metadata.annotations if k.startswith(ANNOTATION_PREFIX)
+                              and k != GPUS_PER_WORKER_REQUEST]
+    assert ANNOTATION_PREFIX + "suspended-by" in controller_annotations
+    theirs_before = live.job(theirs).metadata.annotations or {}
+    untouched_version = live.job(untouched).metadata.resourceVersion
+
+    argv = [sys.executable, "-m", "gpu_scheduler", "release", f"--kubeconfig={live.bed.kubeconfig}",
+            f"--watch-namespace={live.namespace}"]
+    done = subprocess.run(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"{live.namespace}/{ours}: resumed, {len(controller_annotations)} annotation(s) removed" in done.stdout
+    assert done.stdout.strip().endswith("released 1 job(s), resumed 1")
+
+    job = live.job(ours)
+    assert not job["spec"]["runPolicy"].get("suspend")
+    assert {k: v for k, v in job.metadata.annotations.items() if k.startswith(ANNOTATION_PREFIX)} == {
+        GPUS_PER_WORKER_REQUEST: "2"}  # the change in progress goes back to a request for a later install
+    live.wait_running(ours, 2)  # the operator starts its workers again
+    assert live.job(theirs)["spec"]["runPolicy"]["suspend"] is True
+    assert (live.job(theirs).metadata.annotations or {}) == theirs_before
+    assert live.job(untouched).metadata.resourceVersion == untouched_version
+
+
 def test_leader_election_lets_one_replica_act(live: Live) -> None:
     connector = KubeConnector(live.bed.kubeconfig)
     a = LeaderElector(connector.client(), namespace=live.namespace, name="sched", identity="a",

@@ -142,6 +142,13 @@ def test_failed_workers_fail_the_launch_with_the_operators_reason(
     assert (
         client.get(pytorchjob_resource(), spec.name, namespace=k8s_namespace).metadata.uid == outcome.ref.uid
     )
+    # A retried KFP task finds it under the same name: with --keep-failed it reattaches (and would
+    # report the failure again); by default the failed job is replaced by a new one.
+    keep = PyTorchJobRunner(client, RunnerSettings(poll_interval_s=0.5, recreate_failed=False))
+    assert keep.create_or_reattach(spec) == (outcome.ref, False)
+    ref, created = runner.create_or_reattach(spec)
+    assert created and ref.name == spec.name and ref.uid != outcome.ref.uid
+    assert client.get(pytorchjob_resource(), spec.name, namespace=k8s_namespace).metadata.uid == ref.uid
 
 
 def _launch(k8s_testbed: KubeTestBed, spec_file: Path, output: Path) -> subprocess.Popen[str]:

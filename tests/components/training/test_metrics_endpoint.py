@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -95,5 +96,37 @@ def test_adaptive_batch_metrics_only_in_adaptive_mode() -> None:
         adaptive = _scrape(port)
         assert (adaptive["trainflow_remaining_samples"], adaptive["trainflow_gradient_noise_scale"],
                 adaptive["trainflow_global_batch_size"]) == (900.0, 40.5, 64)
+    finally:
+        sink.close()
+
+
+@pytest.mark.prometheus
+def test_shipped_checkpoint_alerts_fire_on_the_trainers_own_metrics(prometheus_server, tmp_path) -> None:
+    """Review finding 5: a checkpoint that failed, or none committed for an hour, raises the
+    monitoring component's alerts. A real Prometheus loads the shipped PrometheusRule and scrapes
+    the trainer's metrics server (the class the trainer runs), so a renamed metric fails here."""
+    from components.training.metrics import PrometheusSink
+    from tests.support.prometheus import rules_file
+
+    manifest = Path(__file__).resolve().parents[3] / "manifests/components/monitoring/prometheusrule.yaml"
+    port = free_port()
+    sink = PrometheusSink(port=port, addr="127.0.0.1", job_key="metrics-job",
+                          last_commit_unix_s=lambda: time.time() - 7200)
+    try:
+        prom = prometheus_server([f"127.0.0.1:{port}"], scrape_interval_s=0.5,
+                                 rule_files=[rules_file(manifest, tmp_path / "rules.yml")])
+        prom.wait_for('trainflow_checkpoint_failures_total{job_key="metrics-job"}',
+                      lambda r: [float(s["value"][1]) for s in r] == [0.0], timeout_s=30)
+        sink.record({"event": "checkpoint_failed", "step": 40})
+        sink.record({"event": "checkpoint", "outcome": "skipped", "stall_s": 0.0})
+        assert _scrape(port)["trainflow_checkpoint_failures_total"] == 1
+        assert _scrape(port)["trainflow_checkpoint_skipped_total"] == 1
+
+        def alerts(r: list[dict]) -> bool:
+            return {(s["metric"]["alertname"], s["metric"]["alertstate"]) for s in r} == {
+                ("TrainflowCheckpointFailing", "firing"), ("TrainflowCheckpointStale", "pending")}
+
+        fired = prom.wait_for('ALERTS{job_key="metrics-job"}', alerts, timeout_s=60)
+        assert all(s["metric"]["severity"] == "warning" for s in fired)
     finally:
         sink.close()
