@@ -107,17 +107,23 @@ class _Timer:
 def measure(args: argparse.Namespace, model: str, amp: str, data_dir: Path, tmp: Path) -> dict:
     import torch
 
-    from components.training.config import CheckpointConfig, DataConfig, ModelConfig, OptimConfig, TrainConfig
     from components.training.data import epoch_permutation, global_batch
     from components.training.distributed import DistEnv
     from components.training.trainer import Trainer
+    from trainflow.common.training_spec import (
+        CheckpointConfig,
+        DataConfig,
+        ModelConfig,
+        OptimConfig,
+        TrainConfig,
+    )
 
     cfg = TrainConfig(
         data=DataConfig(path=str(data_dir), global_batch_size=args.batch_size),
         model=ModelConfig(name=model), optim=OptimConfig(amp=amp),
         checkpoint=CheckpointConfig(uri=args.checkpoint_uri or str(tmp / "ckpt"), job_key=f"bench-{model}-{amp}",
-                                    interval_s=1e9, keep_last_k=2),
-        epochs=1000, deterministic=False, threads_per_rank=args.threads,
+                                    interval_steps=0, interval_s=0, keep_last_k=2),
+        epochs=1000, deterministic=False, threads_per_rank=args.threads or 0,
     )
     trainer = Trainer(cfg, DistEnv.from_env())
     device = trainer.device

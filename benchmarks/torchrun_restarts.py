@@ -27,10 +27,10 @@ sys.path.insert(0, str(ROOT))
 
 
 def trial(data: Path, tmp: Path, *, shared: bool, fault_at: int) -> dict:
-    from components.training.checkpoint.local import LocalStorage
     from components.training.faults import fired_faults
     from components.training.metrics import read_jsonl
     from components.training.summary import summarize
+    from trainflow.storage.local import LocalStorage
 
     env = {k: v for k, v in os.environ.items() if k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
     if not shared:

@@ -9,6 +9,10 @@ Compile::
 
     kfp dsl compile --py pipelines/retraining.py --function retraining_pipeline --output retraining_pipeline.yaml
 
+Its training parameters are a subset of ``training_pipeline``'s, with the same names, types and
+defaults (rows of trainflow/common/training_spec.py; pinned by
+tests/pipelines/test_training_spec_signatures.py); the rest take the ``train`` component's defaults.
+
 For Kubeflow, the S3 Secret is wired into every task pod and the train step's workers exactly as in
 ``training_pipeline`` (:mod:`pipelines.platform`; set ``TRAINFLOW_S3_SECRET``... before compiling).
 """
@@ -29,7 +33,7 @@ class RetrainingOutputs(NamedTuple):
     verdict: dsl.Artifact
 
 
-def _retrain_steps(*, platform: PlatformSettings, s3_secret_name, dataset_source, registry_uri, registered_model_name, dataset_change, min_accuracy_to_promote,
+def _retrain_steps(*, platform: PlatformSettings, s3_secret_name, dataset_source, registry_uri, registered_model_name, dataset_change, promotion_threshold,
                    test_fraction, image_size, channels, seed, checkpoint_uri, job_key, s3_endpoint_url,
                    **train_args) -> None:
     data = prepare_dataset(source=dataset_source, test_fraction=test_fraction, seed=seed, image_size=image_size,
@@ -47,7 +51,7 @@ def _retrain_steps(*, platform: PlatformSettings, s3_secret_name, dataset_source
     registered = register_model(
         model=training.outputs["model"], eval_metrics=scores.outputs["metrics"], dataset=data.outputs["dataset"],
         registry_uri=registry_uri, checkpoint_uri=checkpoint_uri, pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
-        model_name=registered_model_name, min_accuracy=min_accuracy_to_promote,
+        model_name=registered_model_name, min_accuracy=promotion_threshold,
         kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, s3_endpoint_url=s3_endpoint_url, must_beat_current=True,
         dataset_change=dataset_change,
     ).set_display_name("register model (if better)")
@@ -72,7 +76,7 @@ def build_retraining_pipeline(platform: PlatformSettings) -> object:
         dataset_change: str = "",
         drift_alpha: float = 0.01,
         max_accuracy_drop: float = 0.05,
-        min_accuracy_to_promote: float = 0.0,
+        promotion_threshold: float = 0.0,
         test_fraction: float = 0.2,
         image_size: int = 32,
         channels: int = 3,
@@ -87,7 +91,7 @@ def build_retraining_pipeline(platform: PlatformSettings) -> object:
         max_workers: int = 1,
         nproc_per_node: int = 2,
         checkpoint_uri: str = "",
-        checkpoint_interval_steps: int = 50,
+        checkpoint_interval_steps: int = 20,
         job_key: str = "",
         image: str = "",
         namespace: str = "",
@@ -103,7 +107,7 @@ def build_retraining_pipeline(platform: PlatformSettings) -> object:
         with dsl.If(check.outputs["Output"] == True, name="retrain"):  # noqa: E712
             _retrain_steps(
                 platform=platform, dataset_source=dataset_source, registry_uri=registry_uri, registered_model_name=registered_model_name,
-                dataset_change=dataset_change, min_accuracy_to_promote=min_accuracy_to_promote,
+                dataset_change=dataset_change, promotion_threshold=promotion_threshold,
                 test_fraction=test_fraction, image_size=image_size, channels=channels, model_name=model_name,
                 epochs=epochs, global_batch_size=global_batch_size, learning_rate=learning_rate, optimizer=optimizer,
                 seed=seed, backend=backend, min_workers=min_workers, max_workers=max_workers,

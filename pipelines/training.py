@@ -12,6 +12,11 @@ with ``backend=pytorchjob`` and ``checkpoint_uri=s3://...``; ``image`` and ``nam
 the train step's own. ``adaptive_batch=True`` (off by default) opts into the goodput-adaptive global
 batch (docs/training.md, "Adaptive batch").
 
+The parameters are the P rows of the training spec (trainflow/common/training_spec.py,
+docs/training-parameters.md): KFP needs this literal signature, and
+tests/pipelines/test_training_spec_signatures.py pins it (names, types, defaults, and the wiring of
+every ``train`` input) to the table.
+
 Which worker settings are parameters: the ones most runs change (``gpus_per_worker``, ``worker_cpu``,
 ``worker_memory``, ``namespace``, ``image``) each have one; the rest (tolerations, node selector,
 service account, priority class, grace period, extra resources, labels, annotations, env) go in the
@@ -30,8 +35,11 @@ from kfp import dsl
 
 from components.specs import evaluate, prepare_dataset, register_model, train
 from pipelines.platform import PlatformSettings
+from trainflow.common.training_spec import names
 
 TRAIN_RETRIES = 2
+#: The ``train`` component's inputs that are pipeline parameters (rows S and P of the training spec).
+TRAIN_PARAMETERS = frozenset(names("S")) & frozenset(names("P"))
 
 
 class PipelineOutputs(NamedTuple):
@@ -52,26 +60,35 @@ def build_pipeline(platform: PlatformSettings) -> object:
         test_fraction: float = 0.2,
         model_name: str = "small_cnn",
         epochs: int = 8,
+        max_steps: int = 0,
+        seed: int = 0,
         global_batch_size: int = 64,
+        dataloader_num_workers: int = 0,
         adaptive_batch: bool = False,
         max_global_batch_size: int = 0,
-        learning_rate: float = 0.05,
+        max_local_batch_size: int = 0,
+        adaptive_interval_s: float = 60.0,
         optimizer: str = "sgd",
-        seed: int = 0,
+        learning_rate: float = 0.05,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0005,
+        lr_schedule: str = "cosine",
+        warmup_steps: int = 0,
+        amp: str = "off",
+        grad_clip_norm: float = 0.0,
+        deterministic: bool = True,
+        fault_at_step: int = 0,
+        checkpoint_uri: str = "",
+        job_key: str = "",
+        checkpoint_interval_steps: int = 20,
+        checkpoint_interval_s: float = 30.0,
+        keep_last_k: int = 3,
+        preemption_save_deadline_s: float = 20.0,
         backend: str = "local",
         min_workers: int = 1,
         max_workers: int = 1,
         nproc_per_node: int = 2,
         max_restarts: int = 3,
-        checkpoint_uri: str = "",
-        checkpoint_interval_steps: int = 50,
-        checkpoint_interval_s: float = 30.0,
-        keep_last_k: int = 3,
-        fault_at_step: int = -1,
-        job_key: str = "",
-        registry_uri: str = "",
-        registered_model_name: str = "mnist-classifier",
-        min_accuracy_to_promote: float = 0.0,
         image: str = "",
         namespace: str = "",
         gpus_per_worker: int = 0,
@@ -81,23 +98,19 @@ def build_pipeline(platform: PlatformSettings) -> object:
         s3_secret_name: str = platform.s3_secret,
         s3_endpoint_url: str = "",
         keep_failed_job: bool = False,
+        registry_uri: str = "",
+        registered_model_name: str = "mnist-classifier",
+        promotion_threshold: float = 0.0,
     ) -> PipelineOutputs:
         data = prepare_dataset(source=dataset_source, test_fraction=test_fraction, seed=seed,
                                s3_endpoint_url=s3_endpoint_url).set_display_name("prepare dataset")
+        # Every train input that is a pipeline parameter, by name (the call is derived from the table).
+        train_args = {name: value for name, value in locals().items() if name in TRAIN_PARAMETERS}
         training = train(
-            dataset=data.outputs["dataset"],
-            backend=backend, model_name=model_name, epochs=epochs, global_batch_size=global_batch_size,
-            adaptive_batch=adaptive_batch, max_global_batch_size=max_global_batch_size,
-            learning_rate=learning_rate, optimizer=optimizer, seed=seed, min_workers=min_workers,
-            max_workers=max_workers, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
-            checkpoint_uri=checkpoint_uri, checkpoint_interval_steps=checkpoint_interval_steps,
-            checkpoint_interval_s=checkpoint_interval_s, keep_last_k=keep_last_k, fault_at_step=fault_at_step,
-            job_key=job_key, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-            kfp_task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER, pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
-            image=image, namespace=namespace, gpus_per_worker=gpus_per_worker, worker_cpu=worker_cpu,
-            worker_memory=worker_memory, worker_pod_settings=worker_pod_settings, s3_secret_name=s3_secret_name,
+            dataset=data.outputs["dataset"], **train_args,
+            kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, kfp_task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+            pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
             s3_access_key_key=platform.s3_access_key_key, s3_secret_key_key=platform.s3_secret_key_key,
-            s3_endpoint_url=s3_endpoint_url, keep_failed_job=keep_failed_job,
         )
         training.set_display_name("train (elastic DDP)").set_retry(num_retries=TRAIN_RETRIES, backoff_duration="5s")
         training.set_caching_options(False)
@@ -106,7 +119,7 @@ def build_pipeline(platform: PlatformSettings) -> object:
         registered = register_model(
             model=training.outputs["model"], eval_metrics=scores.outputs["metrics"], dataset=data.outputs["dataset"],
             registry_uri=registry_uri, checkpoint_uri=checkpoint_uri, pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
-            model_name=registered_model_name, min_accuracy=min_accuracy_to_promote,
+            model_name=registered_model_name, min_accuracy=promotion_threshold,
             kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, s3_endpoint_url=s3_endpoint_url,
         ).set_display_name("register model")
         registered.set_caching_options(False)

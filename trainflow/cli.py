@@ -13,12 +13,13 @@ Bad input is one line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -110,66 +111,21 @@ def _server_token(path: Path | None) -> str | None:
     return token
 
 
-@app.command()
-def run(
-    output_dir: Annotated[Path | None, typer.Option(help="Output folder [default: ./runs/<timestamp>]")] = None,
-    dataset: Annotated[str, typer.Option(help="mnist | digits | synthetic-imagenet[:N] | a folder | s3://bucket/prefix")] = "mnist",
-    model: Annotated[str, typer.Option(help="small_cnn | resnet18")] = "small_cnn",
-    epochs: Annotated[int, typer.Option(help="Passes over the training split")] = 8,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Global batch size (all ranks)")] = 64,
-    adaptive_batch: Annotated[bool, typer.Option(
-        "--adaptive-batch", help="Re-pick the global batch for goodput at every (re)start and epoch end, "
-        "from --batch-size up (docs/training.md, Adaptive batch)")] = False,
-    max_global_batch_size: Annotated[int, typer.Option(
-        help="Adaptive batch: largest global batch (0 = 8x --batch-size)")] = 0,
-    lr: Annotated[float, typer.Option(help="Peak learning rate")] = 0.05,
-    optimizer: Annotated[str, typer.Option(help="sgd | adamw")] = "sgd",
-    seed: Annotated[int, typer.Option(help="Seed of weights, data order and RNG streams")] = 0,
-    workers: Annotated[int, typer.Option(help="Training processes (DDP ranks)")] = 2,
-    max_restarts: Annotated[int, typer.Option(help="torchrun worker-group restarts")] = 3,
-    checkpoint_uri: Annotated[str, typer.Option(help="Folder or s3://bucket/prefix [default: <output>/checkpoints]")] = "",
-    checkpoint_interval_steps: Annotated[int, typer.Option(help="Checkpoint every N steps (0 = off)")] = 20,
-    checkpoint_interval_s: Annotated[float, typer.Option(help="Checkpoint every N seconds (0 = off)")] = 30.0,
-    keep_last_k: Annotated[int, typer.Option(help="Committed checkpoints kept")] = 3,
-    fault_at_step: Annotated[int, typer.Option(help="SIGKILL one training worker once after step N")] = -1,
-    job_key: Annotated[str, typer.Option(help="Resume key [default: <KFP run id>/train]")] = "",
-    model_name: Annotated[str, typer.Option(help="Name in the model store")] = "mnist-classifier",
-    backend: Annotated[str, typer.Option(
-        help="local (torchrun here) | pytorchjob (a PyTorchJob on the KUBECONFIG cluster; docs/launcher.md)")] = "local",
-    min_workers: Annotated[int, typer.Option(help="pytorchjob: fewest worker pods")] = 1,
-    max_workers: Annotated[int, typer.Option(help="pytorchjob: most worker pods")] = 1,
-    image: Annotated[str, typer.Option(help="pytorchjob: worker image holding trainflow")] = "",
-    namespace: Annotated[str, typer.Option(help="pytorchjob: namespace [default: the kubeconfig's]")] = "",
-    gpus_per_worker: Annotated[int, typer.Option(help="pytorchjob: nvidia.com/gpu per worker pod")] = 0,
-    worker_cpu: Annotated[str, typer.Option(help="pytorchjob: CPU request per worker pod")] = "1",
-    worker_memory: Annotated[str, typer.Option(help="pytorchjob: memory request and limit per worker pod")] = "4Gi",
-    worker_pod_settings: Annotated[str, typer.Option(
-        help="pytorchjob: JSON object of tolerations, node_selector, priority_class_name, ... (docs/launcher.md)")] = "",
-    s3_secret: Annotated[str, typer.Option(
-        "--s3-secret", help="pytorchjob: Secret with the workers' S3 keys (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)")] = "",
-    s3_endpoint: Annotated[str, typer.Option(
-        "--s3-endpoint", help="pytorchjob: S3 endpoint as the worker pods reach it [default: the Secret's]")] = "",
-    keep_failed_job: Annotated[bool, typer.Option(
-        "--keep-failed-job", help="pytorchjob: keep a failed PyTorchJob for inspection")] = False,
-) -> None:
+def run(**options: Any) -> None:
     """Run the training pipeline locally: prepare ▶ train (elastic DDP) ▶ evaluate ▶ register.
 
     With ``--backend pytorchjob`` the train step runs as a PyTorchJob on the cluster of KUBECONFIG
-    (the other steps still run here)."""
+    (the other steps still run here). Every option but --output-dir is a row of the training spec
+    (docs/training-parameters.md)."""
+    from trainflow.common.training_spec import ROWS, ConfigError
     from trainflow.local_run import RunInputError, RunOptions, summary_table
     from trainflow.local_run import run as run_pipeline
 
-    opts = RunOptions(
-        output_dir=output_dir, dataset=dataset, model=model, epochs=epochs, global_batch_size=batch_size,
-        adaptive_batch=adaptive_batch, max_global_batch_size=max_global_batch_size, learning_rate=lr,
-        optimizer=optimizer, seed=seed, workers=workers, max_restarts=max_restarts,
-        checkpoint_uri=checkpoint_uri, checkpoint_interval_steps=checkpoint_interval_steps,
-        checkpoint_interval_s=checkpoint_interval_s, keep_last_k=keep_last_k, fault_at_step=fault_at_step,
-        job_key=job_key, registered_model_name=model_name, backend=backend, min_workers=min_workers,
-        max_workers=max_workers, image=image, namespace=namespace, gpus_per_worker=gpus_per_worker,
-        worker_cpu=worker_cpu, worker_memory=worker_memory, worker_pod_settings=worker_pod_settings,
-        s3_secret_name=s3_secret, s3_endpoint_url=s3_endpoint, keep_failed_job=keep_failed_job,
-    )
+    try:  # values arrive as text (see _run_signature): the table converts them, with its own messages
+        opts = RunOptions(**{name: ROWS[name].check(value) if name in ROWS else value
+                             for name, value in options.items()})
+    except ConfigError as e:
+        raise _fail(f"invalid hyper-parameter: {e}") from None
     console = Console()
     try:
         report = run_pipeline(opts, console=console)
@@ -178,6 +134,32 @@ def run(
     console.print(summary_table(report))
     if report.status != "succeeded":
         raise typer.Exit(EXIT_FAILED)
+
+
+def _run_signature() -> inspect.Signature:
+    """``run``'s options, generated from the C rows of the training spec: one ``--name`` option per
+    row with its default and help. Values are taken as text and converted and checked by the table
+    (type, bounds, choices, cross-field rules), so each message has one source."""
+    from trainflow.common.training_spec import rows
+
+    params = [inspect.Parameter(
+        "output_dir", inspect.Parameter.KEYWORD_ONLY, default=None,
+        annotation=Annotated[Path | None, typer.Option(help="Output folder [default: ./runs/<timestamp>]")])]
+    for row in rows("C"):
+        help_text = row.describe() + (f" ({' | '.join(row.choices)})" if row.choices else "")
+        if row.name in ("checkpoint_uri", "registry_uri"):
+            help_text += " [default: under --output-dir]"
+        if row.type is bool:
+            option = typer.Option(f"{row.flag}/--no-{row.flag[2:]}", help=help_text, show_default=True)
+        else:  # parsed by the table, not click, so a bad number gets the table's one-line message
+            option = typer.Option(row.flag, help=help_text, show_default=True, metavar=row.type.__name__.upper())
+        params.append(inspect.Parameter(row.name, inspect.Parameter.KEYWORD_ONLY, default=row.default,
+                                        annotation=Annotated[bool if row.type is bool else str, option]))
+    return inspect.Signature(params)
+
+
+run.__signature__ = _run_signature()  # type: ignore[attr-defined]
+app.command()(run)
 
 
 @app.command()
@@ -214,7 +196,7 @@ def compile(
 
 def _registry(uri: str):
     from components.registry.store import ModelRegistry
-    from components.training.checkpoint.storage import storage_for
+    from trainflow.storage import storage_for
 
     with _registry_errors():
         return ModelRegistry(storage_for(uri))
@@ -224,7 +206,7 @@ def _registry(uri: str):
 def _registry_errors() -> Iterator[None]:
     """A registry or storage error (unknown version, unreachable S3, ...) as one line, exit 2."""
     from components.registry.store import RegistryError
-    from components.training.checkpoint.storage import CheckpointStorageError
+    from trainflow.storage import CheckpointStorageError
 
     try:
         yield

@@ -24,7 +24,7 @@ import re
 import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, make_dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -33,10 +33,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from components.training.checkpoint.storage import CheckpointStorageError, storage_for
-from components.training.config import ConfigError
 from components.training.metrics import read_jsonl
-from components.training.step import TrainStepRequest, build_config
+from trainflow.common.training_spec import ROWS, ConfigError, TrainJobSpec, check_values, rows
+from trainflow.storage import CheckpointStorageError, storage_for
 
 STAGES = ("prepare-dataset", "train", "evaluate", "register-model")
 _TASK_START = re.compile(r"Executing task \W*'([\w-]+)'")
@@ -49,68 +48,32 @@ class RunInputError(ValueError):
     """Bad input caught before the pipeline starts (one-line message)."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class RunOptions:
-    output_dir: Path | None = None
-    dataset: str = "mnist"
-    model: str = "small_cnn"
-    epochs: int = 8
-    global_batch_size: int = 64
-    adaptive_batch: bool = False
-    """Opt-in goodput-adaptive global batch (docs/training.md, "Adaptive batch")."""
-    max_global_batch_size: int = 0
-    """Adaptive batch: largest global batch (0 = 8x ``global_batch_size``)."""
-    learning_rate: float = 0.05
-    optimizer: str = "sgd"
-    seed: int = 0
-    workers: int = 2
-    """Training processes (ranks) of the local torchrun agent."""
-    max_restarts: int = 3
-    checkpoint_uri: str = ""
-    checkpoint_interval_steps: int = 20
-    checkpoint_interval_s: float = 30.0
-    keep_last_k: int = 3
-    fault_at_step: int = -1
-    job_key: str = ""
-    registry_uri: str = ""
-    registered_model_name: str = "mnist-classifier"
-    backend: str = "local"
-    """``local`` (a torchrun agent here) or ``pytorchjob`` (a PyTorchJob on the kubeconfig's cluster)."""
-    min_workers: int = 1
-    """pytorchjob: fewest worker pods (elasticPolicy.minReplicas)."""
-    max_workers: int = 1
-    """pytorchjob: most worker pods (elasticPolicy.maxReplicas)."""
-    image: str = ""
-    namespace: str = ""
-    gpus_per_worker: int = 0
-    worker_cpu: str = "1"
-    worker_memory: str = "4Gi"
-    worker_pod_settings: str = ""
-    s3_secret_name: str = ""
-    s3_endpoint_url: str = ""
-    keep_failed_job: bool = False
+def _pipeline_arguments(self: Any, out: Path) -> dict[str, Any]:
+    """The pipeline's arguments: every P row; the local backend runs one torchrun agent (its
+    ``min_workers``/``max_workers`` are 1) and gets no cluster settings; empty roots go under ``out``."""
+    cluster = self.backend == "pytorchjob"
+    args = {row.name: getattr(self, row.name) for row in rows("P")}
+    args["checkpoint_uri"] = self.checkpoint_uri or str(out / "checkpoints")
+    args["registry_uri"] = self.registry_uri or str(out / "checkpoints" / "models")
+    if not cluster:
+        args.update(min_workers=1, max_workers=1)
+        for name in CLUSTER_ONLY:
+            del args[name]
+    return args
 
-    def pipeline_arguments(self, out: Path) -> dict[str, Any]:
-        cluster = self.backend == "pytorchjob"
-        return {
-            "dataset_source": self.dataset, "model_name": self.model, "epochs": self.epochs,
-            "global_batch_size": self.global_batch_size, "adaptive_batch": self.adaptive_batch,
-            "max_global_batch_size": self.max_global_batch_size, "learning_rate": self.learning_rate,
-            "optimizer": self.optimizer, "seed": self.seed, "backend": self.backend,
-            "min_workers": self.min_workers if cluster else 1, "max_workers": self.max_workers if cluster else 1,
-            "nproc_per_node": self.workers, "max_restarts": self.max_restarts,
-            "checkpoint_uri": self.checkpoint_uri or str(out / "checkpoints"),
-            "checkpoint_interval_steps": self.checkpoint_interval_steps,
-            "checkpoint_interval_s": self.checkpoint_interval_s, "keep_last_k": self.keep_last_k,
-            "fault_at_step": self.fault_at_step, "job_key": self.job_key,
-            "registry_uri": self.registry_uri or str(out / "checkpoints" / "models"),
-            "registered_model_name": self.registered_model_name,
-            **({"image": self.image, "namespace": self.namespace, "gpus_per_worker": self.gpus_per_worker,
-                "worker_cpu": self.worker_cpu, "worker_memory": self.worker_memory,
-                "worker_pod_settings": self.worker_pod_settings, "s3_secret_name": self.s3_secret_name,
-                "s3_endpoint_url": self.s3_endpoint_url, "keep_failed_job": self.keep_failed_job}
-               if cluster else {}),
-        }
+
+#: Pipeline parameters that only the pytorchjob backend reads (left at the pipeline's default locally).
+CLUSTER_ONLY = ("image", "namespace", "gpus_per_worker", "worker_cpu", "worker_memory", "worker_pod_settings",
+                "s3_secret_name", "s3_endpoint_url", "keep_failed_job")
+
+RunOptions = make_dataclass(
+    "RunOptions",
+    [("output_dir", Path | None, field(default=None)),
+     *((row.name, row.type, field(default=row.default)) for row in rows("C"))],
+    frozen=True, kw_only=True, namespace={"pipeline_arguments": _pipeline_arguments, "__module__": __name__},
+)
+RunOptions.__doc__ = """``trainflow run``'s options: ``output_dir`` plus one field per C row of the training spec
+(trainflow/common/training_spec.py; same names, types and defaults - derived, not copied)."""
 
 
 @dataclass
@@ -142,14 +105,10 @@ def validate(opts: RunOptions) -> None:
     Raises:
         RunInputError: a missing dataset folder or an invalid hyper-parameter.
     """
-    src = opts.dataset
+    src = opts.dataset_source
     looks_like_path = src.startswith(("/", ".", "~", "file://")) or ("/" in src and "://" not in src)
     if looks_like_path and not Path(src.removeprefix("file://")).expanduser().exists():
         raise RunInputError(f"dataset path {src} does not exist")
-    if opts.workers < 1:
-        raise RunInputError(f"workers must be >= 1, got {opts.workers}")
-    if opts.fault_at_step == 0 or opts.fault_at_step < -1:
-        raise RunInputError(f"fault_at_step must be a step >= 1 (or -1 for none), got {opts.fault_at_step}")
     if opts.backend == "pytorchjob":
         if not opts.checkpoint_uri.startswith("s3://"):
             raise RunInputError("--backend pytorchjob needs --checkpoint-uri s3://BUCKET/PREFIX (the worker pods "
@@ -163,17 +122,10 @@ def validate(opts: RunOptions) -> None:
             worker_pod_settings(opts.worker_pod_settings)
         except InvalidSpecError as e:
             raise RunInputError(str(e)) from e
-    request = TrainStepRequest(
-        dataset_path="(prepared)", model_name=opts.model, epochs=opts.epochs,
-        global_batch_size=opts.global_batch_size, adaptive_batch=opts.adaptive_batch,
-        max_global_batch_size=opts.max_global_batch_size, learning_rate=opts.learning_rate, optimizer=opts.optimizer,
-        seed=opts.seed, nproc_per_node=opts.workers, max_restarts=opts.max_restarts, backend=opts.backend,
-        min_workers=opts.min_workers, max_workers=opts.max_workers,
-        checkpoint_interval_steps=opts.checkpoint_interval_steps, checkpoint_interval_s=opts.checkpoint_interval_s,
-        keep_last_k=opts.keep_last_k, fault_at_step=opts.fault_at_step,
-    )
     try:
-        build_config(request, job_key="validate", checkpoint_uri="validate", metrics_path=None, model_output=None)
+        values = {row.name: getattr(opts, row.name) for row in rows("C")}
+        check_values({k: v for k, v in values.items() if ROWS[k].on("P")}, "P")
+        TrainJobSpec.from_kwargs({k: v for k, v in values.items() if ROWS[k].on("S")})
     except ConfigError as e:
         raise RunInputError(f"invalid hyper-parameter: {e}") from e
     for uri in (opts.checkpoint_uri, opts.registry_uri):

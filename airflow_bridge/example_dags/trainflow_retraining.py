@@ -31,6 +31,7 @@ from airflow.sdk import DAG, Asset, AssetWatcher, Param
 
 from airflow_bridge.operators.kfp import KfpRunPipelineOperator
 from airflow_bridge.triggers.dataset import DatasetChangeTrigger
+from trainflow.common.training_spec import ROWS
 
 DATASET_URI = os.environ.get("TRAINFLOW_DATASET_URI", "s3://trainflow-data/mnist")
 REGISTRY_URI = os.environ.get("TRAINFLOW_REGISTRY_URI", "s3://trainflow-models/models")
@@ -39,6 +40,12 @@ POLL_S = float(os.environ.get("TRAINFLOW_DATASET_POLL_S", "60"))
 PIPELINE_PACKAGE = os.environ.get("TRAINFLOW_RETRAINING_PIPELINE") or str(
     Path(__file__).with_name("retraining_pipeline.yaml")
 )
+
+def _row_param(name: str, kind: str, note: str = "") -> Param:
+    """A form field for the training spec's row ``name``: its default, bounds and description."""
+    row = ROWS[name]
+    return Param(row.default, type=kind, description=row.describe() + note, **row.json_schema())
+
 
 #: The dataset's listing change, as JSON: the newest triggering asset event's payload.
 DATASET_CHANGE = (
@@ -65,9 +72,10 @@ with DAG(
     params={
         "retrain_policy": Param("on-drift", enum=["on-drift", "always"],
                                 description="Retrain only when the drift check says so, or on every change."),
-        "min_accuracy_to_promote": Param(0.0, type="number", minimum=0, maximum=1,
-                                         description="A new version must reach this test accuracy (and beat the current one)."),
-        "epochs": Param(8, type="integer", minimum=1, description="Passes over the training data."),
+        # Training parameters: default, bounds and description from the training spec's rows.
+        "promotion_threshold": _row_param("promotion_threshold", "number",
+                                          note=" A new version must also beat the current one."),
+        "epochs": _row_param("epochs", "integer"),
         "drift_alpha": Param(0.01, type="number", exclusiveMinimum=0, exclusiveMaximum=1,
                              description="Significance level of each drift test family."),
     },
@@ -81,7 +89,7 @@ with DAG(
             "registry_uri": REGISTRY_URI,
             "registered_model_name": MODEL_NAME,
             "retrain_policy": "{{ params['retrain_policy'] }}",
-            "min_accuracy_to_promote": "{{ params['min_accuracy_to_promote'] }}",
+            "promotion_threshold": "{{ params['promotion_threshold'] }}",
             "epochs": "{{ params['epochs'] }}",
             "drift_alpha": "{{ params['drift_alpha'] }}",
             "dataset_change": DATASET_CHANGE,

@@ -41,6 +41,7 @@ from airflow.sdk import DAG, Param
 from airflow_bridge.exceptions import KfpPackageError
 from airflow_bridge.operators.kfp import KfpRunPipelineOperator
 from airflow_bridge.package import PipelineParameter, load_pipeline_package
+from trainflow.common.training_spec import form_fields, ops_settings
 
 PIPELINE_PACKAGE = os.environ.get("TRAINFLOW_TRAINING_PIPELINE") or str(
     Path(__file__).with_name("training_pipeline.yaml")
@@ -51,159 +52,19 @@ PIPELINE_PACKAGE = os.environ.get("TRAINFLOW_TRAINING_PIPELINE") or str(
 #: Secret it reads and the checkpoint and registry paths it writes.
 OPS_SETTINGS_IN_FORM = False
 
-TRAINING, CHECKPOINTING, ADVANCED, DEPLOYMENT = "Training", "Checkpointing", "Advanced", "Deployment"
+DEPLOYMENT = "Deployment"
 
 #: The Trigger form, in order: pipeline parameter -> section, description and the bounds the
-#: pipeline itself enforces (components/training/config.py, step.py, sources.py). Types and
-#: defaults come from the compiled pipeline. The one list of the form's fields.
-FORM: dict[str, dict[str, Any]] = {
-    "dataset_source": {
-        "section": TRAINING,
-        "description": "mnist (5,000 real digits), digits (scikit-learn 8x8), synthetic-imagenet[:N], "
-        "a folder in ImageFolder layout, or s3://bucket/prefix.",
-        "minLength": 1,
-    },
-    "test_fraction": {
-        "section": TRAINING,
-        "description": "Share of the data held out for evaluation, stratified by class.",
-        "exclusiveMinimum": 0,
-        "exclusiveMaximum": 1,
-    },
-    "model_name": {
-        "section": TRAINING,
-        "description": "Architecture to train.",
-        "enum": ["small_cnn", "resnet18", "wide_resnet101_2"],
-    },
-    "epochs": {"section": TRAINING, "description": "Passes over the training data.", "minimum": 1},
-    "global_batch_size": {
-        "section": TRAINING,
-        "description": "Samples per step across all workers.",
-        "minimum": 1,
-    },
-    "learning_rate": {"section": TRAINING, "description": "Peak learning rate.", "exclusiveMinimum": 0},
-    "optimizer": {"section": TRAINING, "description": "Optimizer.", "enum": ["sgd", "adamw"]},
-    "seed": {
-        "section": TRAINING,
-        "description": "Seed of the weights, the data split and order, and every random stream.",
-        "minimum": 0,
-    },
-    "min_workers": {
-        "section": TRAINING,
-        "description": "Elastic lower bound on the number of workers (pods, or torchrun nodes locally).",
-        "minimum": 1,
-    },
-    "max_workers": {
-        "section": TRAINING,
-        "description": "Elastic upper bound on the number of workers (>= min_workers).",
-        "minimum": 1,
-    },
-    "nproc_per_node": {"section": TRAINING, "description": "Training processes per worker.", "minimum": 1},
-    "gpus_per_worker": {
-        "section": TRAINING,
-        "description": "GPUs per worker pod (PyTorchJob backend; 0 = CPU).",
-        "minimum": 0,
-    },
-    "worker_cpu": {
-        "section": TRAINING,
-        "description": "CPU request and limit of each worker pod (Kubernetes quantity, e.g. 2 or 500m).",
-    },
-    "worker_memory": {
-        "section": TRAINING,
-        "description": "Memory request and limit of each worker pod (Kubernetes quantity, e.g. 4Gi).",
-    },
-    "checkpoint_interval_steps": {
-        "section": CHECKPOINTING,
-        "description": "Checkpoint every N steps (0 = off).",
-        "minimum": 0,
-    },
-    "checkpoint_interval_s": {
-        "section": CHECKPOINTING,
-        "description": "Checkpoint at least every N seconds (0 = off).",
-        "minimum": 0,
-    },
-    "keep_last_k": {
-        "section": CHECKPOINTING,
-        "description": "Committed checkpoints kept; older ones are deleted.",
-        "minimum": 1,
-    },
-    "adaptive_batch": {
-        "section": ADVANCED,
-        "description": "Opt-in: re-pick the global batch for goodput at every (re)start and epoch end, "
-        "starting from global_batch_size (docs/training.md, Adaptive batch).",
-    },
-    "max_global_batch_size": {
-        "section": ADVANCED,
-        "description": "Adaptive batch: largest global batch (0 = 8x global_batch_size).",
-        "minimum": 0,
-    },
-    "max_restarts": {
-        "section": ADVANCED,
-        "description": "torchrun restarts of the worker group before the step fails.",
-        "minimum": 0,
-    },
-    "fault_at_step": {
-        "section": ADVANCED,
-        "description": "Kill a worker once after this step to test resume (-1 or 0 = never).",
-        "minimum": -1,
-    },
-}
+#: pipeline itself enforces — the training spec's P rows that are not ops settings
+#: (trainflow/common/training_spec.py, the one table of the training parameters). Types and
+#: defaults come from the compiled pipeline.
+FORM: dict[str, dict[str, Any]] = form_fields()
 
 #: Ops and security settings: pipeline parameter -> the Airflow Variable that sets it (unset: the
-#: pipeline's default) and its description. ``job_key`` has no Variable: the operator derives it
-#: from the task instance, so a retry resumes the same checkpoints.
-OPS_SETTINGS: dict[str, dict[str, Any]] = {
-    "backend": {
-        "variable": "trainflow_backend",
-        "description": "Where training runs: local (torchrun in the KFP step) or pytorchjob (a "
-        "PyTorchJob on the cluster).",
-        "enum": ["local", "pytorchjob"],
-    },
-    "image": {"variable": "trainflow_image", "description": "Container image of the PyTorchJob's workers."},
-    "namespace": {
-        "variable": "trainflow_namespace",
-        "description": "Kubernetes namespace of the PyTorchJob.",
-    },
-    "s3_secret_name": {
-        "variable": "trainflow_s3_secret_name",
-        "description": "Kubernetes Secret with the S3 credentials the workers get as environment.",
-    },
-    "checkpoint_uri": {
-        "variable": "trainflow_checkpoint_uri",
-        "description": "Checkpoint root (folder or s3://bucket/prefix; empty = under the pipeline root).",
-    },
-    "registry_uri": {
-        "variable": "trainflow_registry_uri",
-        "description": "Model registry root (empty = next to the checkpoints).",
-    },
-    "registered_model_name": {
-        "variable": "trainflow_registered_model_name",
-        "description": "Name the model is registered under.",
-    },
-    "min_accuracy_to_promote": {
-        "variable": "trainflow_min_accuracy_to_promote",
-        "description": "Make the new version CURRENT only at or above this test accuracy.",
-        "minimum": 0,
-        "maximum": 1,
-    },
-    "worker_pod_settings": {
-        "variable": "trainflow_worker_pod_settings",
-        "description": "JSON object for the worker pods: tolerations, node selector, service account, "
-        "priority class, grace period, more resources (docs/launcher.md).",
-    },
-    "s3_endpoint_url": {
-        "variable": "trainflow_s3_endpoint_url",
-        "description": "S3 endpoint for every step and worker (empty = the Secret's or the SDK's default).",
-    },
-    "keep_failed_job": {
-        "variable": "trainflow_keep_failed_job",
-        "description": "Keep a failed PyTorchJob and its pods for inspection instead of deleting them.",
-    },
-    "job_key": {
-        "variable": None,
-        "description": "Checkpoint identity; empty = derived from the Airflow task instance (a retry "
-        "resumes the same checkpoints).",
-    },
-}
+#: pipeline's default) and its description — the P rows the table marks as ops settings.
+#: ``job_key`` has no Variable: the operator derives it from the task instance, so a retry
+#: resumes the same checkpoints.
+OPS_SETTINGS: dict[str, dict[str, Any]] = ops_settings()
 
 
 def _pipeline_parameters() -> dict[str, PipelineParameter]:

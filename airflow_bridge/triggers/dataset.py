@@ -8,7 +8,7 @@ dataset Asset runs once per event)::
                                            trigger=DatasetChangeTrigger(uri="s3://training/mnist"))])
 
 Every ``poll_interval_s`` it lists the prefix — keys, sizes and ETags, ListObjectsV2 pages only, no
-object is read — and computes the listing fingerprint (:mod:`trainflow.shared.listing`, the same
+object is read — and computes the listing fingerprint (:mod:`trainflow.common.listing`, the same
 rule the pipeline records with every model version). It fires one event when the fingerprint
 differs from the last one it fired for, or from ``baseline_fingerprint`` (e.g. the fingerprint
 recorded for the current model version) before any; the first listing becomes the baseline when
@@ -45,7 +45,7 @@ from typing import Any
 from airflow.triggers.base import BaseEventTrigger
 
 from airflow_bridge.version_compat import BaseHook, TriggerEvent
-from trainflow.shared.listing import (
+from trainflow.common.listing import (
     ListingEntry,
     list_folder,
     list_s3,

@@ -25,7 +25,7 @@ the default ``alpha = 0.01``). Measured on 1,000 random halves of the 5,000 real
 (tests/components/test_drift.py runs 200): the label and feature families together false-alarmed
 27 times (2.7 %; labels 1.6 %, features 1.2 %), a little above the nominal rates.
 
-``run_drift_check`` first compares listing fingerprints (:mod:`trainflow.shared.listing`): when the
+``run_drift_check`` first compares listing fingerprints (:mod:`trainflow.common.listing`): when the
 source lists exactly as it did when the current version was prepared, the verdict is ``unchanged``
 and nothing is downloaded.
 """
@@ -42,7 +42,7 @@ import numpy as np
 
 from components.drift.profile import PROFILE_FILE, DataProfile, load_prepared_arrays, profile_arrays
 from components.training.data import DatasetError
-from trainflow.shared.listing import ListingEntry, list_folder, list_s3, listing_fingerprint
+from trainflow.common.listing import ListingEntry, list_folder, list_s3, listing_fingerprint
 
 DECISIONS = ("drift", "no-drift", "unchanged", "no-reference")
 """``drift``: some test fired; ``no-drift``: none did; ``unchanged``: the source lists exactly as
@@ -221,8 +221,8 @@ def source_listing(source: str) -> list[ListingEntry] | None:
     if source.startswith("s3://"):
         from botocore.exceptions import BotoCoreError, ClientError
 
-        from components.training.checkpoint.s3 import S3Storage
-        from components.training.checkpoint.storage import CheckpointStorageError
+        from trainflow.storage import CheckpointStorageError
+        from trainflow.storage.s3 import S3Storage
 
         try:
             s3 = S3Storage(source)
@@ -290,8 +290,8 @@ def run_drift_check(source: str, *, registry_uri: str, model_name: str, threshol
         components.registry.store.RegistryError: bad model name or unreadable registry.
     """
     from components.registry.store import ModelRegistry, RegistryError
-    from components.training.checkpoint.storage import CheckpointStorageError, storage_for
     from components.training.sources import prepare
+    from trainflow.storage import CheckpointStorageError, storage_for
 
     th = thresholds or DriftThresholds()
     listing = source_listing(source)

@@ -47,7 +47,7 @@ class DataProfile:
     dataset_fingerprint: str = ""
     source: str = ""
     listing_fingerprint: str = ""
-    """:func:`trainflow.shared.listing.listing_fingerprint` of the source when it was prepared
+    """:func:`trainflow.common.listing.listing_fingerprint` of the source when it was prepared
     (empty for built-in sources)."""
     extra: dict[str, Any] = field(default_factory=dict)
 

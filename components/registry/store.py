@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from components.training.checkpoint.storage import (
+from trainflow.storage import (
     CheckpointStorage,
     ObjectExistsError,
     ObjectNotFoundError,

@@ -22,13 +22,13 @@ def prepare_dataset(
     ImageFolder layout) with a stratified, seeded held-out test split of ``test_fraction``.
     ``image_size``/``channels`` apply to image folders. Outputs the dataset folder and a SHA-256
     content fingerprint; a folder or prefix also gets its listing fingerprint (keys, sizes, ETags:
-    trainflow/shared/listing.py) in the artifact's metadata, taken before the images are read."""
+    trainflow/common/listing.py) in the artifact's metadata, taken before the images are read."""
     from collections import namedtuple
 
     from components.drift.check import source_listing
     from components.training.sources import describe, prepare
     from components.training.step import use_s3_endpoint
-    from trainflow.shared.listing import listing_fingerprint
+    from trainflow.common.listing import listing_fingerprint
 
     use_s3_endpoint(s3_endpoint_url)
 

@@ -38,9 +38,9 @@ def register_model(
     from components.drift.profile import PROFILE_FILE, profile_prepared
     from components.registry.promotion import accuracy_of_current
     from components.registry.store import ModelRegistry
-    from components.training.checkpoint.storage import join_uri, storage_for
     from components.training.data import DatasetError
     from components.training.step import resolve_checkpoint_uri, use_s3_endpoint
+    from trainflow.storage import join_uri, storage_for
 
     use_s3_endpoint(s3_endpoint_url)
 

@@ -13,28 +13,37 @@ def train(
     dataset: Input[Dataset],
     model: Output[Model],
     metrics: Output[Metrics],
-    backend: str = "local",
     model_name: str = "small_cnn",
-    epochs: int = 3,
+    epochs: int = 8,
+    max_steps: int = 0,
+    seed: int = 0,
     global_batch_size: int = 64,
+    dataloader_num_workers: int = 0,
     adaptive_batch: bool = False,
     max_global_batch_size: int = 0,
-    learning_rate: float = 0.05,
+    max_local_batch_size: int = 0,
+    adaptive_interval_s: float = 60.0,
     optimizer: str = "sgd",
-    seed: int = 0,
+    learning_rate: float = 0.05,
+    momentum: float = 0.9,
+    weight_decay: float = 0.0005,
+    lr_schedule: str = "cosine",
+    warmup_steps: int = 0,
+    amp: str = "off",
+    grad_clip_norm: float = 0.0,
+    deterministic: bool = True,
+    fault_at_step: int = 0,
+    checkpoint_uri: str = "",
+    job_key: str = "",
+    checkpoint_interval_steps: int = 20,
+    checkpoint_interval_s: float = 30.0,
+    keep_last_k: int = 3,
+    preemption_save_deadline_s: float = 20.0,
+    backend: str = "local",
     min_workers: int = 1,
     max_workers: int = 1,
     nproc_per_node: int = 2,
     max_restarts: int = 3,
-    checkpoint_uri: str = "",
-    checkpoint_interval_steps: int = 0,
-    checkpoint_interval_s: float = 30.0,
-    keep_last_k: int = 3,
-    fault_at_step: int = -1,
-    job_key: str = "",
-    kfp_run_id: str = "",
-    kfp_task_name: str = "",
-    pipeline_root: str = "",
     image: str = "",
     namespace: str = "",
     gpus_per_worker: int = 0,
@@ -46,14 +55,19 @@ def train(
     s3_secret_key_key: str = "AWS_SECRET_ACCESS_KEY",
     s3_endpoint_url: str = "",
     keep_failed_job: bool = False,
+    kfp_run_id: str = "",
+    kfp_task_name: str = "",
+    pipeline_root: str = "",
 ) -> NamedTuple("TrainOutputs", [("job_key", str), ("summary", str), ("resource", str)]):
     """Train with elastic DDP; checkpoints continuously and resumes from the newest one on any restart.
 
-    Workers: ``min_workers..max_workers`` torchrun agents (PyTorchJob worker pods) of
-    ``nproc_per_node`` processes each. Checkpoints: under ``checkpoint_uri`` (a folder or
+    Every parameter but the artifacts and the KFP placeholders is a row of the training spec
+    (trainflow/common/training_spec.py, docs/training-parameters.md); this signature is pinned to
+    it by tests/pipelines/test_training_spec_signatures.py. Workers: ``min_workers..max_workers``
+    torchrun agents (PyTorchJob worker pods) of ``nproc_per_node`` processes each. Checkpoints: under ``checkpoint_uri`` (a folder or
     s3://bucket/prefix; default ``<pipeline root>/trainflow-checkpoints``) + the job key (default
-    ``<KFP run id>/<task name>``), every ``checkpoint_interval_steps`` steps (0 = off) and/or
-    ``checkpoint_interval_s`` seconds. ``fault_at_step`` > 0 SIGKILLs one worker once after that
+    ``<KFP run id>/<task name>``), every ``checkpoint_interval_steps`` steps and/or ``checkpoint_interval_s``
+    seconds (0 = off). ``fault_at_step`` > 0 SIGKILLs one worker once after that
     step. ``adaptive_batch`` (opt-in) lets the trainer re-pick the global batch for goodput at every
     (re)start and epoch end, from ``global_batch_size`` up to ``max_global_batch_size`` (0 = 8x
     ``global_batch_size``, capped at the training split), with the learning rate scaled by AdaScale
@@ -73,31 +87,18 @@ def train(
     from collections import namedtuple
     from pathlib import Path
 
-    from components.training.step import (
-        TrainStepRequest,
-        as_metrics,
-        env_work_dir,
-        run_train_step,
-        use_s3_endpoint,
-    )
+    # Before any other local name but the imports above: locals() holds the parameters.
+    from trainflow.common.training_spec import TrainJobSpec, names
+
+    rows = {k: v for k, v in locals().items() if k in names("S")}
+
+    from components.training.step import as_metrics, env_work_dir, run_train_step, use_s3_endpoint
 
     use_s3_endpoint(s3_endpoint_url)
-    request = TrainStepRequest(
-        dataset_path=dataset.path, dataset_uri=dataset.uri or "", backend=backend, model_name=model_name, epochs=epochs,
-        global_batch_size=global_batch_size, adaptive_batch=adaptive_batch,
-        max_global_batch_size=max_global_batch_size, learning_rate=learning_rate, optimizer=optimizer, seed=seed,
-        min_workers=min_workers, max_workers=max_workers, nproc_per_node=nproc_per_node,
-        max_restarts=max_restarts, checkpoint_uri=checkpoint_uri,
-        checkpoint_interval_steps=checkpoint_interval_steps, checkpoint_interval_s=checkpoint_interval_s,
-        keep_last_k=keep_last_k, fault_at_step=fault_at_step, job_key=job_key, kfp_run_id=kfp_run_id,
-        kfp_task_name=kfp_task_name, pipeline_root=pipeline_root, image=image, namespace=namespace,
-        gpus_per_worker=gpus_per_worker, worker_cpu=worker_cpu, worker_memory=worker_memory,
-        worker_pod_settings=worker_pod_settings, s3_secret_name=s3_secret_name,
-        s3_access_key_key=s3_access_key_key, s3_secret_key_key=s3_secret_key_key,
-        s3_endpoint_url=s3_endpoint_url, keep_failed_job=keep_failed_job,
-    )
+    spec = TrainJobSpec.from_kwargs(rows, dataset_path=dataset.path, dataset_uri=dataset.uri or "",
+                                    kfp_run_id=kfp_run_id, kfp_task_name=kfp_task_name, pipeline_root=pipeline_root)
     work_dir = env_work_dir(Path(tempfile.mkdtemp(prefix="trainflow-train-")))
-    result = run_train_step(request, model_dir=Path(model.path), work_dir=work_dir)
+    result = run_train_step(spec, model_dir=Path(model.path), work_dir=work_dir)
     model.framework = "pytorch"
     model.metadata.update({"job_key": result.job_key, "checkpoint_uri": result.checkpoint_uri,
                            "model_name": model_name, "steps": result.summary.steps,

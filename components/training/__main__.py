@@ -34,9 +34,9 @@ import time
 import traceback
 
 from components.training import config as config_mod
-from components.training.checkpoint.storage import CheckpointStorageError
 from components.training.data import DatasetError
 from components.training.distributed import DistEnv, destroy_process_group, init_process_group
+from trainflow.storage import CheckpointStorageError
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2

@@ -168,7 +168,7 @@ def read_info(location: str) -> DatasetInfo:
 
 
 def _read_object(uri: str, key: str) -> bytes:
-    from components.training.checkpoint.storage import (
+    from trainflow.storage import (
         CheckpointStorageError,
         ObjectNotFoundError,
         storage_for,
@@ -216,7 +216,7 @@ def local_folder(location: str, *, cache_dir: str | Path | None = None) -> Path:
 
 
 def _download(uri: str, out: Path, info_bytes: bytes) -> None:
-    from components.training.checkpoint.storage import CheckpointStorageError, storage_for
+    from trainflow.storage import CheckpointStorageError, storage_for
 
     storage = storage_for(uri)
     try:
@@ -257,7 +257,7 @@ def publish(folder: str | Path, uri: str) -> DatasetInfo:
         DatasetError: ``folder`` is not a prepared dataset, its images are in a local folder that
             another machine could not read, or the storage refuses the writes.
     """
-    from components.training.checkpoint.storage import CheckpointStorageError, storage_for
+    from trainflow.storage import CheckpointStorageError, storage_for
 
     folder = Path(folder)
     info = DatasetInfo.read(folder)

@@ -14,7 +14,7 @@ import os
 import signal
 import time
 
-from components.training.checkpoint.storage import (
+from trainflow.storage import (
     CheckpointStorage,
     ObjectExistsError,
     read_bytes,

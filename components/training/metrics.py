@@ -122,7 +122,7 @@ class _Segments:
     SEGMENT_BYTES = 1 << 20
 
     def __init__(self, uri: str, *, flush_interval_s: float) -> None:
-        from components.training.checkpoint.storage import storage_for
+        from trainflow.storage import storage_for
 
         self.storage = storage_for(uri)
         self.writer = f"{time.time_ns():020d}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -311,7 +311,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 def read_segments(uri: str) -> list[tuple[str, list[str]]]:
     """``(key, lines)`` of every segment under a metrics URI, in write order (writer start, then seq)."""
-    from components.training.checkpoint.storage import ObjectNotFoundError, read_bytes, storage_for
+    from trainflow.storage import ObjectNotFoundError, read_bytes, storage_for
 
     storage = storage_for(uri)
     out = []

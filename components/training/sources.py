@@ -144,12 +144,12 @@ class _LocalReader:
 
 class _S3Reader:
     def __init__(self, uri: str) -> None:
-        from components.training.checkpoint.s3 import S3Storage
+        from trainflow.storage.s3 import S3Storage
 
         self._s3 = S3Storage(uri)
 
     def list(self) -> list[tuple[str, int, str]]:
-        from components.training.checkpoint.storage import CheckpointStorageError
+        from trainflow.storage import CheckpointStorageError
 
         try:
             self._s3.check()
@@ -163,7 +163,7 @@ class _S3Reader:
         return sorted(out)
 
     def read(self, rel_path: str) -> bytes:
-        from components.training.checkpoint.storage import read_bytes
+        from trainflow.storage import read_bytes
 
         return read_bytes(self._s3, rel_path)
 

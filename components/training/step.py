@@ -32,27 +32,19 @@ import re
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components.training.checkpoint.storage import CheckpointStorageError, join_uri, storage_for
-from components.training.config import (
-    CheckpointConfig,
-    ConfigError,
-    DataConfig,
-    ModelConfig,
-    OptimConfig,
-    TrainConfig,
-)
 from components.training.data import DatasetError, DatasetInfo
 from components.training.faults import fired_faults
 from components.training.metrics import read_jsonl
 from components.training.summary import TrainingSummary, summarize
+from trainflow.common.training_spec import TrainConfig, TrainJobSpec
+from trainflow.storage import CheckpointStorageError, join_uri, storage_for
 
 log = logging.getLogger("trainflow.step")
 
-BACKENDS = ("local", "pytorchjob")
 TRAINER_METRICS_PORT = 9090
 """Port of rank 0's Prometheus endpoint in PyTorchJob pods."""
 #: Under ``<checkpoint uri>/<job key>/`` on the cluster backend (beside ``step-*/`` and ``faults/``).
@@ -69,57 +61,6 @@ MODEL_KEY = "final-model"
 
 class TrainStepError(RuntimeError):
     """The train step failed; the message is one line naming the cause."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainStepRequest:
-    """The train component's parameters (see ``components/specs/train.py`` for their meaning)."""
-
-    dataset_path: str
-    backend: str = "local"
-    model_name: str = "small_cnn"
-    epochs: int = 3
-    global_batch_size: int = 64
-    adaptive_batch: bool = False
-    max_global_batch_size: int = 0
-    """Adaptive batch only: largest global batch (0 = the trainer's default, 8 x ``global_batch_size``)."""
-    learning_rate: float = 0.05
-    optimizer: str = "sgd"
-    seed: int = 0
-    min_workers: int = 1
-    max_workers: int = 1
-    nproc_per_node: int = 2
-    max_restarts: int = 3
-    checkpoint_uri: str = ""
-    checkpoint_interval_steps: int = 0
-    checkpoint_interval_s: float = 30.0
-    keep_last_k: int = 3
-    fault_at_step: int = -1
-    job_key: str = ""
-    kfp_run_id: str = ""
-    kfp_task_name: str = ""
-    pipeline_root: str = ""
-    dataset_uri: str = ""
-    """The prepared dataset artifact's URI (KFP ``artifact.uri``): what workers read on a cluster."""
-    # pytorchjob backend
-    image: str = ""
-    """Worker image; empty: the image this step runs in (read from its own Pod)."""
-    namespace: str = ""
-    """Namespace of the PyTorchJob; empty: this pod's own (the user's KFP profile), or the kubeconfig's."""
-    gpus_per_worker: int = 0
-    worker_cpu: str = "1"
-    worker_memory: str = "4Gi"
-    worker_pod_settings: str = ""
-    """JSON object of more worker settings (``components.launcher.pytorchjob.WORKER_POD_SETTINGS``)."""
-    s3_secret_name: str = ""
-    s3_access_key_key: str = "AWS_ACCESS_KEY_ID"
-    s3_secret_key_key: str = "AWS_SECRET_ACCESS_KEY"
-    s3_endpoint_url: str = ""
-    """S3 endpoint for the workers (empty: the Secret's ``AWS_ENDPOINT_URL_S3`` key, if any)."""
-    keep_failed_job: bool = False
-    """Keep a failed or stuck PyTorchJob for inspection instead of deleting it."""
-    poll_interval_s: float = 5.0
-    extra_env: dict[str, str] = field(default_factory=dict)
 
 
 def resolve_job_key(job_key: str, kfp_run_id: str, kfp_task_name: str) -> str:
@@ -156,40 +97,6 @@ def resolve_checkpoint_uri(checkpoint_uri: str, pipeline_root: str) -> str:
             root = "s3://" + root.removeprefix("minio://")
         return join_uri(root, "trainflow-checkpoints")
     raise TrainStepError("no checkpoint_uri given and no pipeline root to put checkpoints under")
-
-
-def build_config(req: TrainStepRequest, *, job_key: str, checkpoint_uri: str, metrics_path: str | None,
-                 model_output: str | None, dataset: str | None = None) -> TrainConfig:
-    """The runtime config for this request (``dataset``: the location workers read, default
-    ``req.dataset_path``). Raises :class:`ConfigError` (one line) on bad values."""
-    if req.backend not in BACKENDS:
-        raise ConfigError(f"backend must be one of {BACKENDS}, got {req.backend!r}")
-    if not 1 <= req.min_workers <= req.max_workers:
-        raise ConfigError(f"need 1 <= min_workers <= max_workers, got {req.min_workers}..{req.max_workers}")
-    if req.nproc_per_node < 1:
-        raise ConfigError(f"nproc_per_node must be >= 1, got {req.nproc_per_node}")
-    if req.max_restarts < 0:
-        raise ConfigError(f"max_restarts must be >= 0, got {req.max_restarts}")
-    if req.max_global_batch_size < 0:
-        raise ConfigError(f"max_global_batch_size must be >= 0 (0 = 8x global_batch_size), "
-                          f"got {req.max_global_batch_size}")
-    return TrainConfig(
-        data=DataConfig(path=dataset or req.dataset_path, global_batch_size=req.global_batch_size,
-                        adaptive_batch=req.adaptive_batch, max_global_batch_size=req.max_global_batch_size or None),
-        model=ModelConfig(name=req.model_name),  # type: ignore[arg-type]
-        optim=OptimConfig(optimizer=req.optimizer, lr=req.learning_rate),  # type: ignore[arg-type]
-        checkpoint=CheckpointConfig(
-            uri=checkpoint_uri, job_key=job_key,
-            interval_steps=req.checkpoint_interval_steps or None,
-            interval_s=req.checkpoint_interval_s if req.checkpoint_interval_s > 0 else None,
-            keep_last_k=req.keep_last_k,
-        ),
-        epochs=req.epochs,
-        seed=req.seed,
-        fault_at_step=req.fault_at_step if req.fault_at_step > 0 else None,
-        metrics_path=metrics_path,
-        model_output=model_output,
-    )
 
 
 def preflight(cfg: TrainConfig, *, s3_secret_name: str = "") -> DatasetInfo:
@@ -254,7 +161,7 @@ def _last_error(log_path: Path) -> str:
     return lines[-1][:400] if lines else "no output"
 
 
-def run_train_step(req: TrainStepRequest, *, model_dir: Path, work_dir: Path) -> TrainStepResult:
+def run_train_step(spec: TrainJobSpec, *, model_dir: Path, work_dir: Path) -> TrainStepResult:
     """Validate, pre-flight, run training on the requested backend, export the model, summarize.
 
     Args:
@@ -264,31 +171,30 @@ def run_train_step(req: TrainStepRequest, *, model_dir: Path, work_dir: Path) ->
     Raises:
         ConfigError, TrainStepError: bad input (before any worker starts) or a failed training run.
     """
-    job_key = resolve_job_key(req.job_key, req.kfp_run_id, req.kfp_task_name)
-    checkpoint_uri = resolve_checkpoint_uri(req.checkpoint_uri, req.pipeline_root)
+    job_key = resolve_job_key(spec.job_key, spec.kfp_run_id, spec.kfp_task_name)
+    checkpoint_uri = resolve_checkpoint_uri(spec.checkpoint_uri, spec.pipeline_root)
     work_dir.mkdir(parents=True, exist_ok=True)
     local_metrics = work_dir / "train-metrics.jsonl"
-    if req.backend == "local":
+    if spec.backend == "local":
         # The workers are this pod's subprocesses: they read and write local paths.
-        cfg = build_config(req, job_key=job_key, checkpoint_uri=checkpoint_uri, metrics_path=str(local_metrics),
-                           model_output=str(model_dir))
+        cfg = spec.train_config(dataset=spec.dataset_path, job_key=job_key, checkpoint_uri=checkpoint_uri,
+                                metrics_path=str(local_metrics), model_output=str(model_dir))
     else:
         # The workers are other pods: everything they read or write lives on shared storage.
-        build_config(req, job_key=job_key, checkpoint_uri=checkpoint_uri, metrics_path=None, model_output=None)
         job_root = _cluster_job_root(checkpoint_uri, job_key)
-        check_storage(checkpoint_uri, job_key, s3_secret_name=req.s3_secret_name)
-        cfg = build_config(req, job_key=job_key, checkpoint_uri=checkpoint_uri,
-                           metrics_path=join_uri(job_root, METRICS_KEY), model_output=join_uri(job_root, MODEL_KEY),
-                           dataset=worker_dataset(req, job_root))
-    preflight(cfg, s3_secret_name=req.s3_secret_name)
+        check_storage(checkpoint_uri, job_key, s3_secret_name=spec.s3_secret_name)
+        cfg = spec.train_config(dataset=worker_dataset(spec, job_root), job_key=job_key,
+                                checkpoint_uri=checkpoint_uri, metrics_path=join_uri(job_root, METRICS_KEY),
+                                model_output=join_uri(job_root, MODEL_KEY))
+    preflight(cfg, s3_secret_name=spec.s3_secret_name)
     (work_dir / "train-config.json").write_text(cfg.to_json())
     t0 = time.monotonic()
     resource = None
-    if req.backend == "local":
-        _run_local(req, cfg, work_dir)
+    if spec.backend == "local":
+        _run_local(spec, cfg, work_dir)
         records = read_jsonl(local_metrics)
     else:
-        resource = _run_pytorchjob(req, cfg, work_dir)
+        resource = _run_pytorchjob(spec, cfg, work_dir)
         copy_model(cfg.model_output or "", model_dir)
         records = read_jsonl(cfg.metrics_path or "")
     train_seconds = time.monotonic() - t0
@@ -307,7 +213,7 @@ def _cluster_job_root(checkpoint_uri: str, job_key: str) -> str:
     return join_uri(checkpoint_uri, job_key)
 
 
-def worker_dataset(req: TrainStepRequest, job_root: str) -> str:
+def worker_dataset(spec: TrainJobSpec, job_root: str) -> str:
     """Where worker pods read the prepared dataset from: the artifact's own object-store URI when
     this step (with the workers' credentials) can read it there, else a copy published under
     ``<job root>/dataset`` (kept for retries; nothing is copied twice).
@@ -319,8 +225,8 @@ def worker_dataset(req: TrainStepRequest, job_root: str) -> str:
 
     local_info = None
     with contextlib.suppress(DatasetError):
-        local_info = DatasetInfo.read(Path(req.dataset_path))
-    uri = storage_uri(req.dataset_uri) if req.dataset_uri else None
+        local_info = DatasetInfo.read(Path(spec.dataset_path))
+    uri = storage_uri(spec.dataset_uri) if spec.dataset_uri else None
     if uri is not None:
         try:
             remote = read_info(uri)
@@ -333,22 +239,22 @@ def worker_dataset(req: TrainStepRequest, job_root: str) -> str:
                      uri, e)
     staged = join_uri(job_root, DATASET_KEY)
     try:
-        publish(req.dataset_path, staged)
+        publish(spec.dataset_path, staged)
     except DatasetError as e:
         raise TrainStepError(str(e)) from e
     log.info("workers read the dataset from %s", staged)
     return staged
 
 
-def _run_local(req: TrainStepRequest, cfg: TrainConfig, work_dir: Path) -> None:
+def _run_local(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path) -> None:
     from components.training.launch import AgentSpec, RendezvousStore, rdzv_id_for, run_agent
 
     log_path = work_dir / "torchrun.log"
     with RendezvousStore() as store:  # outlives any agent, so agents may join and leave
         spec = AgentSpec(
             rdzv_id=rdzv_id_for(cfg.checkpoint.job_key), rdzv_endpoint=store.endpoint, rdzv_is_host=False,
-            nproc_per_node=req.nproc_per_node, min_nodes=req.min_workers, max_nodes=req.max_workers,
-            max_restarts=req.max_restarts, env=req.extra_env,
+            nproc_per_node=spec.nproc_per_node, min_nodes=spec.min_workers, max_nodes=spec.max_workers,
+            max_restarts=spec.max_restarts, env=spec.extra_env,
         )
         rc = run_agent(spec, ["--config", str(work_dir / "train-config.json")], log_path=log_path,
                        on_line=lambda line: print(line, flush=True))
@@ -356,7 +262,7 @@ def _run_local(req: TrainStepRequest, cfg: TrainConfig, work_dir: Path) -> None:
         raise TrainStepError(f"training failed (torchrun exit code {rc}): {_last_error(log_path)}")
 
 
-def _run_pytorchjob(req: TrainStepRequest, cfg: TrainConfig, work_dir: Path) -> str:
+def _run_pytorchjob(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path) -> str:
     from lightkube import Client
 
     from components.launcher.incluster import own_pod
@@ -368,8 +274,8 @@ def _run_pytorchjob(req: TrainStepRequest, cfg: TrainConfig, work_dir: Path) -> 
     except Exception as e:  # lightkube's ConfigError and file errors: one line
         raise TrainStepError(f"no usable Kubernetes configuration (in-cluster or KUBECONFIG): {e}") from e
     me = own_pod(client)
-    namespace = req.namespace or (me.namespace if me else client.namespace)
-    image = req.image or (me.image if me else "")
+    namespace = spec.namespace or (me.namespace if me else client.namespace)
+    image = spec.image or (me.image if me else "")
     if not image:
         raise TrainStepError("the pytorchjob backend needs an image holding trainflow (image=...): "
                              "outside a pod there is no own image to default to")
@@ -382,18 +288,18 @@ def _run_pytorchjob(req: TrainStepRequest, cfg: TrainConfig, work_dir: Path) -> 
     # Rank 0 serves /metrics in the pod so the GPU scheduler can read the job's samples/s.
     cfg = dataclasses.replace(cfg, metrics_port=TRAINER_METRICS_PORT, metrics_addr="0.0.0.0")
     try:
-        settings = worker_pod_settings(req.worker_pod_settings)
+        settings = worker_pod_settings(spec.worker_pod_settings)
         settings["termination_grace_period_s"] = worker_grace_period_s(
             settings.get("termination_grace_period_s"), cfg.checkpoint.preemption_save_deadline_s)
-        env = {**req.extra_env, **settings.pop("env", {})}
+        env = {**spec.extra_env, **settings.pop("env", {})}
         job_spec = PyTorchJobSpec(
-            run_id=req.kfp_run_id or cfg.checkpoint.job_key, task_name=req.kfp_task_name or "train",
+            run_id=spec.kfp_run_id or cfg.checkpoint.job_key, task_name=spec.kfp_task_name or "train",
             namespace=namespace, image=image, training_args=("--config-json", cfg.to_json()),
-            min_replicas=req.min_workers, max_replicas=req.max_workers, nproc_per_node=req.nproc_per_node,
-            max_restarts=req.max_restarts, gpus_per_worker=req.gpus_per_worker, cpu=req.worker_cpu or None,
-            memory=req.worker_memory or None, checkpoint_uri=cfg.checkpoint.uri,
-            s3_secret_name=req.s3_secret_name or None, s3_access_key_key=req.s3_access_key_key,
-            s3_secret_key_key=req.s3_secret_key_key, s3_endpoint_url=req.s3_endpoint_url or None,
+            min_replicas=spec.min_workers, max_replicas=spec.max_workers, nproc_per_node=spec.nproc_per_node,
+            max_restarts=spec.max_restarts, gpus_per_worker=spec.gpus_per_worker, cpu=spec.worker_cpu or None,
+            memory=spec.worker_memory or None, checkpoint_uri=cfg.checkpoint.uri,
+            s3_secret_name=spec.s3_secret_name or None, s3_access_key_key=spec.s3_access_key_key,
+            s3_secret_key_key=spec.s3_secret_key_key, s3_endpoint_url=spec.s3_endpoint_url or None,
             env=env, job_key=cfg.checkpoint.job_key, metrics_port=TRAINER_METRICS_PORT,
             owner_references=owners, **settings,
         )
@@ -402,7 +308,7 @@ def _run_pytorchjob(req: TrainStepRequest, cfg: TrainConfig, work_dir: Path) -> 
     except TypeError as e:  # a worker_pod_settings value of the wrong type for its field
         raise TrainStepError(f"worker_pod_settings: {e}") from e
     runner = PyTorchJobRunner(client, RunnerSettings(
-        poll_interval_s=req.poll_interval_s, cleanup="on-success" if req.keep_failed_job else "always",
+        poll_interval_s=spec.poll_interval_s, cleanup="on-success" if spec.keep_failed_job else "always",
         stream_logs=True))
     mirror = _MetricsMirror(cfg.metrics_path or "", work_dir / "train-metrics.jsonl")
     try:

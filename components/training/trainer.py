@@ -49,12 +49,12 @@ from components.training import data as datamod
 from components.training import distributed as dist_utils
 from components.training import goodput, rng
 from components.training.checkpoint.manager import CheckpointManager, LoadedCheckpoint, WriterFencedError
-from components.training.checkpoint.storage import CheckpointStorage, join_uri, storage_for
-from components.training.config import ConfigError, TrainConfig
 from components.training.distributed import DistEnv
 from components.training.faults import FaultInjector
 from components.training.metrics import FanOut, JsonlSink, MetricsSink, NullSink, PrometheusSink
 from components.training.model import build_model
+from trainflow.common.training_spec import ConfigError, TrainConfig
+from trainflow.storage import CheckpointStorage, join_uri, storage_for
 
 log = logging.getLogger("trainflow.trainer")
 
@@ -146,7 +146,7 @@ class Trainer:
         info = self.dataset.info
         self.steps_per_epoch = datamod.steps_per_epoch(self.num_samples, cfg.data.global_batch_size)
         self.total_steps = cfg.epochs * self.steps_per_epoch
-        if cfg.max_steps is not None:
+        if cfg.max_steps:
             self.total_steps = min(self.total_steps, cfg.max_steps)
 
         rng.seed_all(cfg.seed)  # identical initial weights on every rank
@@ -167,7 +167,7 @@ class Trainer:
         if cfg.data.adaptive_batch:
             self.adaptive = goodput.AdaptiveBatch(
                 base_batch=cfg.data.global_batch_size, max_global_batch=min(cfg.data.max_global_batch, self.num_samples),
-                max_local_batch=cfg.data.max_local_batch_size, target_samples=float(cfg.epochs * self.num_samples))
+                max_local_batch=cfg.data.max_local_batch_size or None, target_samples=float(cfg.epochs * self.num_samples))
             self._gns_local: list[torch.Tensor] = []
             self._gns_global_sq = 0.0
             self._gns_local_sq = 0.0
@@ -195,9 +195,9 @@ class Trainer:
         )
         if env.is_main:
             self.ckpt.claim()  # the newest writer generation owns the key; older ones stop writing
-        self.schedule = SaveSchedule(interval_steps=cfg.checkpoint.interval_steps,
-                                     interval_s=cfg.checkpoint.interval_s, clock=clock)
-        self.faults = FaultInjector(at_step=cfg.fault_at_step, storage=self.storage, rank=env.rank,
+        self.schedule = SaveSchedule(interval_steps=cfg.checkpoint.interval_steps or None,
+                                     interval_s=cfg.checkpoint.interval_s or None, clock=clock)
+        self.faults = FaultInjector(at_step=cfg.fault_at_step or None, storage=self.storage, rank=env.rank,
                                     world_size=env.world_size)
         self.state = TrainState()
         self.resumed_from: int | None = None
@@ -231,8 +231,8 @@ class Trainer:
     def _build_optimizer(self) -> torch.optim.Optimizer:
         o = self.cfg.optim
         if o.optimizer == "adamw":
-            return torch.optim.AdamW(self.model.parameters(), lr=o.lr, weight_decay=o.weight_decay)
-        return torch.optim.SGD(self.model.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+            return torch.optim.AdamW(self.model.parameters(), lr=o.learning_rate, weight_decay=o.weight_decay)
+        return torch.optim.SGD(self.model.parameters(), lr=o.learning_rate, momentum=o.momentum, weight_decay=o.weight_decay)
 
     def _build_metrics(self) -> MetricsSink:
         if not self.env.is_main:
@@ -277,7 +277,7 @@ class Trainer:
     def _done(self) -> bool:
         if self.adaptive is None:
             return self.state.step >= self.total_steps
-        return self.adaptive.done or (self.cfg.max_steps is not None and self.state.step >= self.cfg.max_steps)
+        return self.adaptive.done or (bool(self.cfg.max_steps) and self.state.step >= self.cfg.max_steps)
 
     def _choose_batch(self) -> int:
         """Adaptive mode: rank 0 picks the batch from its timings; every rank takes its choice."""
@@ -304,7 +304,7 @@ class Trainer:
         batches = datamod.iter_local_batches(
             self.train_split, perm=perm, start=self.state.samples_in_epoch,
             global_batch_size=batch_size, rank=self.env.rank, world_size=self.env.world_size,
-            loader_workers=cfg.data.loader_workers, loader_seed=cfg.seed * 1_000_003 + epoch,
+            loader_workers=cfg.data.dataloader_num_workers, loader_seed=cfg.seed * 1_000_003 + epoch,
         )
         for x, y, ids, n_global in batches:
             t_start = time.perf_counter()
@@ -361,7 +361,7 @@ class Trainer:
                                    base_batch=self.adaptive.base_batch) * self.adaptive.gain(n_global)
             for group, base_lr in zip(self.optimizer.param_groups, self.scheduler.base_lrs, strict=True):
                 group["lr"] = base_lr * lr
-        if self.cfg.optim.grad_clip_norm is not None:
+        if self.cfg.optim.grad_clip_norm:
             self.scaler.unscale_(self.optimizer)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip_norm)
         t_wait = time.perf_counter()

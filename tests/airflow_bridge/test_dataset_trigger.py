@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from airflow_bridge.triggers.dataset import CLASSPATH, DatasetChangeTrigger
-from trainflow.shared.listing import list_s3, listing_fingerprint
+from trainflow.common.listing import list_s3, listing_fingerprint
 
 POLL_S = 0.2
 

@@ -98,7 +98,7 @@ def test_the_form_submits_unchanged_with_every_field_described(
         ("epochs", 0, 1),
         ("learning_rate", 0, 1e-4),
         ("keep_last_k", 0, 1),
-        ("fault_at_step", -2, -1),
+        ("fault_at_step", -1, 0),
         ("model_name", "vgg", "resnet18"),
         ("optimizer", "lion", "adamw"),
         ("checkpoint_interval_steps", -1, 0),
@@ -114,11 +114,10 @@ def test_the_bounds_are_the_pipelines(tmp_path, monkeypatch, training_pipeline_p
 
 
 def test_the_choice_lists_are_the_pipelines() -> None:
-    from components.training.config import ModelName, OptimConfig
-    from components.training.step import BACKENDS
+    from trainflow.common.training_spec import BACKENDS, MODELS, OptimConfig
 
     mod = module()
-    assert tuple(mod.FORM["model_name"]["enum"]) == ModelName.__args__
+    assert tuple(mod.FORM["model_name"]["enum"]) == MODELS
     assert tuple(mod.OPS_SETTINGS["backend"]["enum"]) == tuple(BACKENDS)
     for optimizer in mod.FORM["optimizer"]["enum"]:
         OptimConfig(optimizer=optimizer)  # accepted by the runtime's validation
@@ -154,7 +153,7 @@ def test_ops_settings_come_from_variables_and_the_form_values_convert(
     assert args["seed"] == declared["seed"].default
     assert args["image"] == "registry.example.com/trainflow:1.2" and args["namespace"] == "team-ml"
     assert args["s3_secret_name"] == declared["s3_secret_name"].default  # Variable unset
-    assert args["min_accuracy_to_promote"] == declared["min_accuracy_to_promote"].default
+    assert args["promotion_threshold"] == declared["promotion_threshold"].default
     assert args["adaptive_batch"] is False and args["job_key"] == "af-0123"
     monkeypatch.delenv("AIRFLOW_VAR_TRAINFLOW_IMAGE")
     monkeypatch.delenv("AIRFLOW_VAR_TRAINFLOW_NAMESPACE")

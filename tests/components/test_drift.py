@@ -30,10 +30,10 @@ from components.drift.profile import (
     profile_prepared,
 )
 from components.registry.store import ModelRegistry, RegistryError
-from components.training.checkpoint.local import LocalStorage
 from components.training.data import DatasetError
 from components.training.model import build_model
 from components.training.sources import load_mnist_5k, prepare
+from trainflow.storage.local import LocalStorage
 
 CLASSES = [str(i) for i in range(10)]
 
@@ -174,7 +174,7 @@ def test_run_drift_check_against_the_registry(mnist, trained_model, tmp_path) ->
     prepared = tmp_path / "prepared"
     prepare(str(train_dir), prepared, image_size=28, channels=1)
     from components.drift.check import source_listing
-    from trainflow.shared.listing import listing_fingerprint
+    from trainflow.common.listing import listing_fingerprint
 
     listing_fp = listing_fingerprint(source_listing(str(train_dir)))
     profile = profile_prepared(prepared, listing_fingerprint=listing_fp)

@@ -9,14 +9,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from components.registry.store import MODEL_FILES, ModelRegistry, RegistryError
-from components.training.checkpoint.local import LocalStorage
+from trainflow.storage.local import LocalStorage
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def registry(request, tmp_path) -> ModelRegistry:
     if request.param == "local":
         return ModelRegistry(LocalStorage(str(tmp_path / "models")))
-    from components.training.checkpoint.s3 import S3Settings, S3Storage
+    from trainflow.storage.s3 import S3Settings, S3Storage
 
     s3 = request.getfixturevalue("s3_server")
     settings = S3Settings(endpoint_url=s3.endpoint_url, access_key=s3.access_key, secret_key=s3.secret_key)

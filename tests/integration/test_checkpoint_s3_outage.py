@@ -14,7 +14,7 @@ import time
 import pytest
 
 from components.training.checkpoint.manager import CheckpointManager
-from components.training.checkpoint.s3 import S3Settings, S3Storage
+from trainflow.storage.s3 import S3Settings, S3Storage
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
@@ -37,7 +37,7 @@ def test_training_survives_s3_killed_mid_upload(s3_server, digits_dataset, make_
     job = make_job(
         digits_dataset,
         "s3job",
-        "--model",
+        "--model-name",
         "resnet18",
         "--epochs",
         "1",

@@ -30,7 +30,7 @@ def placement_settings(node: RealNode, **more: Any) -> str:
 
 
 def _request(node: RealNode, s3: S3Server, namespace: str, bucket: str, dataset: Path, **overrides: Any) -> Any:
-    from components.training.step import TrainStepRequest
+    from trainflow.common.training_spec import TrainJobSpec
 
     fields: dict[str, Any] = {
         "dataset_path": str(dataset), "dataset_uri": str(dataset), "backend": "pytorchjob", "epochs": 1,
@@ -42,7 +42,7 @@ def _request(node: RealNode, s3: S3Server, namespace: str, bucket: str, dataset:
         "worker_pod_settings": placement_settings(node),
     }
     fields.update(overrides)
-    return TrainStepRequest(**fields)
+    return TrainJobSpec.build(**fields)
 
 
 def test_train_step_trains_in_pods_streams_their_logs_and_summarizes_from_s3(

@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 
 from components.training import data as d
-from components.training.checkpoint.storage import join_uri, storage_for
 from components.training.faults import fired_faults
 from components.training.metrics import read_jsonl
 from components.training.step import (
     TrainStepError,
-    TrainStepRequest,
     check_storage,
     copy_model,
     worker_dataset,
 )
 from components.training.summary import summarize
+from trainflow.common.training_spec import TrainJobSpec
+from trainflow.storage import join_uri, storage_for
 
 pytestmark = pytest.mark.s3
 
@@ -46,14 +46,14 @@ def test_worker_dataset_reads_a_readable_artifact_in_place_else_publishes_a_copy
 
     # KFP on MinIO names artifacts minio://: the workers read them where they are.
     minio_uri = "minio://" + artifact.removeprefix("s3://")
-    req = TrainStepRequest(dataset_path=str(digits_dataset), dataset_uri=minio_uri)
+    req = TrainJobSpec.build(dataset_path=str(digits_dataset), dataset_uri=minio_uri)
     assert worker_dataset(req, job_root) == artifact
     assert storage_for(job_root).list("dataset/") == []
 
     # A pipeline root the workers' credentials cannot read (another store, no such bucket), or a
     # local one (kfp.local): a copy next to the checkpoints.
     for uri in (f"s3://no-such-bucket-{bucket}/v2/artifacts/x/dataset", str(digits_dataset)):
-        req = TrainStepRequest(dataset_path=str(digits_dataset), dataset_uri=uri)
+        req = TrainJobSpec.build(dataset_path=str(digits_dataset), dataset_uri=uri)
         assert worker_dataset(req, job_root) == join_uri(job_root, "dataset")
     staged = storage_for(join_uri(job_root, "dataset")).list("")
     assert staged == ["dataset.json", "test.npz", "train.npz"]

@@ -34,7 +34,7 @@ pytestmark = [
 ]  # fmt: skip
 
 #: Fewest epochs of the small CNN (2 ranks, global batch 64, lr 0.05) that reach 0.95 on MNIST-5k
-#: here: 4 epochs gave 0.945 (``trainflow run --dataset mnist --epochs 4``), 8 give 0.97.
+#: here: 4 epochs gave 0.945 (``trainflow run --dataset-source mnist --epochs 4``), 8 give 0.97.
 EPOCHS = 6
 ACCURACY_TARGET = 0.95
 INTERVAL_STEPS = 20
@@ -46,11 +46,11 @@ def trainflow_run_argv(
     node: RealNode, s3: S3Server, namespace: str, bucket: str, out: Path, *more: str
 ) -> list[str]:
     return [
-        sys.executable, "-m", "trainflow.cli", "run", "--output-dir", str(out), "--dataset", "mnist",
-        "--epochs", str(EPOCHS), "--batch-size", "64", "--backend", "pytorchjob", "--workers", "1",
+        sys.executable, "-m", "trainflow.cli", "run", "--output-dir", str(out), "--dataset-source", "mnist",
+        "--epochs", str(EPOCHS), "--global-batch-size", "64", "--backend", "pytorchjob", "--nproc-per-node", "1",
         "--min-workers", "1", "--max-workers", "2", "--image", node.image, "--namespace", namespace,
         "--worker-cpu", "500m", "--worker-memory", "2Gi", "--worker-pod-settings", placement_settings(node),
-        "--s3-secret", S3_SECRET_NAME, "--s3-endpoint", s3.endpoint_url, "--checkpoint-uri", f"s3://{bucket}/ckpt",
+        "--s3-secret-name", S3_SECRET_NAME, "--s3-endpoint-url", s3.endpoint_url, "--checkpoint-uri", f"s3://{bucket}/ckpt",
         "--checkpoint-interval-steps", str(INTERVAL_STEPS), "--checkpoint-interval-s", "0", *more,
     ]  # fmt: skip
 
@@ -102,7 +102,7 @@ def test_trainflow_run_trains_mnist_in_an_elastic_pytorchjob_on_the_real_node(
     assert report["checkpoints_committed"] >= report["steps"] // INTERVAL_STEPS, report
     # ... and the model was registered, with the accuracy it was evaluated at.
     from components.registry.store import ModelRegistry
-    from components.training.checkpoint.local import LocalStorage
+    from trainflow.storage.local import LocalStorage
 
     registry = ModelRegistry(LocalStorage(str(out / "checkpoints" / "models")))
     (v1,) = registry.versions("mnist-classifier")

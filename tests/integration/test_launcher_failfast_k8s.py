@@ -249,9 +249,9 @@ def test_the_train_step_fails_within_two_minutes_naming_the_cause_and_cleans_up(
     cannot be pulled: one line, within 2 minutes, nothing left behind; with keep_failed_job (a
     missing Secret this time) the job stays, and it holds no credential."""
     import json
-    from dataclasses import replace
 
-    from components.training.step import TrainStepError, TrainStepRequest, run_train_step
+    from components.training.step import TrainStepError, run_train_step
+    from trainflow.common.training_spec import TrainJobSpec
 
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)
@@ -262,7 +262,7 @@ def test_the_train_step_fails_within_two_minutes_naming_the_cause_and_cleans_up(
     settings = {"node_selector": {"pool": k8s_namespace}, "pod_annotations": {
         WAITING_REASON_ANNOTATION: "ImagePullBackOff",
         WAITING_MESSAGE_ANNOTATION: 'Back-off pulling image "registry.example/trainflow:missing"'}}
-    req = TrainStepRequest(
+    req = TrainJobSpec.build(
         dataset_path=str(digits_dataset), dataset_uri=str(digits_dataset), backend="pytorchjob", epochs=1,
         job_key="failfast/1", kfp_run_id="run-ff-1", kfp_task_name="train", checkpoint_uri=f"s3://{bucket}/ckpt",
         image="registry.example/trainflow:missing", namespace=k8s_namespace, gpus_per_worker=1, nproc_per_node=1,
@@ -280,7 +280,7 @@ def test_the_train_step_fails_within_two_minutes_naming_the_cause_and_cleans_up(
 
     settings["pod_annotations"] = {WAITING_REASON_ANNOTATION: "CreateContainerConfigError",
                                    WAITING_MESSAGE_ANNOTATION: 'secret "trainflow-s3-credentials" not found'}
-    kept = replace(req, job_key="failfast/2", kfp_run_id="run-ff-2", keep_failed_job=True,
+    kept = req.replace(job_key="failfast/2", kfp_run_id="run-ff-2", keep_failed_job=True,
                    worker_pod_settings=json.dumps(settings))
     with pytest.raises(TrainStepError, match='secret "trainflow-s3-credentials" not found'):
         run_train_step(kept, model_dir=tmp_path / "model2", work_dir=tmp_path / "work2")
@@ -309,9 +309,9 @@ def test_the_train_step_names_a_missing_bucket_a_refusal_and_unsatisfiable_reque
     """The rest of issue 9's bad input, through the whole train step with its own settings (no
     shortened graces): each fails within 2 minutes with one line naming the cause, and leaves no job."""
     import json
-    from dataclasses import replace
 
-    from components.training.step import TrainStepError, TrainStepRequest, run_train_step
+    from components.training.step import TrainStepError, run_train_step
+    from trainflow.common.training_spec import TrainJobSpec
 
     for k, v in s3_server.env().items():
         monkeypatch.setenv(k, v)
@@ -319,14 +319,14 @@ def test_the_train_step_names_a_missing_bucket_a_refusal_and_unsatisfiable_reque
     client = k8s_testbed.client()
     kwok_gpu_nodes(1, 8, labels={"pool": k8s_namespace})
     bucket = s3_server.make_bucket("ckpt")
-    req = TrainStepRequest(
+    req = TrainJobSpec.build(
         dataset_path=str(digits_dataset), dataset_uri=str(digits_dataset), backend="pytorchjob", epochs=1,
         job_key="badinput/1", kfp_run_id="run-bad-1", kfp_task_name="train", checkpoint_uri=f"s3://{bucket}/ckpt",
         image="registry.example/trainflow:1", namespace=k8s_namespace, gpus_per_worker=1, nproc_per_node=1,
         worker_pod_settings=json.dumps({"node_selector": {"pool": k8s_namespace}}), poll_interval_s=2.0,
     )
 
-    def fails(request: TrainStepRequest, name: str) -> tuple[str, float]:
+    def fails(request: TrainJobSpec, name: str) -> tuple[str, float]:
         t0 = time.monotonic()
         with pytest.raises(TrainStepError) as failed:
             run_train_step(request, model_dir=tmp_path / name / "model", work_dir=tmp_path / name / "work")
@@ -335,17 +335,17 @@ def test_the_train_step_names_a_missing_bucket_a_refusal_and_unsatisfiable_reque
         assert jobs(client, k8s_namespace) == []
         return message, elapsed
 
-    message, elapsed = fails(replace(req, checkpoint_uri="s3://no-such-bucket-9/ckpt"), "bucket")
+    message, elapsed = fails(req.replace(checkpoint_uri="s3://no-such-bucket-9/ckpt"), "bucket")
     assert message.startswith("checkpoint storage: S3 bucket 'no-such-bucket-9' does not exist"), message
     assert elapsed < 30
 
     # The step's service account may not create PyTorchJobs in the namespace (here: one with no rights).
     monkeypatch.setenv("KUBECONFIG", str(_sa_kubeconfig(k8s_testbed, k8s_namespace, "step-sa", tmp_path / "kubeconfig")))
-    message, elapsed = fails(replace(req, job_key="badinput/2", kfp_run_id="run-bad-2"), "forbidden")
+    message, elapsed = fails(req.replace(job_key="badinput/2", kfp_run_id="run-bad-2"), "forbidden")
     assert "(403 Forbidden): the service account this step runs as may not do it in namespace" in message, message
     assert elapsed < 30
     monkeypatch.setenv("KUBECONFIG", str(k8s_testbed.kubeconfig))
 
     # More CPU than any node has: the scheduler's own reason, after the unschedulable grace (60 s).
-    message, _ = fails(replace(req, job_key="badinput/3", kfp_run_id="run-bad-3", worker_cpu="640"), "cpu")
+    message, _ = fails(req.replace(job_key="badinput/3", kfp_run_id="run-bad-3", worker_cpu="640"), "cpu")
     assert "no node can run it (Unschedulable): 0/" in message and "Insufficient cpu" in message, message

@@ -240,7 +240,7 @@ def test_elastic_pytorchjob_trains_with_two_worker_pods_over_gloo_to_succeeded(
         # (`--dataset mnist` is a source name, not a prepared dataset).
         training_args=[
             "--dataset", "/data/digits", "--checkpoint-uri", "/checkpoints", "--job-key", "smoke",
-            "--model", "small_cnn", "--global-batch-size", "64",
+            "--model-name", "small_cnn", "--global-batch-size", "64",
             "--max-steps", "6", "--checkpoint-interval-s", "3600", "--save-final", "false",
             "--log-every-steps", "1", "--threads-per-rank", "1",
         ],

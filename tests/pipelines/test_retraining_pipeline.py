@@ -20,9 +20,9 @@ from PIL import Image
 
 from components.drift.profile import PROFILE_FILE
 from components.registry.store import ModelRegistry
-from components.training.checkpoint.local import LocalStorage
 from components.training.sources import load_mnist_5k
-from trainflow.shared.listing import list_folder, listing_fingerprint
+from trainflow.common.listing import list_folder, listing_fingerprint
+from trainflow.storage.local import LocalStorage
 
 
 def _outcome(outputs) -> tuple[str, bool]:

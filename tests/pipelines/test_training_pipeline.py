@@ -79,14 +79,14 @@ def test_compiles_with_kfp_cli(tmp_path) -> None:
 
 def test_adaptive_batch_is_declared_off_and_reaches_the_train_config(tmp_path, monkeypatch) -> None:
     """Pure: the compiled pipeline declares the opt-in (BOOLEAN, default false) and wires it into
-    ``train``; the component passes it to the step request; the request maps it into the trainer's
+    ``train``; the component passes it to the TrainJobSpec; the spec maps it into the trainer's
     DataConfig (what the workers read). No training runs."""
     from kfp import compiler
 
     from components.specs import train
     from components.training import step
-    from components.training.config import TrainConfig
     from pipelines.training import training_pipeline
+    from trainflow.common.training_spec import ConfigError, TrainConfig, TrainJobSpec
 
     out = tmp_path / "training_pipeline.yaml"
     compiler.Compiler().compile(training_pipeline, str(out))
@@ -102,13 +102,12 @@ def test_adaptive_batch_is_declared_off_and_reaches_the_train_config(tmp_path, m
     declared = spec["components"]["comp-train"]["inputDefinitions"]["parameters"]
     assert declared["adaptive_batch"] == {"defaultValue": False, "isOptional": True, "parameterType": "BOOLEAN"}
 
-    # The component body, with the training run replaced: which request does it build?
-    seen: list[step.TrainStepRequest] = []
+    # The component body, with the training run replaced: which spec does it build?
+    seen: list[TrainJobSpec] = []
 
-    def fake_run(req: step.TrainStepRequest, *, model_dir: Path, work_dir: Path) -> step.TrainStepResult:
-        seen.append(req)
-        cfg = step.build_config(req, job_key="k", checkpoint_uri=str(tmp_path / "ckpt"), metrics_path=None,
-                                model_output=None)
+    def fake_run(spec: TrainJobSpec, *, model_dir: Path, work_dir: Path) -> step.TrainStepResult:
+        seen.append(spec)
+        cfg = spec.train_config(dataset=spec.dataset_path, job_key="k", checkpoint_uri=str(tmp_path / "ckpt"))
         (work_dir / "train-config.json").write_text(cfg.to_json())
         summary = step.summarize([], [], train_seconds=0.0)
         return step.TrainStepResult(job_key="k", checkpoint_uri="c", summary=summary, train_seconds=0.0)
@@ -129,22 +128,19 @@ def test_adaptive_batch_is_declared_off_and_reaches_the_train_config(tmp_path, m
                       global_batch_size=32, adaptive_batch=True, max_global_batch_size=512)
     assert (seen[0].adaptive_batch, seen[0].max_global_batch_size) == (True, 512)
     assert seen[0].dataset_uri == "minio://mlpipeline/v2/artifacts/r/dataset"  # what workers read on a cluster
-    assert model.metadata["train_config"]["data"]["adaptive_batch"] is True
+    assert model.metadata["train_config"]["adaptive_batch"] is True
 
     cfg = TrainConfig.from_json(json.dumps(model.metadata["train_config"]))  # what a worker parses
     assert cfg.data.adaptive_batch and cfg.data.max_global_batch == 512 and cfg.data.global_batch_size == 32
-    default = step.build_config(step.TrainStepRequest(dataset_path="/data"), job_key="k", checkpoint_uri="c",
-                                metrics_path=None, model_output=None)
-    assert default.data.adaptive_batch is False and default.data.max_global_batch_size is None
-    on = step.build_config(step.TrainStepRequest(dataset_path="/data", adaptive_batch=True), job_key="k",
-                           checkpoint_uri="c", metrics_path=None, model_output=None)
-    assert on.data.max_global_batch_size is None and on.data.max_global_batch == 8 * 64  # 0 = trainer default
+    default = TrainJobSpec.from_kwargs({}).train_config(dataset="/data", job_key="k", checkpoint_uri="c")
+    assert default.data.adaptive_batch is False and default.data.max_global_batch_size == 0
+    on = TrainJobSpec.from_kwargs({"adaptive_batch": True}).train_config(dataset="/data", job_key="k",
+                                                                        checkpoint_uri="c")
+    assert on.data.max_global_batch_size == 0 and on.data.max_global_batch == 8 * 64  # 0 = trainer default
     for bad, message in ((-1, "max_global_batch_size must be >= 0"),
-                         (16, "max_global_batch_size must be >= global_batch_size (64), got 16")):
-        with pytest.raises(step.ConfigError, match=re.escape(message)) as info:
-            step.build_config(step.TrainStepRequest(dataset_path="/data", adaptive_batch=True,
-                                                    max_global_batch_size=bad),
-                              job_key="k", checkpoint_uri="c", metrics_path=None, model_output=None)
+                         (16, "max_global_batch_size must be >= global_batch_size (64) or 0, got 16")):
+        with pytest.raises(ConfigError, match=re.escape(message)) as info:
+            TrainJobSpec.from_kwargs({"adaptive_batch": True, "max_global_batch_size": bad})
         assert "\n" not in str(info.value)
 
 
@@ -159,11 +155,11 @@ def test_runs_under_kfp_local_with_a_fault(tmp_path) -> None:
             "run",
             "--output-dir",
             str(out),
-            "--dataset",
+            "--dataset-source",
             "digits",
             "--epochs",
             "2",
-            "--batch-size",
+            "--global-batch-size",
             "32",
             "--checkpoint-interval-steps",
             "10",
@@ -185,7 +181,7 @@ def test_runs_under_kfp_local_with_a_fault(tmp_path) -> None:
     assert report["checkpoint_stall_seconds_total"] >= 0 and report["model_version"] == 1
 
     from components.registry.store import ModelRegistry
-    from components.training.checkpoint.local import LocalStorage
+    from trainflow.storage.local import LocalStorage
 
     registry = ModelRegistry(LocalStorage(str(out / "checkpoints" / "models")))
     (v1,) = registry.versions("mnist-classifier")
@@ -215,8 +211,8 @@ def test_trainflow_run_adaptive_batch_smoke(tmp_path) -> None:
     batch choice at start, a gradient noise scale measured per step at world size 2). ~20 s."""
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "trainflow.cli", "run", "--output-dir", str(out), "--dataset", "digits",
-         "--epochs", "1", "--batch-size", "32", "--adaptive-batch", "--max-global-batch-size", "256"],
+        [sys.executable, "-m", "trainflow.cli", "run", "--output-dir", str(out), "--dataset-source", "digits",
+         "--epochs", "1", "--global-batch-size", "32", "--adaptive-batch", "--max-global-batch-size", "256"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -275,26 +271,3 @@ def test_compiled_for_kubeflow_the_s3_secret_reaches_every_step_and_the_workers(
     assert len(_docs(laptop)) == 1  # no platform settings without a Secret
 
 
-def test_pipeline_train_and_request_signatures_agree() -> None:
-    """One home per parameter: every train component parameter is a TrainStepRequest field (or an
-    artifact), with the same default; every pipeline parameter the train task takes has the
-    component's default."""
-    import dataclasses
-    import inspect
-
-    from components.specs import train
-    from components.training.step import TrainStepRequest
-    from pipelines.platform import PlatformSettings
-    from pipelines.training import build_pipeline
-
-    request = {f.name: f.default for f in dataclasses.fields(TrainStepRequest)}
-    component = inspect.signature(train.python_func).parameters
-    for name, p in component.items():
-        if name in ("dataset", "model", "metrics"):
-            continue
-        assert name in request, name
-        assert p.default == request[name], (name, p.default, request[name])
-    pipeline = inspect.signature(build_pipeline(PlatformSettings()).pipeline_func).parameters
-    for name, p in pipeline.items():
-        if name in component and name not in ("epochs", "checkpoint_interval_steps"):  # pipeline demo defaults
-            assert p.default == component[name].default, name

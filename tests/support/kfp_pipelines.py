@@ -127,7 +127,7 @@ def define_pipelines() -> dict:
         max_workers: int = 2,
         checkpoint_interval_steps: int = 50,
         checkpoint_interval_s: float = 60.0,
-        fault_at_step: int = -1,
+        fault_at_step: int = 0,
         job_key: str = "",
         backend: str = "local",
         step_s: float = 0.5,

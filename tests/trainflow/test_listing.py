@@ -1,4 +1,4 @@
-"""trainflow.shared.listing: the listing fingerprint of a folder (real files; S3 in tests/airflow_bridge)."""
+"""trainflow.common.listing: the listing fingerprint of a folder (real files; S3 in tests/airflow_bridge)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from trainflow.shared.listing import (
+from trainflow.common.listing import (
     ListingEntry,
     is_data_key,
     list_folder,

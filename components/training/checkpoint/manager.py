@@ -71,7 +71,7 @@ from tenacity import (
 )
 
 from components.training.checkpoint import layout
-from components.training.checkpoint.storage import (
+from trainflow.storage import (
     CheckpointStorage,
     CheckpointStorageError,
     ObjectExistsError,

@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from components.training.checkpoint import layout
-from components.training.checkpoint import local as local_mod
-from components.training.checkpoint.local import LocalStorage
 from components.training.checkpoint.manager import CheckpointManager, RetryPolicy, WriterFencedError
-from components.training.checkpoint.storage import read_bytes, write_bytes
 from components.training.metrics import JsonlSink
+from trainflow.storage import local as local_mod
+from trainflow.storage import read_bytes, write_bytes
+from trainflow.storage.local import LocalStorage
 
 
 def _state(value: float) -> dict:
@@ -115,7 +115,7 @@ def test_retention_verifies_older_checkpoints_once_and_drops_corrupt_ones(tmp_pa
 def _kill_mid_write(root: str) -> None:
     code = (
         "import os, signal, sys\n"
-        "from components.training.checkpoint.local import LocalStorage\n"
+        "from trainflow.storage.local import LocalStorage\n"
         f"s = LocalStorage({root!r})\n"
         "with s.open_write('step-0000000005/state-g0000000001.pt') as f:\n"
         "    f.write(b'x' * 100000); f.flush()\n"
@@ -178,7 +178,7 @@ def test_a_blocking_save_gives_up_at_its_deadline(tmp_path, caplog) -> None:
 
 def test_s3_settings_repr_hides_secrets() -> None:
     """Finding 10."""
-    from components.training.checkpoint.s3 import S3Settings
+    from trainflow.storage.s3 import S3Settings
 
     text = repr(S3Settings(access_key="AKIAEXAMPLE", secret_key="s3cr3t-value", session_token="t0ken-value"))
     assert "s3cr3t-value" not in text and "t0ken-value" not in text and "AKIAEXAMPLE" in text

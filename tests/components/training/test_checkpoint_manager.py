@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from components.training.checkpoint import layout
-from components.training.checkpoint.local import LocalStorage
 from components.training.checkpoint.manager import CheckpointManager, RetryPolicy
-from components.training.checkpoint.storage import CheckpointStorageError, read_bytes, write_bytes
+from trainflow.storage import CheckpointStorageError, read_bytes, write_bytes
+from trainflow.storage.local import LocalStorage
 
 STATE = layout.state_name(1)  # the state file of the first writer generation
 

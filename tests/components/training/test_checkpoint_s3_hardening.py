@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from components.training.checkpoint.manager import CheckpointManager
-from components.training.checkpoint.s3 import S3Settings, S3Storage
-from components.training.checkpoint.storage import CheckpointStorageError, read_bytes, write_bytes
 from components.training.metrics import read_jsonl
+from trainflow.storage import CheckpointStorageError, read_bytes, write_bytes
+from trainflow.storage.s3 import S3Settings, S3Storage
 
 pytestmark = pytest.mark.s3
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.training.checkpoint.local import LocalStorage
-from components.training.checkpoint.storage import (
+from trainflow.storage import (
     CheckpointStorage,
     CheckpointStorageError,
     ObjectExistsError,
@@ -20,6 +19,7 @@ from components.training.checkpoint.storage import (
     storage_for,
     write_bytes,
 )
+from trainflow.storage.local import LocalStorage
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
@@ -28,7 +28,7 @@ def storage(request: pytest.FixtureRequest, tmp_path) -> CheckpointStorage:
         return LocalStorage(str(tmp_path / "ckpt"))
     s3 = request.getfixturevalue("s3_server")
     bucket = s3.make_bucket()
-    from components.training.checkpoint.s3 import S3Settings, S3Storage
+    from trainflow.storage.s3 import S3Settings, S3Storage
 
     settings = S3Settings(endpoint_url=s3.endpoint_url, access_key=s3.access_key, secret_key=s3.secret_key)
     return S3Storage(f"s3://{bucket}/jobs/a", settings)
@@ -92,7 +92,7 @@ def test_rejects_unsafe_keys(storage: CheckpointStorage, key: str) -> None:
 def test_storage_for_picks_backend_by_uri(tmp_path) -> None:
     assert isinstance(storage_for(str(tmp_path)), LocalStorage)
     assert isinstance(storage_for(f"file://{tmp_path}"), LocalStorage)
-    from components.training.checkpoint.s3 import S3Storage
+    from trainflow.storage.s3 import S3Storage
 
     s3 = storage_for("s3://bucket/prefix")
     assert isinstance(s3, S3Storage) and (s3.bucket, s3.prefix) == ("bucket", "prefix")
@@ -113,8 +113,8 @@ def test_unwritable_local_root_is_a_clear_error(tmp_path) -> None:
 
 
 def test_unreachable_s3_endpoint_is_a_clear_error() -> None:
-    from components.training.checkpoint.s3 import S3Settings, S3Storage
     from tests.support.processes import free_port
+    from trainflow.storage.s3 import S3Settings, S3Storage
 
     settings = S3Settings(
         endpoint_url=f"http://127.0.0.1:{free_port()}",

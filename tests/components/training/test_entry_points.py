@@ -63,8 +63,7 @@ def test_lone_process_without_job_key_is_one_sentence(digits_dataset, tmp_path) 
                            "--checkpoint-uri", str(tmp_path / "ckpt")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert lines == ["trainflow: invalid training config: --job-key is required: stable identity of this training "
-                     "job; checkpoints live under <uri>/<job_key>"]
+    assert lines == ["trainflow: invalid training config: job_key must not be empty (--job-key)"]
 
 
 def _group(store_port: int, world_size: int, *, rank0_last: bool = False) -> str:

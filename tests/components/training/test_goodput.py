@@ -12,6 +12,7 @@ import torch
 
 from components.training import config as c
 from components.training import goodput as gp
+from trainflow.common.training_spec import ConfigError, TrainConfig
 
 
 def _synthetic_step(g: torch.Generator, mean: torch.Tensor, sigma: float, world: int, local: int):
@@ -162,8 +163,7 @@ def test_adaptive_flag_and_limits() -> None:
     cfg = c.from_args(parser.parse_args(["--dataset", "/d", "--checkpoint-uri", "/c", "--job-key", "k",
                                          "--adaptive-batch", "--max-local-batch-size", "64"]))
     assert cfg.data.adaptive_batch and cfg.data.max_local_batch_size == 64 and cfg.data.max_global_batch == 8 * 64
-    off = c.TrainConfig.from_dict({"data": {"path": "/d"}, "checkpoint": {"uri": "/c", "job_key": "k"}})
+    off = TrainConfig.from_flat({"dataset": "/d", "checkpoint_uri": "/c", "job_key": "k"})
     assert not off.data.adaptive_batch  # opt-in
-    with pytest.raises(c.ConfigError, match="max_global_batch_size must be >= global_batch_size"):
-        c.TrainConfig.from_dict({"data": {"path": "/d", "max_global_batch_size": 8},
-                                 "checkpoint": {"uri": "/c", "job_key": "k"}})
+    with pytest.raises(ConfigError, match="max_global_batch_size must be >= global_batch_size"):
+        TrainConfig.from_flat({"dataset": "/d", "max_global_batch_size": 8, "checkpoint_uri": "/c", "job_key": "k"})

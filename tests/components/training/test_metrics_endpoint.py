@@ -67,9 +67,9 @@ def test_trainer_serves_prometheus_metrics(digits_dataset, tmp_path) -> None:
 
 
 def test_metrics_endpoint_is_off_by_default(tmp_path) -> None:
-    from components.training.config import TrainConfig
+    from trainflow.common.training_spec import TrainConfig
 
-    cfg = TrainConfig.from_dict({"data": {"path": "/d"}, "checkpoint": {"uri": "/c", "job_key": "k"}})
+    cfg = TrainConfig.from_flat({"dataset": "/d", "checkpoint_uri": "/c", "job_key": "k"})
     assert cfg.metrics_port == 0 and cfg.metrics_addr == "127.0.0.1"
 
 

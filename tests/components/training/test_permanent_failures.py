@@ -12,11 +12,11 @@ import time
 import pytest
 
 from components.training.checkpoint import layout
-from components.training.checkpoint.local import LocalStorage
-from components.training.checkpoint.storage import write_bytes
 from components.training.launch import AgentSpec, free_port, run_agent
 from components.training.metrics import read_jsonl
 from components.training.sources import prepare
+from trainflow.storage import write_bytes
+from trainflow.storage.local import LocalStorage
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ def test_resume_refuses_a_checkpoint_of_another_dataset_or_model(digits_dataset,
     last = rerun.stderr.strip().splitlines()[-1]
     assert last.startswith(f"trainflow: the checkpoint at step 5 under {tmp_path / 'ckpt' / 'ident'} was written "
                            "for another dataset ") and last.endswith("start afresh under another --job-key")
-    model = subprocess.run(_train(digits_dataset, tmp_path, "--max-steps", "10", "--model", "resnet18"),
+    model = subprocess.run(_train(digits_dataset, tmp_path, "--max-steps", "10", "--model-name", "resnet18"),
                            capture_output=True, text=True, timeout=240)
     assert model.returncode == 2
     assert "was written for another model small_cnn (this run: resnet18)" in model.stderr.strip().splitlines()[-1]

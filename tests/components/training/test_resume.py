@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from components.training.checkpoint.local import LocalStorage
 from components.training.checkpoint.manager import CheckpointManager
 from components.training.faults import fired_faults
 from tests.support.training import state_dict_sha256
+from trainflow.storage.local import LocalStorage
 
 pytestmark = pytest.mark.slow
 

@@ -108,7 +108,7 @@ def test_urgent_events_are_written_at_once_and_the_rest_within_the_interval(tmp_
 
 
 def test_a_failing_store_never_reaches_the_training_loop(tmp_path: Path) -> None:
-    from components.training.checkpoint.storage import CheckpointStorageError
+    from trainflow.storage import CheckpointStorageError
 
     sink = JsonlSink(f"file://{tmp_path}/m", flush_interval_s=60)
     segments = sink._segments

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.training.config import CheckpointConfig
 from components.training.step import PREEMPTION_GRACE_MARGIN_S, TrainStepError, worker_grace_period_s
+from trainflow.common.training_spec import CheckpointConfig
 
 
 def test_worker_grace_period_covers_the_sigterm_save() -> None:

@@ -33,12 +33,8 @@ from typing import Any, BinaryIO
 
 from botocore.credentials import CredentialProvider, RefreshableCredentials
 
-from components.training.checkpoint.storage import (
-    CheckpointStorageError,
-    ObjectExistsError,
-    ObjectNotFoundError,
-    validate_key,
-)
+from trainflow.storage.base import validate_key
+from trainflow.storage.errors import CheckpointStorageError, ObjectExistsError, ObjectNotFoundError
 
 _SPOOL_MAX_BYTES = 64 * 1024 * 1024
 _MULTIPART_THRESHOLD_BYTES = 64 * 1024 * 1024
@@ -134,7 +130,7 @@ def parse_s3_uri(uri: str) -> tuple[str, str]:
 
 
 class S3Storage:
-    """:class:`~components.training.checkpoint.storage.CheckpointStorage` on an S3 bucket prefix.
+    """:class:`~trainflow.storage.base.ObjectStore` on an S3 bucket prefix.
 
     Args:
         uri: ``s3://bucket[/prefix]``.

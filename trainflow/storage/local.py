@@ -15,12 +15,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from components.training.checkpoint.storage import (
-    CheckpointStorageError,
-    ObjectExistsError,
-    ObjectNotFoundError,
-    validate_key,
-)
+from trainflow.storage.base import validate_key
+from trainflow.storage.errors import CheckpointStorageError, ObjectExistsError, ObjectNotFoundError
 
 _TMP_MARK = ".tmp-"
 
@@ -34,7 +30,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 class LocalStorage:
-    """:class:`~components.training.checkpoint.storage.CheckpointStorage` over a local folder.
+    """:class:`~trainflow.storage.base.ObjectStore` over a local folder.
 
     Args:
         uri: a folder path or ``file://`` URI; created on first write.
