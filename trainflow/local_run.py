@@ -346,7 +346,7 @@ def _fill_report(report: RunReport, outputs: dict[str, Any], logs: Path) -> None
         report.model_version = int(outputs["model_version"])
     config_path = logs / "train-config.json"
     if config_path.is_file():
-        report.job_key = json.loads(config_path.read_text())["checkpoint"]["job_key"]
+        report.job_key = json.loads(config_path.read_text())["job_key"]
 
 
 def summary_table(report: RunReport) -> Table:

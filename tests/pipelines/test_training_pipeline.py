@@ -219,7 +219,7 @@ def test_trainflow_run_adaptive_batch_smoke(tmp_path) -> None:
     report = json.loads((out / "run-report.json").read_text())
     assert report["status"] == "succeeded" and report["steps"] > 0
     assert (report["parameters"]["adaptive_batch"], report["parameters"]["max_global_batch_size"]) == (True, 256)
-    data = json.loads((out / "logs" / "train-config.json").read_text())["data"]
+    data = json.loads((out / "logs" / "train-config.json").read_text())  # flat: one key per training parameter
     assert data["adaptive_batch"] is True and data["max_global_batch_size"] == 256
     records = [json.loads(line) for line in (out / "logs" / "train-metrics.jsonl").read_text().splitlines()]
     (choice,) = [r for r in records if r.get("event") == "batch_size_chosen"]  # 1 epoch: only the start
