@@ -57,6 +57,9 @@ BUILD_TIMEOUT_S = 90 * 60
 
 #: Namespace of the KFP install: runs (Argo Workflows) and recurring runs live here.
 KFP_NAMESPACE = "kubeflow"
+#: The ML Metadata Service of a KFP install (name and port as upstream's manifests).
+MLMD_SERVICE = "metadata-grpc-service"
+MLMD_SERVICE_PORT = 8080
 #: Bucket of the API server's pipeline specs, as in a KFP install (ObjectStoreConfig.BucketName).
 PIPELINE_BUCKET = "mlpipeline"
 #: Image names the API server puts in workflows for the KFP driver and launcher, and Argo's executor.
@@ -483,10 +486,20 @@ class KfpBackend:
         services = {
             # name: [(port name, Service port, where it really listens)]
             "ml-pipeline": [("http", 8888, self.ports["api_http"]), ("grpc", 8887, self.ports["api_grpc"])],
-            "metadata-grpc-service": [("grpc-api", 8080, self.ports["mlmd"])],
+            MLMD_SERVICE: [("grpc-api", MLMD_SERVICE_PORT, self.ports["mlmd"])],
             "minio-service": [("http", 9000, self.s3.port)],
         }
-        out: list[dict[str, Any]] = []
+        # The launcher is told the ML Metadata address by the driver as
+        # ``$(METADATA_GRPC_SERVICE_HOST):$(METADATA_GRPC_SERVICE_PORT)``, variables every task pod
+        # takes from this ConfigMap (``envFrom``, optional; upstream's
+        # manifests/kustomize/base/metadata/base/metadata-grpc-configmap.yaml). Without it the
+        # launcher dials a literal ``$(METADATA_GRPC_SERVICE_HOST)`` and its pre-publish fails (the
+        # drivers fall back to the Service's own variables, the launcher does not).
+        out: list[dict[str, Any]] = [{
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "metadata-grpc-configmap", "namespace": KFP_NAMESPACE},
+            "data": {"METADATA_GRPC_SERVICE_HOST": MLMD_SERVICE, "METADATA_GRPC_SERVICE_PORT": str(MLMD_SERVICE_PORT)},
+        }]
         for name, ports in services.items():
             meta = {"name": name, "namespace": KFP_NAMESPACE}
             out.append(
