@@ -15,25 +15,28 @@ compiled pipeline), runs it under ``local.init(SubprocessRunner(use_venv=False))
 
 Its stdout/stderr are the run log. It runs in its own process group; on SIGTERM it forwards the
 signal to the whole group (component subprocesses included) and exits, so terminating a run stops
-every process it started.
+every process it started; when the server is gone (its lifeline pipe reads EOF) it does the same.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import io
 import json
 import os
 import re
 import signal
 import sys
+import threading
 import traceback
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 #: ANSI/VT100 control sequences: CSI (colours, cursor moves) and OSC (titles, hyperlinks).
+#: Environment variable naming the inherited lifeline fd (see :func:`watch_lifeline`).
+LIFELINE_FD_ENV = "TRAINFLOW_KFP_SERVER_LIFELINE_FD"
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 _EXECUTING = re.compile(r"Executing task '([^']+)'")
 _FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
@@ -125,12 +128,32 @@ class _TaskEventTee(io.TextIOBase):
             del lines[:-400]  # keep the tail only
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when the server thread that started it dies."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    if os.getppid() == 1:  # the server died before prctl took effect
-        _forward_sigterm_to_group(signal.SIGTERM, None)
+def watch_lifeline(environ: Mapping[str, str] = os.environ) -> threading.Thread | None:
+    """Stop this run's process group when the server that started it is gone.
+
+    The server passes the read end of a pipe whose write end only it holds (fd number in
+    :data:`LIFELINE_FD_ENV`); a daemon thread blocks on it and, at EOF (the server exited or was
+    SIGKILLed), sends SIGTERM to the whole group from that thread — it does not depend on a Python
+    signal handler, which runs only when the main thread returns to the interpreter, and the main
+    thread sits in a blocking read of a component's output. (The ``PR_SET_PDEATHSIG`` + handler it
+    replaces once left a run alive 15 s after its server's SIGKILL, under load; a signal taken by
+    another thread than the blocked main one is a way for that to happen.) Returns the thread, or
+    ``None`` without a lifeline (the module run by hand).
+    """
+    value = environ.get(LIFELINE_FD_ENV, "")
+    if not value.isdigit():
+        return None
+    fd = int(value)
+
+    def watch() -> None:
+        with contextlib.suppress(OSError):
+            while os.read(fd, 1):  # the server never writes: only EOF (or an error) ends this
+                pass
+        os.killpg(os.getpgrp(), signal.SIGTERM)
+
+    thread = threading.Thread(target=watch, name="kfp-server-lifeline", daemon=True)
+    thread.start()
+    return thread
 
 
 def _forward_sigterm_to_group(signum: int, frame: object) -> None:
@@ -158,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_dir = Path(args[0])
     signal.signal(signal.SIGTERM, _forward_sigterm_to_group)
-    _die_with_parent()
+    watch_lifeline()
     params = json.loads((run_dir / "params.json").read_text())
     result_path = run_dir / "result.json"
     with (run_dir / "events.jsonl").open("a") as events:

@@ -10,9 +10,10 @@ State machine of a run (``V2beta1RuntimeState``)::
 Terminate sends SIGTERM to the run's process group (the child forwards it to every process it
 started), waits up to ``terminate_grace_s`` for every process of the group to exit (a trainer's
 blocking SIGTERM save runs then; the run stays CANCELING meanwhile, as a real KFP run does while
-its pods stop) and then SIGKILLs what is left. Each child also asks for
-``PR_SET_PDEATHSIG`` = SIGTERM (see :mod:`trainflow.kfp_server.execute`), so a server killed
-with SIGKILL does not leave runs behind.
+its pods stop) and then SIGKILLs what is left. A server killed with SIGKILL leaves no run behind:
+each child holds the read end of a pipe whose write end only the server holds (the *lifeline*,
+:data:`LIFELINE_FD_ENV`), and a thread of the child stops its process group at EOF (see
+:mod:`trainflow.kfp_server.execute`).
 
 Training progress: each run's child gets ``TRAINFLOW_LOG_DIR=<run dir>/logs``, where the train
 step writes the trainer's per-step records (``train-metrics.jsonl``, as under ``trainflow run``);
@@ -37,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from trainflow.kfp_server.execute import LIFELINE_FD_ENV
 from trainflow.kfp_server.store import Store, now_rfc3339
 
 log = logging.getLogger(__name__)
@@ -199,16 +201,35 @@ class RunExecutor:
             "KFP_RUN_ID": run_id,
             "TRAINFLOW_LOG_DIR": str(self.metrics_path(run_id).parent),
         }
-        with self.log_path(run_id).open("ab") as log_file:
-            proc = subprocess.Popen(
-                [self.python, "-m", "trainflow.kfp_server.execute", str(run_dir)],
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                cwd=run_dir,
-                env=env,
-                start_new_session=True,  # own process group: terminate reaches every descendant
-            )
+        # The lifeline: the child inherits the read end; this process alone holds the write end
+        # (os.pipe() fds are not inherited by other children), so the child reads EOF as soon as
+        # the server is gone, however it died (execute.watch_lifeline).
+        lifeline_r, lifeline_w = os.pipe()
+        env[LIFELINE_FD_ENV] = str(lifeline_r)
+        try:
+            with self.log_path(run_id).open("ab") as log_file:
+                proc = subprocess.Popen(
+                    [self.python, "-m", "trainflow.kfp_server.execute", str(run_dir)],
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    cwd=run_dir,
+                    env=env,
+                    pass_fds=(lifeline_r,),
+                    start_new_session=True,  # own process group: terminate reaches every descendant
+                )
+        except BaseException:
+            os.close(lifeline_w)
+            raise
+        finally:
+            os.close(lifeline_r)
+        try:
+            self._supervise(run_id, proc, cancel)
+        finally:
+            os.close(lifeline_w)
+
+    def _supervise(self, run_id: str, proc: subprocess.Popen[bytes], cancel: threading.Event) -> None:
+        run_dir = self.run_dir(run_id)
         with self._lock:
             self._procs[run_id] = proc
         self._update(run_id, lambda r: set_state(r, "RUNNING"))
