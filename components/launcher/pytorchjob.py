@@ -59,6 +59,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from trainflow.common.cpus import CPU_REQUEST_ENV
+
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
 #: The operator's default container name for PyTorchJob replicas (webhook-enforced).
@@ -90,7 +92,7 @@ _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+|[KMGTPE]i?|[munkMGTPE])?$")
-_RESERVED_ENV = frozenset({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", CHECKPOINT_URI_ENV})
+_RESERVED_ENV = frozenset({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", CHECKPOINT_URI_ENV, CPU_REQUEST_ENV})
 #: Credentials come from ``s3_secret_name`` only: a value in ``env`` would be readable in the manifest.
 _CREDENTIAL_ENV = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"})
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")
@@ -440,7 +442,12 @@ def job_labels(spec: PyTorchJobSpec) -> dict[str, str]:
 
 
 def _env(spec: PyTorchJobSpec) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"}]
+    env: list[dict[str, Any]] = [
+        {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"},
+        # The trainer sizes torch's threads to this, not to the node's cores (trainflow/common/cpus.py).
+        {"name": CPU_REQUEST_ENV, "valueFrom": {"resourceFieldRef": {
+            "containerName": CONTAINER_NAME, "resource": "requests.cpu", "divisor": "1m"}}},
+    ]
     if spec.checkpoint_uri:
         env.append({"name": CHECKPOINT_URI_ENV, "value": spec.checkpoint_uri})
     if spec.s3_endpoint_url:

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from trainflow.common.cpus import threads_per_rank
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -103,7 +105,7 @@ def torchrun_env(spec: AgentSpec, base: Mapping[str, str] | None = None) -> dict
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
         "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", "lo"),  # local runs stay on loopback
         "PYTHONUNBUFFERED": "1",
-        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // spec.nproc_per_node))),
+        "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", str(threads_per_rank(spec.nproc_per_node, env))),
     })
     env.update(spec.env)
     return env

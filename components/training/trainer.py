@@ -53,6 +53,7 @@ from components.training.distributed import DistEnv
 from components.training.faults import FaultInjector
 from components.training.metrics import FanOut, JsonlSink, MetricsSink, NullSink, PrometheusSink
 from components.training.model import build_model
+from trainflow.common.cpus import threads_per_rank
 from trainflow.common.training_spec import ConfigError, TrainConfig
 from trainflow.storage import CheckpointStorage, join_uri, storage_for
 
@@ -214,7 +215,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------- set-up
     def _configure_runtime(self) -> None:
-        threads = self.cfg.threads_per_rank or max(1, (os.cpu_count() or 1) // max(1, self.env.local_world_size))
+        threads = self.cfg.threads_per_rank or threads_per_rank(self.env.local_world_size)
         torch.set_num_threads(threads)
         if self.cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -294,8 +294,8 @@ def test_the_train_step_fails_within_two_minutes_naming_the_cause_and_cleans_up(
     assert command[:3] == ["python", "-m", "components.training.torchrun"]  # exit 2 stays permanent
     config = json.loads(command[command.index("--config-json") + 1])
     # the SIGTERM checkpoint gets its deadline + 10 s before the kubelet's SIGKILL
-    assert pod_spec["terminationGracePeriodSeconds"] == config["checkpoint"]["preemption_save_deadline_s"] + 10 == 30
-    assert config["data"]["path"] == f"s3://{bucket}/ckpt/failfast/2/dataset"  # never this pod's path
+    assert pod_spec["terminationGracePeriodSeconds"] == config["preemption_save_deadline_s"] + 10 == 30
+    assert config["dataset"] == f"s3://{bucket}/ckpt/failfast/2/dataset"  # never this pod's path
     assert config["metrics_path"] == f"s3://{bucket}/ckpt/failfast/2/metrics"
     written = json.dumps(job) + "".join(p.read_text() for p in (tmp_path / "work2").iterdir())
     assert s3_server.secret_key not in written and s3_server.access_key not in written

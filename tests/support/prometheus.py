@@ -61,11 +61,12 @@ class PrometheusServer:
         self.port = free_port()
         self.tls = tls
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
-        self._verify: Any = True
-        if tls:
-            import ssl
+        import ssl
 
-            self._verify = ssl.create_default_context(cafile=str(tls[2]))
+        # One context for every request: httpx given ``verify=True`` loads the whole CA bundle for
+        # each call, and the polls below make hundreds (one such load failed with "[X509] PEM lib"
+        # in a cold run).
+        self._verify: Any = ssl.create_default_context(cafile=str(tls[2]) if tls else None)
         self.scrape_interval_s = scrape_interval_s
         self.target_labels = dict(target_labels or {})
         self.rule_files = [str(p) for p in rule_files]

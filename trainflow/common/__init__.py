@@ -8,5 +8,6 @@ one home:
 
 * :mod:`trainflow.common.training_spec` — the one table of the training job's parameters;
 * :mod:`trainflow.common.coerce` — how a text or JSON value becomes a parameter's type;
-* :mod:`trainflow.common.listing` — how a dataset's listing is fingerprinted.
+* :mod:`trainflow.common.listing` — how a dataset's listing is fingerprinted;
+* :mod:`trainflow.common.cpus` — how many CPUs (and torch threads per rank) a trainer may use.
 """

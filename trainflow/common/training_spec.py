@@ -320,7 +320,8 @@ class TrainConfig(_Section):
                                "injection, to test resume)", 0, unit="step", zero="never", minimum=0,
                                section=ADVANCED)
     threads_per_rank: int = param("threads_per_rank", "R", "torch CPU threads per rank", 0, unit="threads",
-                                  zero="CPU count / local ranks", minimum=0)
+                                  zero="usable CPUs (the pod's CPU request, else the affinity mask) / local ranks",
+                                  minimum=0)
     metrics_path: str = param("metrics_path", "R", "per-step JSONL (rank 0): a file, or a storage URI of segment "
                               "objects (components/training/metrics.py)", "")
     metrics_port: int = param("metrics_port", "R", "Prometheus /metrics port on rank 0", 0, unit="TCP port",

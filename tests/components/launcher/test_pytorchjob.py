@@ -14,6 +14,7 @@ from components.launcher.pytorchjob import (
     job_name,
     render_pytorchjob,
 )
+from trainflow.common.cpus import CPU_REQUEST_ENV
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -111,6 +112,10 @@ def test_manifest_has_elastic_policy_resources_env_and_labels() -> None:
         "secretKeyRef": {"name": "minio-credentials", "key": "AWS_ACCESS_KEY_ID"}
     }
     assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "AWS_SECRET_ACCESS_KEY"
+    # The trainer sizes torch's threads to the container's CPU request, not the node's cores.
+    assert env[CPU_REQUEST_ENV]["valueFrom"] == {
+        "resourceFieldRef": {"containerName": "pytorch", "resource": "requests.cpu", "divisor": "1m"}
+    }
 
 
 @pytest.mark.parametrize("host", ["10.0.0.5", "fd00::5", "trainflow-launcher.team-a.svc"])
@@ -154,7 +159,7 @@ def test_kfp_secret_layout_and_cpu_only_job() -> None:
 
 def test_no_secret_no_endpoint_no_checkpoint_means_no_such_env() -> None:
     c = container(render_pytorchjob(spec(s3_secret_name=None, s3_endpoint_url=None, checkpoint_uri=None)))
-    assert [e["name"] for e in c["env"]] == ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]
+    assert [e["name"] for e in c["env"]] == ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE", CPU_REQUEST_ENV]
 
 
 def test_render_returns_fresh_dicts_and_spec_is_frozen() -> None:
