@@ -8,6 +8,7 @@ the namespace comes from the kubeconfig context.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ class PodIdentity:
     name: str
     uid: str
     image: str = ""
+    ip: str = ""
+    """The Pod's IP (``status.podIP``), the address other pods reach this process at; empty if unknown."""
 
     def owner_reference(self) -> dict[str, Any]:
         """An ownerReference to this Pod: what it owns is garbage-collected when the Pod is deleted.
@@ -52,7 +55,9 @@ def own_pod(client: Any | None = None, *, environ: dict[str, str] | None = None,
 
     Name and uid from ``KFP_POD_NAME``/``KFP_POD_UID`` (or ``POD_NAME``/``POD_UID``); the name
     falls back to the hostname, and a missing uid or image is read with ``GET pod`` through
-    ``client`` if given (best effort: RBAC may refuse it).
+    ``client`` if given (best effort: RBAC may refuse it). The IP is the Pod's ``status.podIP``, or,
+    when it cannot be read, what the pod's host name resolves to (the kubelet's ``/etc/hosts`` maps
+    it to the pod IP), unless that is a loopback address.
     """
     env = os.environ if environ is None else environ
     namespace = own_namespace(sa_namespace_file)
@@ -60,7 +65,7 @@ def own_pod(client: Any | None = None, *, environ: dict[str, str] | None = None,
         return None
     name = env.get("KFP_POD_NAME") or env.get("POD_NAME") or env.get("HOSTNAME") or socket.gethostname()
     uid = env.get("KFP_POD_UID") or env.get("POD_UID") or ""
-    image = ""
+    image = ip = ""
     if client is not None:
         from lightkube.resources.core_v1 import Pod
 
@@ -73,6 +78,16 @@ def own_pod(client: Any | None = None, *, environ: dict[str, str] | None = None,
             containers = pod.spec.containers if pod.spec else []
             main = [c for c in containers if c.name == KFP_MAIN_CONTAINER] or containers[:1]
             image = main[0].image if main else ""
+            ip = (pod.status.podIP if pod.status else None) or ""
     if not uid:
         return None
-    return PodIdentity(namespace=namespace, name=name, uid=uid, image=image or "")
+    return PodIdentity(namespace=namespace, name=name, uid=uid, image=image or "", ip=ip or _resolved_own_ip())
+
+
+def _resolved_own_ip() -> str:
+    """This host name's address, or ``""`` if it does not resolve or is a loopback address."""
+    try:
+        address = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return ""
+    return "" if ipaddress.ip_address(address).is_loopback else address

@@ -28,6 +28,16 @@ Choices and their sources:
   ``launch.py`` sets the flag for on the local backend.
   ``rdzvConf last_call_timeout`` avoids torchrun's 30 s wait for late joiners at every start with
   ``--nnodes=min:max``;
+* the c10d rendezvous store: with ``rdzv_host``/``rdzv_port`` the train step (the launcher's own
+  pod, which lives exactly as long as the job) hosts it, and ``elasticPolicy.rdzvHost``/``rdzvPort``/
+  ``rdzvId`` point every worker's agent at it (the operator turns them into ``PET_RDZV_ENDPOINT`` and
+  ``PET_RDZV_ID``: training-operator v1.9 ``elastic.go`` ``generateEnvRDZVEndpoint``, lines 146-169),
+  with ``rdzvConf is_host=false`` so no agent starts a store of its own (torch
+  ``elastic/rendezvous/c10d_rendezvous_backend.py`` ``_create_tcp_store`` otherwise guesses from the
+  host name) and a shorter heartbeat (``keep_alive_interval`` x ``keep_alive_max_attempt``, torch's
+  default 5 s x 3) so a lost pod holds up the next rendezvous round for seconds, not 15. Without them
+  the operator's default applies: ``<job>-worker-0`` hosts the store, and losing that pod fails every
+  other agent (``RendezvousConnectionError``, pytorch#67742) and so the job;
 * ``sidecar.istio.io/inject: "false"``: an Istio sidecar never exits, so a finished worker pod would
   never complete on Kubeflow platforms that inject sidecars;
 * label ``trainflow.dev/managed: "true"`` on the job and its pods: the GPU scheduler resizes only
@@ -41,6 +51,7 @@ Choices and their sources:
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -85,6 +96,7 @@ _RESERVED_ENV = frozenset({"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", CHECKPOINT_URI_
 #: Credentials come from ``s3_secret_name`` only: a value in ``env`` would be readable in the manifest.
 _CREDENTIAL_ENV = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"})
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")
+_RDZV_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 _TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
 
 #: The :class:`PyTorchJobSpec` fields a user may set through the train step's ``worker_pod_settings``
@@ -151,6 +163,15 @@ def worker_pod_settings(text: str) -> dict[str, Any]:
     return data
 
 
+def _is_host(value: str) -> bool:
+    """An IPv4/IPv6 literal or a DNS-1123 subdomain (what a pod can connect to)."""
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return len(value) <= 253 and bool(_DNS1123_SUBDOMAIN.match(value))
+    return True
+
+
 def _label_value(value: str) -> str:
     """``value`` if it is a valid label value, else a 63-char-safe hash-suffixed form of it."""
     if len(value) <= 63 and _LABEL_VALUE.match(value):
@@ -202,6 +223,15 @@ class PyTorchJobSpec:
         clean_pod_policy: which pods the operator deletes when the job finishes.
         backoff_limit: retries of the whole job before it is marked Failed (``None``: operator default).
         rdzv_last_call_timeout_s: torchrun's rendezvous ``last_call_timeout`` in seconds.
+        rdzv_host: address of the c10d rendezvous store the workers join (an IP literal or a DNS
+            name the pods resolve), hosted by the launcher; ``None``: worker 0's agent hosts it (the
+            operator's default). Set together with ``rdzv_port``.
+        rdzv_port: TCP port of that store (1-65535); ``None`` with ``rdzv_host`` unset.
+        rdzv_id: the rendezvous id (``elasticPolicy.rdzvId``, torchrun's ``--rdzv-id``): the key of
+            the job's state in the store; ``None``: torchrun's default ``none``.
+        rdzv_keep_alive_interval_s: seconds between an agent's heartbeats to a launcher-hosted store.
+        rdzv_keep_alive_max_attempt: heartbeats missed before an agent counts as gone (with the
+            interval: how long a lost pod holds up the next round).
         service_account_name: ServiceAccount of the worker pods (``None``: the namespace default).
         priority_class_name: PriorityClass of the worker pods (``None``: the cluster default).
         termination_grace_period_s: seconds a worker has between SIGTERM and SIGKILL (``None``:
@@ -246,6 +276,11 @@ class PyTorchJobSpec:
     clean_pod_policy: CleanPodPolicy = "None"
     backoff_limit: int | None = None
     rdzv_last_call_timeout_s: int = 1
+    rdzv_host: str | None = None
+    rdzv_port: int | None = None
+    rdzv_id: str | None = None
+    rdzv_keep_alive_interval_s: int = 2
+    rdzv_keep_alive_max_attempt: int = 3
     service_account_name: str | None = None
     priority_class_name: str | None = None
     termination_grace_period_s: int | None = None
@@ -323,6 +358,17 @@ class PyTorchJobSpec:
             fail("backoff_limit", f"must be >= 0, got {self.backoff_limit}")
         if self.rdzv_last_call_timeout_s < 0:
             fail("rdzv_last_call_timeout_s", f"must be >= 0, got {self.rdzv_last_call_timeout_s}")
+        if (self.rdzv_host is None) != (self.rdzv_port is None):
+            fail("rdzv_host", f"rdzv_host and rdzv_port go together, got {self.rdzv_host!r} and {self.rdzv_port!r}")
+        if self.rdzv_host is not None and not _is_host(self.rdzv_host):
+            fail("rdzv_host", f"{self.rdzv_host!r} is neither an IP address nor a DNS name")
+        if self.rdzv_port is not None and not 1 <= self.rdzv_port <= 65535:
+            fail("rdzv_port", f"must be in [1, 65535], got {self.rdzv_port}")
+        if self.rdzv_id is not None and not _RDZV_ID.match(self.rdzv_id):
+            fail("rdzv_id", f"{self.rdzv_id!r} must be 1-128 letters, digits, '-', '_' or '.'")
+        for name in ("rdzv_keep_alive_interval_s", "rdzv_keep_alive_max_attempt"):
+            if getattr(self, name) < 1:
+                fail(name, f"must be >= 1, got {getattr(self, name)}")
         for name in ("cpu", "memory"):
             value = getattr(self, name)
             if value is not None and not _QUANTITY.match(value):
@@ -474,6 +520,22 @@ def render_pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
         pod_spec["priorityClassName"] = spec.priority_class_name
     if spec.termination_grace_period_s is not None:
         pod_spec["terminationGracePeriodSeconds"] = spec.termination_grace_period_s
+    elastic_policy: dict[str, Any] = {
+        "minReplicas": spec.min_replicas,
+        "maxReplicas": spec.max_replicas,
+        "rdzvBackend": "c10d",
+        "maxRestarts": spec.max_restarts,
+        "rdzvConf": [{"key": "last_call_timeout", "value": str(spec.rdzv_last_call_timeout_s)}],
+    }
+    if spec.rdzv_host is not None:
+        elastic_policy.update({"rdzvHost": spec.rdzv_host, "rdzvPort": spec.rdzv_port})
+        elastic_policy["rdzvConf"] += [
+            {"key": "is_host", "value": "false"},
+            {"key": "keep_alive_interval", "value": str(spec.rdzv_keep_alive_interval_s)},
+            {"key": "keep_alive_max_attempt", "value": str(spec.rdzv_keep_alive_max_attempt)},
+        ]
+    if spec.rdzv_id is not None:
+        elastic_policy["rdzvId"] = spec.rdzv_id
     run_policy: dict[str, Any] = {"cleanPodPolicy": spec.clean_pod_policy}
     if spec.backoff_limit is not None:
         run_policy["backoffLimit"] = spec.backoff_limit
@@ -490,13 +552,7 @@ def render_pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
         "spec": {
             "runPolicy": run_policy,
             "nprocPerNode": str(spec.nproc_per_node),
-            "elasticPolicy": {
-                "minReplicas": spec.min_replicas,
-                "maxReplicas": spec.max_replicas,
-                "rdzvBackend": "c10d",
-                "maxRestarts": spec.max_restarts,
-                "rdzvConf": [{"key": "last_call_timeout", "value": str(spec.rdzv_last_call_timeout_s)}],
-            },
+            "elasticPolicy": elastic_policy,
             "pytorchReplicaSpecs": {
                 "Worker": {
                     "replicas": spec.initial_replicas,

@@ -11,8 +11,11 @@ Call order (:meth:`PyTorchJobRunner.run`):
    pytorchjob.job_name`); if absent, ``POST`` it (a 409 from a concurrent creator means "reattach").
    A job of another run/task under the same name is an error. A job left *Failed* by an earlier
    attempt is deleted and created anew (a KFP retry must train again, resuming from its checkpoint);
-   one that already *Succeeded* is reported as is. A reattached job takes the new launcher Pod as
-   its owner. A refused request (403, a missing namespace or CRD) is one line naming the cause.
+   one that already *Succeeded* is reported as is. A running job whose workers join a rendezvous
+   store other than this spec's (``elasticPolicy.rdzvHost``/``rdzvPort``/``rdzvId``: the store of an
+   earlier launcher attempt, gone with it) is deleted with its workers and created anew too: its pods
+   keep the dead endpoint in their environment, so it cannot be reattached (:func:`stale_rendezvous`).
+   A reattached job takes the new launcher Pod as its owner. A refused request (403, a missing namespace or CRD) is one line naming the cause.
 3. **wait** — poll the job's ``status.conditions`` every ``poll_interval_s`` until the operator sets
    ``Succeeded`` or ``Failed``; transient API errors are retried up to ``max_consecutive_errors``.
    Each poll also reads the worker pods: their logs are followed (``stream_logs``), and a worker that
@@ -211,6 +214,32 @@ def terminal_condition(job: Any) -> tuple[str, str, str] | None:
     return None
 
 
+_RDZV_FIELDS = ("rdzvHost", "rdzvPort", "rdzvId")
+
+
+def stale_rendezvous(job: Any, manifest: dict[str, Any]) -> str | None:
+    """Why ``job`` cannot be reattached for ``manifest``, or ``None`` if it can: it names a
+    launcher-hosted rendezvous store (``elasticPolicy.rdzvHost``) other than the manifest's.
+
+    Pods get ``PET_RDZV_ENDPOINT``/``PET_RDZV_ID`` when they are created (training-operator v1.9
+    ``elastic.go``), so running workers would keep joining the earlier launcher's store, which ended
+    with it. A job without ``rdzvHost`` (worker 0 hosts its own store) is reattachable.
+
+    Args:
+        job: the existing PyTorchJob (a dict or a lightkube generic resource).
+        manifest: the rendered manifest (:func:`~components.launcher.pytorchjob.render_pytorchjob`).
+    """
+    found = (_get(job, "spec") or {}).get("elasticPolicy") or {}
+    if found.get("rdzvHost") is None:
+        return None
+    wanted = manifest["spec"].get("elasticPolicy") or {}
+    old, new = (tuple(p.get(k) for k in _RDZV_FIELDS) for p in (found, wanted))
+    if old == new:
+        return None
+    return (f"runs against the rendezvous store {old[0]}:{old[1]} (id {old[2]}) of an earlier launcher attempt, "
+            f"not this one's" + (f" at {new[0]}:{new[1]} (id {new[2]})" if new[0] is not None else ""))
+
+
 def _get(obj: Any, key: str) -> Any:
     if isinstance(obj, dict):
         return obj.get(key)
@@ -274,6 +303,12 @@ class PyTorchJobRunner:
                 )
                 self._delete_and_wait(self._ref(existing))
                 existing = None
+        if existing is not None and terminal_condition(existing) is None and (
+                cause := stale_rendezvous(existing, manifest)):
+            log.warning("PyTorchJob %s/%s %s: replacing it (training resumes from its newest checkpoint)",
+                        spec.namespace, spec.name, cause)
+            self._delete_and_wait(self._ref(existing), workers_too=True)
+            existing = None
         if existing is not None:
             ref = self._ref(existing)
             self._adopt(existing, spec)

@@ -72,20 +72,35 @@ class DistEnv:
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
-def loopback_store_server(port: int = 0, *, timeout_s: float = 300.0) -> dist.TCPStore:
-    """A ``TCPStore`` server listening on 127.0.0.1 only (``port`` 0 picks a free one).
+def store_server(host: str = "127.0.0.1", port: int = 0, *, timeout_s: float = 300.0) -> dist.TCPStore:
+    """A ``TCPStore`` server listening on ``host`` only (``port`` 0 picks a free one).
 
-    ``TCPStore(is_master=True)`` listens on every interface; handing it a socket we bound to the
-    loopback address (``master_listen_fd``) keeps a single-machine job invisible from outside. The
-    store owns the socket from then on and closes it when released.
+    ``TCPStore(is_master=True)`` listens on every interface; handing it a socket bound to ``host``
+    (``master_listen_fd``) keeps the store on the one address it is meant to be reached at (127.0.0.1
+    for a single-machine job, the launcher pod's IP for a PyTorchJob's rendezvous). An IPv6 literal
+    (``"fd00::5"``) gets an IPv6 socket. The store owns the socket from then on and closes it when
+    released; ``store.port`` is the bound port.
+
+    Raises:
+        OSError: ``host`` is not an address of this machine, or ``port`` is taken.
     """
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
-    sock.listen(1024)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError:
+        sock.close()
+        raise
     bound_port = sock.getsockname()[1]
-    return dist.TCPStore("127.0.0.1", bound_port, is_master=True, master_listen_fd=sock.detach(),
+    return dist.TCPStore(host, bound_port, is_master=True, master_listen_fd=sock.detach(),
                          wait_for_workers=False, multi_tenant=True, timeout=timedelta(seconds=timeout_s))
+
+
+def loopback_store_server(port: int = 0, *, timeout_s: float = 300.0) -> dist.TCPStore:
+    """:func:`store_server` on 127.0.0.1: a single-machine job's store, invisible from outside."""
+    return store_server("127.0.0.1", port, timeout_s=timeout_s)
 
 
 def uses_agent_store(environ: Mapping[str, str] | None = None) -> bool:

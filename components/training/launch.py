@@ -112,20 +112,32 @@ def torchrun_env(spec: AgentSpec, base: Mapping[str, str] | None = None) -> dict
 
 
 class RendezvousStore:
-    """The c10d rendezvous store (a ``TCPStore`` server) hosted by this process on 127.0.0.1.
+    """The c10d rendezvous store (a ``TCPStore`` server) hosted by this process.
 
     Use as a context manager around the agents' lifetime; pass ``endpoint`` and
-    ``rdzv_is_host=False`` to every :class:`AgentSpec`.
+    ``rdzv_is_host=False`` to every :class:`AgentSpec` (a PyTorchJob's workers get the same through
+    ``elasticPolicy.rdzvHost``/``rdzvPort`` and ``rdzvConf is_host=false``).
+
+    Args:
+        host: the address the agents reach this process at, and the only one the store listens on
+            (default 127.0.0.1: agents on this machine); an IPv4 or IPv6 literal.
+        port: the port (0 picks a free one).
+
+    Raises:
+        OSError: ``host`` is not an address of this machine, or ``port`` is taken.
     """
 
-    def __init__(self) -> None:
-        from components.training.distributed import loopback_store_server
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        from components.training.distributed import store_server
 
-        self._store = loopback_store_server()  # 127.0.0.1 only
+        self.host = host
+        self._store = store_server(host, port)
+        self.port: int = self._store.port
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self._store.port}"
+        """``host:port`` as torchrun's ``--rdzv-endpoint`` takes it (an IPv6 host in brackets)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     def close(self) -> None:
         self._store = None  # the server stops (and closes its socket) when the store is released

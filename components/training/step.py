@@ -13,6 +13,8 @@ write the model to ``<...>/final-model`` (copied back into this step's output ar
 metrics to ``<...>/metrics`` (segment objects), from which the summary is built. Their logs are
 followed into this step's log. S3 credentials reach them only as ``secretKeyRef``s to
 ``s3_secret_name``; the endpoint as ``s3_endpoint_url`` or the Secret's ``AWS_ENDPOINT_URL_S3``.
+This step also hosts the job's c10d rendezvous store (:func:`rendezvous_host`), so that losing any
+worker pod, worker 0 included, leaves the others training (docs/launcher.md, "Rendezvous").
 
 The job key comes from the KFP run id and task name unless the caller gives one (an Airflow DAG gives
 ``dag_id/run_id/task_id/map_index`` so that an Airflow retry, which creates a new KFP run, still resumes
@@ -29,12 +31,14 @@ import logging
 import math
 import os
 import re
+import secrets
 import shutil
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components.training.data import DatasetError, DatasetInfo
 from components.training.faults import fired_faults
@@ -42,6 +46,9 @@ from components.training.metrics import read_jsonl
 from components.training.summary import TrainingSummary, summarize
 from trainflow.common.training_spec import TrainConfig, TrainJobSpec
 from trainflow.storage import CheckpointStorageError, join_uri, storage_for
+
+if TYPE_CHECKING:
+    from components.launcher.incluster import PodIdentity
 
 log = logging.getLogger("trainflow.step")
 
@@ -54,6 +61,11 @@ PREEMPTION_GRACE_MARGIN_S = 10
 metrics write after the save (docs/training.md, "SIGTERM")."""
 DEFAULT_GRACE_PERIOD_S = 30
 """Kubernetes' own default ``terminationGracePeriodSeconds``."""
+RDZV_HOST_ENV = "TRAINFLOW_RDZV_HOST"
+"""Environment variable naming the address worker pods reach the train step at (docs/launcher.md)."""
+RDZV_PORT_IN_POD = 29400
+"""Port of the rendezvous store when the step runs in a pod: torch's c10d default, fixed (the pod has
+its own network namespace) so that a NetworkPolicy can name it. Outside a pod a free port is used."""
 DATASET_KEY = "dataset"
 METRICS_KEY = "metrics"
 MODEL_KEY = "final-model"
@@ -262,7 +274,50 @@ def _run_local(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path) -> None:
         raise TrainStepError(f"training failed (torchrun exit code {rc}): {_last_error(log_path)}")
 
 
+def rendezvous_host(me: PodIdentity | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """The address worker pods reach this step at, where it hosts their c10d rendezvous store:
+    ``$TRAINFLOW_RDZV_HOST`` if set (a launcher outside the cluster, such as the test bed's host
+    process), else this pod's IP, else ``None`` (then worker 0's agent hosts the store, as the
+    operator does by default, and losing worker 0 fails the job).
+    """
+    env = os.environ if environ is None else environ
+    return env.get(RDZV_HOST_ENV, "").strip() or (me.ip if me is not None else "") or None
+
+
+def _host_rendezvous(me: PodIdentity | None, job_key: str, stack: contextlib.ExitStack) -> dict[str, Any]:
+    """Open the rendezvous store for the job's lifetime (closed by ``stack``); return the
+    :class:`PyTorchJobSpec` fields naming it (none when there is no address to host it at).
+
+    The id carries a token of this launcher attempt, so a job created by an earlier attempt (whose
+    store is gone) is told apart and recreated (``components.launcher.runner.stale_rendezvous``).
+
+    Raises:
+        TrainStepError: the store cannot listen at the address.
+    """
+    from components.training.launch import RendezvousStore, rdzv_id_for
+
+    host = rendezvous_host(me)
+    if host is None:
+        log.warning("worker pods cannot reach this process (%s; %s is not set): worker 0's agent hosts the "
+                    "rendezvous store, and losing worker 0 fails the job",
+                    "not in a pod" if me is None else "this pod's IP is unknown", RDZV_HOST_ENV)
+        return {}
+    try:
+        store = stack.enter_context(RendezvousStore(host=host, port=RDZV_PORT_IN_POD if me is not None else 0))
+    except OSError as e:
+        where = f"{RDZV_HOST_ENV}={host}" if os.environ.get(RDZV_HOST_ENV, "").strip() else f"this pod's IP {host}"
+        raise TrainStepError(f"cannot host the workers' rendezvous store at {where}: {e}") from e
+    log.info("the workers' rendezvous store is hosted here, at %s", store.endpoint)
+    return {"rdzv_host": store.host, "rdzv_port": store.port,
+            "rdzv_id": f"{rdzv_id_for(job_key)}-{secrets.token_hex(4)}"}
+
+
 def _run_pytorchjob(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path) -> str:
+    with contextlib.ExitStack() as stack:  # the rendezvous store outlives the job, its deletion included
+        return _run_pytorchjob_in(spec, cfg, work_dir, stack)
+
+
+def _run_pytorchjob_in(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path, stack: contextlib.ExitStack) -> str:
     from lightkube import Client
 
     from components.launcher.incluster import own_pod
@@ -285,6 +340,7 @@ def _run_pytorchjob(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path) -> str
     elif me is not None:
         log.warning("the PyTorchJob goes to namespace %s, not this pod's (%s): it cannot be owned by this pod "
                     "(ownerReferences do not cross namespaces) and outlives it", namespace, me.namespace)
+    rdzv = _host_rendezvous(me, cfg.checkpoint.job_key, stack)
     # Rank 0 serves /metrics in the pod so the GPU scheduler can read the job's samples/s.
     cfg = dataclasses.replace(cfg, metrics_port=TRAINER_METRICS_PORT, metrics_addr="0.0.0.0")
     try:
@@ -301,7 +357,7 @@ def _run_pytorchjob(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path) -> str
             s3_secret_name=spec.s3_secret_name or None, s3_access_key_key=spec.s3_access_key_key,
             s3_secret_key_key=spec.s3_secret_key_key, s3_endpoint_url=spec.s3_endpoint_url or None,
             env=env, job_key=cfg.checkpoint.job_key, metrics_port=TRAINER_METRICS_PORT,
-            owner_references=owners, **settings,
+            owner_references=owners, **rdzv, **settings,
         )
     except InvalidSpecError as e:
         raise TrainStepError(str(e)) from e

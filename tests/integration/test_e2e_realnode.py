@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,12 @@ def committed_steps(s3: S3Server, bucket: str, job_key: str) -> list[int]:
                   for k in keys if k.endswith("/MANIFEST.json") and k[len(prefix):].startswith("step-"))  # fmt: skip
 
 
-def run_env(s3: S3Server, kubeconfig: Path) -> dict[str, str]:
-    return {**os.environ, **s3.env(), "KUBECONFIG": str(kubeconfig)}
+def run_env(s3: S3Server, kubeconfig: Path, node: RealNode) -> dict[str, str]:
+    """The environment of ``trainflow run``: the bed's MinIO and API server, and the address the worker
+    pods reach this host at, where the train step hosts their rendezvous store (docs/launcher.md)."""
+    from components.training.step import RDZV_HOST_ENV
+
+    return {**os.environ, **s3.env(), "KUBECONFIG": str(kubeconfig), RDZV_HOST_ENV: node.host_ip}
 
 
 def test_trainflow_run_trains_mnist_in_an_elastic_pytorchjob_on_the_real_node(
@@ -80,7 +85,7 @@ def test_trainflow_run_trains_mnist_in_an_elastic_pytorchjob_on_the_real_node(
     out = tmp_path / "run"
     proc = subprocess.run(
         trainflow_run_argv(real_node, real_node_s3, s3_namespace, bucket, out),
-        env=run_env(real_node_s3, k8s_testbed.kubeconfig),
+        env=run_env(real_node_s3, k8s_testbed.kubeconfig, real_node),
         capture_output=True,
         text=True,
         timeout=1800,
@@ -123,7 +128,7 @@ def test_trainflow_run_trains_mnist_in_an_elastic_pytorchjob_on_the_real_node(
 
 
 class JobWatch:
-    """Polls the namespace's PyTorchJobs (every uid ever seen) and pods while a run goes on."""
+    """Polls the namespace's PyTorchJobs (every uid ever seen) and their worker pods while a run goes on."""
 
     def __init__(self, client: Any, namespace: str) -> None:
         import threading
@@ -131,6 +136,13 @@ class JobWatch:
         self.client, self.namespace = client, namespace
         self.job_uids: set[str] = set()
         self.job_names: set[str] = set()
+        #: ``(elasticPolicy.rdzvHost, rdzvPort)`` of every job seen.
+        self.job_rdzv: set[tuple[Any, Any]] = set()
+        #: Per worker pod name: every uid seen, the highest ``pytorch`` container restartCount seen.
+        self.pod_uids: dict[str, set[str]] = {}
+        self.pod_restarts: dict[str, int] = {}
+        #: ``PET_RDZV_ENDPOINT`` of every worker pod seen (the operator's env).
+        self.rdzv_endpoints: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="job-watch", daemon=True)
 
@@ -143,13 +155,28 @@ class JobWatch:
         self._thread.join(timeout=30)
 
     def _loop(self) -> None:
-        from components.launcher.runner import pytorchjob_resource
+        from lightkube.resources.core_v1 import Pod
+
+        from components.launcher.runner import JOB_NAME_LABEL, pytorchjob_resource
 
         while not self._stop.wait(1.0):
             try:
                 for job in self.client.list(pytorchjob_resource(), namespace=self.namespace):
                     self.job_uids.add(job.metadata.uid)
                     self.job_names.add(job.metadata.name)
+                    policy = (job.get("spec") or {}).get("elasticPolicy") or {}
+                    self.job_rdzv.add((policy.get("rdzvHost"), policy.get("rdzvPort")))
+                for pod in self.client.list(Pod, namespace=self.namespace):
+                    if JOB_NAME_LABEL not in (pod.metadata.labels or {}):
+                        continue
+                    name = pod.metadata.name
+                    self.pod_uids.setdefault(name, set()).add(pod.metadata.uid)
+                    env = {e.name: e.value for e in (pod.spec.containers[0].env or [])}
+                    if env.get("PET_RDZV_ENDPOINT"):
+                        self.rdzv_endpoints.add(env["PET_RDZV_ENDPOINT"])
+                    for status in (pod.status.containerStatuses if pod.status else None) or []:
+                        if status.name == "pytorch":
+                            self.pod_restarts[name] = max(self.pod_restarts.get(name, 0), status.restartCount)
             except Exception:  # an API hiccup under load: the next poll sees the same jobs
                 continue
 
@@ -192,18 +219,26 @@ def trainer_pids(node: RealNode, pod_name: str, namespace: str) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("fault", ["delete-pod", "sigkill-trainer"])
-def test_a_non_zero_worker_lost_mid_training_resumes_in_place_from_the_newest_checkpoint(
-    k8s_testbed: Any,
-    real_node: RealNode,
-    real_node_s3: S3Server,
-    s3_namespace: str,
-    tmp_path: Path,
-    fault: str,
-) -> None:
-    """Issue 9, 4b, worker 1 (not the rendezvous host): ``kubectl delete pod``, or a SIGKILL of the
-    trainer process inside its container. The same PyTorchJob resumes from the newest committed
-    checkpoint, loses at most one interval and reaches the accuracy target."""
+@dataclass
+class LostWorkerRun:
+    """What :func:`run_losing_a_worker` saw."""
+
+    returncode: int
+    output: str
+    job: str
+    before: list[int]
+    t_fault: float
+    watch: JobWatch
+    out: Path
+
+
+def run_losing_a_worker(
+    k8s_testbed: Any, real_node: RealNode, real_node_s3: S3Server, namespace: str, tmp_path: Path, *,
+    victim: str, fault: str,
+) -> LostWorkerRun:
+    """``trainflow run`` (4a's job), and ``fault`` done to pod ``<job>-<victim>`` after the second
+    committed checkpoint: ``delete-pod`` (``kubectl delete pod``) or ``sigkill-trainer`` (SIGKILL of
+    the trainer processes inside its container)."""
     import signal
     import time
 
@@ -211,10 +246,10 @@ def test_a_non_zero_worker_lost_mid_training_resumes_in_place_from_the_newest_ch
     out = tmp_path / "run"
     client = k8s_testbed.client()
     with (
-        JobWatch(client, s3_namespace) as watch,
+        JobWatch(client, namespace) as watch,
         subprocess.Popen(
-            trainflow_run_argv(real_node, real_node_s3, s3_namespace, bucket, out),
-            env=run_env(real_node_s3, k8s_testbed.kubeconfig),
+            trainflow_run_argv(real_node, real_node_s3, namespace, bucket, out),
+            env=run_env(real_node_s3, k8s_testbed.kubeconfig, real_node),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -244,15 +279,15 @@ def test_a_non_zero_worker_lost_mid_training_resumes_in_place_from_the_newest_ch
                 return steps if len(steps) >= 2 else None
 
             before = _wait_for(second_checkpoint, timeout_s=900, what="two committed checkpoints", proc=proc)
-            victim = f"{job}-worker-1"
+            victim_pod = f"{job}-{victim}"
             t_fault = time.time()
             if fault == "delete-pod":
-                k8s_testbed.kubectl("delete", "pod", victim, "-n", s3_namespace, "--wait=false")
+                k8s_testbed.kubectl("delete", "pod", victim_pod, "-n", namespace, "--wait=false")
             else:
                 pids = _wait_for(
-                    lambda: trainer_pids(real_node, victim, s3_namespace),
+                    lambda: trainer_pids(real_node, victim_pod, namespace),
                     timeout_s=60,
-                    what=f"the trainer process in {victim}",
+                    what=f"the trainer process in {victim_pod}",
                     proc=proc,
                 )
                 for pid in pids:
@@ -261,24 +296,33 @@ def test_a_non_zero_worker_lost_mid_training_resumes_in_place_from_the_newest_ch
         finally:
             if proc.poll() is None:
                 proc.kill()
-    pipeline_log = (out / "pipeline.log").read_text() if (out / "pipeline.log").exists() else ""
-    assert proc.returncode == 0, stdout[-3000:] + pipeline_log[-6000:]
-    report = json.loads((out / "run-report.json").read_text())
+    return LostWorkerRun(returncode=proc.returncode, output=stdout, job=job, before=before, t_fault=t_fault,
+                         watch=watch, out=out)
+
+
+def assert_resumed_in_place(run: LostWorkerRun, label: str) -> None:
+    """The run succeeded at the accuracy target, in the same PyTorchJob, resuming from a committed
+    checkpoint no older than the newest at the fault and losing at most one interval; prints the
+    figure: fault -> first resumed step."""
+    pipeline_log = (run.out / "pipeline.log").read_text() if (run.out / "pipeline.log").exists() else ""
+    assert run.returncode == 0, run.output[-3000:] + pipeline_log[-6000:]
+    report = json.loads((run.out / "run-report.json").read_text())
     assert report["status"] == "succeeded" and report["test_accuracy"] >= ACCURACY_TARGET, report
     assert report["steps"] == EPOCHS * STEPS_PER_EPOCH, report
     # The same job carried on: no second PyTorchJob.
-    assert len(watch.job_uids) == 1, watch.job_names
+    assert len(run.watch.job_uids) == 1, run.watch.job_names
     # It resumed from a committed checkpoint no older than the newest at the fault, losing at most
     # one checkpoint interval.
     assert report["resumes"], report
     first = report["resumes"][0]
-    assert first["resumed_from_step"] >= before[-1], (before, report["resumes"])
+    assert first["resumed_from_step"] >= run.before[-1], (run.before, report["resumes"])
     for resume in report["resumes"]:
         assert resume["lost_steps"] is not None and resume["lost_steps"] <= INTERVAL_STEPS, report["resumes"]
     # Figure (not asserted): the fault to the first step after the resume.
     records = [
-        json.loads(line) for line in (out / "logs" / "train-metrics.jsonl").read_text().splitlines() if line
+        json.loads(line) for line in (run.out / "logs" / "train-metrics.jsonl").read_text().splitlines() if line
     ]
+    t_fault = run.t_fault
     resumed_at = next(
         r["time"]
         for r in records
@@ -287,5 +331,45 @@ def test_a_non_zero_worker_lost_mid_training_resumes_in_place_from_the_newest_ch
         and any(x.get("event") == "resume" and t_fault < x.get("time", 0) <= r["time"] for x in records)
     )
     print(
-        f"FIGURE {fault}: fault -> first resumed step {resumed_at - t_fault:.1f} s; resumes {report['resumes']}"
+        f"FIGURE {label}: fault -> first resumed step {resumed_at - t_fault:.1f} s; resumes {report['resumes']}"
     )
+
+
+@pytest.mark.parametrize("fault", ["delete-pod", "sigkill-trainer"])
+def test_a_non_zero_worker_lost_mid_training_resumes_in_place_from_the_newest_checkpoint(
+    k8s_testbed: Any,
+    real_node: RealNode,
+    real_node_s3: S3Server,
+    s3_namespace: str,
+    tmp_path: Path,
+    fault: str,
+) -> None:
+    """Issue 9, 4b, worker 1: ``kubectl delete pod``, or a SIGKILL of the trainer process inside its
+    container. The same PyTorchJob resumes from the newest committed checkpoint, loses at most one
+    interval and reaches the accuracy target."""
+    run = run_losing_a_worker(k8s_testbed, real_node, real_node_s3, s3_namespace, tmp_path,
+                              victim="worker-1", fault=fault)
+    assert_resumed_in_place(run, fault)
+
+
+def test_worker_0_lost_mid_training_resumes_in_place_on_the_train_steps_rendezvous_store(
+    k8s_testbed: Any, real_node: RealNode, real_node_s3: S3Server, s3_namespace: str, tmp_path: Path
+) -> None:
+    """Issue 9, 4b, worker 0 (the rendezvous host by the operator's default): the train step hosts the
+    store instead (``TRAINFLOW_RDZV_HOST`` = the node's host address), so deleting worker 0's pod is a
+    resize like any other — the survivor's agent re-rendezvouses in place (same pod, no container
+    restart), worker 0 is recreated and rejoins, and the job goes on. Before, worker 1's agent failed
+    with ``RendezvousConnectionError`` and the job failed (a second job uid, or a non-zero exit)."""
+    run = run_losing_a_worker(k8s_testbed, real_node, real_node_s3, s3_namespace, tmp_path,
+                              victim="worker-0", fault="delete-pod")
+    assert_resumed_in_place(run, "delete-pod worker-0")
+    watch, job = run.watch, run.job
+    # The workers joined the store this host's train step served, not <job>-worker-0:23456.
+    ((host, port),) = watch.job_rdzv
+    assert host == real_node.host_ip and isinstance(port, int), watch.job_rdzv
+    assert watch.rdzv_endpoints == {f"{real_node.host_ip}:{port}"}, watch.rdzv_endpoints
+    # Worker 1 rode it out in place: one pod, its container never restarted ...
+    assert len(watch.pod_uids[f"{job}-worker-1"]) == 1, watch.pod_uids
+    assert watch.pod_restarts.get(f"{job}-worker-1", 0) == 0, watch.pod_restarts
+    # ... and worker 0 was recreated (the deleted pod's exit 143 is a restart under ExitCode).
+    assert len(watch.pod_uids[f"{job}-worker-0"]) >= 2, watch.pod_uids

@@ -112,6 +112,39 @@ def test_workers_are_bound_to_gpu_nodes_and_success_is_reported(
     assert not list(client.list(pytorchjob_resource(), namespace=k8s_namespace))
 
 
+def test_the_launchers_rendezvous_store_reaches_the_workers_env(k8s_testbed: KubeTestBed, k8s_namespace: str) -> None:
+    """Issue 9, worker 0 lost: the operator turns ``elasticPolicy.rdzvHost``/``rdzvPort``/``rdzvId`` and
+    ``rdzvConf`` into the pods' ``PET_RDZV_*`` (training-operator v1.9 ``elastic.go``), which torchrun
+    reads as its ``--rdzv-*`` defaults; without them worker 0 hosts the store. The pods need not run
+    (no node has the pool), only be created."""
+    client = k8s_testbed.client()
+    runner = PyTorchJobRunner(client, RunnerSettings(poll_interval_s=0.5))
+    hosted = make_spec(k8s_namespace, k8s_namespace, task_name="hosted", gpus_per_worker=0, nproc_per_node=1,
+                       rdzv_host="192.0.2.10", rdzv_port=29400, rdzv_id="tf-0123456789abcdef-1a2b3c4d")
+    default = make_spec(k8s_namespace, k8s_namespace, task_name="default", gpus_per_worker=0, nproc_per_node=1)
+    refs = [runner.create_or_reattach(spec) for spec in (hosted, default)]
+    assert [created for _, created in refs] == [True, True]
+
+    def envs(job: str) -> list[dict[str, str]] | None:
+        pods = worker_pods(client, k8s_namespace, job)
+        if len(pods) != 2:
+            return None
+        return [{e.name: e.value for e in p.spec.containers[0].env} for p in pods]
+
+    for env in wait_until(lambda: envs(hosted.name), timeout_s=60, what="the hosted job's 2 worker pods"):
+        assert env["PET_RDZV_ENDPOINT"] == "192.0.2.10:29400"
+        assert env["PET_RDZV_ID"] == "tf-0123456789abcdef-1a2b3c4d"
+        conf = dict(kv.split("=", 1) for kv in env["PET_RDZV_CONF"].split(","))
+        assert conf == {"last_call_timeout": "1", "is_host": "false", "keep_alive_interval": "2",
+                        "keep_alive_max_attempt": "3"}
+        assert env["PET_RDZV_BACKEND"] == "c10d" and env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    for env in wait_until(lambda: envs(default.name), timeout_s=60, what="the default job's 2 worker pods"):
+        assert env["PET_RDZV_ENDPOINT"] == f"{default.name}-worker-0:23456"  # the operator's default port
+        assert "PET_RDZV_ID" not in env and env["PET_RDZV_CONF"] == "last_call_timeout=1"
+    for ref, _ in refs:
+        runner.delete(ref)
+
+
 def test_failed_workers_fail_the_launch_with_the_operators_reason(
     k8s_testbed: KubeTestBed, k8s_namespace: str, kwok_gpu_nodes: Any
 ) -> None:

@@ -118,6 +118,33 @@ def test_manifest_has_elastic_policy_resources_env_and_labels() -> None:
     }
 
 
+@pytest.mark.parametrize("host", ["10.0.0.5", "fd00::5", "trainflow-launcher.team-a.svc"])
+def test_a_launcher_hosted_rendezvous_store_is_named_in_the_elastic_policy(host: str) -> None:
+    m = render_pytorchjob(spec(rdzv_host=host, rdzv_port=29400, rdzv_id="tf-0123456789abcdef-1a2b3c4d"))
+    policy = m["spec"]["elasticPolicy"]
+    # The operator makes these PET_RDZV_ENDPOINT=<host>:<port> and PET_RDZV_ID (elastic.go).
+    assert (policy["rdzvHost"], policy["rdzvPort"], policy["rdzvId"]) == (
+        host, 29400, "tf-0123456789abcdef-1a2b3c4d")
+    assert policy["rdzvConf"] == [
+        {"key": "last_call_timeout", "value": "1"},
+        {"key": "is_host", "value": "false"},  # no agent hosts a store of its own, worker 0 included
+        {"key": "keep_alive_interval", "value": "2"},
+        {"key": "keep_alive_max_attempt", "value": "3"},
+    ]
+    assert (policy["minReplicas"], policy["maxReplicas"], policy["rdzvBackend"]) == (2, 4, "c10d")
+    # The process-group store stays per worker group either way.
+    env = {e["name"]: e.get("value") for e in container(m)["env"]}
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
+def test_without_a_rendezvous_host_the_operator_default_stays() -> None:
+    policy = render_pytorchjob(spec())["spec"]["elasticPolicy"]
+    assert not {"rdzvHost", "rdzvPort", "rdzvId"} & set(policy)
+    assert policy["rdzvConf"] == [{"key": "last_call_timeout", "value": "1"}]
+    # The keep-alive tuning goes with the launcher's store only: worker 0's is left as torch has it.
+    assert render_pytorchjob(spec(rdzv_keep_alive_interval_s=9)) == render_pytorchjob(spec())
+
+
 def test_kfp_secret_layout_and_cpu_only_job() -> None:
     m = render_pytorchjob(
         spec(gpus_per_worker=0, s3_access_key_key="accesskey", s3_secret_key_key="secretkey", replicas=2)
@@ -168,6 +195,14 @@ def test_user_labels_cannot_override_trainflow_labels() -> None:
         ({"env": {"1BAD=": "x"}}, "environment variable"),
         ({"s3_endpoint_url": "minio:9000"}, "http"),
         ({"labels": {"k": "not a label value"}}, "label value"),
+        ({"rdzv_host": "10.0.0.5"}, "rdzv_host and rdzv_port go together"),
+        ({"rdzv_port": 29400}, "rdzv_host and rdzv_port go together"),
+        ({"rdzv_host": "10.0.0.5", "rdzv_port": 0}, r"rdzv_port: must be in \[1, 65535\]"),
+        ({"rdzv_host": "10.0.0.5", "rdzv_port": 65536}, r"rdzv_port: must be in \[1, 65535\]"),
+        ({"rdzv_host": "http://10.0.0.5", "rdzv_port": 29400}, "neither an IP address nor a DNS name"),
+        ({"rdzv_host": "10.0.0.5:29400", "rdzv_port": 29400}, "neither an IP address nor a DNS name"),
+        ({"rdzv_id": "a b"}, "rdzv_id"),
+        ({"rdzv_host": "h", "rdzv_port": 1, "rdzv_keep_alive_interval_s": 0}, "rdzv_keep_alive_interval_s"),
     ],
 )
 def test_invalid_specs_get_one_line_errors(overrides: dict, message: str) -> None:

@@ -1,8 +1,10 @@
-"""Pure parts of the runner: reading the operator's conditions, settings validation, output JSON."""
+"""Pure parts of the runner: reading the operator's conditions, settings validation, output JSON, and
+when a found job is reattached or replaced (over a fake of the few API calls that takes)."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -55,3 +57,114 @@ def test_outcome_json_names_the_resource() -> None:
         "Succeeded",
     )
     assert str(outcome.ref) == "ns/train-abc"
+
+
+# -- reattaching a job whose rendezvous store belongs to an earlier launcher attempt -------------
+
+
+def _api_error(code: int) -> Exception:
+    import httpx
+    from lightkube.core.exceptions import ApiError
+
+    request = httpx.Request("GET", "https://apiserver.test/x")
+    response = httpx.Response(code, request=request, json={
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "message": f"error {code}", "code": code})
+    return ApiError(request=request, response=response)
+
+
+class _FakeJobsApi:
+    """The calls ``create_or_reattach`` makes, over one namespace of PyTorchJobs (pure logic only;
+    the real API server's behaviour is covered in tests/integration/test_launcher_k8s.py)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, dict] = {}
+        self.deleted: list[str] = []
+        self._uids = iter(f"uid-{i}" for i in range(1, 100))
+
+    def add(self, manifest: dict, *, conditions: list[dict] | None = None) -> str:
+        job = json.loads(json.dumps(manifest))
+        job["metadata"]["uid"] = next(self._uids)
+        job["status"] = {"conditions": conditions or [{"type": "Running", "status": "True"}]}
+        self.jobs[job["metadata"]["name"]] = job
+        return job["metadata"]["uid"]
+
+    def get(self, resource: Any, name: str, *, namespace: str) -> Any:
+        if name not in self.jobs:
+            raise _api_error(404)
+        return resource.from_dict(self.jobs[name])
+
+    def list(self, resource: Any, **_: Any) -> list:
+        return []  # no other jobs on the key, and the deleted job's workers are gone
+
+    def delete(self, resource: Any, name: str, **_: Any) -> None:
+        self.deleted.append(self.jobs.pop(name)["metadata"]["uid"])
+
+    def create(self, obj: Any) -> Any:
+        uid = self.add(dict(obj))
+        return type(obj).from_dict(self.jobs[obj["metadata"]["name"]] | {"metadata": {
+            **obj["metadata"], "uid": uid}})
+
+
+def _job_spec(**rdzv: Any) -> Any:
+    from components.launcher.pytorchjob import PyTorchJobSpec
+
+    return PyTorchJobSpec(run_id="run-1", task_name="train", namespace="team-a", image="img", max_replicas=2,
+                          **rdzv)
+
+
+OLD = {"rdzv_host": "10.244.0.7", "rdzv_port": 29400, "rdzv_id": "tf-0123456789abcdef-aaaa"}
+NEW = {"rdzv_host": "10.244.0.9", "rdzv_port": 29400, "rdzv_id": "tf-0123456789abcdef-bbbb"}
+
+
+def test_a_running_job_on_an_earlier_launchers_store_is_replaced() -> None:
+    from components.launcher.pytorchjob import render_pytorchjob
+    from components.launcher.runner import PyTorchJobRunner, stale_rendezvous
+
+    api = _FakeJobsApi()
+    old_uid = api.add(render_pytorchjob(_job_spec(**OLD)))
+    manifest = render_pytorchjob(_job_spec(**NEW))
+    assert stale_rendezvous(api.jobs[manifest["metadata"]["name"]], manifest) == (
+        "runs against the rendezvous store 10.244.0.7:29400 (id tf-0123456789abcdef-aaaa) of an earlier launcher "
+        "attempt, not this one's at 10.244.0.9:29400 (id tf-0123456789abcdef-bbbb)")
+    ref, created = PyTorchJobRunner(api).create_or_reattach(_job_spec(**NEW))
+    assert created and ref.uid != old_uid and api.deleted == [old_uid]
+    assert api.jobs[ref.name]["spec"]["elasticPolicy"]["rdzvHost"] == "10.244.0.9"
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (NEW, NEW),  # the same store (a second call of this launcher)
+        ({}, NEW),  # worker 0 hosts the running job's store: still there
+    ],
+)
+def test_a_job_on_a_live_store_is_reattached(old: dict, new: dict) -> None:
+    from components.launcher.pytorchjob import render_pytorchjob
+    from components.launcher.runner import PyTorchJobRunner
+
+    api = _FakeJobsApi()
+    uid = api.add(render_pytorchjob(_job_spec(**old)))
+    ref, created = PyTorchJobRunner(api).create_or_reattach(_job_spec(**new))
+    assert (created, ref.uid, api.deleted) == (False, uid, [])
+
+
+def test_a_job_that_left_the_launchers_store_for_worker_0s_is_replaced_too() -> None:
+    from components.launcher.pytorchjob import render_pytorchjob
+    from components.launcher.runner import PyTorchJobRunner, stale_rendezvous
+
+    api = _FakeJobsApi()
+    old_uid = api.add(render_pytorchjob(_job_spec(**OLD)))
+    manifest = render_pytorchjob(_job_spec())
+    assert stale_rendezvous(api.jobs[manifest["metadata"]["name"]], manifest).endswith("not this one's")
+    ref, created = PyTorchJobRunner(api).create_or_reattach(_job_spec())
+    assert created and api.deleted == [old_uid] and "rdzvHost" not in api.jobs[ref.name]["spec"]["elasticPolicy"]
+
+
+def test_a_succeeded_job_is_reported_whatever_its_store() -> None:
+    from components.launcher.pytorchjob import render_pytorchjob
+    from components.launcher.runner import PyTorchJobRunner
+
+    api = _FakeJobsApi()
+    uid = api.add(render_pytorchjob(_job_spec(**OLD)), conditions=[{"type": "Succeeded", "status": "True"}])
+    ref, created = PyTorchJobRunner(api).create_or_reattach(_job_spec(**NEW))
+    assert (created, ref.uid, api.deleted) == (False, uid, [])

@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import re
+import socket
+
 import pytest
 
-from components.training.step import PREEMPTION_GRACE_MARGIN_S, TrainStepError, worker_grace_period_s
+from components.launcher.incluster import PodIdentity
+from components.launcher.pytorchjob import PyTorchJobSpec
+from components.training.launch import rdzv_id_for
+from components.training.step import (
+    PREEMPTION_GRACE_MARGIN_S,
+    RDZV_HOST_ENV,
+    TrainStepError,
+    _host_rendezvous,
+    rendezvous_host,
+    worker_grace_period_s,
+)
 from trainflow.common.training_spec import CheckpointConfig
 
 
@@ -23,3 +38,56 @@ def test_a_grace_period_that_cuts_the_save_short_is_one_line() -> None:
         worker_grace_period_s(15, 20)
     assert str(short.value) == ("worker_pod_settings: termination_grace_period_s 15 is shorter than the SIGTERM "
                                 "checkpoint needs: the save deadline (20 s) + 10 s = 30 s")
+
+
+# -- where the workers' rendezvous store is hosted -------------------------------------------------
+
+
+def _pod(ip: str = "") -> PodIdentity:
+    return PodIdentity(namespace="team-a", name="train-pod", uid="u", ip=ip)
+
+
+def test_the_rendezvous_host_is_the_setting_then_the_pod_ip_then_none() -> None:
+    assert RDZV_HOST_ENV == "TRAINFLOW_RDZV_HOST"
+    assert rendezvous_host(_pod("10.244.0.9"), {RDZV_HOST_ENV: "10.250.3.1"}) == "10.250.3.1"
+    assert rendezvous_host(None, {RDZV_HOST_ENV: " 10.250.3.1 "}) == "10.250.3.1"
+    assert rendezvous_host(_pod("10.244.0.9"), {RDZV_HOST_ENV: ""}) == "10.244.0.9"
+    assert rendezvous_host(_pod(""), {}) is None
+    assert rendezvous_host(None, {}) is None
+
+
+def test_the_step_hosts_the_store_and_names_it_for_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(RDZV_HOST_ENV, "127.0.0.2")
+    with contextlib.ExitStack() as stack:
+        fields = _host_rendezvous(None, "team-a/run-1/train", stack)
+        assert fields["rdzv_host"] == "127.0.0.2"
+        # Outside a pod: a free port, and the store listens there until the job is over.
+        with socket.create_connection(("127.0.0.2", fields["rdzv_port"]), timeout=5):
+            pass
+        # The id is the job key's plus a token of this launcher attempt.
+        assert re.fullmatch(rdzv_id_for("team-a/run-1/train") + r"-[0-9a-f]{8}", fields["rdzv_id"])
+        again = _host_rendezvous(None, "team-a/run-1/train", stack)
+        assert again["rdzv_id"] != fields["rdzv_id"]
+        # Whatever the step renders from them is a valid spec.
+        PyTorchJobSpec(run_id="r", task_name="train", namespace="team-a", image="img", **fields)
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.2", fields["rdzv_port"])):
+        pass  # closed with the stack
+
+
+def test_without_an_address_worker_0_hosts_the_store_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv(RDZV_HOST_ENV, raising=False)
+    with contextlib.ExitStack() as stack, caplog.at_level(logging.WARNING, logger="trainflow.step"):
+        assert _host_rendezvous(None, "k", stack) == {}
+    (record,) = caplog.records
+    assert record.getMessage() == ("worker pods cannot reach this process (not in a pod; TRAINFLOW_RDZV_HOST is not "
+                                   "set): worker 0's agent hosts the rendezvous store, and losing worker 0 fails the job")
+
+
+def test_an_address_the_step_cannot_listen_at_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(RDZV_HOST_ENV, "203.0.113.7")  # TEST-NET-3: not an address of this machine
+    with contextlib.ExitStack() as stack, pytest.raises(TrainStepError) as err:
+        _host_rendezvous(None, "k", stack)
+    assert str(err.value).startswith("cannot host the workers' rendezvous store at TRAINFLOW_RDZV_HOST=203.0.113.7: ")
+    assert "\n" not in str(err.value)
