@@ -26,13 +26,7 @@ from tests.support.realnode import RealNode
 from tests.support.realnode_s3 import S3_SECRET_NAME
 from tests.support.s3 import S3Server
 
-pytestmark = [
-    pytest.mark.realnode, pytest.mark.k8s, pytest.mark.s3, pytest.mark.slow,
-    # Opt-in for now (make test-e2e-realnode): each test trains for 15-16 min on the 2-core machine, and
-    # `make test` already took 78 min of CI's 90 without them (docs/benchmarks.md, issue 9).
-    pytest.mark.skipif(os.environ.get("TRAINFLOW_E2E_REALNODE") != "1",
-                       reason="real-node end-to-end tier is opt-in: make test-e2e-realnode (TRAINFLOW_E2E_REALNODE=1)"),
-]  # fmt: skip
+pytestmark = [pytest.mark.realnode, pytest.mark.k8s, pytest.mark.s3, pytest.mark.slow]
 
 #: Fewest epochs of the small CNN (2 ranks, global batch 64, lr 0.05) that reach 0.95 on MNIST-5k
 #: here: 4 epochs gave 0.945 (``trainflow run --dataset-source mnist --epochs 4``), 8 give 0.97.
