@@ -3,9 +3,10 @@
 A *resume* pairs the end of one incarnation with the start of the next:
 
 * ``killed_at_step`` — the step the fault marker names, else the last step the previous incarnation
-  logged (a crash without a marker, a KFP or Airflow retry);
+  logged (a crash without a marker, a KFP or Airflow retry), or the loaded checkpoint's step if that
+  is later (a SIGTERM save commits the step in flight, whose record was never logged);
 * ``resumed_from_step`` — the checkpoint step the next incarnation loaded;
-* ``lost_steps`` = ``killed_at_step - resumed_from_step`` (work redone);
+* ``lost_steps`` = ``killed_at_step - resumed_from_step`` (work redone; never negative);
 * ``restart_seconds`` — from the kill (the marker's time, else the last step record's time) to the
   first completed step after the resume.
 """
@@ -69,7 +70,9 @@ def summarize(records: list[dict[str, Any]], faults: list[dict[str, Any]] | None
                 fault["_used"] = True
                 killed_at, t_kill = fault.get("killed_at_step"), fault.get("time")
             elif last_step_rec is not None:
-                killed_at, t_kill = last_step_rec.get("step"), last_step_rec.get("time")
+                # The checkpoint loaded proves its step ran, logged or not.
+                killed_at = max(int(last_step_rec.get("step", 0)), int(r["resumed_from_step"]))
+                t_kill = last_step_rec.get("time")
             else:
                 killed_at, t_kill = None, None
             pending = {"killed_at": killed_at, "t_kill": t_kill, "from": r["resumed_from_step"],

@@ -35,3 +35,15 @@ def test_resume_without_fault_marker_uses_last_logged_step() -> None:
     ]
     (r,) = summarize(records).resumes
     assert (r.killed_at_step, r.lost_steps, r.restart_seconds) == (7, 2, 7.0)
+
+
+def test_a_sigterm_save_past_the_last_logged_step_loses_nothing() -> None:
+    """A deleted pod's SIGTERM save commits the step in flight (42) after the last record (41)."""
+    records = [
+        {"event": "start", "world_size": 2, "time": 0},
+        {"step": 41, "epoch": 0, "loss": 1.0, "world_size": 2, "time": 3.0},
+        {"event": "resume", "resumed_from_step": 42, "world_size": 1, "time": 6.0},
+        {"step": 43, "epoch": 0, "loss": 1.0, "world_size": 1, "time": 10.0},
+    ]
+    (r,) = summarize(records).resumes
+    assert (r.killed_at_step, r.resumed_from_step, r.lost_steps) == (42, 42, 0)
