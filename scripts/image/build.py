@@ -56,6 +56,7 @@ import re
 import runpy
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -263,6 +264,29 @@ def _umount(target: Path) -> None:
     subprocess.run(["umount", "--lazy", str(target)], capture_output=True, check=False)
 
 
+def _mounts_under(folder: Path) -> list[Path]:
+    """Mount points at or below ``folder`` (from ``/proc/self/mountinfo``), deepest first."""
+    prefix = str(folder.resolve())
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point == prefix or point.startswith(prefix + "/"):
+            points.append(Path(point))
+    return sorted(points, key=lambda p: len(p.parts), reverse=True)
+
+
+def _remove_stale_build(folder: Path) -> None:
+    """Remove a build folder an earlier, killed build left: unmount what it left mounted first
+    (its ``/proc``, the overlay, the bind-mounted uv cache — ``rmtree`` would descend into that
+    cache and empty it). Raises :class:`BuildError` if a mount cannot be removed."""
+    for point in _mounts_under(folder):
+        _umount(point)
+    if left := _mounts_under(folder):
+        raise BuildError(f"cannot unmount {left[0]} (left by an earlier build); unmount it and retry")
+    log(f"removing {folder.name}, left by an interrupted build")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def write_layer(name: str, src: Path, out_dir: Path, *, created_by: str, excludes: Sequence[str] = ()) -> Layer:
     """Tar ``src`` (sorted, numeric owners, no atime/ctime), compress with zstd into ``out_dir``.
 
@@ -309,7 +333,11 @@ def _cached(kind: str, key: str, build: object) -> Layer:
     with _locked(root / f".{kind}-{key[:16]}.lock"):
         if (final / "layer.json").exists():
             return Layer.load(final)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{kind}-build-", dir=root))
+        # Under this key's lock, a build folder of this key is one a killed build left behind.
+        prefix = f".{kind}-{key[:16]}-build-"
+        for stale in root.glob(prefix + "*"):
+            _remove_stale_build(stale)
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
         start = time.monotonic()
         try:
             layer = build(tmp)  # type: ignore[operator]
@@ -647,6 +675,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tag", help="image reference (default: ghcr.io/trainflow/trainflow:<version>)")
     parser.add_argument("--oci-archive", type=Path, help="also write the image as an OCI archive (tar) here")
     args = parser.parse_args(argv)
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)  # unwinds through the builders' finally: mounts are removed
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         image = build(args.tag)
         if args.oci_archive:

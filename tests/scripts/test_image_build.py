@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -70,3 +72,22 @@ def test_a_layout_names_its_image_for_ctr_and_has_one_manifest_with_every_layer(
     # Same input, same digests (fixed creation time): a rebuild does not change the image id.
     again = build.write_layout(tmp_path / "oci2", [layer], {"Cmd": ["/bin/hello"]}, "example.test/tiny:1")
     assert again == digests
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts need root (the image build itself does)")
+def test_a_killed_builds_folder_is_unmounted_before_it_is_removed(tmp_path: Path) -> None:
+    """A build killed with its uv cache bind-mounted must not cost the cache: the next build of the
+    same layer unmounts the folder it left, then removes it."""
+    cache = tmp_path / "uv-cache"
+    (cache / "wheels").mkdir(parents=True)
+    (cache / "wheels" / "torch.whl").write_bytes(b"x" * 10)
+    stale = tmp_path / ".deps-0123456789abcdef-build-abc"
+    (stale / "build" / "cache").mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(cache), str(stale / "build" / "cache")], check=True)
+    try:
+        assert build._mounts_under(stale) == [stale / "build" / "cache"]
+        build._remove_stale_build(stale)
+        assert not stale.exists() and build._mounts_under(tmp_path) == []
+        assert (cache / "wheels" / "torch.whl").read_bytes() == b"x" * 10
+    finally:
+        subprocess.run(["umount", "--lazy", str(stale / "build" / "cache")], capture_output=True, check=False)
