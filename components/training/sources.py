@@ -152,7 +152,7 @@ class _S3Reader:
         from trainflow.storage import CheckpointStorageError
 
         try:
-            self._s3.check()
+            self._s3.check(write=False)  # a dataset may be read-only; write nothing into it
             client = self._s3._client
             root = f"{self._s3.prefix}/" if self._s3.prefix else ""
             out = []

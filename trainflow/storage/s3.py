@@ -188,14 +188,22 @@ class S3Storage:
     def _error(self, action: str, e: Exception) -> CheckpointStorageError:
         return CheckpointStorageError(f"{action} {self._where()} failed: {_describe(e)}")
 
-    def check(self) -> None:
+    def check(self, *, write: bool = True) -> None:
         """The bucket answers and these credentials may write and delete under the prefix (a real
-        PUT + DELETE of a probe object: ``head_bucket`` alone passes with a read-only policy)."""
+        PUT + DELETE of a probe object: ``head_bucket`` alone passes with a read-only policy).
+        ``write=False``: only that the bucket answers to these credentials (``head_bucket``), for
+        readers, which must neither need write access nor leave objects in a dataset's prefix.
+
+        Raises:
+            CheckpointStorageError: one line naming the bucket/endpoint and the cause.
+        """
         from botocore.exceptions import BotoCoreError, ClientError
 
         action = "checking"
         try:
             self._client.head_bucket(Bucket=self.bucket)
+            if not write:
+                return
             probe = self._key(f".trainflow-write-probe-{uuid.uuid4().hex}")
             action = "writing a probe object to"
             self._client.put_object(Bucket=self.bucket, Key=probe, Body=b"")

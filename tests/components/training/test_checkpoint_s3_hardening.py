@@ -153,3 +153,21 @@ def test_sigterm_while_the_store_is_down_says_not_saved_within_the_deadline(s3_s
     assert "checkpoint NOT saved at step" in stderr and "checkpoint saved at step" not in stderr
     assert [r["outcome"] for r in read_jsonl(metrics) if r.get("event") == "preempted"] == ["failed"]
     assert Path(metrics).exists()
+
+
+def test_a_dataset_prefix_is_read_with_read_only_credentials_and_nothing_is_written_into_it(
+    s3_server, s3_bucket, monkeypatch
+) -> None:
+    from components.training.sources import open_source
+
+    admin = s3_server.client()
+    for name in ("a/0.png", "b/1.png"):
+        admin.put_object(Bucket=s3_bucket, Key=f"data/{name}", Body=b"img")
+    creds = _restricted_credentials(s3_server, s3_bucket, ["s3:PutObject", "s3:DeleteObject"], "data/")
+    for key, value in {**s3_server.env(), **creds}.items():
+        monkeypatch.setenv(key, value)
+    source = open_source(f"s3://{s3_bucket}/data")
+    assert [(rel, size) for rel, size, _ in source.list()] == [("a/0.png", 3), ("b/1.png", 3)]
+    assert source.read("a/0.png") == b"img"
+    keys = [o["Key"] for o in admin.list_objects_v2(Bucket=s3_bucket, Prefix="data/").get("Contents", [])]
+    assert keys == ["data/a/0.png", "data/b/1.png"]
