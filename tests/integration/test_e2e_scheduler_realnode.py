@@ -426,6 +426,8 @@ def test_a_scale_up_whose_pod_cannot_schedule_is_rolled_back_and_the_job_trains_
     throughout, went on after the rollback, and succeeded."""
     from lightkube.resources.core_v1 import Node, Pod
 
+    from gpu_scheduler.kube import ANNOTATION_PREFIX
+
     epochs = 10
     step = world.start_train_step("rollback", epochs=epochs)
     name = world.job_name(step)
@@ -454,6 +456,8 @@ def test_a_scale_up_whose_pod_cannot_schedule_is_rolled_back_and_the_job_trains_
         world._wait(step, lambda: world.replicas(name) == 2, 60, "the controller to scale the job up to 2")
         world._wait(step, lambda: _unschedulable(world, f"{name}-worker-1"), 60, "worker 1 to be Unschedulable")
         world._wait(step, lambda: world.replicas(name) == 1, 120, "the controller to roll the scale-up back")
+        hold = json.loads(world.job(name).metadata.annotations[ANNOTATION_PREFIX + "hold"])
+        assert hold["max_workers"] == 1, hold
         rolled_back_at = world.trainer(step.job_key)
         assert rolled_back_at is not None and rolled_back_at[0] == 1, rolled_back_at
         # It trains on after the rollback, still at world size 1 (the hold keeps test-grow off it).
@@ -465,9 +469,11 @@ def test_a_scale_up_whose_pod_cannot_schedule_is_rolled_back_and_the_job_trains_
     assert result["steps"] == epochs * steps_per_epoch, result
     actions = world.controller_actions(name, ("ScaledUp", "ScaledDown", "ScaleUpRolledBack"))
     assert [(a["action"], a["from_workers"], a["to_workers"]) for a in actions] == [
-        ("ScaledDown", 2, 1), ("ScaledUp", 1, 2), ("ScaleUpRolledBack", 2, 1)], actions
+        ("ScaledDown", 2, 1), ("ScaledUp", 1, 2), ("ScaleUpRolledBack", 1, 1)], actions  # from = bound workers
     (warning,) = [e for e in world.events(name) if e.reason == "ScaleUpRolledBack"]
-    assert warning.type == "Warning" and "still not bound" in warning.message, warning.message
+    assert warning.type == "Warning", warning
+    assert "1 worker pod(s) still not bound" in warning.message and "after scaling 1->2" in warning.message, (
+        warning.message)
     # One job throughout; worker 1 never ran again after the scale-down (it stayed Pending).
     assert len(watch.job_uids) == 1, watch.job_names
     records = step.metrics()
