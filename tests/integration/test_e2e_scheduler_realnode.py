@@ -545,7 +545,7 @@ def test_the_controller_changes_gpus_per_worker_and_the_job_resumes_from_its_new
         resources = pod.spec.containers[0].resources
         assert resources.limits["nvidia.com/gpu"] == "2", resources
         job = world.job(name)
-        assert job["spec"]["nprocPerNode"] == 2 and world.replicas(name) == 1, job["spec"]
+        assert job["spec"]["nprocPerNode"] == "2" and world.replicas(name) == 1, job["spec"]  # a string in v1
         assert not job["spec"]["runPolicy"].get("suspend")
         world.wait_training_at(step, 2, after_step=newest_at_request - 1)  # 1 pod x 2 ranks
         result = step.result(timeout_s=900)
