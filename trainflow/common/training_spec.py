@@ -330,7 +330,8 @@ class TrainConfig(_Section):
     model_output: str = param("model_output", "R", "folder for the final model (rank 0)", "")
     throttle_step_s: float = param("throttle_step_s", "R", "sleep after each step (demos, tests)", 0.0, unit="s",
                                    minimum=0)
-    sample_log_dir: str = param("sample_log_dir", "R", "log every consumed sample id per step here (audits)", "")
+    sample_log_dir: str = param("sample_log_dir", "R", "log every consumed sample id per step here, a folder or a "
+                                "storage URI such as s3://bucket/audit (audits)", "")
     log_every_steps: int = param("log_every_steps", "R", "console progress every N steps", 10, unit="steps",
                                  minimum=1)
 
