@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,7 @@ class World:
     controller_log: Path
     tmp_path: Path
     digits: Path
+    steps: list[TrainStep] = field(default_factory=list)
 
     @property
     def client(self) -> Any:
@@ -170,7 +171,21 @@ class World:
         with (out / "step.log").open("w") as log:
             proc = subprocess.Popen([sys.executable, "-c", code, str(args)], stdout=log, stderr=subprocess.STDOUT,
                                     text=True, cwd=REPO, env=env, start_new_session=True)
-        return TrainStep(proc=proc, job_key=job_key, bucket=bucket, out=out)
+        self.steps.append(TrainStep(proc=proc, job_key=job_key, bucket=bucket, out=out))
+        return self.steps[-1]
+
+    def stop_train_steps(self) -> None:
+        """A test that failed midway leaves its train step running: SIGTERM (the step deletes its
+        job, as on a KFP terminate), SIGKILL after a minute."""
+        for step in self.steps:
+            if step.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(step.proc.pid, signal.SIGTERM)
+                try:
+                    step.proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(step.proc.pid, signal.SIGKILL)
+                    step.proc.wait()
 
     # -- what the test watches -----------------------------------------------------------------
 
@@ -204,10 +219,10 @@ class World:
                 first.append(seen[1])
             return seen[1] if seen[1] >= first[0] + steps else None
 
-        return self._wait(step, check, timeout_s, f"{steps} steps at world size {world_size} (after {after_step}); "
+        return self.wait_for(step, check, timeout_s, f"{steps} steps at world size {world_size} (after {after_step}); "
                                                   f"last seen {self.trainer(step.job_key)}")
 
-    def _wait(self, step: TrainStep, predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    def wait_for(self, step: TrainStep, predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if step.proc.poll() is not None:
@@ -224,7 +239,7 @@ class World:
             jobs = list(self.client.list(pytorchjob_resource(), namespace=self.namespace))
             return jobs[0].metadata.name if jobs else None
 
-        return self._wait(step, created, 300, "the PyTorchJob")
+        return self.wait_for(step, created, 300, "the PyTorchJob")
 
     def controller_actions(self, name: str, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
         """The controller's ``action applied`` log records of ``kinds`` for job ``name``, in order."""
@@ -331,11 +346,13 @@ def world(k8s_testbed: KubeTestBed, real_node: RealNode, real_node_env: S3Server
     with log_path.open("wb") as log:
         controller = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
                                       start_new_session=True)
+    world = World(bed=k8s_testbed, node=real_node, s3=real_node_env, namespace=s3_namespace, prometheus=prometheus,
+                  controller_log=log_path, tmp_path=tmp_path, digits=digits_dataset)
     try:
         with trainers:
-            yield World(bed=k8s_testbed, node=real_node, s3=real_node_env, namespace=s3_namespace,
-                        prometheus=prometheus, controller_log=log_path, tmp_path=tmp_path, digits=digits_dataset)
+            yield world
     finally:
+        world.stop_train_steps()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(controller.pid, signal.SIGTERM)
         try:
@@ -375,7 +392,7 @@ def test_controller_resizes_a_training_job_from_prometheus_and_every_sample_is_t
     assert series["metric"]["pod"].startswith(f"{name}-worker-"), series
     for policy, size in (("test-shrink", 1), ("test-grow", 2), ("test-shrink", 1)):
         world.set_policy(policy)
-        world._wait(step, lambda size=size: world.replicas(name) == size, 60,
+        world.wait_for(step, lambda size=size: world.replicas(name) == size, 60,
                     f"the controller to scale {name} to {size} ({policy})")
         at = world.wait_training_at(step, size, after_step=at)
     world.set_policy("test-keep")
@@ -437,7 +454,7 @@ def test_a_scale_up_whose_pod_cannot_schedule_is_rolled_back_and_the_job_trains_
     with JobWatch(world.client, world.namespace) as watch:
         at = world.wait_training_at(step, 2)
         world.set_policy("test-shrink")
-        world._wait(step, lambda: world.replicas(name) == 1, 60, "the controller to scale the job to 1")
+        world.wait_for(step, lambda: world.replicas(name) == 1, 60, "the controller to scale the job to 1")
         at = world.wait_training_at(step, 1, after_step=at)
         # Take the node's free CPU, less than one worker's request, with a pod that wants no GPU.
         node = world.client.get(Node, "trainflow-real-node")
@@ -456,9 +473,9 @@ def test_a_scale_up_whose_pod_cannot_schedule_is_rolled_back_and_the_job_trains_
         wait_until(lambda: world.client.get(Pod, "cpu-blocker", namespace=world.namespace).spec.nodeName,
                    timeout_s=60, what="the CPU blocker to be bound")
         world.set_policy("test-grow")
-        world._wait(step, lambda: world.replicas(name) == 2, 60, "the controller to scale the job up to 2")
-        world._wait(step, lambda: _unschedulable(world, f"{name}-worker-1"), 60, "worker 1 to be Unschedulable")
-        world._wait(step, lambda: world.replicas(name) == 1, 120, "the controller to roll the scale-up back")
+        world.wait_for(step, lambda: world.replicas(name) == 2, 60, "the controller to scale the job up to 2")
+        world.wait_for(step, lambda: _unschedulable(world, f"{name}-worker-1"), 60, "worker 1 to be Unschedulable")
+        world.wait_for(step, lambda: world.replicas(name) == 1, 120, "the controller to roll the scale-up back")
         hold = json.loads(world.job(name).metadata.annotations[ANNOTATION_PREFIX + "hold"])
         assert hold["max_workers"] == 1, hold
         rolled_back_at = world.trainer(step.job_key)
@@ -528,7 +545,7 @@ def test_the_controller_changes_gpus_per_worker_and_the_job_resumes_from_its_new
     name = world.job_name(step)
     with JobWatch(world.client, world.namespace) as watch:
         world.wait_training_at(step, 2)
-        before = world._wait(step, lambda: (c := committed_steps(world.s3, step.bucket, step.job_key)) and
+        before = world.wait_for(step, lambda: (c := committed_steps(world.s3, step.bucket, step.job_key)) and
                              len(c) >= 2 and c, 240, "two committed checkpoints")
         old_pods = {p.metadata.uid for p in world.client.list(Pod, namespace=world.namespace,
                                                                labels={"training.kubeflow.org/job-name": name})}
@@ -544,7 +561,7 @@ def test_the_controller_changes_gpus_per_worker_and_the_job_resumes_from_its_new
             running = [p for p in pods if p.status and p.status.phase == "Running"]
             return running if len(running) == 1 and len(pods) == 1 else None
 
-        (pod,) = world._wait(step, reshaped, 240, "one recreated worker pod running")
+        (pod,) = world.wait_for(step, reshaped, 240, "one recreated worker pod running")
         resources = pod.spec.containers[0].resources
         assert resources.limits["nvidia.com/gpu"] == "2", resources
         job = world.job(name)
