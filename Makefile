@@ -29,7 +29,7 @@ help:
 	@echo "make bench-controller-5000  the same at 100, 1000 and 5000 PyTorchJobs on 1024 nodes x 8 GPUs"
 	@echo "make kfp-server the local KFP API server on 127.0.0.1:$(KFP_PORT) (kfp.local runs)"
 	@echo "make test-airflow  the Airflow bridge and local KFP server tests (real Airflow, Chromium)"
-	@echo "make test-e2e-realnode  the real-node end-to-end tests alone (issue 9; part of make test; ~1 min each on 2 cores)"
+	@echo "make test-e2e-realnode  the real-node end-to-end tests alone (issue 9 4a-4d2; part of make test; 1-4 min each on 2 cores)"
 	@echo "make airflow-up / airflow-down  start / stop Airflow's 4 daemons and the local KFP server on 127.0.0.1 (README, Airflow)"
 
 venv: $(STAMP)
@@ -87,9 +87,10 @@ test-realkfp: venv system-deps testbed
 	tests/testbed/build.sh kfp >/dev/null
 	TRAINFLOW_REALKFP=1 $(BIN)/python -m pytest -p no:cacheprovider -m realkfp tests
 
-# The real-node end-to-end tier alone (issue 9, 4a-4b; also part of `make test`; ~1 min a test).
+# The real-node end-to-end tiers alone (issue 9, 4a-4d2; also part of `make test`).
 test-e2e-realnode: venv system-deps testbed
-	$(BIN)/python -m pytest -p no:cacheprovider tests/integration/test_e2e_realnode.py
+	$(BIN)/python -m pytest -p no:cacheprovider tests/integration/test_e2e_realnode.py \
+		tests/integration/test_e2e_scheduler_realnode.py
 
 KFP_PORT ?= 8888
 kfp-server: venv

@@ -3,8 +3,9 @@
 A *resume* pairs the end of one incarnation with the start of the next:
 
 * ``killed_at_step`` — the step the fault marker names, else the last step the previous incarnation
-  logged (a crash without a marker, a KFP or Airflow retry), or the loaded checkpoint's step if that
-  is later (a SIGTERM save commits the step in flight, whose record was never logged);
+  logged (a crash without a marker, a KFP or Airflow retry), or — when later — the step its
+  ``preempted`` record names (a SIGTERM save happens in that step, before its step record is
+  written) or the loaded checkpoint's step (a checkpoint proves its step ran, logged or not);
 * ``resumed_from_step`` — the checkpoint step the next incarnation loaded;
 * ``lost_steps`` = ``killed_at_step - resumed_from_step`` (work redone; never negative);
 * ``restart_seconds`` — from the kill (the marker's time, else the last step record's time) to the
@@ -57,6 +58,7 @@ def summarize(records: list[dict[str, Any]], faults: list[dict[str, Any]] | None
     world_sizes: list[int] = []
     last_step_rec: dict[str, Any] | None = None
     pending: dict[str, Any] | None = None  # a resume waiting for its first step
+    preempted_step: int | None = None  # the previous incarnation stopped on SIGTERM at this step
     for r in records:
         event = r.get("event")
         if event == "start":
@@ -70,14 +72,17 @@ def summarize(records: list[dict[str, Any]], faults: list[dict[str, Any]] | None
                 fault["_used"] = True
                 killed_at, t_kill = fault.get("killed_at_step"), fault.get("time")
             elif last_step_rec is not None:
-                # The checkpoint loaded proves its step ran, logged or not.
-                killed_at = max(int(last_step_rec.get("step", 0)), int(r["resumed_from_step"]))
-                t_kill = last_step_rec.get("time")
+                killed_at, t_kill = last_step_rec.get("step"), last_step_rec.get("time")
+                # A SIGTERM save happens inside a step, before its record; a loaded checkpoint proves
+                # its step ran, logged or not.
+                killed_at = max(int(killed_at or 0), preempted_step or 0, int(r["resumed_from_step"]))
             else:
-                killed_at, t_kill = None, None
+                killed_at, t_kill = preempted_step, None
             pending = {"killed_at": killed_at, "t_kill": t_kill, "from": r["resumed_from_step"],
                        "ws_before": last_step_rec.get("world_size") if last_step_rec else r.get("saved_world_size"),
                        "ws_after": r.get("world_size")}
+        elif event == "preempted":
+            preempted_step = r.get("step")
         elif event == "checkpoint":
             stall_total += float(r.get("stall_s", 0.0))
         elif event == "checkpoint_committed":
@@ -98,6 +103,7 @@ def summarize(records: list[dict[str, Any]], faults: list[dict[str, Any]] | None
                 ))
                 pending = None
             last_step_rec = r
+            preempted_step = None
     return TrainingSummary(
         steps=steps, total_steps=total_steps, final_loss=final_loss, checkpoints_committed=committed,
         checkpoint_stall_seconds_total=round(stall_total, 6), checkpoint_failures=failures, resumes=resumes,

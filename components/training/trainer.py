@@ -63,6 +63,22 @@ EXIT_PREEMPTED = 143
 """Exit code after a SIGTERM save: retryable under the training operator's ExitCode policy."""
 
 
+def sample_log(where: str) -> JsonlSink:
+    """The sample log of this process (``sample_log_dir``): one JSON record per optimizer step with
+    ``step``, ``epoch``, ``rank``, ``world_size``, ``incarnation``, ``incarnation_started`` (Unix s)
+    and the ``ids`` of the samples this rank consumed (plus ``time``).
+
+    ``where`` is a local folder (file ``samples-<pid>-<ns>.jsonl``, a line per step) or a storage
+    URI (``s3://...``: segment objects of one writer per process, flushed every second and on
+    close, as :class:`~components.training.metrics.JsonlSink` writes metrics), so workers in pods
+    leave their log where the auditor can read it; :func:`~components.training.metrics.read_jsonl`
+    of the URI reads every writer's records.
+    """
+    if "://" in where:
+        return JsonlSink(where, flush_interval_s=1.0)
+    return JsonlSink(Path(where, f"samples-{os.getpid()}-{time.time_ns()}.jsonl"))
+
+
 class Preempted(Exception):
     """SIGTERM was received; a final checkpoint was attempted (the message says whether it was saved)."""
 
@@ -206,12 +222,10 @@ class Trainer:
         self._last_loss = float("nan")
         self._pending_first_step_event = False
         self._last_outcome: str | None = None
-        self._sample_log = None
+        self._sample_log: JsonlSink | None = None
         self.incarnation: dict[str, Any] = {"id": "", "started": 0.0}
         if cfg.sample_log_dir:
-            Path(cfg.sample_log_dir).mkdir(parents=True, exist_ok=True)
-            name = f"samples-{os.getpid()}-{time.time_ns()}.jsonl"
-            self._sample_log = Path(cfg.sample_log_dir, name).open("a", buffering=1)  # noqa: SIM115 - closed in train()
+            self._sample_log = sample_log(cfg.sample_log_dir)
 
     # ------------------------------------------------------------------------------- set-up
     def _configure_runtime(self) -> None:
@@ -401,10 +415,10 @@ class Trainer:
         self._last_loss = loss
         adaptive_rec = self._adaptive_after_step(agreed, n_global) if self.adaptive is not None else {}
         if self._sample_log:
-            self._sample_log.write(json.dumps({
+            self._sample_log.record({
                 "step": step, "epoch": epoch, "rank": self.env.rank, "world_size": self.env.world_size,
                 "incarnation": self.incarnation["id"], "incarnation_started": self.incarnation["started"],
-                "ids": ids.tolist()}) + "\n")
+                "ids": ids.tolist()})
         stall = 0.0
         if float(agreed[4]) > 0:  # rank 0's writer was fenced: another run owns the key now
             raise WriterFencedError(str(self.ckpt.fenced) if self.ckpt.fenced else

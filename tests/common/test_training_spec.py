@@ -141,6 +141,18 @@ def test_train_job_spec_validates_rows_and_cross_field_rules() -> None:
             ts.TrainJobSpec.from_kwargs(kwargs)
 
 
+def test_runtime_rows_reach_the_workers_config_under_the_steps_own_paths() -> None:
+    spec = ts.TrainJobSpec.build(epochs=2, runtime={"sample_log_dir": "s3://b/audit", "throttle_step_s": 0.1,
+                                                    "checkpoint_uri": "/ignored"})
+    cfg = spec.train_config(dataset="/w", job_key="k", checkpoint_uri="s3://b/ckpt")
+    assert (cfg.sample_log_dir, cfg.throttle_step_s, cfg.checkpoint.uri) == ("s3://b/audit", 0.1, "s3://b/ckpt")
+    assert spec.replace(epochs=3).runtime == spec.runtime
+    with pytest.raises(ts.ConfigError, match=r"unknown training option\(s\) no_such_row"):
+        ts.TrainJobSpec.build(runtime={"no_such_row": 1})
+    with pytest.raises(ts.ConfigError, match="throttle_step_s must be >= 0"):
+        ts.TrainJobSpec.build(runtime={"throttle_step_s": -1})
+
+
 def test_form_and_ops_settings_are_the_pipeline_rows() -> None:
     form, ops = ts.form_fields(), ts.ops_settings()
     assert set(form) | set(ops) == set(ts.names("P")) and not set(form) & set(ops)

@@ -51,11 +51,12 @@ class PrometheusServer:
 
     def __init__(self, root: Path, targets: Sequence[str], *, scrape_interval_s: float = 1.0,
                  target_labels: Mapping[str, str] | None = None, tls: tuple[Path, Path, Path] | None = None,
-                 rule_files: Sequence[Path] = ()) -> None:
+                 rule_files: Sequence[Path] = (), scrape_configs: Sequence[Mapping[str, Any]] = ()) -> None:
         """``target_labels``: labels of the scrape targets (as the Kubernetes service discovery
         attaches ``namespace`` / ``pod``; the exporter's own then arrive as ``exported_*``);
         ``tls``: ``(cert, key, ca)`` PEM files to serve HTTPS with; ``rule_files``: recording
-        and alerting rule files to load."""
+        and alerting rule files to load; ``scrape_configs``: more scrape jobs, as in the
+        configuration file (e.g. ``kubernetes_sd_configs`` discovering pods on a test bed)."""
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -71,6 +72,7 @@ class PrometheusServer:
         self.target_labels = dict(target_labels or {})
         self.rule_files = [str(p) for p in rule_files]
         self.targets = list(targets)
+        self.scrape_configs = [dict(c) for c in scrape_configs]
         self.config_path = root / "prometheus.yml"
         self._process: ManagedProcess | None = None
         self._write_config()
@@ -83,6 +85,7 @@ class PrometheusServer:
             "scrape_configs": [
                 {"job_name": "targets", "static_configs": [static]} if self.targets else
                 {"job_name": "targets", "static_configs": []},
+                *self.scrape_configs,
             ],
         }
         if self.rule_files:

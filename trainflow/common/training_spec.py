@@ -330,7 +330,8 @@ class TrainConfig(_Section):
     model_output: str = param("model_output", "R", "folder for the final model (rank 0)", "")
     throttle_step_s: float = param("throttle_step_s", "R", "sleep after each step (demos, tests)", 0.0, unit="s",
                                    minimum=0)
-    sample_log_dir: str = param("sample_log_dir", "R", "log every consumed sample id per step here (audits)", "")
+    sample_log_dir: str = param("sample_log_dir", "R", "log every consumed sample id per step here, a folder or a "
+                                "storage URI such as s3://bucket/audit (audits)", "")
     log_every_steps: int = param("log_every_steps", "R", "console progress every N steps", 10, unit="steps",
                                  minimum=1)
 
@@ -518,9 +519,13 @@ class TrainJobSpec:
     pipeline_root: str = ""
     poll_interval_s: float = 5.0
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    runtime: Mapping[str, Any] = field(default_factory=dict)
+    """Runtime-only (R) rows for the workers, e.g. ``{"sample_log_dir": "s3://b/audit"}`` (audits,
+    tests); never a pipeline parameter. The step's own paths (dataset, job key, checkpoints,
+    metrics, model) override them; an unknown name or a bad value is a :class:`ConfigError`."""
 
     PLUMBING: ClassVar[tuple[str, ...]] = ("dataset_path", "dataset_uri", "kfp_run_id", "kfp_task_name",
-                                           "pipeline_root", "poll_interval_s", "extra_env")
+                                           "pipeline_root", "poll_interval_s", "extra_env", "runtime")
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], **plumbing: Any) -> TrainJobSpec:
@@ -566,6 +571,7 @@ class TrainJobSpec:
             ConfigError: one line.
         """
         flat = {name: self.values[name] for name in names("R") if name in self.values}
+        flat.update(self.runtime)
         flat.update(dataset=dataset, job_key=job_key, checkpoint_uri=checkpoint_uri, metrics_path=metrics_path,
                     model_output=model_output)
         return TrainConfig.from_flat(flat)

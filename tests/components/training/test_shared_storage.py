@@ -129,3 +129,24 @@ def test_a_failing_store_never_reaches_the_training_loop(tmp_path: Path) -> None
     sink.close()
     assert [r.get("event", r.get("step")) for r in read_jsonl(f"file://{tmp_path}/m")] == ["start", 1]
     assert json.loads((tmp_path / "m").rglob("*.jsonl").__next__().read_text().splitlines()[0])["event"] == "start"
+
+
+def test_sample_logs_of_several_ranks_go_to_one_storage_uri_or_one_file_each(tmp_path: Path) -> None:
+    """``sample_log_dir`` of workers in pods is a storage URI: each process writes its own segments
+    there (flushed on close), and reading the URI gives every rank's records."""
+    from components.training.trainer import sample_log
+
+    uri = f"file://{tmp_path}/job/samples"
+    logs = [sample_log(uri) for _ in range(2)]
+    for rank, log in enumerate(logs):
+        log.record({"step": 1, "rank": rank, "ids": [rank, rank + 2]})
+    for log in logs:
+        log.close()
+    records = read_jsonl(uri)
+    assert sorted((r["rank"], r["ids"]) for r in records) == [(0, [0, 2]), (1, [1, 3])]
+    assert len({key.split("/")[0] for key, _ in read_segments(uri)}) == 2  # one writer per process
+    local = sample_log(str(tmp_path / "local"))
+    local.record({"step": 1, "rank": 0, "ids": [5]})
+    local.close()
+    (written,) = (tmp_path / "local").glob("samples-*.jsonl")
+    assert [r["ids"] for r in read_jsonl(written)] == [[5]]

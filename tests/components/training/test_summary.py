@@ -47,3 +47,20 @@ def test_a_sigterm_save_past_the_last_logged_step_loses_nothing() -> None:
     ]
     (r,) = summarize(records).resumes
     assert (r.killed_at_step, r.resumed_from_step, r.lost_steps) == (42, 42, 0)
+
+
+def test_a_sigterm_save_in_the_last_step_loses_nothing() -> None:
+    """A scale-down or suspend: SIGTERM, the save happens inside step 26 and the trainer stops before
+    writing that step's record; the next incarnation resumes from 26. Nothing was lost (seen on the
+    real node as ``killed_at_step`` 25, ``lost_steps`` -1 before)."""
+    records = [
+        {"event": "start", "world_size": 2, "time": 0},
+        {"step": 25, "epoch": 1, "loss": 1.0, "world_size": 2, "time": 3.0},
+        {"event": "checkpoint", "step": 26, "stall_s": 0.1, "time": 3.2},
+        {"event": "preempted", "step": 26, "outcome": "committed", "time": 3.3},
+        {"event": "start", "world_size": 1, "time": 10.0},
+        {"event": "resume", "resumed_from_step": 26, "world_size": 1, "saved_world_size": 2, "time": 11.0},
+        {"step": 27, "epoch": 1, "loss": 1.0, "world_size": 1, "time": 13.0},
+    ]
+    (r,) = summarize(records).resumes
+    assert (r.killed_at_step, r.resumed_from_step, r.lost_steps, r.restart_seconds) == (26, 26, 0, 10.0)
