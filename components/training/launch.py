@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -39,12 +38,6 @@ from pathlib import Path
 from typing import IO
 
 from trainflow.common.cpus import threads_per_rank
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def rdzv_id_for(job_key: str) -> str:

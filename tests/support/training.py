@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from components.training.launch import Agent, AgentSpec, free_port, rdzv_id_for
+from components.training.launch import Agent, AgentSpec, rdzv_id_for
 from components.training.metrics import read_jsonl
 from components.training.sources import prepare
+from tests.support.processes import free_port
 
 
 @pytest.fixture(scope="session")

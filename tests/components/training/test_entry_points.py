@@ -19,8 +19,8 @@ import pytest
 import torch.distributed as dist
 
 from components.training.distributed import incarnation_store, loopback_store_server
-from components.training.launch import free_port
 from components.training.metrics import read_jsonl
+from tests.support.processes import free_port
 
 
 def _env(*, shared_store: bool) -> dict[str, str]:

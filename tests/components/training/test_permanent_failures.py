@@ -12,9 +12,10 @@ import time
 import pytest
 
 from components.training.checkpoint import layout
-from components.training.launch import AgentSpec, free_port, run_agent
+from components.training.launch import AgentSpec, run_agent
 from components.training.metrics import read_jsonl
 from components.training.sources import prepare
+from tests.support.processes import free_port
 from trainflow.storage import write_bytes
 from trainflow.storage.local import LocalStorage
 
