@@ -245,7 +245,8 @@ def test_dataset_changes_drive_retraining_with_asset_events(retraining, s3_serve
     chromium.get(f"{cluster.url}/assets/{model['id']}")
     try:
         WebDriverWait(chromium, 60, poll_frequency=1).until(
-            lambda d: "1 Asset Event" in (body := d.find_element(By.TAG_NAME, "body").text)
+            # whitespace folded: the page renders "Source:" and the DAG's link on separate text lines
+            lambda d: "1 Asset Event" in (body := " ".join(d.find_element(By.TAG_NAME, "body").text.split()))
             and f"Source: {DAG_ID}" in body and f"trainflow-dataset-{MODEL}" in body)  # the lineage graph
     finally:
         chromium.save_screenshot(str(shots / "model-asset.png"))
