@@ -4,6 +4,9 @@
 states are SUCCEEDED, SKIPPED, FAILED and CANCELED; CANCELING and PAUSED are not terminal (kfp's
 own ``wait_for_run_completion`` misses CANCELED and hangs, kubeflow/pipelines#14473).
 
+:func:`asset_event_extra` is the ``extra`` of the asset events a successful run's task emits
+for its outlets (run id, URL, state and the pipeline's outputs).
+
 The trigger yields exactly one :class:`TriggerEventPayload`; the operator, the sensor and the
 tests all read it through :func:`parse_payload`.
 
@@ -23,6 +26,10 @@ from typing import Any, TypedDict
 #: ``plugins_output`` entry (KFP ``V2beta1PluginOutput``) with the trainer's last reported step;
 #: written by ``trainflow.kfp_server`` (its ``PROGRESS_PLUGIN``).
 PROGRESS_PLUGIN = "trainflow"
+#: ``plugins_output`` entry with a SUCCEEDED run's pipeline outputs (the values the pipeline
+#: function returns: parameters as JSON values, artifacts as ``{"uri", "metadata"}``); written by
+#: ``trainflow.kfp_server`` (its ``OUTPUTS_PLUGIN``). A KFP without it serves no outputs.
+OUTPUTS_PLUGIN = "trainflow-outputs"
 
 
 class RunState(StrEnum):
@@ -231,3 +238,34 @@ def progress_lines(run_id: str, previous: RunProgress | None, current: RunProgre
     if training.get("step") is not None and training.get("step") != before.get("step"):
         lines.append(_training_line(training))
     return lines
+
+
+def run_outputs(run: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline outputs a run's ``plugins_output[OUTPUTS_PLUGIN]`` carries, ``{name: value}``.
+
+    Values are JSON: a parameter output as returned by the pipeline (``int``, ``float``, ``str``,
+    ``bool``, lists, dicts), an artifact as ``{"uri": str, "metadata": dict}``. Empty when the
+    server exposes none (a KFP other than trainflow's local server, or a run not SUCCEEDED).
+    """
+    plugin = (run.get("plugins_output") or {}).get(OUTPUTS_PLUGIN) or {}
+    entries = plugin.get("entries") or {}
+    return {str(k): v["value"] for k, v in entries.items() if isinstance(v, dict) and "value" in v}
+
+
+def asset_event_extra(run: dict[str, Any], *, url: str) -> dict[str, Any]:
+    """The ``extra`` of the asset events for a SUCCEEDED run's outlets (shown in Airflow's Assets view).
+
+    Returns:
+        ``{"kfp_run_id", "kfp_run_url", "kfp_run_state", "kfp_run_name", "outputs"}``: the run's id,
+        its page in the KFP UI, its state, its display name, and :func:`run_outputs` -- for
+        ``retraining_pipeline`` the registered ``model_version`` (0: none), the new model's
+        ``test_accuracy``, and the drift ``verdict`` artifact whose metadata holds the decision and
+        the dataset's listing fingerprint. All values are JSON (Airflow stores ``extra`` as JSON).
+    """
+    return {
+        "kfp_run_id": str(run.get("run_id", "")),
+        "kfp_run_url": url,
+        "kfp_run_state": RunState.parse(run.get("state")).value,
+        "kfp_run_name": str(run.get("display_name", "")),
+        "outputs": run_outputs(run),
+    }

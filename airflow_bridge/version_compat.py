@@ -19,6 +19,7 @@ if Version("3.0.0") > _BASE_VERSION:  # pragma: no cover - the airflow extra pin
 AIRFLOW_V_3_3_PLUS: bool = Version("3.3.0") <= _BASE_VERSION
 
 from airflow.sdk import (  # noqa: E402
+    Asset,
     BaseHook,
     BaseOperator,
     BaseOperatorLink,
@@ -47,6 +48,7 @@ __all__ = [
     "AirflowFailException",
     "AirflowNotFoundException",
     "AirflowSkipException",
+    "Asset",
     "BaseHook",
     "BaseOperator",
     "BaseOperatorLink",

@@ -1,5 +1,7 @@
 """``retraining_pipeline``: drift_check ▶ (when the verdict says retrain, or always) prepare ▶ train ▶
-evaluate ▶ register — registered only if it beats the current version on the held-out split.
+evaluate ▶ register — registered only if it beats the current version on the held-out split;
+otherwise ``skip_retraining``. Outputs: ``retrain``, ``verdict``, ``model_version``,
+``test_accuracy`` (:class:`RetrainingOutputs`).
 
 The Airflow DAG ``trainflow_retraining`` (airflow_bridge/example_dags) runs it when the dataset Asset
 gets an event (docs/airflow.md, "Retraining when the data changes"); ``dataset_change`` carries that
@@ -21,7 +23,7 @@ from typing import NamedTuple
 
 from kfp import dsl
 
-from components.specs import drift_check, evaluate, prepare_dataset, register_model, train
+from components.specs import drift_check, evaluate, prepare_dataset, register_model, skip_retraining, train
 from pipelines.platform import PlatformSettings
 from pipelines.training import TRAIN_RETRIES
 
@@ -29,13 +31,23 @@ RETRAIN_POLICIES = ("on-drift", "always")
 
 
 class RetrainingOutputs(NamedTuple):
+    """What a run returns (the Airflow operator puts these on the model Asset's event).
+
+    ``model_version``: the version this run registered (0: none -- no retraining, or the new model
+    did not beat the current one); ``test_accuracy``: the new model's held-out accuracy (0.0 when
+    nothing was trained); ``retrain``: the drift check's answer; ``verdict``: its JSON report
+    (metadata: ``decision``, ``reasons``, ``listing_fingerprint`` of the data it read).
+    """
+
     retrain: bool
     verdict: dsl.Artifact
+    model_version: int
+    test_accuracy: float
 
 
 def _retrain_steps(*, platform: PlatformSettings, s3_secret_name, dataset_source, registry_uri, registered_model_name, dataset_change, promotion_threshold,
                    test_fraction, image_size, channels, seed, checkpoint_uri, job_key, s3_endpoint_url,
-                   **train_args) -> None:
+                   **train_args) -> tuple:
     data = prepare_dataset(source=dataset_source, test_fraction=test_fraction, seed=seed, image_size=image_size,
                            channels=channels, s3_endpoint_url=s3_endpoint_url).set_display_name("prepare dataset")
     training = train(
@@ -58,6 +70,7 @@ def _retrain_steps(*, platform: PlatformSettings, s3_secret_name, dataset_source
     registered.set_caching_options(False)
     for task in (data, training, scores, registered):
         platform.apply(task, s3_secret_name)
+    return scores, registered
 
 
 def build_retraining_pipeline(platform: PlatformSettings) -> object:
@@ -105,7 +118,7 @@ def build_retraining_pipeline(platform: PlatformSettings) -> object:
         check.set_caching_options(False)
         platform.apply(check, s3_secret_name)
         with dsl.If(check.outputs["Output"] == True, name="retrain"):  # noqa: E712
-            _retrain_steps(
+            scores, registered = _retrain_steps(
                 platform=platform, dataset_source=dataset_source, registry_uri=registry_uri, registered_model_name=registered_model_name,
                 dataset_change=dataset_change, promotion_threshold=promotion_threshold,
                 test_fraction=test_fraction, image_size=image_size, channels=channels, model_name=model_name,
@@ -116,7 +129,14 @@ def build_retraining_pipeline(platform: PlatformSettings) -> object:
                 namespace=namespace, gpus_per_worker=gpus_per_worker, s3_secret_name=s3_secret_name,
                 s3_endpoint_url=s3_endpoint_url,
             )
-        return RetrainingOutputs(retrain=check.outputs["Output"], verdict=check.outputs["verdict"])
+        with dsl.Else(name="keep-current"):
+            skipped = skip_retraining().set_display_name("no retraining")
+            skipped.set_caching_options(False)
+        return RetrainingOutputs(
+            retrain=check.outputs["Output"], verdict=check.outputs["verdict"],
+            model_version=dsl.OneOf(registered.outputs["version"], skipped.outputs["version"]),
+            test_accuracy=dsl.OneOf(scores.outputs["Output"], skipped.outputs["test_accuracy"]),
+        )
 
     return retraining_pipeline
 

@@ -40,6 +40,12 @@ looks the run up by its marker before failing the try, and never posts it a seco
 
 A successful try removes the run id from the state store, so clearing a successful task runs the
 pipeline again.
+
+Asset events: when the run SUCCEEDED and the task has outlets (Airflow Assets), each outlet's
+asset event carries :func:`~airflow_bridge.events.asset_event_extra` as its ``extra`` (Airflow 3's
+``outlet_events[asset].extra``): KFP run id, URL, state, display name and the pipeline's outputs
+(for ``retraining_pipeline``: model version, test accuracy, the drift verdict with the dataset's
+listing fingerprint). Airflow's Assets view and lineage show it. Without outlets nothing changes.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from airflow_bridge.events import (
     RunProgress,
     RunState,
     TriggerEventPayload,
+    asset_event_extra,
     parse_payload,
     payload_for_run,
     progress_lines,
@@ -79,6 +86,7 @@ from airflow_bridge.triggers.kfp import KfpRunTrigger
 from airflow_bridge.version_compat import (
     AirflowFailException,
     AirflowSkipException,
+    Asset,
     BaseOperator,
     Context,
     default_deferrable,
@@ -282,7 +290,7 @@ class KfpRunPipelineOperator(BaseOperator):
                     method_name="execute_complete",
                 )
             run = self._wait(run_id, deadline_s, url)
-        return self._finish(context, payload_for_run(run, url=url))
+        return self._finish(context, payload_for_run(run, url=url), run=run)
 
     def _wait(self, run_id: str, deadline_s: float | None, url: str) -> dict[str, Any]:
         last: list[RunProgress] = []
@@ -323,10 +331,13 @@ class KfpRunPipelineOperator(BaseOperator):
             raise KfpApiError(f"lost track of KFP run {payload['run_id']}: {payload['message']}")
         return self._finish(context, payload)
 
-    def _finish(self, context: Context, payload: TriggerEventPayload) -> dict[str, Any]:
+    def _finish(
+        self, context: Context, payload: TriggerEventPayload, *, run: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         status = EventStatus(payload["status"])
         kwargs = {"run_id": payload["run_id"], "state": payload["state"], "url": payload["url"]}
         if status is EventStatus.SUCCESS:
+            self._annotate_outlet_events(context, payload, run)
             store = context.get("task_state_store")
             if store is not None:
                 store.delete(self.STATE_STORE_KEY)
@@ -339,6 +350,29 @@ class KfpRunPipelineOperator(BaseOperator):
         raise KfpRunFailedError(
             f"KFP run {payload['run_id']} failed: {payload['message']} ({payload['url']})", **kwargs
         )
+
+    def _annotate_outlet_events(
+        self, context: Context, payload: TriggerEventPayload, run: dict[str, Any] | None
+    ) -> None:
+        """Put the run's :func:`asset_event_extra` on every outlet Asset's event (none: no-op).
+
+        The run is read once more when it is not at hand (after a deferral); if that read fails the
+        events still carry the run id, URL and state, and the log says why the outputs are missing.
+        """
+        assets = [a for a in (self.outlets or ()) if isinstance(a, Asset)]
+        events = context.get("outlet_events")
+        if not assets or events is None:
+            return
+        if run is None:
+            try:
+                run = self.hook.get_run(payload["run_id"])
+            except KfpApiError as err:
+                self.log.warning("cannot read KFP run %s for its outputs: %s", payload["run_id"], err)
+                run = {"run_id": payload["run_id"], "state": payload["state"]}
+        extra = asset_event_extra(run, url=payload["url"])
+        for asset in assets:
+            events[asset].extra.update(extra)
+        self.log.info("asset events for %s: %s", ", ".join(a.uri for a in assets), extra)
 
     # -- reattach or submit ----------------------------------------------------------------
     def _reattach_or_submit(self, identity: TaskIdentity, store: Any) -> dict[str, Any]:

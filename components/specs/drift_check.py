@@ -23,7 +23,7 @@ def drift_check(
     features (KS, Bonferroni), the model's accuracy (exact one-sided test); see
     components/drift/check.py. Writes the p-values and statistics to ``metrics``, the whole verdict
     (JSON: statistics, p-values, thresholds, decision, reasons; the decision — drift | no-drift |
-    unchanged | no-reference — also in its metadata) to ``verdict``. Returns whether to retrain: as
+    unchanged | no-reference — and the source's listing fingerprint also in its metadata) to ``verdict``. Returns whether to retrain: as
     the verdict says (``retrain_policy`` on-drift), or always (``always``; the verdict is still
     computed and kept). One plain output, because kfp.local resolves a ``dsl.If`` condition only on
     a task's single ``Output``, not on a named output (kfp 2.17 enhanced_dag_orchestrator)."""
@@ -45,5 +45,6 @@ def drift_check(
     Path(verdict.path).write_text(json.dumps({**report.to_json(), "retrain": retrain,
                                               "retrain_policy": retrain_policy}, indent=1))
     verdict.metadata.update({"decision": report.decision, "retrain": retrain, "retrain_policy": retrain_policy,
-                             "reasons": report.reasons})
+                             "reasons": report.reasons,
+                             "listing_fingerprint": report.new.get("listing_fingerprint", "")})
     return retrain

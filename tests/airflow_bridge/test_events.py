@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from airflow_bridge.events import (
     ACTIVE_STATES,
+    OUTPUTS_PLUGIN,
     PROGRESS_PLUGIN,
     TERMINAL_STATES,
     EventStatus,
     RunProgress,
     RunState,
+    asset_event_extra,
     parse_payload,
     payload_for_problem,
     payload_for_run,
     progress_lines,
+    run_outputs,
 )
 
 
@@ -108,3 +113,37 @@ def test_a_run_without_details_or_plugin_has_only_its_state() -> None:
     progress = RunProgress.of({"run_id": "r", "state": "PENDING"})
     assert progress == RunProgress(RunState.PENDING)
     assert progress_lines("r", None, progress) == ["KFP run r is PENDING"]
+
+
+def test_asset_event_extra_carries_the_run_and_its_pipeline_outputs() -> None:
+    verdict = {"uri": "file:///r/verdict", "metadata": {"decision": "drift", "listing_fingerprint": "ab12"}}
+    run = {
+        "run_id": "r1",
+        "display_name": "retrain [af-1]",
+        "state": "SUCCEEDED",
+        "plugins_output": {
+            PROGRESS_PLUGIN: {"entries": {"step": {"value": 9}}},
+            OUTPUTS_PLUGIN: {
+                "entries": {"model_version": {"value": 2}, "test_accuracy": {"value": 0.91},
+                            "verdict": {"value": verdict}, "torn": {"no": "value"}},
+                "state": "PLUGIN_SUCCEEDED",
+            },
+        },
+    }
+    assert run_outputs(run) == {"model_version": 2, "test_accuracy": 0.91, "verdict": verdict}
+    assert asset_event_extra(run, url="http://kfp/#/runs/details/r1") == {
+        "kfp_run_id": "r1",
+        "kfp_run_url": "http://kfp/#/runs/details/r1",
+        "kfp_run_state": "SUCCEEDED",
+        "kfp_run_name": "retrain [af-1]",
+        "outputs": {"model_version": 2, "test_accuracy": 0.91, "verdict": verdict},
+    }
+    json.dumps(asset_event_extra(run, url="u"))  # Airflow stores extra as JSON
+    bare = asset_event_extra({"run_id": "r2", "state": "SUCCEEDED"}, url="u")  # a KFP without the plugin
+    assert bare["outputs"] == {} and bare["kfp_run_id"] == "r2" and bare["kfp_run_name"] == ""
+
+
+def test_plugin_names_match_the_local_server() -> None:
+    from trainflow.kfp_server import app
+
+    assert (PROGRESS_PLUGIN, OUTPUTS_PLUGIN) == (app.PROGRESS_PLUGIN, app.OUTPUTS_PLUGIN)

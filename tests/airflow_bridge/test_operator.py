@@ -33,7 +33,7 @@ from airflow_bridge.identity import TaskIdentity
 from airflow_bridge.links.kfp import KfpRunLink
 from airflow_bridge.operators.kfp import KfpRunPipelineOperator, pipeline_arguments, run_deadline_s
 from airflow_bridge.package import load_pipeline_package
-from airflow_bridge.version_compat import AirflowFailException, AirflowSkipException
+from airflow_bridge.version_compat import AirflowFailException, AirflowSkipException, Asset
 from tests.support.kfp_server import FAILURE_MESSAGE, KfpServer
 
 
@@ -424,3 +424,32 @@ def test_a_bad_ui_url_fails_the_task_before_anything_is_submitted(
     with pytest.raises(AirflowFailException, match=r"unknown field\(s\) \{ns\}"):
         op.execute(ctx)
     assert runs_of(kfp_server, ctx) == []
+
+
+@slow
+def test_outlet_events_carry_the_runs_outputs_in_sync_and_deferred_mode(kfp_server, compiled_pipelines) -> None:
+    from airflow.sdk.execution_time.context import OutletEventAccessors
+    from airflow.sdk.execution_time.task_runner import _serialize_outlet_events
+
+    model = Asset(uri="s3://models/tiny", name="tiny-model")
+    ctx = {**context_for("outlets"), "outlet_events": OutletEventAccessors()}
+    op = operator(kfp_server, compiled_pipelines["tiny"], parameters={"a": "4", "b": "5"}, outlets=[model],
+                  poll_interval_s=0.3)
+    result = op.execute(ctx)
+    (event,) = list(_serialize_outlet_events(ctx["outlet_events"]))  # what the task sends on success
+    assert event["dest_asset_key"] == {"name": "tiny-model", "uri": "s3://models/tiny"}
+    assert event["extra"] == {"kfp_run_id": result["run_id"], "kfp_run_url": result["url"],
+                              "kfp_run_state": "SUCCEEDED", "kfp_run_name": event["extra"]["kfp_run_name"],
+                              "outputs": {"Output": 4 + 5 + 10}}
+    assert TaskIdentity.from_context(ctx).marker in event["extra"]["kfp_run_name"]
+
+    # after a deferral the operator reads the run once more for its outputs
+    later = {**context_for("outlets-deferred"), "outlet_events": OutletEventAccessors()}
+    payload = {"status": "success", "run_id": result["run_id"], "state": "SUCCEEDED", "message": "", "url": "u"}
+    op.execute_complete(later, payload)
+    assert later["outlet_events"][model].extra["outputs"] == {"Output": 19}
+
+    # no outlets: no asset event is touched
+    plain = {**context_for("no-outlets"), "outlet_events": OutletEventAccessors()}
+    operator(kfp_server, compiled_pipelines["tiny"]).execute_complete(plain, payload)
+    assert list(_serialize_outlet_events(plain["outlet_events"])) == []

@@ -28,6 +28,7 @@ from trainflow.storage.local import LocalStorage
 def _outcome(outputs) -> tuple[str, bool]:
     verdict = json.loads(Path(outputs["verdict"].path).read_text())
     assert verdict["retrain"] == outputs["retrain"]
+    assert outputs["verdict"].metadata["listing_fingerprint"] == verdict["new"]["listing_fingerprint"]
     return verdict["decision"], outputs["retrain"]
 
 
@@ -64,10 +65,13 @@ def test_retraining_pipeline_decides_trains_and_registers(tmp_path, monkeypatch)
     assert v1 is not None and v1.version == 1 and PROFILE_FILE in v1.files
     assert v1.lineage["dataset"]["listing_fingerprint"] == change["listing_fingerprint"]
     assert v1.lineage["dataset"]["change"] == change and v1.lineage["dataset"]["source"] == str(data)
+    assert first["model_version"] == 1 and first["test_accuracy"] == v1.lineage["metrics"]["test_accuracy"]
+    assert first["verdict"].metadata["listing_fingerprint"] == change["listing_fingerprint"]
 
     again = retraining_pipeline(**args, job_key="again").outputs
     assert _outcome(again) == ("unchanged", False)
     assert [v.version for v in registry.versions("digits")] == [1]
+    assert (again["model_version"], again["test_accuracy"]) == (0, 0.0)  # the "no retraining" branch
 
     for path in data.rglob("*.png"):
         Image.fromarray(255 - np.asarray(Image.open(path))).save(path)
@@ -75,6 +79,7 @@ def test_retraining_pipeline_decides_trains_and_registers(tmp_path, monkeypatch)
     assert _outcome(shifted) == ("drift", True)
     v2 = registry.current("digits")
     assert v2.version == 2 and v2.lineage["metrics"]["test_accuracy"] > v2.lineage["previous_version_accuracy"]
+    assert shifted["model_version"] == 2
     assert os.path.isdir(tmp_path / "models" / "digits" / "v000001")  # the old version stays
 
 

@@ -276,16 +276,25 @@ def _airflow_env(
 
 
 def start_airflow(
-    home: Path, kfp: KfpServer, pipelines: dict[str, Path], training_pipeline: Path
+    home: Path,
+    kfp: KfpServer,
+    pipelines: dict[str, Path],
+    training_pipeline: Path,
+    *,
+    dag_files: list[Path] | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> AirflowCluster:
-    """Migrate the DB and start the four components; raise with their logs if they do not come up."""
+    """Migrate the DB and start the four components; raise with their logs if they do not come up.
+
+    ``dag_files`` replaces the default dags folder (the training example DAG and the test DAGs);
+    ``extra_env`` is added to every component's environment.
+    """
     dags = home / "dags"
     dags.mkdir(parents=True)
-    shutil.copy(EXAMPLE_DAG, dags / EXAMPLE_DAG.name)
-    for dag_file in TEST_DAGS.glob("*.py"):
+    for dag_file in dag_files if dag_files is not None else [EXAMPLE_DAG, *TEST_DAGS.glob("*.py")]:
         shutil.copy(dag_file, dags / dag_file.name)
     port = free_port()
-    env = _airflow_env(home, port, kfp, pipelines, training_pipeline)
+    env = {**_airflow_env(home, port, kfp, pipelines, training_pipeline), **(extra_env or {})}
     full_env = {**os.environ, **env}
     migrate = subprocess.run(
         [_airflow_bin(), "db", "migrate"], env=full_env, capture_output=True, text=True, timeout=600

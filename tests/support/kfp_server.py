@@ -63,11 +63,13 @@ def start_kfp_server(
     token_file: Path | None = None,
     max_concurrent_runs: int = 2,
     name: str = "kfp-server",
+    env: dict[str, str] | None = None,
 ) -> KfpServer:
     """Start a server on 127.0.0.1 and a free port; the caller stops ``.process``.
 
     ``token`` goes in through ``TRAINFLOW_KFP_SERVER_TOKEN``, ``token_file`` through
-    ``--auth-token-file`` (the server never takes a token on its command line).
+    ``--auth-token-file`` (the server never takes a token on its command line). ``env`` is added to
+    the server's environment (and so to its runs', e.g. S3 credentials).
     """
     port = free_port()
     data_dir = tmp_dir / f"{name}-data"
@@ -82,7 +84,7 @@ def start_kfp_server(
         str(max_concurrent_runs),
         *(["--auth-token-file", str(token_file)] if token_file else []),
     ]
-    env = {"TRAINFLOW_KFP_SERVER_TOKEN": token or ""}
+    env = {**(env or {}), "TRAINFLOW_KFP_SERVER_TOKEN": token or ""}
     url = f"http://127.0.0.1:{port}"
     # With a token, healthz answers 401: readiness is "the port answers HTTP" then.
     ready_url = f"{url}/" if token or token_file else f"{url}/apis/v2beta1/healthz"

@@ -111,6 +111,8 @@ def test_kfp_client_runs_a_compiled_pipeline_to_success(
     raw = http.get(f"{API}/runs/{result.run_id}").json()
     assert_shape(raw, "V2beta1Run")
     assert raw["runtime_config"]["parameters"] == {"a": 5, "b": 7}
+    # the pipeline's return value, as plugin output (the Airflow bridge puts it on asset events)
+    assert raw["plugins_output"]["trainflow-outputs"]["entries"] == {"Output": {"value": 22}}
     assert raw["experiment_id"] == client.get_experiment(experiment_name="Default").experiment_id
     assert "adding 12 + 10" in http.get(f"/local/runs/{result.run_id}/log").text
 

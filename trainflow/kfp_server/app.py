@@ -40,6 +40,7 @@ from trainflow.kfp_server.execute import strip_ansi
 from trainflow.kfp_server.runner import (
     ACTIVE_STATES,
     RunExecutor,
+    pipeline_outputs,
     set_state,
     task_details,
     training_progress,
@@ -53,6 +54,10 @@ API = "/apis/v2beta1"
 #: ``plugins_output`` key under which a run reports the trainer's progress (KFP's run-plugin
 #: field, ``V2beta1PluginOutput``); the Airflow bridge reads it (``airflow_bridge.events``).
 PROGRESS_PLUGIN = "trainflow"
+#: ``plugins_output`` key under which a SUCCEEDED run carries its pipeline outputs (the values the
+#: pipeline function returned); the Airflow bridge puts them on its asset events (``OUTPUTS_PLUGIN``
+#: in ``airflow_bridge.events``).
+OUTPUTS_PLUGIN = "trainflow-outputs"
 MAX_UPLOAD_BYTES = 32 * 1024 * 1024  # the real upload limit ("Maximum size of 32MB")
 DEFAULT_EXPERIMENT = "Default"
 
@@ -258,6 +263,12 @@ class KfpServer:
                     "state": plugin_state,
                     "state_message": "the trainer's last reported step",
                 }
+            }
+        if run["state"] == "SUCCEEDED" and (outputs := pipeline_outputs(self.executor.run_dir(run_id) / "result.json")):
+            run.setdefault("plugins_output", {})[OUTPUTS_PLUGIN] = {
+                "entries": {name: {"value": value} for name, value in outputs.items()},
+                "state": "PLUGIN_SUCCEEDED",
+                "state_message": "the pipeline's outputs",
             }
         return run
 

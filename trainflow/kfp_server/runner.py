@@ -296,6 +296,13 @@ def training_progress(metrics_path: Path) -> dict[str, Any] | None:
     return {k: last[k] for k in PROGRESS_FIELDS if last.get(k) is not None}
 
 
+def pipeline_outputs(result_path: Path) -> dict[str, Any]:
+    """A finished run's pipeline outputs from the child's ``result.json`` (``{}`` when absent):
+    parameter outputs as JSON values, artifacts as ``{"uri", "metadata"}`` (see execute.py)."""
+    outputs = _read_result(result_path).get("outputs")
+    return outputs if isinstance(outputs, dict) else {}
+
+
 def _read_result(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
