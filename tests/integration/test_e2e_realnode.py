@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_cluster_path_realnode import placement_settings
-from tests.support.k8s import wait_until
+from tests.support.k8s import BackgroundPoll, wait_until
 from tests.support.realnode import RealNode
 from tests.support.realnode_s3 import S3_SECRET_NAME
 from tests.support.s3 import S3Server
@@ -123,12 +123,12 @@ def test_trainflow_run_trains_mnist_in_an_elastic_pytorchjob_on_the_real_node(
 # ------------------------------------------------------------------------------------ 4b: faults
 
 
-class JobWatch:
+class JobWatch(BackgroundPoll):
     """Polls the namespace's PyTorchJobs (every uid ever seen) and their worker pods while a run goes on."""
 
-    def __init__(self, client: Any, namespace: str) -> None:
-        import threading
+    thread_name = "job-watch"
 
+    def __init__(self, client: Any, namespace: str) -> None:
         self.client, self.namespace = client, namespace
         self.job_uids: set[str] = set()
         self.job_names: set[str] = set()
@@ -139,42 +139,28 @@ class JobWatch:
         self.pod_restarts: dict[str, int] = {}
         #: ``PET_RDZV_ENDPOINT`` of every worker pod seen (the operator's env).
         self.rdzv_endpoints: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="job-watch", daemon=True)
 
-    def __enter__(self) -> JobWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _loop(self) -> None:
+    def poll(self) -> None:
         from lightkube.resources.core_v1 import Pod
 
         from components.launcher.runner import JOB_NAME_LABEL, pytorchjob_resource
 
-        while not self._stop.wait(1.0):
-            try:
-                for job in self.client.list(pytorchjob_resource(), namespace=self.namespace):
-                    self.job_uids.add(job.metadata.uid)
-                    self.job_names.add(job.metadata.name)
-                    policy = (job.get("spec") or {}).get("elasticPolicy") or {}
-                    self.job_rdzv.add((policy.get("rdzvHost"), policy.get("rdzvPort")))
-                for pod in self.client.list(Pod, namespace=self.namespace):
-                    if JOB_NAME_LABEL not in (pod.metadata.labels or {}):
-                        continue
-                    name = pod.metadata.name
-                    self.pod_uids.setdefault(name, set()).add(pod.metadata.uid)
-                    env = {e.name: e.value for e in (pod.spec.containers[0].env or [])}
-                    if env.get("PET_RDZV_ENDPOINT"):
-                        self.rdzv_endpoints.add(env["PET_RDZV_ENDPOINT"])
-                    for status in (pod.status.containerStatuses if pod.status else None) or []:
-                        if status.name == "pytorch":
-                            self.pod_restarts[name] = max(self.pod_restarts.get(name, 0), status.restartCount)
-            except Exception:  # an API hiccup under load: the next poll sees the same jobs
+        for job in self.client.list(pytorchjob_resource(), namespace=self.namespace):
+            self.job_uids.add(job.metadata.uid)
+            self.job_names.add(job.metadata.name)
+            policy = (job.get("spec") or {}).get("elasticPolicy") or {}
+            self.job_rdzv.add((policy.get("rdzvHost"), policy.get("rdzvPort")))
+        for pod in self.client.list(Pod, namespace=self.namespace):
+            if JOB_NAME_LABEL not in (pod.metadata.labels or {}):
                 continue
+            name = pod.metadata.name
+            self.pod_uids.setdefault(name, set()).add(pod.metadata.uid)
+            env = {e.name: e.value for e in (pod.spec.containers[0].env or [])}
+            if env.get("PET_RDZV_ENDPOINT"):
+                self.rdzv_endpoints.add(env["PET_RDZV_ENDPOINT"])
+            for status in (pod.status.containerStatuses if pod.status else None) or []:
+                if status.name == "pytorch":
+                    self.pod_restarts[name] = max(self.pod_restarts.get(name, 0), status.restartCount)
 
 
 def _wait_for(predicate: Any, *, timeout_s: float, what: str, proc: subprocess.Popen[str]) -> Any:

@@ -34,7 +34,7 @@ import pytest
 
 from tests.integration.test_cluster_path_realnode import placement_settings
 from tests.integration.test_e2e_realnode import JobWatch, committed_steps
-from tests.support.k8s import KubeTestBed, pytorchjob_resource, wait_until
+from tests.support.k8s import BackgroundPoll, KubeTestBed, pytorchjob_resource, wait_until
 from tests.support.processes import free_port
 from tests.support.realnode import RealNode
 from tests.support.realnode_s3 import S3_SECRET_NAME
@@ -259,21 +259,21 @@ class World:
                 if e.source and e.source.component == "trainflow-gpu-scheduler"]
 
 
-class TrainerPodTargets:
+class TrainerPodTargets(BackgroundPoll):
     """Prometheus targets for the trainer pods, found as the monitoring component's PodMonitor
-    finds them: pods labelled ``trainflow.dev/managed=true`` that run, on their container port
+    finds them: pods labelled ``MANAGED_LABEL=true`` (``trainflow.dev/managed``) that run, on their container port
     ``metrics``, labelled ``namespace`` / ``pod``. Debian's Prometheus is built without
     ``kubernetes_sd_configs``, so this thread polls the API server and writes the targets to a
     ``file_sd_configs`` file (replaced atomically); Prometheus then scrapes the pods directly (pod
     IPs are routed from this host to the node's bridge)."""
 
-    def __init__(self, client: Any, namespace: str, path: Path) -> None:
-        import threading
+    interval_s = 0.5
+    thread_name = "trainer-targets"
 
+    def __init__(self, client: Any, namespace: str, path: Path) -> None:
         self.client, self.namespace, self.path = client, namespace, path
         self.path.write_text("[]")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="trainer-targets", daemon=True)
+        self._written = "[]"
 
     def scrape_config(self) -> dict[str, Any]:
         return {"job_name": "trainers", "file_sd_configs": [{"files": [str(self.path)], "refresh_interval": "1s"}]}
@@ -281,10 +281,10 @@ class TrainerPodTargets:
     def targets(self) -> list[dict[str, Any]]:
         from lightkube.resources.core_v1 import Pod
 
-        from components.launcher.pytorchjob import METRICS_PORT_NAME
+        from components.launcher.pytorchjob import MANAGED_LABEL, METRICS_PORT_NAME
 
         out = []
-        for pod in self.client.list(Pod, namespace=self.namespace, labels={"trainflow.dev/managed": "true"}):
+        for pod in self.client.list(Pod, namespace=self.namespace, labels={MANAGED_LABEL: "true"}):
             if not (pod.status and pod.status.phase == "Running" and pod.status.podIP):
                 continue
             for container in pod.spec.containers:
@@ -294,26 +294,13 @@ class TrainerPodTargets:
                                     "labels": {"namespace": self.namespace, "pod": pod.metadata.name}})
         return sorted(out, key=lambda t: t["labels"]["pod"])
 
-    def _loop(self) -> None:
-        written = None
-        while not self._stop.wait(0.5):
-            try:
-                text = json.dumps(self.targets())
-            except Exception:  # an API hiccup: the next poll
-                continue
-            if text != written:
-                tmp = self.path.with_suffix(".tmp")
-                tmp.write_text(text)
-                tmp.replace(self.path)
-                written = text
-
-    def __enter__(self) -> TrainerPodTargets:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
+    def poll(self) -> None:
+        text = json.dumps(self.targets())
+        if text != self._written:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.replace(self.path)
+            self._written = text
 
 
 @pytest.fixture

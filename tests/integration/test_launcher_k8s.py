@@ -34,6 +34,7 @@ from tests.support.k8s import (
     KubeTestBed,
     wait_until,
 )
+from trainflow.common.cpus import CPU_REQUEST_ENV
 
 pytestmark = pytest.mark.k8s
 
@@ -97,7 +98,7 @@ def test_workers_are_bound_to_gpu_nodes_and_success_is_reported(
             env = {e.name for e in pod.spec.containers[0].env}
             # The operator turned elasticPolicy into torchrun's PET_* settings.
             assert {"PET_NNODES", "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_NPROC_PER_NODE"} <= env
-            assert {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "TRAINFLOW_CHECKPOINT_URI", "TRAINFLOW_CPU_REQUEST_MILLICORES"} <= env
+            assert {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "TRAINFLOW_CHECKPOINT_URI", CPU_REQUEST_ENV} <= env
         outcome = future.result(timeout=120)
     assert outcome.state == "Succeeded"
     assert outcome.created is True

@@ -408,6 +408,34 @@ def wait_until(predicate: Callable[[], Any], *, timeout_s: float, what: str, int
         time.sleep(interval_s)
 
 
+class BackgroundPoll:
+    """Calls :meth:`poll` every ``interval_s`` in a daemon thread while used as a context manager
+    (watchers of API objects during a run). A poll that raises (an API hiccup under load) is skipped;
+    the next one retries. Subclasses set ``interval_s`` and ``thread_name`` and implement :meth:`poll`.
+    """
+
+    interval_s: float = 1.0
+    thread_name: str = "background-poll"
+
+    def poll(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            with contextlib.suppress(Exception):
+                self.poll()
+
+
 def _describe_leftover(obj: Any, cleanup_started: dt.datetime) -> str:
     """One line about an object a namespace cleanup could not remove (for the timeout message)."""
     meta = obj.metadata
