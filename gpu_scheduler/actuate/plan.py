@@ -21,6 +21,10 @@ How a PyTorchJob (``kubeflow.org/v1``, training-operator v1.9) is changed:
 * **Queue / preempt / resume**: ``spec.runPolicy.suspend`` (the operator deletes the pods while
   suspended and recreates them on resume). The controller marks the jobs it suspends and only ever
   resumes those.
+* **A job between worker generations** (it ran, and no worker pod is bound or pending) is left
+  alone whatever the policy says: its last worker may have just Succeeded, and the operator never
+  marks a suspended job ``Succeeded`` (it returns before its status update), so suspending it would
+  leave the run waiting for it hanging; a new worker count could start a pod for a finished job.
 * **GPUs per worker** cannot change under running pods: suspend (tick 1), wait until the pods are
   gone, then patch the Worker template's GPU limit (a JSON patch of that one container's
   ``resources``) and resume (tick n). Requested by annotating the job with
@@ -259,6 +263,21 @@ def _event(kind: ActionKind, message: str, warning: bool = False) -> EventSpec:
 # ------------------------------------------------------------------------------------ safety rules
 
 
+def _between_worker_generations(view: JobView) -> bool:
+    """A job that ran and now has no live worker pod (none bound, none pending).
+
+    Its workers have just ended, or the operator is replacing them: the job's last worker may have
+    Succeeded a moment before the operator marks the job ``Succeeded`` (the controller no longer
+    sees ended pods). The planner leaves such a job alone. Suspending it would free no GPU, and the
+    operator, which deletes a suspended job's pods and skips its status update, would never mark
+    it ``Succeeded``: the run that waits for it would wait forever. Changing its worker count could
+    start a pod for a job that has finished. The next tick decides again once its pods are back.
+    """
+    job = view.job
+    ran_before = job.started_at_s is not None or job.memo.restarts > 0
+    return ran_before and not view.bound_workers and not view.pending_workers
+
+
 def plan_safety(
     views: Mapping[str, JobView],
     now_s: float,
@@ -467,6 +486,8 @@ def plan_decision(
         suspend: bool | None = None
         changes: dict[str, Any] = {}  # memo fields to set; the memo is built only for changed jobs
         restart = False
+        if not job.suspended and _between_worker_generations(view):
+            continue  # finishing, or its pods are being replaced: the next tick sees which
         if target == 0:
             if not job.suspended:
                 kind = ActionKind.PREEMPT if bound else ActionKind.QUEUE

@@ -69,6 +69,18 @@ class ShrinkPolicy:
         return _sized(snapshot, {j.name: j.min_workers for j in snapshot.jobs}, self.name, now_s)  # type: ignore[attr-defined]
 
 
+@register("test-admit")
+@dataclass(frozen=True)
+class AdmitPolicy:
+    """Test policy: running jobs keep their size; a job without workers gets up to its maximum
+    where GPUs allow (a new job starts as submitted, even when the controller sees it before the
+    kube-scheduler has bound its pods)."""
+
+    def decide(self, snapshot: ClusterSnapshot, now_s: float) -> Decision:
+        want = {j.name: j.placement.workers or j.max_workers for j in snapshot.jobs}
+        return _sized(snapshot, want, self.name, now_s)  # type: ignore[attr-defined]
+
+
 @register("test-keep")
 @dataclass(frozen=True)
 class KeepPolicy:

@@ -237,3 +237,22 @@ def test_actuator_stops_sending_once_the_lease_is_lost() -> None:
     assert sent == ["a"]
     assert [(r.action.job, r.status) for r in results] == [("ns/a", "applied"), ("ns/b", "not_leader"),
                                                            ("ns/c", "not_leader")]
+
+
+def test_a_job_that_ran_and_has_no_live_worker_is_left_alone() -> None:
+    """Its last worker may have Succeeded a moment before the operator marks the job Succeeded
+    (ended pods leave the controller's view first); the operator never marks a suspended job
+    Succeeded, so suspending it here would leave its run waiting forever (CI, 2026-11-23: the
+    end-to-end resize test's train step hung after its last step under the ``test-keep`` policy)."""
+    finishing = {"ns/a": jview(replicas=1, started_at=T0 - 50)}
+    for target in ({}, {"ns/a": {"n0": 2}}):  # neither suspended nor given workers (a pod would start)
+        decision, snap = decide(finishing, target)
+        assert plan_decision(decision, snap, finishing, T0, SETTINGS) == ()
+    # Once the operator has recreated the workers (pending) the policy's 0 holds again, as it does
+    # for a job that never ran, with no pod yet.
+    recreated = {"ns/a": jview(replicas=1, pending=1, started_at=T0 - 50)}
+    decision, snap = decide(recreated, {})
+    only(plan_decision(decision, snap, recreated, T0, SETTINGS), ActionKind.QUEUE)
+    never_ran = {"ns/a": jview(replicas=1)}
+    decision, snap = decide(never_ran, {})
+    only(plan_decision(decision, snap, never_ran, T0, SETTINGS), ActionKind.QUEUE)

@@ -730,9 +730,10 @@ def test_watching_named_namespaces_needs_only_rolebindings_there(live: Live, kwo
         wait_until(lambda: len(runtime.observer.jobs) == 2, timeout_s=30, what="both namespaces' jobs in the cache")
         assert {j.namespace for j in runtime.observer.state().jobs} == {live.namespace, second}
         state = runtime.observer.state()
-        plan_jobs = {j.key: JobView(job=j) for j in state.jobs}
+        running = Placement.of({"x": 1})  # each job as running one worker: scaled to 2 below
+        plan_jobs = {j.key: JobView(job=j, placement=running) for j in state.jobs}
         snap = ClusterSnapshot(nodes=(Node(name="x", gpus=8),), jobs=tuple(
-            Job(name=k, submit_time_s=0, max_workers=2) for k in plan_jobs), taken_at_s=0)
+            Job(name=k, submit_time_s=0, max_workers=2, placement=running) for k in plan_jobs), taken_at_s=0)
         decision = Decision.from_placements(snap, {k: Placement.of({"x": 2}) for k in plan_jobs}, policy="t", now_s=0)
         results = runtime.actuator.apply(plan_decision(decision, snap, plan_jobs, 0, PlanSettings()))
         assert sorted((r.action.job, r.status) for r in results) == sorted(

@@ -10,9 +10,11 @@ The controller is the real command line, ``python -m gpu_scheduler run``, readin
 that scrapes the trainer pods' ``/metrics`` directly on the pod network (the pods the monitoring
 component's PodMonitor selects: managed, container port ``metrics``; :class:`TrainerPodTargets`),
 plus the simulated DCGM exporter for GPU activity.
-The test chooses the policy through the controller's ConfigMap (``test-shrink`` / ``test-grow`` /
-``test-keep`` of tests/gpu_scheduler/policies_for_tests.py), each switch made only once the job was
-seen training at the size before it, so no step depends on timing.
+The test chooses the policy through the controller's ConfigMap (``test-admit`` / ``test-shrink`` /
+``test-grow`` / ``test-keep`` of tests/gpu_scheduler/policies_for_tests.py), each switch made only
+once the job was seen training at the size before it, so no step depends on timing. The controller
+starts under ``test-admit``: under ``test-keep`` a job the controller sees before its pods are
+bound is queued (suspended) and waits, as that policy says.
 """
 
 from __future__ import annotations
@@ -60,9 +62,12 @@ STEPS_AT_EACH_SIZE = 5
 def train_step_main(args_path: str) -> int:
     """Child process: ``run_train_step`` with the JSON arguments in ``args_path``; writes the
     summary next to them. Exit 0 on success, 1 with the one-line reason on a failed step."""
+    import faulthandler
     import logging
 
     from components.training.step import TrainStepError, run_train_step
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # TrainStep.result: where a hung step waits
     from trainflow.common.training_spec import TrainJobSpec
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -90,15 +95,32 @@ class TrainStep:
     def job_root(self) -> str:
         return f"s3://{self.bucket}/ckpt/{self.job_key}"
 
-    def result(self, timeout_s: float) -> dict[str, Any]:
+    def log_tail(self, chars: int = 8000) -> str:
+        """The step's log (its own lines and the worker pods' streamed ones), the per-step sample
+        id lists left out."""
+        lines = (self.out / "step.log").read_text(errors="replace").splitlines()
+        return "\n".join(line for line in lines if '"ids"' not in line)[-chars:]
+
+    def result(self, timeout_s: float, describe: Callable[[], str] = lambda: "") -> dict[str, Any]:
+        """The step's summary once it exits 0.
+
+        Raises:
+            AssertionError: it failed, or still ran after ``timeout_s`` (then killed); the message
+                carries its log and ``describe()`` (the cluster's side).
+        """
         try:
             self.proc.wait(timeout=timeout_s)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-        log = (self.out / "step.log").read_text(errors="replace")
-        assert self.proc.returncode == 0, f"train step exit {self.proc.returncode}:\n{log[-8000:]}"
+        except subprocess.TimeoutExpired:
+            state = describe()  # before the kill: the step's SIGTERM deletes the job
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGUSR1)  # every thread's stack into the log
+                time.sleep(2)
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            written = (self.out / "result.json").exists()
+            raise AssertionError(f"the train step still ran after {timeout_s:.0f} s (result.json written: "
+                                 f"{written})\n{state}\nthe step's log:\n{self.log_tail(12000)}") from None
+        assert self.proc.returncode == 0, f"train step exit {self.proc.returncode}:\n{self.log_tail()}"
         return json.loads((self.out / "result.json").read_text())
 
     def metrics(self) -> list[dict[str, Any]]:
@@ -228,7 +250,8 @@ class World:
             if value:
                 return value
             time.sleep(0.5)
-        raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{self.controller_tail()}")
+        raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{self.describe(step)}\n"
+                             f"the step's log:\n{step.log_tail(4000)}")
 
     def job_name(self, step: TrainStep) -> str:
         def created() -> str | None:
@@ -247,6 +270,36 @@ class World:
                         and str(rec.get("job", "")).endswith(f"/{name}")):
                     out.append(rec)
         return out
+
+    def describe(self, step: TrainStep) -> str:
+        """What a failure message needs from the cluster: the namespace's PyTorchJobs (replicas,
+        conditions), their pods (phase, restarts, how the last container ended), the latest events,
+        the trainer as Prometheus saw it last, and the controller's last log lines."""
+        from lightkube.resources.core_v1 import Event, Pod
+
+        out = []
+        with contextlib.suppress(Exception):
+            for job in self.client.list(pytorchjob_resource(), namespace=self.namespace):
+                conditions = [(c.get("type"), c.get("status"), c.get("reason"))
+                              for c in (job.get("status") or {}).get("conditions") or []]
+                out.append(f"PyTorchJob {job.metadata.name}: Worker replicas "
+                           f"{job['spec']['pytorchReplicaSpecs']['Worker'].get('replicas')}, "
+                           f"runPolicy {job['spec'].get('runPolicy')}, conditions {conditions}")
+        with contextlib.suppress(Exception):
+            for pod in self.client.list(Pod, namespace=self.namespace):
+                statuses = [(c.name, c.restartCount, c.state.to_dict() if c.state else None,
+                             c.lastState.to_dict() if c.lastState else None)
+                            for c in (pod.status.containerStatuses or [])]
+                out.append(f"pod {pod.metadata.name}: {pod.status.phase} "
+                           f"deleting={pod.metadata.deletionTimestamp is not None} {statuses}")
+        with contextlib.suppress(Exception):
+            events = sorted(self.client.list(Event, namespace=self.namespace),
+                            key=lambda e: str(e.lastTimestamp or e.eventTime or ""))
+            out += [f"event {e.lastTimestamp} {e.involvedObject.name} {e.reason}: {e.message}" for e in events[-20:]]
+        with contextlib.suppress(Exception):
+            out.append(f"Prometheus last saw (world size, step) = {self.trainer(step.job_key)}")
+        out.append(self.controller_tail())
+        return "\n".join(out)
 
     def controller_tail(self) -> str:
         lines = self.controller_log.read_text(errors="replace").splitlines()
@@ -317,11 +370,11 @@ def world(k8s_testbed: KubeTestBed, real_node: RealNode, real_node_env: S3Server
     trainers = TrainerPodTargets(own_client(k8s_testbed), s3_namespace, tmp_path / "trainer-targets.json")
     prometheus = prometheus_server([exporter.target], scrape_interval_s=1.0, scrape_configs=[trainers.scrape_config()])
     k8s_testbed.client().create(ConfigMap(metadata=ObjectMeta(name=POLICY_CONFIGMAP, namespace=s3_namespace),
-                                          data={"policy.yaml": "policy: test-keep\nparams: {}\ninterval_s: 1\n"}))
+                                          data={"policy.yaml": "policy: test-admit\nparams: {}\ninterval_s: 1\n"}))
     log_path = tmp_path / "controller.log"
     argv = [sys.executable, "-m", "gpu_scheduler", "run", f"--prometheus-url={prometheus.url}",
             f"--kubeconfig={k8s_testbed.kubeconfig}", f"--watch-namespace={s3_namespace}",
-            "--plugin=tests.gpu_scheduler.policies_for_tests", "--policy=test-keep",
+            "--plugin=tests.gpu_scheduler.policies_for_tests", "--policy=test-admit",
             f"--policy-configmap={POLICY_CONFIGMAP}", "--interval-s=1", "--metrics-window-s=5",
             "--pending-timeout-s=20", "--rollback-hold-s=600", "--no-leader-election",
             "--metrics-addr=127.0.0.1", f"--metrics-port={free_port()}"]
@@ -379,7 +432,7 @@ def test_controller_resizes_a_training_job_from_prometheus_and_every_sample_is_t
                     f"the controller to scale {name} to {size} ({policy})")
         at = world.wait_training_at(step, size, after_step=at)
     world.set_policy("test-keep")
-    result = step.result(timeout_s=900)
+    result = step.result(timeout_s=900, describe=lambda: world.describe(step))
 
     steps_per_epoch = -(-len(PreparedDataset(world.digits).split("train")) // GLOBAL_BATCH)
     assert result["steps"] == epochs * steps_per_epoch, result
@@ -467,7 +520,7 @@ def test_a_scale_up_whose_pod_cannot_schedule_is_rolled_back_and_the_job_trains_
         world.wait_training_at(step, 1, after_step=rolled_back_at[1])
         assert world.replicas(name) == 1
         world.client.delete(Pod, "cpu-blocker", namespace=world.namespace)
-        result = step.result(timeout_s=900)
+        result = step.result(timeout_s=900, describe=lambda: world.describe(step))
     steps_per_epoch = -(-len(_train_split(world)) // GLOBAL_BATCH)
     assert result["steps"] == epochs * steps_per_epoch, result
     actions = world.controller_actions(name, ("ScaledUp", "ScaledDown", "ScaleUpRolledBack"))
@@ -528,6 +581,7 @@ def test_the_controller_changes_gpus_per_worker_and_the_job_resumes_from_its_new
     name = world.job_name(step)
     with JobWatch(world.client, world.namespace) as watch:
         world.wait_training_at(step, 2)
+        world.set_policy("test-keep")  # from here on the controller alone sizes the job (the reshape)
         before = world.wait_for(step, lambda: (c := committed_steps(world.s3, step.bucket, step.job_key)) and
                              len(c) >= 2 and c, 240, "two committed checkpoints")
         old_pods = {p.metadata.uid for p in world.client.list(Pod, namespace=world.namespace,
@@ -551,7 +605,7 @@ def test_the_controller_changes_gpus_per_worker_and_the_job_resumes_from_its_new
         assert job["spec"]["nprocPerNode"] == "2" and world.replicas(name) == 1, job["spec"]  # a string in v1
         assert not job["spec"]["runPolicy"].get("suspend")
         world.wait_training_at(step, 2, after_step=newest_at_request - 1)  # 1 pod x 2 ranks
-        result = step.result(timeout_s=900)
+        result = step.result(timeout_s=900, describe=lambda: world.describe(step))
     steps_per_epoch = -(-len(_train_split(world)) // GLOBAL_BATCH)
     assert result["steps"] == epochs * steps_per_epoch, result
     assert len(watch.job_uids) == 1, watch.job_names
