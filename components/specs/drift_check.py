@@ -1,12 +1,11 @@
 """KFP component ``drift_check``: new data vs the data the current model version was trained on."""
 
-from kfp import dsl
 from kfp.dsl import Artifact, Metrics, Output
 
-from components.specs._image import IMAGE
+from components.specs._image import component
 
 
-@dsl.component(base_image=IMAGE)
+@component
 def drift_check(
     metrics: Output[Metrics],
     verdict: Output[Artifact],

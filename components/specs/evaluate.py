@@ -1,12 +1,11 @@
 """KFP component ``evaluate``: accuracy, loss and a confusion matrix on the held-out split."""
 
-from kfp import dsl
 from kfp.dsl import ClassificationMetrics, Dataset, Input, Metrics, Model, Output
 
-from components.specs._image import IMAGE
+from components.specs._image import component
 
 
-@dsl.component(base_image=IMAGE)
+@component
 def evaluate(
     dataset: Input[Dataset],
     model: Input[Model],

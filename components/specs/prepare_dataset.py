@@ -2,13 +2,12 @@
 
 from typing import NamedTuple
 
-from kfp import dsl
 from kfp.dsl import Dataset, Output
 
-from components.specs._image import IMAGE
+from components.specs._image import component
 
 
-@dsl.component(base_image=IMAGE)
+@component
 def prepare_dataset(
     dataset: Output[Dataset],
     source: str = "mnist",

@@ -2,13 +2,12 @@
 
 from typing import NamedTuple
 
-from kfp import dsl
 from kfp.dsl import Dataset, Input, Metrics, Model
 
-from components.specs._image import IMAGE
+from components.specs._image import component
 
 
-@dsl.component(base_image=IMAGE)
+@component
 def register_model(
     model: Input[Model],
     eval_metrics: Input[Metrics],

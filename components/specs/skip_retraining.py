@@ -2,12 +2,10 @@
 
 from typing import NamedTuple
 
-from kfp import dsl
-
-from components.specs._image import IMAGE
+from components.specs._image import component
 
 
-@dsl.component(base_image=IMAGE)
+@component
 def skip_retraining() -> NamedTuple("SkipOutputs", [("version", int), ("test_accuracy", float)]):
     """Nothing is trained or registered: version 0 and test accuracy 0.0, the values
     ``retraining_pipeline`` returns (through ``dsl.OneOf``) when its drift check says not to retrain."""

@@ -2,13 +2,12 @@
 
 from typing import NamedTuple
 
-from kfp import dsl
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
-from components.specs._image import IMAGE
+from components.specs._image import component
 
 
-@dsl.component(base_image=IMAGE)
+@component
 def train(
     dataset: Input[Dataset],
     model: Output[Model],
@@ -92,11 +91,18 @@ def train(
 
     rows = {k: v for k, v in locals().items() if k in names("S")}
 
-    from components.training.step import as_metrics, env_work_dir, run_train_step, use_s3_endpoint
+    from components.training.step import (
+        as_metrics,
+        env_work_dir,
+        pipeline_root_of,
+        run_train_step,
+        use_s3_endpoint,
+    )
 
     use_s3_endpoint(s3_endpoint_url)
     spec = TrainJobSpec.from_kwargs(rows, dataset_path=dataset.path, dataset_uri=dataset.uri or "",
-                                    kfp_run_id=kfp_run_id, kfp_task_name=kfp_task_name, pipeline_root=pipeline_root)
+                                    kfp_run_id=kfp_run_id, kfp_task_name=kfp_task_name,
+                                    pipeline_root=pipeline_root_of(pipeline_root, model.uri or "", kfp_run_id))
     work_dir = env_work_dir(Path(tempfile.mkdtemp(prefix="trainflow-train-")))
     result = run_train_step(spec, model_dir=Path(model.path), work_dir=work_dir)
     model.framework = "pytorch"

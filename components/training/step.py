@@ -95,6 +95,28 @@ def _sanitize_key(key: str) -> str:
     return "/".join(parts)
 
 
+def pipeline_root_of(resolved: str, artifact_uri: str, run_id: str) -> str:
+    """The run's pipeline root: the ``{{$.pipeline_root}}`` placeholder as the backend resolved it,
+    else derived from one of this task's output artifact URIs.
+
+    KFP 2.14's driver resolves the job and task name/id placeholders but not
+    ``{{$.pipeline_root}}`` (``backend/src/v2/driver/resolve.go``), and its launcher puts outputs at
+    ``<root>/<pipeline name>/<run id>/<task>/<execution id>/<artifact>``: the root is what precedes
+    ``/<pipeline name>/<run id>/``. Returns ``resolved`` unchanged when neither applies.
+    """
+    if resolved and "{{" not in resolved:
+        return resolved
+    scheme, sep, path = artifact_uri.partition("://")
+    if not sep:
+        scheme, path = "", artifact_uri
+    marker = f"/{run_id}/"
+    if run_id and "{{" not in run_id and marker in path:
+        head = path.split(marker, 1)[0]  # <root>/<pipeline name>
+        if "/" in head:
+            return scheme + sep + head.rsplit("/", 1)[0]
+    return resolved
+
+
 def resolve_checkpoint_uri(checkpoint_uri: str, pipeline_root: str) -> str:
     """An explicit URI wins; else ``<pipeline root>/trainflow-checkpoints`` (``minio://`` → ``s3://``).
 
