@@ -448,11 +448,20 @@ class KfpBackend:
                 },
             },
             {
-                # The launcher's default pipeline root (KFP's kfp-launcher ConfigMap).
+                # The launcher's default pipeline root and object store (KFP's kfp-launcher
+                # ConfigMap). Without ``providers`` the launcher signs for region "minio"
+                # (backend/src/v2/config/env.go, getDefaultMinioSessionInfo), which the MinIO of
+                # upstream's manifests accepts and a current MinIO refuses
+                # (AuthorizationHeaderMalformed ... expecting 'us-east-1'): what a user with their
+                # own MinIO configures, per KFP's object store configuration.
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
                 "metadata": {"name": "kfp-launcher", "namespace": KFP_NAMESPACE},
-                "data": {"defaultPipelineRoot": self.pipeline_root},
+                "data": {"defaultPipelineRoot": self.pipeline_root, "providers": json.dumps({"minio": {"default": {
+                    "endpoint": f"minio-service.{KFP_NAMESPACE}:9000", "region": "us-east-1", "disableSSL": True,
+                    "credentials": {"fromEnv": False, "secretRef": {
+                        "secretName": "mlpipeline-minio-artifact", "accessKeyKey": "accesskey",
+                        "secretKeyKey": "secretkey"}}}}})},
             },
             {
                 # The launcher's MinIO credentials (KFP's mlpipeline-minio-artifact Secret).
