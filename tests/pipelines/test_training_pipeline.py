@@ -122,7 +122,7 @@ def test_adaptive_batch_is_declared_off_and_reaches_the_train_config(tmp_path, m
     monkeypatch.setattr(step, "run_train_step", fake_run)
     monkeypatch.setenv("TRAINFLOW_LOG_DIR", str(tmp_path / "logs"))
     (tmp_path / "logs").mkdir()
-    model = SimpleNamespace(path=str(tmp_path / "model"), metadata={}, framework="")
+    model = SimpleNamespace(path=str(tmp_path / "model"), uri="", metadata={}, framework="")  # an Output[Model]
     train.python_func(dataset=SimpleNamespace(path="/data", uri="minio://mlpipeline/v2/artifacts/r/dataset"),
                       model=model, metrics=Metrics(),
                       global_batch_size=32, adaptive_batch=True, max_global_batch_size=512)
