@@ -13,6 +13,7 @@ default: ``kfp.local`` ignores them anyway).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,13 @@ ENV = {
     "TRAINFLOW_S3_ACCESS_KEY_KEY": "s3_access_key_key",
     "TRAINFLOW_S3_SECRET_KEY_KEY": "s3_secret_key_key",
     "TRAINFLOW_S3_ENDPOINT_KEY": "s3_endpoint_key",
+    "TRAINFLOW_KFP_BACKEND_VERSION": "kfp_backend_version",
 }
+
+#: The first KFP backend whose platform proto has ``SecretAsEnv.optional`` (kfp-kubernetes 2.15.0 added
+#: the field; a 2.14 API server refuses a run carrying it: ``unknown field "optional"``), and the
+#: kfp-kubernetes SDK this project locks always writes it.
+SECRET_OPTIONAL_SINCE = (2, 15)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,17 +45,37 @@ class PlatformSettings:
             ``mlpipeline-minio-artifact`` Secret: ``accesskey``).
         s3_secret_key_key: the Secret's key holding the secret access key (KFP: ``secretkey``).
         s3_endpoint_key: the Secret's optional key holding the endpoint URL.
+        kfp_backend_version: the KFP backend the package is for, ``"2.14"`` or ``"2.14.3"``; empty: a
+            current one (>= 2.15). Before 2.15 the wiring cannot be ``optional``
+            (:data:`SECRET_OPTIONAL_SINCE`): the access and secret keys are then *required* (a
+            missing Secret holds the pod in ``CreateContainerConfigError``, which KFP does not fail),
+            and the endpoint key is not wired (give the ``s3_endpoint_url`` parameter instead).
+
+    Raises:
+        ValueError: a key name is empty, or ``kfp_backend_version`` is not ``MAJOR.MINOR[.PATCH]``.
     """
 
     s3_secret: str = ""
     s3_access_key_key: str = "AWS_ACCESS_KEY_ID"
     s3_secret_key_key: str = "AWS_SECRET_ACCESS_KEY"
     s3_endpoint_key: str = "AWS_ENDPOINT_URL_S3"
+    kfp_backend_version: str = ""
 
     def __post_init__(self) -> None:
         for name in ("s3_access_key_key", "s3_secret_key_key", "s3_endpoint_key"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must not be empty")
+        self.secret_optional  # noqa: B018 - validates kfp_backend_version
+
+    @property
+    def secret_optional(self) -> bool:
+        """Whether the backend accepts ``SecretAsEnv.optional`` (see ``kfp_backend_version``)."""
+        if not self.kfp_backend_version:
+            return True
+        if not re.fullmatch(r"\d+\.\d+(\.\d+)?", self.kfp_backend_version):
+            raise ValueError(f"kfp_backend_version must be MAJOR.MINOR[.PATCH], e.g. 2.14, not {self.kfp_backend_version!r}")
+        major, minor = (int(x) for x in self.kfp_backend_version.split(".")[:2])
+        return (major, minor) >= SECRET_OPTIONAL_SINCE
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> PlatformSettings:
@@ -61,16 +88,22 @@ class PlatformSettings:
 
         ``optional``: a missing Secret or key leaves the variable unset instead of holding the pod in
         ``CreateContainerConfigError`` (which KFP does not fail); the step then fails at once with
-        one line naming the Secret (``components.training.step.check_storage``).
+        one line naming the Secret (``components.training.step.check_storage``). For a backend
+        before 2.15 (``kfp_backend_version``) the access and secret keys are required, the field is
+        left out of the package, and the endpoint key is not wired.
         """
         if not self.s3_secret:
             return task
         from kfp import kubernetes
 
-        return kubernetes.use_secret_as_env(
-            task, secret_name=secret_name,
-            secret_key_to_env={self.s3_access_key_key: "AWS_ACCESS_KEY_ID",
-                               self.s3_secret_key_key: "AWS_SECRET_ACCESS_KEY",
-                               self.s3_endpoint_key: "AWS_ENDPOINT_URL_S3"},
-            optional=True,
+        key_to_env = {self.s3_access_key_key: "AWS_ACCESS_KEY_ID", self.s3_secret_key_key: "AWS_SECRET_ACCESS_KEY"}
+        if self.secret_optional:
+            key_to_env[self.s3_endpoint_key] = "AWS_ENDPOINT_URL_S3"
+        task = kubernetes.use_secret_as_env(
+            task, secret_name=secret_name, secret_key_to_env=key_to_env, optional=self.secret_optional
         )
+        if not self.secret_optional:
+            # kfp-kubernetes >= 2.15 writes the field even when False; an older API server refuses it.
+            for wiring in task.platform_config["kubernetes"]["secretAsEnv"]:
+                wiring.pop("optional", None)
+        return task

@@ -173,6 +173,9 @@ def compile(
     s3_secret_key_key: Annotated[str, typer.Option(
         help="The Secret's key of the secret access key (KFP's mlpipeline-minio-artifact: secretkey)")] = "",
     s3_endpoint_key: Annotated[str, typer.Option(help="The Secret's optional key of the endpoint URL")] = "",
+    kfp_backend_version: Annotated[str, typer.Option(
+        help="The KFP backend the package is for, e.g. 2.14; before 2.15 the Secret's keys are required and "
+        "its endpoint key is not read (pass s3_endpoint_url) [default: a current backend]")] = "",
 ) -> None:
     """Compile ``training_pipeline`` to a KFP package (YAML). Options default to the TRAINFLOW_S3_*
     environment variables (pipelines/platform.py)."""
@@ -184,8 +187,12 @@ def compile(
     from pipelines.training import build_pipeline
 
     given = {"s3_secret": s3_secret, "s3_access_key_key": s3_access_key_key,
-             "s3_secret_key_key": s3_secret_key_key, "s3_endpoint_key": s3_endpoint_key}
-    settings = replace(PlatformSettings.from_env(), **{k: v for k, v in given.items() if v})
+             "s3_secret_key_key": s3_secret_key_key, "s3_endpoint_key": s3_endpoint_key,
+             "kfp_backend_version": kfp_backend_version}
+    try:
+        settings = replace(PlatformSettings.from_env(), **{k: v for k, v in given.items() if v})
+    except ValueError as e:
+        raise _fail(str(e)) from None
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         compiler.Compiler().compile(build_pipeline(settings), str(output))

@@ -228,6 +228,49 @@ def test_trainflow_run_adaptive_batch_smoke(tmp_path) -> None:
     assert steps and all(r["gradient_noise_scale"] is not None for r in steps[1:])
 
 
+@pytest.mark.parametrize("version", ["2.14", "2.14.3"])
+def test_compiled_for_a_kfp_backend_before_2_15_the_wiring_has_no_optional_field(tmp_path, version) -> None:
+    """KFP 2.14's API server refuses a run whose secretAsEnv carries ``optional`` (kfp-kubernetes >= 2.15
+    always writes it): ``--kfp-backend-version 2.14`` leaves the field out, wires the two credential
+    keys as required and not the endpoint key (a required missing key would hold the pod)."""
+    out = tmp_path / "kfp214.yaml"
+    subprocess.run(
+        [sys.executable, "-m", "trainflow.cli", "compile", "--output", str(out), "--s3-secret", "mlpipeline-minio-artifact",
+         "--s3-access-key-key", "accesskey", "--s3-secret-key-key", "secretkey", "--kfp-backend-version", version],
+        check=True, capture_output=True, timeout=300,
+    )
+    _, platform = _docs(out)
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert len(executors) == 4
+    for config in executors.values():
+        (wiring,) = config["secretAsEnv"]
+        assert "optional" not in wiring
+        assert wiring["secretNameParameter"] == {"componentInputParameter": "s3_secret_name"}
+        assert {(m["secretKey"], m["envVar"]) for m in wiring["keyToEnv"]} == {
+            ("accesskey", "AWS_ACCESS_KEY_ID"), ("secretkey", "AWS_SECRET_ACCESS_KEY")}
+
+
+def test_compiled_for_kfp_2_15_or_later_the_wiring_is_optional() -> None:
+    from pipelines.platform import PlatformSettings
+
+    assert PlatformSettings(kfp_backend_version="2.15").secret_optional
+    assert PlatformSettings(kfp_backend_version="3.0.1").secret_optional
+    assert PlatformSettings().secret_optional
+    assert not PlatformSettings(kfp_backend_version="2.5.0").secret_optional
+
+
+def test_a_bad_kfp_backend_version_is_one_line(tmp_path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trainflow.cli", "compile", "--output", str(tmp_path / "x.yaml"),
+         "--kfp-backend-version", "latest"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "trainflow: kfp_backend_version must be MAJOR.MINOR[.PATCH], e.g. 2.14, not 'latest'")
+    assert not (tmp_path / "x.yaml").exists()
+
+
 def test_compiled_for_kubeflow_the_s3_secret_reaches_every_step_and_the_workers(tmp_path) -> None:
     """``trainflow compile --s3-secret``: each task pod gets the Secret's keys as AWS_* variables
     (kfp-kubernetes, optional so a missing Secret fails the step with a line, not a stuck pod); the
