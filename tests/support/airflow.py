@@ -219,6 +219,23 @@ class AirflowCluster:
     def tails(self) -> str:
         return "\n".join(f"--- {name} ---\n{p.tail(1500)}" for name, p in self.processes.items())
 
+    def explain_task(self, dag_id: str, run_id: str, task_id: str, max_lines: int = 40) -> str:
+        """For a failure message: the task instance as the API has it, its log files (name, bytes),
+        the tail of its log as the UI shows it, and every daemon's log lines naming the DAG run."""
+        folder = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+        files = [f"{p.name}: {p.stat().st_size} B" for p in sorted(folder.glob("*"))] if folder.is_dir() else []
+        ti = self.task_instance(dag_id, run_id, task_id)
+        lines = [f"task instance: {json.dumps(ti)[:1500]}", f"log files: {files}"]
+        lines.append("task log tail:\n" + self.task_log(dag_id, run_id, task_id, ti["try_number"])[-3000:])
+        for name, proc in self.processes.items():
+            try:
+                text = proc.log_path.read_text(errors="replace")
+            except FileNotFoundError:
+                continue
+            mine = [line for line in text.splitlines() if run_id in line][-max_lines:]
+            lines.append(f"--- {name}: {len(mine)} lines naming {run_id} ---\n" + "\n".join(mine))
+        return "\n".join(lines)
+
     def stop(self) -> None:
         for name in ("scheduler", "triggerer", "dag-processor", "api-server"):
             if name in self.processes:
