@@ -6,8 +6,9 @@ the optimizer step, mixed precision, checkpoints and resume, SIGTERM saves, metr
 subclass of :class:`Task`, name it by import path (``"my_pkg.tasks:Regression"``) with JSON
 ``task_args`` (its constructor's keyword arguments), and :func:`load_task` builds it.
 
-**Status (issue 11, step 7a):** the trainer does not call this API yet (step 7b);
-``python -m components.training`` still trains its own image classifiers.
+**Status (issue 11, step 7a):** this API and the built-in ``image_classification`` task
+(:mod:`trainflow.tasks.image_classification`) exist, but the trainer does not call them yet (step
+7b); ``python -m components.training`` still trains its own image classifiers.
 
 Where the line is drawn, and why
 --------------------------------
@@ -212,7 +213,9 @@ class Task(abc.ABC):
 
 
 # ----------------------------------------------------------------------------------- load_task
-BUILTIN_TASKS: Mapping[str, str] = {}
+BUILTIN_TASKS: Mapping[str, str] = {
+    "image_classification": "trainflow.tasks.image_classification:ImageClassification",
+}
 """Short names of the built-in tasks → their import paths (they use this API like any user task)."""
 
 _IMPORT_PATH = re.compile(r"^(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<attr>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
@@ -222,7 +225,7 @@ def load_task(spec: str, task_args: Mapping[str, Any] | str | None = None) -> Ta
     """Build the task ``spec`` names with ``task_args`` as keyword arguments.
 
     Args:
-        spec: a built-in name (a key of :data:`BUILTIN_TASKS`) or an import
+        spec: a built-in name (:data:`BUILTIN_TASKS`, e.g. ``"image_classification"``) or an import
             path ``"package.module:Name"``, where ``Name`` (``Outer.Inner`` allowed) is a
             :class:`Task` subclass or a function returning a :class:`Task`. The module must be
             importable (installed, or on ``PYTHONPATH``).
@@ -242,7 +245,7 @@ def load_task(spec: str, task_args: Mapping[str, Any] | str | None = None) -> Ta
     path = BUILTIN_TASKS.get(spec, spec)
     m = _IMPORT_PATH.match(path)
     if m is None:
-        raise TaskError(f"{where}: not a built-in task ({', '.join(BUILTIN_TASKS) or 'none'}) nor an import path "
+        raise TaskError(f"{where}: not a built-in task ({', '.join(BUILTIN_TASKS)}) nor an import path "
                         "'package.module:Name'")
     module_name, attr = m["module"], m["attr"]
     try:
