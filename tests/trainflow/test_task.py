@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import math
+import sys
 import textwrap
 
 import pytest
@@ -108,7 +109,7 @@ def test_a_spec_that_is_not_a_string_is_a_task_error() -> None:
         load_task(3)  # type: ignore[arg-type]
 
 
-def test_a_module_that_fails_on_import_is_one_line(tmp_path, monkeypatch) -> None:
+def test_a_module_that_fails_on_import_is_one_line(tmp_path, monkeypatch, forget_modules) -> None:
     (tmp_path / "broken_task_mod.py").write_text("raise RuntimeError('needs CUDA\\nat import')\n")
     (tmp_path / "syntax_task_mod.py").write_text("def f(:\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -124,8 +125,17 @@ def test_a_module_that_fails_on_import_is_one_line(tmp_path, monkeypatch) -> Non
     assert "\n" not in str(e.value)
 
 
-def test_a_task_in_a_package_outside_the_repository(tmp_path, monkeypatch) -> None:
-    pkg = tmp_path / "my_pkg"
+@pytest.fixture
+def forget_modules():
+    """Drop modules a test imported from its tmp_path, so another test may reuse their names."""
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+def test_a_task_in_a_package_outside_the_repository(tmp_path, monkeypatch, forget_modules) -> None:
+    pkg = tmp_path / "outside_pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "tasks.py").write_text(textwrap.dedent("""
@@ -144,8 +154,8 @@ def test_a_task_in_a_package_outside_the_repository(tmp_path, monkeypatch) -> No
                 return model(batch).pow(2).mean()
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
-    task = load_task("my_pkg.tasks:Constant", '{"value": 2.5}')
-    assert type(task).__module__ == "my_pkg.tasks" and task.value == 2.5
+    task = load_task("outside_pkg.tasks:Constant", '{"value": 2.5}')
+    assert type(task).__module__ == "outside_pkg.tasks" and task.value == 2.5
 
 
 # ----------------------------------------------------------------------------- model_signature
