@@ -1,0 +1,86 @@
+"""Tasks for tests/trainflow/test_task.py, named by import path (``tests.trainflow.example_tasks:...``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from trainflow.task import Task
+
+
+class Regression(Task):
+    """y = x @ w + noise, fitted by a linear layer (or an MLP with ``hidden`` units)."""
+
+    def __init__(self, num_samples: int = 64, num_features: int = 4, hidden: int = 0, seed: int = 0) -> None:
+        self.num_samples = num_samples
+        self.num_features = num_features
+        self.hidden = hidden
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(num_samples, num_features, generator=g)
+        self.y = self.x @ torch.arange(1.0, num_features + 1) + 0.01 * torch.randn(num_samples, generator=g)
+
+    def build_model(self) -> nn.Module:
+        if self.hidden:
+            return nn.Sequential(nn.Linear(self.num_features, self.hidden), nn.ReLU(), nn.Linear(self.hidden, 1))
+        return nn.Sequential(nn.Linear(self.num_features, 1))
+
+    def train_dataset(self) -> TensorDataset:
+        return TensorDataset(self.x, self.y)
+
+    def loss(self, model: nn.Module, batch) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.mse_loss(model(x).squeeze(1), y)
+
+
+def make_regression(**task_args) -> Task:
+    """A factory instead of a class."""
+    return Regression(**task_args)
+
+
+def returns_a_dict() -> dict:
+    return {"not": "a task"}
+
+
+NOT_CALLABLE = 3
+
+
+class NotATask:
+    pass
+
+
+class Incomplete(Task):
+    def build_model(self) -> nn.Module:
+        return nn.Linear(1, 1)
+
+
+class FailsToBuild(Task):
+    def __init__(self) -> None:
+        raise RuntimeError("no GPU here\nsecond line")
+
+    def build_model(self) -> nn.Module:  # pragma: no cover
+        raise AssertionError
+
+    def train_dataset(self):  # pragma: no cover
+        raise AssertionError
+
+    def loss(self, model, batch):  # pragma: no cover
+        raise AssertionError
+
+
+class Outer:
+    Inner = Regression
+
+
+class Counting(Regression):
+    """A task with its own state (a counter it checkpoints)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.calls = 0
+
+    def state_dict(self) -> dict:
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = state["calls"]
