@@ -359,6 +359,7 @@ def cleanup_slot(slot: NodeSlot, *, network: bool = True) -> None:
 
 
 def _tunables_state() -> tuple[Path, Path]:
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
     return RUN_DIR / "kernel-tunables.json", RUN_DIR / "kernel-tunables.lock"
 
 
@@ -577,6 +578,7 @@ def import_oci_image(source: Path, socket: Path, ref: str | None = None) -> str:
         tag = full.split("@", 1)[1] if "@" in full else full.rsplit(":", 1)[1]
         entry = {**manifests[0], "annotations": {**manifests[0].get("annotations", {}),
                                                  CONTAINERD_IMAGE_NAME: full, OCI_REF_NAME: tag}}  # fmt: skip
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
         renamed = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="import-index-", dir=RUN_DIR)))
         (renamed / "oci-layout").write_text((layout / "oci-layout").read_text())
         (renamed / "index.json").write_text(json.dumps({**index, "manifests": [entry]}))
@@ -660,6 +662,7 @@ def prepare_template(images: dict[str, str], pause_layout: Path) -> Path:
             return final / "containerd"
         parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".template-", dir=parent))
+        RUN_DIR.mkdir(parents=True, exist_ok=True)  # /run is a tmpfs: empty after each boot
         run = Path(tempfile.mkdtemp(prefix="template-", dir=RUN_DIR))
         socket = run / "containerd.sock"
         (run / "config.toml").write_text(containerd_config(
