@@ -38,7 +38,7 @@ def register_model(
     from components.registry.promotion import accuracy_of_current
     from components.registry.store import ModelRegistry
     from components.training.data import DatasetError
-    from components.training.step import resolve_checkpoint_uri, use_s3_endpoint
+    from components.training.step import pipeline_root_of, resolve_checkpoint_uri, use_s3_endpoint
     from trainflow.storage import join_uri, storage_for
 
     use_s3_endpoint(s3_endpoint_url)
@@ -47,6 +47,8 @@ def register_model(
     metrics = {k: v for k, v in eval_metrics.metadata.items() if isinstance(v, int | float)}
     accuracy = float(metrics.get("test_accuracy", 0.0))
     promote = accuracy >= min_accuracy
+    # KFP 2.14 leaves {{$.pipeline_root}} unresolved: the train step's model (same run) locates the root.
+    pipeline_root = pipeline_root_of(pipeline_root, model.uri or "", kfp_run_id)
     root = registry_uri or join_uri(resolve_checkpoint_uri(checkpoint_uri, pipeline_root), "models")
     registry = ModelRegistry(storage_for(root))
     current_accuracy = accuracy_of_current(registry, model_name, dataset.path) if must_beat_current else None

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.support.k8s import KubeTestBed
-from tests.support.kfp_backend import KFP_NAMESPACE, KfpBackend, kfp_binaries
+from tests.support.kfp_backend import KFP_NAMESPACE, KFP_VERSION, KfpBackend, kfp_binaries
 from tests.support.s3 import S3Server
 
 pytestmark = [
@@ -67,13 +67,19 @@ def kfp_backend(
 
 @pytest.fixture(scope="module")
 def compiled_pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """trainflow's training pipeline compiled with the kfp SDK (as ``trainflow compile`` does)."""
-    from kfp import compiler
+    """trainflow's training pipeline compiled for this backend as docs/launcher.md tells a user of KFP's
+    own MinIO to: ``trainflow compile --s3-secret mlpipeline-minio-artifact --s3-access-key-key
+    accesskey --s3-secret-key-key secretkey --kfp-backend-version 2.14.3``."""
+    from typer.testing import CliRunner
 
-    from pipelines.training import training_pipeline
+    from trainflow.cli import app
 
     path = tmp_path_factory.mktemp("pipeline") / "training-pipeline.yaml"
-    compiler.Compiler().compile(training_pipeline, str(path))
+    result = CliRunner().invoke(app, [
+        "compile", "--output", str(path), "--s3-secret", "mlpipeline-minio-artifact",
+        "--s3-access-key-key", "accesskey", "--s3-secret-key-key", "secretkey", "--kfp-backend-version", KFP_VERSION,
+    ])
+    assert result.exit_code == 0, result.output
     return path
 
 
@@ -97,6 +103,7 @@ def test_kfp_client_uploads_the_pipeline_and_creates_a_run_that_becomes_an_argo_
     assert len(versions) == 1
     # The real server parsed the spec: its stored spec names the pipeline's four steps.
     spec = versions[0].pipeline_spec
+    spec = spec.get("pipeline_spec", spec)  # with a platform spec: {"pipeline_spec": ..., "platform_spec": ...}
     tasks = set(spec["root"]["dag"]["tasks"])
     assert {"prepare-dataset", "train", "evaluate", "register-model"} <= tasks, tasks
 
@@ -209,7 +216,8 @@ def test_the_compiled_pipeline_runs_to_success_on_the_real_node(
     name = f"trainflow-realnode-{time.time_ns()}"
     run = client.create_run_from_pipeline_package(
         str(compiled_pipeline),
-        arguments={"dataset_source": "digits", "epochs": 1, "nproc_per_node": 1, "max_restarts": 0},
+        arguments={"dataset_source": "digits", "epochs": 1, "nproc_per_node": 1, "max_restarts": 0,
+                   "s3_endpoint_url": f"http://minio-service.{KFP_NAMESPACE}:9000"},
         run_name=name,
         experiment_name=name,
     )

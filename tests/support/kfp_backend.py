@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -63,8 +64,18 @@ MLMD_SERVICE_PORT = 8080
 #: Bucket of the API server's pipeline specs, as in a KFP install (ObjectStoreConfig.BucketName).
 PIPELINE_BUCKET = "mlpipeline"
 #: Image names the API server puts in workflows for the KFP driver and launcher, and Argo's executor.
-DRIVER_IMAGE = "trainflow.dev/testbed/kfp-driver:2.14.3"
-LAUNCHER_IMAGE = "trainflow.dev/testbed/kfp-launcher:2.14.3"
+
+
+def _pinned_versions() -> dict[str, str]:
+    """``tests/testbed/versions.env``'s ``NAME=value`` lines (the build's pins, one home)."""
+    text = (REPO_ROOT / "tests" / "testbed" / "versions.env").read_text()
+    return dict(line.split("=", 1) for line in text.splitlines() if re.match(r"[A-Z_]+=", line))
+
+
+#: The KFP release the test bed builds (``KFP_VERSION`` in versions.env).
+KFP_VERSION = _pinned_versions()["KFP_VERSION"]
+DRIVER_IMAGE = f"trainflow.dev/testbed/kfp-driver:{KFP_VERSION}"
+LAUNCHER_IMAGE = f"trainflow.dev/testbed/kfp-launcher:{KFP_VERSION}"
 ARGOEXEC_IMAGE = "trainflow.dev/testbed/argoexec:v3.6.7"
 #: ServiceAccounts of a KFP install that the test bed creates (runs use pipeline-runner).
 PIPELINE_RUNNER_SA = "pipeline-runner"
