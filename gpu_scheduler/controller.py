@@ -549,9 +549,9 @@ class Controller:
         if self._leader is not None:
             m.leader.set(1 if self._leader.is_leader() else 0)
         if report.decision is not None:
-            outcomes = collections.Counter(d.outcome.value for d in report.decision)
+            outcomes = collections.Counter(d.outcome for d in report.decision)
             for outcome, count in outcomes.items():
-                m.decisions.labels(policy=report.decision.policy, outcome=outcome).inc(count)
+                m.decisions.labels(policy=report.decision.policy, outcome=outcome.value).inc(count)
         for result in report.results:
             m.actions.labels(kind=result.action.kind.value, status=result.status).inc()
             m.patches.labels(status=result.status).inc(len(result.action.patches))

@@ -302,7 +302,7 @@ class Ledger:
     def advance(self, view: ClusterView, now_s: float) -> None:
         """Integrate attained service up to ``now_s`` (GPUs held x seconds since the last call);
         seed new jobs; forget jobs that are gone."""
-        for key in [k for k in self._jobs if k not in view.jobs]:
+        for key in self._jobs.keys() - view.jobs.keys():
             del self._jobs[key]
         for key, jv in view.jobs.items():
             entry = self._jobs.get(key)
