@@ -415,6 +415,7 @@ class _JobInputs:
     needs_dcgm_keys: frozenset[tuple[str, str]]  # their ``(namespace, name)``, checked in one set operation
     first_start_s: float | None
     requested_workers: int
+    restarts: int
     plain: bool
     placement_since_s: float | None  # the view's, for a job that holds GPUs
     gpus_by_node: tuple[tuple[str, int], ...]  # GPUs the current placement holds on each node
@@ -440,6 +441,7 @@ def _job_inputs(jv: JobView, pods: tuple[PodState, ...]) -> _JobInputs:
         needs_dcgm=needs_dcgm, needs_dcgm_keys=frozenset((p.namespace, p.name) for p in needs_dcgm),
         first_start_s=_first_start(jv, pods),
         requested_workers=memo.requested_workers or job.spec_workers,
+        restarts=memo.restarts,
         plain=early is None and late is None and memo.hold_until_s is None,
         placement_since_s=jv.placement_since_s if jv.placement else None,
         gpus_by_node=tuple((node, workers * job.gpus_per_worker) for node, workers in jv.placement.shares),
@@ -519,16 +521,22 @@ def build_snapshot(
                 for node, gpus in inputs.gpus_by_node:
                     held_elsewhere[node] = held_elsewhere.get(node, 0) + gpus
                 continue
-        job, memo = jv.job, jv.job.memo
+        job = jv.job
         max_workers = job.max_workers
-        if memo.hold_until_s is not None and memo.held(now_s) and memo.hold_max_workers:
-            max_workers = max(job.min_workers, min(max_workers, memo.hold_max_workers))
+        if not inputs.plain:
+            memo = job.memo
+            if memo.hold_until_s is not None and memo.held(now_s) and memo.hold_max_workers:
+                max_workers = max(job.min_workers, min(max_workers, memo.hold_max_workers))
         requested = min(max(inputs.requested_workers, job.min_workers), max_workers)
         entry = ledger_of(key)
         book = entry.book if entry is not None else no_book
         work = work_of.get(job.metrics_key)
-        if work is not None and book.unit != (UNIT_GOODPUT if work.adaptive else UNIT_SAMPLES_PER_S):
-            work = None  # remaining samples only beside a throughput in the same unit
+        global_batch_size = remaining_samples = None
+        if work is not None:
+            adaptive = work.adaptive
+            if book.unit == (UNIT_GOODPUT if adaptive else UNIT_SAMPLES_PER_S):  # work left only beside a
+                remaining_samples = work.remaining_samples                      # throughput in the same unit
+                global_batch_size = None if adaptive else round(work.global_batch_size)
         jobs.append(Job(
             name=key,
             submit_time_s=job.created_at_s,
@@ -539,11 +547,11 @@ def build_snapshot(
             placement=jv.placement,
             attained_service_gpu_s=entry.attained_gpu_s if entry is not None else 0.0,
             throughput=book.by_workers,
-            restarts=memo.restarts,
+            restarts=inputs.restarts,
             first_start_s=inputs.first_start_s,
             placement_since_s=inputs.placement_since_s,
-            global_batch_size=round(work.global_batch_size) if work and not work.adaptive else None,
-            remaining_samples=work.remaining_samples if work else None,
+            global_batch_size=global_batch_size,
+            remaining_samples=remaining_samples,
             annotations=inputs.annotations,
         ))
         for node, gpus in inputs.gpus_by_node:
