@@ -345,8 +345,9 @@ class DefaultPolicy:
         """:meth:`_job_terms` of every job, reused from the previous decision for a job whose
         measurements (the same mapping object: a job's mappings are read-only) and bounds are the
         same, at the same node size and fair share."""
-        memo = self._memo
-        previous = memo.get("terms") if memo.get("at") == (gpn, fair) else None
+        at, previous = self._memo.get("last", (None, None))  # one tuple: a concurrent call sees a consistent pair
+        if at != (gpn, fair):
+            previous = None
         terms: dict[str, _JobTerms] = {}
         for j in jobs:
             t = previous.get(j.name) if previous else None
@@ -354,7 +355,7 @@ class DefaultPolicy:
                     or t.max_workers != j.max_workers or t.gpus_per_worker != j.gpus_per_worker:
                 t = self._job_terms(j, gpn, fair)
             terms[j.name] = t
-        memo["at"], memo["terms"] = (gpn, fair), terms
+        self._memo["last"] = ((gpn, fair), terms)
         return terms
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> Decision:
