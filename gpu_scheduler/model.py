@@ -348,7 +348,7 @@ class Job:
     @property
     def running(self) -> bool:
         """True if the job holds GPUs now."""
-        return bool(self.placement)
+        return bool(self.placement.shares)
 
     def age_s(self, now_s: float) -> float:
         """Seconds since submission."""
@@ -416,7 +416,7 @@ class ClusterSnapshot:
         """GPUs held by the jobs' current placements, per node name (every node listed)."""
         used = {n.name: 0 for n in self.nodes}
         for job in self.jobs:
-            for node, workers in job.placement:
+            for node, workers in job.placement.shares:
                 used[node] = used.get(node, 0) + workers * job.gpus_per_worker
         return used
 
@@ -493,7 +493,8 @@ class JobDecision:
     annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "annotations", _frozen_mapping(self.annotations))
+        if self.annotations is not _EMPTY:  # the common case needs no conversion
+            object.__setattr__(self, "annotations", _frozen_mapping(self.annotations))
 
     @property
     def workers(self) -> int:
@@ -590,10 +591,11 @@ class Decision:
         used = {n.name: 0 for n in snapshot.nodes}
         jobs = snapshot._job_index
         for d in self.jobs:
-            if not d.placement:
+            shares = d.placement.shares
+            if not shares:
                 continue
             gpw = jobs[d.job].gpus_per_worker
-            for node, workers in d.placement:
+            for node, workers in shares:
                 used[node] = used.get(node, 0) + workers * gpw
         return used
 
@@ -611,7 +613,7 @@ class Decision:
         problems: list[str] = []
         names = [d.job for d in self.jobs]
         snapshot_names = [j.name for j in snapshot.jobs]
-        if sorted(names) != sorted(snapshot_names):
+        if names != snapshot_names and sorted(names) != sorted(snapshot_names):  # same order: the common case
             missing = sorted(set(snapshot_names) - set(names))
             extra = sorted(set(names) - set(snapshot_names))
             if missing:
@@ -627,8 +629,8 @@ class Decision:
             if job is None:
                 continue
             placement = d.placement
-            if placement:
-                for node, _ in placement:
+            if placement.shares:
+                for node, _ in placement.shares:
                     if node not in known_nodes:
                         problems.append(f"job {d.job}: unknown node {node!r}")
                 w = placement.workers

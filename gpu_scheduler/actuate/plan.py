@@ -479,8 +479,7 @@ def plan_decision(
         job = view.job
         target = d.workers
         bound = view.bound_workers
-        policy_ann = _policy_annotation_changes(view, d.annotations)
-        why = f"{decision.policy}: {d.reason}" if d.reason else decision.policy
+        policy_ann = _policy_annotation_changes(view, d.annotations) if d.annotations else {}
         kind: ActionKind | None = None
         replicas: int | None = None
         suspend: bool | None = None
@@ -532,6 +531,7 @@ def plan_decision(
         if not patches:
             continue
         to = 0 if suspend else (replicas if replicas is not None else target)
+        why = f"{decision.policy}: {d.reason}" if d.reason else decision.policy
         message = f"workers {bound}->{to} ({why})"
         event = None if kind in (ActionKind.ANNOTATE, ActionKind.WATCH) else _event(kind, message)
         out.append(Action(

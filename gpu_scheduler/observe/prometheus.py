@@ -118,6 +118,7 @@ QUERY_STABLE_WORLD_SIZE_BY_JOB = (
 #: export ``remaining_samples`` (and the current global batch size) instead of the steps.
 STEP_GAUGES = ("step", "total_steps", "global_batch_size")
 WORK_GAUGES = (*STEP_GAUGES, "remaining_samples")
+_STEP_GAUGE_SET = frozenset(STEP_GAUGES)
 QUERY_WORK_BY_JOB = " or ".join(
     f'label_replace(max by (job_key) (last_over_time(trainflow_{g}[{{window}}])), "gauge", "{g}", "", "")'
     for g in WORK_GAUGES
@@ -254,15 +255,20 @@ def parse_vector_json(raw: bytes) -> tuple[list[tuple[Any, float]], Mapping[str,
         except ValueError:
             raise PrometheusUnavailable("Prometheus answered malformed JSON") from None
         return parse_vector(payload), {}
-    samples = [(s.metric, s.value[1]) for s in answer.data.result if math.isfinite(s.value[1])]
+    samples = _TypedSamples((s.metric, s.value[1]) for s in answer.data.result if math.isfinite(s.value[1]))
     return samples, answer.data.stats or {}
 
 
+class _TypedSamples(list):
+    """Samples whose label sets are all :class:`_Labels` already (:func:`parse_vector_json`'s)."""
+
+
 def _typed(samples: Iterable[tuple[Any, float]]) -> Iterable[tuple[_Labels, float]]:
-    """``samples`` with every label set as :class:`_Labels` (answers decoded by msgspec already are;
-    :func:`parse_vector`'s label dicts are converted)."""
-    for labels, value in samples:
-        yield (labels if type(labels) is _Labels else _Labels.of(labels)), value
+    """``samples`` with every label set as :class:`_Labels` (answers decoded by msgspec already are:
+    they are handed back as they are; :func:`parse_vector`'s label dicts are converted)."""
+    if type(samples) is _TypedSamples:
+        return samples
+    return [((labels if type(labels) is _Labels else _Labels.of(labels)), value) for labels, value in samples]
 
 
 def metrics_from_results(
@@ -299,7 +305,7 @@ def metrics_from_results(
         if g.get("remaining_samples", -1.0) >= 0:
             work[key] = JobWork(global_batch_size=g.get("global_batch_size", 0.0),
                                 reported_remaining_samples=g["remaining_samples"])
-        elif len(g) >= 3 and all(k in g for k in STEP_GAUGES) and g["step"] >= 0 and g["total_steps"] > 0 \
+        elif len(g) >= 3 and g.keys() >= _STEP_GAUGE_SET and g["step"] >= 0 and g["total_steps"] > 0 \
                 and g["global_batch_size"] > 0:
             work[key] = JobWork(step=g["step"], total_steps=g["total_steps"], global_batch_size=g["global_batch_size"])
     goodput: dict[str, dict[int, float]] = {}

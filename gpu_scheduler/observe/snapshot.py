@@ -302,7 +302,7 @@ class Ledger:
     def advance(self, view: ClusterView, now_s: float) -> None:
         """Integrate attained service up to ``now_s`` (GPUs held x seconds since the last call);
         seed new jobs; forget jobs that are gone."""
-        for key in [k for k in self._jobs if k not in view.jobs]:
+        for key in self._jobs.keys() - view.jobs.keys():
             del self._jobs[key]
         for key, jv in view.jobs.items():
             entry = self._jobs.get(key)
@@ -403,7 +403,9 @@ class _JobInputs:
     the same objects (the watch caches hand back the same values for unchanged objects).
 
     ``early`` / ``late`` are the exclusion reasons that depend on neither the clock nor the
-    metrics, ranked before / after the time-dependent one (a start on hold)."""
+    metrics, ranked before / after the time-dependent one (a start on hold). ``plain`` says that
+    neither applies and no hold is recorded: the job is left out only if a pod lacks DCGM
+    series (the per-tick check is then one set comparison)."""
 
     view: JobView
     pods: tuple[PodState, ...]
@@ -413,6 +415,11 @@ class _JobInputs:
     needs_dcgm_keys: frozenset[tuple[str, str]]  # their ``(namespace, name)``, checked in one set operation
     first_start_s: float | None
     requested_workers: int
+    restarts: int
+    plain: bool
+    placement_since_s: float | None  # the view's, for a job that holds GPUs
+    gpus_by_node: tuple[tuple[str, int], ...]  # GPUs the current placement holds on each node
+    annotations: Mapping[str, str]
 
 
 def _job_inputs(jv: JobView, pods: tuple[PodState, ...]) -> _JobInputs:
@@ -434,6 +441,11 @@ def _job_inputs(jv: JobView, pods: tuple[PodState, ...]) -> _JobInputs:
         needs_dcgm=needs_dcgm, needs_dcgm_keys=frozenset((p.namespace, p.name) for p in needs_dcgm),
         first_start_s=_first_start(jv, pods),
         requested_workers=memo.requested_workers or job.spec_workers,
+        restarts=memo.restarts,
+        plain=early is None and late is None and memo.hold_until_s is None,
+        placement_since_s=jv.placement_since_s if jv.placement else None,
+        gpus_by_node=tuple((node, workers * job.gpus_per_worker) for node, workers in jv.placement.shares),
+        annotations=job.policy_annotations,
     )
 
 
@@ -492,30 +504,39 @@ def build_snapshot(
     excluded: dict[str, str] = {}
     jobs: list[Job] = []
     held_elsewhere: dict[str, int] = dict(view.foreign_gpus)
+    used: dict[str, int] = {}  # GPUs the snapshot's jobs hold, by node
     excluded_views: list[JobView] = []
-    work_of, ledger_of = metrics.work, ledger.entry
+    work_of, ledger_of, pods_of, dcgm_pods = metrics.work, ledger.entry, view.pods_by_job.get, metrics.pods.keys()
+    no_book = ThroughputBook()
     for key, jv in view.jobs.items():
-        pods = view.pods_by_job.get(key, ())
+        pods = pods_of(key, ())
         inputs = cache.get(key)
         if inputs is None or inputs.view is not jv or inputs.pods is not pods:
             inputs = cache[key] = _job_inputs(jv, pods)
-        reason = skip.get(key) or _exclusion(inputs, metrics, now_s)
-        if reason is not None:
-            excluded[key] = reason
-            excluded_views.append(jv)
-            for node, workers in jv.placement:
-                held_elsewhere[node] = held_elsewhere.get(node, 0) + workers * jv.job.gpus_per_worker
-            continue
-        job, memo = jv.job, jv.job.memo
+        if skip or not inputs.plain or not inputs.needs_dcgm_keys <= dcgm_pods:  # else no reason applies
+            reason = skip.get(key) or _exclusion(inputs, metrics, now_s)
+            if reason is not None:
+                excluded[key] = reason
+                excluded_views.append(jv)
+                for node, gpus in inputs.gpus_by_node:
+                    held_elsewhere[node] = held_elsewhere.get(node, 0) + gpus
+                continue
+        job = jv.job
         max_workers = job.max_workers
-        if memo.hold_until_s is not None and memo.held(now_s) and memo.hold_max_workers:
-            max_workers = max(job.min_workers, min(max_workers, memo.hold_max_workers))
+        if not inputs.plain:
+            memo = job.memo
+            if memo.hold_until_s is not None and memo.held(now_s) and memo.hold_max_workers:
+                max_workers = max(job.min_workers, min(max_workers, memo.hold_max_workers))
         requested = min(max(inputs.requested_workers, job.min_workers), max_workers)
         entry = ledger_of(key)
-        book = entry.book if entry is not None else ThroughputBook()
+        book = entry.book if entry is not None else no_book
         work = work_of.get(job.metrics_key)
-        if work is not None and book.unit != (UNIT_GOODPUT if work.adaptive else UNIT_SAMPLES_PER_S):
-            work = None  # remaining samples only beside a throughput in the same unit
+        global_batch_size = remaining_samples = None
+        if work is not None:
+            adaptive = work.adaptive
+            if book.unit == (UNIT_GOODPUT if adaptive else UNIT_SAMPLES_PER_S):  # work left only beside a
+                remaining_samples = work.remaining_samples                      # throughput in the same unit
+                global_batch_size = None if adaptive else round(work.global_batch_size)
         jobs.append(Job(
             name=key,
             submit_time_s=job.created_at_s,
@@ -526,21 +547,19 @@ def build_snapshot(
             placement=jv.placement,
             attained_service_gpu_s=entry.attained_gpu_s if entry is not None else 0.0,
             throughput=book.by_workers,
-            restarts=memo.restarts,
+            restarts=inputs.restarts,
             first_start_s=inputs.first_start_s,
-            placement_since_s=jv.placement_since_s if jv.placement else None,
-            global_batch_size=round(work.global_batch_size) if work and not work.adaptive else None,
-            remaining_samples=work.remaining_samples if work else None,
-            annotations=job.policy_annotations,
+            placement_since_s=inputs.placement_since_s,
+            global_batch_size=global_batch_size,
+            remaining_samples=remaining_samples,
+            annotations=inputs.annotations,
         ))
+        for node, gpus in inputs.gpus_by_node:
+            used[node] = used.get(node, 0) + gpus
     if len(cache) > len(view.jobs):
         for key in [k for k in cache if k not in view.jobs]:
             del cache[key]
     # Nodes referenced by placements must exist in the snapshot even without GPUs now.
-    used = {n: 0 for n in held_elsewhere}
-    for job in jobs:
-        for node, workers in job.placement:
-            used[node] = used.get(node, 0) + workers * job.gpus_per_worker
     node_states = {n.name: n for n in view.nodes}
     free = {
         n.name: max(0, n.gpus - held_elsewhere.get(n.name, 0) - used.get(n.name, 0))

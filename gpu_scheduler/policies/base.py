@@ -139,7 +139,7 @@ def parse_params(name: str, pairs: list[str] | tuple[str, ...]) -> dict[str, Any
     if entry is None:
         raise UnknownPolicy(f"unknown policy {name!r}; choose one of: {', '.join(names())}")
     fields: Mapping[str, dataclasses.Field] = (
-        {f.name: f for f in dataclasses.fields(entry.factory)}  # type: ignore[arg-type]
+        {f.name: f for f in dataclasses.fields(entry.factory) if f.init}  # type: ignore[arg-type]
         if dataclasses.is_dataclass(entry.factory) else {}
     )
     out: dict[str, Any] = {}

@@ -60,7 +60,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -186,6 +186,26 @@ def job_speedup(job: Job, prior_efficiency: float = 0.7) -> JobSpeedup:
     return _job_speedup(points, job.requested_workers, prior_efficiency)
 
 
+@dataclass(frozen=True, slots=True)
+class _JobTerms:
+    """One job's terms of the decision that change only with its measurements and bounds (the
+    inputs they were derived from first, to check a reuse)."""
+
+    throughput: Mapping[int, float]
+    requested_workers: int
+    max_workers: int
+    gpus_per_worker: int
+    model: JobSpeedup | SpeedupModel
+    per_node: int
+    fair_term: float  # S(min(fair share, max_workers)) ** (β − 1)
+    cap: int
+    fill_cap: int
+    one_worker_s: float | None  # the model's one-worker seconds per sample; None before any measurement
+    # (n, k) -> (U(S(k)) − U(S(n)), GPUs from n to k workers): a step's marginal gain is its weight
+    # times the first over the second (filled as the decisions need them).
+    gains: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
+
+
 @register("default")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DefaultPolicy:
@@ -248,6 +268,8 @@ class DefaultPolicy:
     drain_gain: float = 0.05
     drain_any_width: bool = True
     cap_at_request: bool = True
+    # What the last decision derived per job (:meth:`_terms`); not a parameter.
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for field_name in ("service_base_gpu_s", "prior_efficiency", "remaining_base_gpu_s", "remaining_cap_gpu_s"):
@@ -296,41 +318,77 @@ class DefaultPolicy:
 
     # ------------------------------------------------------------------ decide
 
+    def _job_terms(self, j: Job, gpn: int, fair: int) -> _JobTerms:
+        """What the decision derives from ``j`` without its attained service, work left or clock."""
+        m = job_speedup(j, self.prior_efficiency) if self.use_measured_throughput else fit_speedup(
+            j, self.prior_efficiency)
+        per_node = max(gpn // j.gpus_per_worker, 1)
+        measured_max = max(j.throughput, default=0)
+        cap = (min(j.max_workers, max(j.requested_workers, measured_max)) if self.cap_at_request
+               else j.max_workers)
+        nodes_of_request = -(-j.requested_workers // per_node) * per_node
+        if j.requested_workers > per_node:
+            explore = int(max(measured_max, j.requested_workers) * self.idle_explore_factor)
+            fill_cap = min(j.max_workers, max(cap, nodes_of_request, explore))
+        else:
+            fill_cap = min(j.max_workers, max(cap, nodes_of_request))
+        return _JobTerms(
+            throughput=j.throughput, requested_workers=j.requested_workers, max_workers=j.max_workers,
+            gpus_per_worker=j.gpus_per_worker, model=m, per_node=per_node,
+            # Fair-share normalisation: U(S/S_f) ranks like S_f^(β−1) · U(S).
+            fair_term=m.speedup(min(fair, j.max_workers)) ** (self.fairness - 1.0),
+            cap=cap, fill_cap=fill_cap,
+            one_worker_s=(m.model.a if isinstance(m, JobSpeedup) else m.a) if j.throughput else None,
+        )
+
+    def _terms(self, jobs: tuple[Job, ...], gpn: int, fair: int) -> dict[str, _JobTerms]:
+        """:meth:`_job_terms` of every job, reused from the previous decision for a job whose
+        measurements (the same mapping object: a job's mappings are read-only) and bounds are the
+        same, at the same node size and fair share."""
+        at, previous = self._memo.get("last", (None, None))  # one tuple: a concurrent call sees a consistent pair
+        if at != (gpn, fair):
+            previous = None
+        terms: dict[str, _JobTerms] = {}
+        for j in jobs:
+            t = previous.get(j.name) if previous else None
+            if t is None or t.throughput is not j.throughput or t.requested_workers != j.requested_workers \
+                    or t.max_workers != j.max_workers or t.gpus_per_worker != j.gpus_per_worker:
+                t = self._job_terms(j, gpn, fair)
+            terms[j.name] = t
+        self._memo["last"] = ((gpn, fair), terms)
+        return terms
+
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> Decision:
         jobs = snapshot.jobs
         total = snapshot.total_gpus
         gpn = node_size(snapshot)
         fair = max(1, math.ceil(total / max(len(jobs), 1)))
         index = {j.name: i for i, j in enumerate(jobs)}
+        terms = self._terms(jobs, gpn, fair)
         model, weight, cap, fill_cap, per_node = {}, {}, {}, {}, {}
         cooling: set[str] = set()
+        base, exponent = self.service_base_gpu_s, -self.priority_exponent
+        use_left = self.use_remaining_work
         for j in jobs:
-            m = job_speedup(j, self.prior_efficiency) if self.use_measured_throughput else fit_speedup(
-                j, self.prior_efficiency)
-            model[j.name] = m
-            per_node[j.name] = max(gpn // j.gpus_per_worker, 1)
-            # Fair-share normalisation: U(S/S_f) ranks like S_f^(β−1) · U(S).
-            weight[j.name] = self.priority(j) * m.speedup(min(fair, j.max_workers)) ** (self.fairness - 1.0)
-            left = self._remaining_gpu_s(j, m)
-            if left is not None:
-                weight[j.name] *= (1.0 + min(left, self.remaining_cap_gpu_s) / self.remaining_base_gpu_s) ** (
+            name, t = j.name, terms[j.name]
+            model[name], per_node[name], cap[name], fill_cap[name] = t.model, t.per_node, t.cap, t.fill_cap
+            w = (1.0 + j.attained_service_gpu_s / base) ** exponent * t.fair_term  # priority(j) × fair term
+            if use_left and j.remaining_samples is not None and t.one_worker_s is not None:
+                left = j.remaining_samples * t.one_worker_s  # one-worker seconds of work left
+                w *= (1.0 + min(left, self.remaining_cap_gpu_s) / self.remaining_base_gpu_s) ** (
                     -self.remaining_exponent)
-            measured_max = max(j.throughput, default=0)
-            cap[j.name] = (min(j.max_workers, max(j.requested_workers, measured_max)) if self.cap_at_request
-                           else j.max_workers)
-            nodes_of_request = -(-j.requested_workers // per_node[j.name]) * per_node[j.name]
-            if j.requested_workers > per_node[j.name]:
-                explore = int(max(measured_max, j.requested_workers) * self.idle_explore_factor)
-                fill_cap[j.name] = min(j.max_workers, max(cap[j.name], nodes_of_request, explore))
-            else:
-                fill_cap[j.name] = min(j.max_workers, max(cap[j.name], nodes_of_request))
-            if self._cooling(j, now_s):
-                cooling.add(j.name)
+            weight[name] = w
+            if j.placement and j.placement_since_s is not None and self._cooling(j, now_s):
+                cooling.add(name)
 
         def value(j: Job, n: int, k: int) -> float:
-            m = model[j.name]
-            return weight[j.name] * (self.utility(m.speedup(k)) - self.utility(m.speedup(n))) / (
-                (k - n) * j.gpus_per_worker)
+            gains = terms[j.name].gains
+            gain = gains.get((n, k))
+            if gain is None:
+                m = model[j.name]
+                gain = gains[n, k] = (self.utility(m.speedup(k)) - self.utility(m.speedup(n)),
+                                      (k - n) * j.gpus_per_worker)
+            return weight[j.name] * gain[0] / gain[1]
 
         order = sorted(jobs, key=lambda j: (-weight[j.name], j.submit_time_s))
         ideal = self._ideal(jobs, order, total, cap, per_node, index, value)
@@ -349,14 +407,6 @@ class DefaultPolicy:
                 return Decision.from_placements(snapshot, drain, policy=self.name, now_s=now_s, reasons=reasons)
         reasons = {j.name: self._reason(j, out.get(j.name), ideal[j.name], j.name in cooling) for j in jobs}
         return Decision.from_placements(snapshot, out, policy=self.name, now_s=now_s, reasons=reasons)
-
-    def _remaining_gpu_s(self, job: Job, m) -> float | None:
-        """One-worker seconds of work left (remaining samples × the model's one-worker seconds per
-        sample), or None when unused, not reported or not yet measured."""
-        if not self.use_remaining_work or job.remaining_samples is None or not job.throughput:
-            return None
-        a = m.model.a if isinstance(m, JobSpeedup) else m.a
-        return job.remaining_samples * a
 
     def _draining(self, jobs, total) -> bool:
         if not self.use_remaining_work or not jobs:
@@ -463,12 +513,15 @@ class DefaultPolicy:
     def _with_hysteresis(self, jobs, ideal, cooling, weight, total) -> dict[str, int]:
         targets = dict(ideal)
         for j in jobs:
-            if not j.running or ideal[j.name] == 0:
+            want = ideal[j.name]
+            if not j.placement or want == 0:
                 continue
-            cur, want = j.workers, ideal[j.name]
+            cur = j.placement.workers
             if j.name in cooling or cur / (1 + self.tolerance) < want < cur * (1 + self.tolerance):
                 targets[j.name] = cur
         used = sum(targets[j.name] * j.gpus_per_worker for j in jobs)
+        if used <= total:
+            return targets
         for j in sorted(jobs, key=lambda j: weight[j.name]):
             if used <= total:
                 break
@@ -481,16 +534,18 @@ class DefaultPolicy:
         ledger = FreeGpus(snapshot)
         out: dict[str, Placement] = {}
         moving: list[Job] = []
+        kept: list[tuple[Placement, int]] = []
         for j in jobs:
             t = targets[j.name]
             if t <= 0:
                 continue
-            compact = j.running and j.placement.node_count <= -(-j.workers // per_node[j.name])
-            if j.running and t == j.workers and (compact or j.name in cooling):
-                ledger.hold(j.placement, j.gpus_per_worker)
-                out[j.name] = j.placement
+            p = j.placement
+            if p and t == p.workers and (len(p.shares) <= -(-t // per_node[j.name]) or j.name in cooling):
+                kept.append((p, j.gpus_per_worker))  # compact or cooling: it stays
+                out[j.name] = p
             else:
                 moving.append(j)
+        ledger.hold_all(kept)
         moving.sort(key=lambda j: (-targets[j.name] * j.gpus_per_worker, -weight[j.name]))
         for j in moving:
             k = targets[j.name]

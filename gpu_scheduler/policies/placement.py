@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+from collections.abc import Iterable
 
 from gpu_scheduler.model import ClusterSnapshot, Placement, SchedulerError
 
@@ -121,6 +122,20 @@ class FreeGpus:
         for node, workers in placement:
             i = self._pos[node]
             self._set(i, self._free[i] - workers * gpus_per_worker)
+
+    def hold_all(self, placements: Iterable[tuple[Placement, int]]) -> None:
+        """:meth:`hold` of every ``(placement, gpus_per_worker)``, each node's count set once."""
+        free, pos = self._free, self._pos
+        before: dict[int, int] = {}
+        for placement, gpus_per_worker in placements:
+            for node, workers in placement.shares:
+                i = pos[node]
+                if i not in before:
+                    before[i] = free[i]
+                free[i] -= workers * gpus_per_worker
+        for i, old in before.items():
+            new, free[i] = free[i], old
+            self._set(i, new)
 
     def release(self, placement: Placement, gpus_per_worker: int) -> None:
         """Return a placement's GPUs to the pool."""

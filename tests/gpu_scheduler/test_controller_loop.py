@@ -452,3 +452,28 @@ def test_a_crash_between_the_reshape_patches_is_finished_by_the_next_controller(
     clock2.now += 30
     assert [a.kind for a in restarted.tick().actions] == []
     assert cluster.annotations("a")[ANNOTATION_PREFIX + "restarts"] == "1"
+
+
+def test_managed_gc_pauses_the_automatic_collections_during_a_tick_only() -> None:
+    import gc
+
+    cluster = two_nodes()
+    cluster.add_job("a", ["n0", "n0"])
+    ctl, prom, act, _, _, _ = make(cluster, manage_gc=True)
+    seen: list[bool] = []
+    apply = act.apply
+    act.apply = lambda actions: (seen.append(gc.isenabled()), apply(actions))[1]  # type: ignore[method-assign]
+    try:
+        assert gc.isenabled()
+        report = ctl.tick()
+        assert report.skipped is None and seen == [False]  # off while the tick ran ...
+        assert gc.isenabled() and "gc" in report.phases_cpu_s  # ... on again after its one collection
+        prom.down = True
+        assert ctl.tick().skipped is not None and gc.isenabled()  # a skipped tick turns it back on too
+        gc.disable()  # a process that turned it off itself keeps it off
+        ctl.tick()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+        ctl.close()
