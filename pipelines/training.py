@@ -59,6 +59,8 @@ def build_pipeline(platform: PlatformSettings) -> object:
         dataset_source: str = "mnist",
         test_fraction: float = 0.2,
         model_name: str = "small_cnn",
+        task: str = "image_classification",
+        task_args: str = "",
         epochs: int = 8,
         max_steps: int = 0,
         seed: int = 0,

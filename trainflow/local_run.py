@@ -34,7 +34,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from components.training.metrics import read_jsonl
-from trainflow.common.training_spec import ROWS, ConfigError, TrainJobSpec, check_values, rows
+from trainflow.common.training_spec import BUILTIN_TASK, ROWS, ConfigError, TrainJobSpec, check_values, rows
 from trainflow.storage import CheckpointStorageError, storage_for
 
 STAGES = ("prepare-dataset", "train", "evaluate", "register-model")
@@ -84,6 +84,8 @@ class RunReport:
     output_dir: str
     test_accuracy: float | None = None
     test_loss: float | None = None
+    test_metrics: dict[str, float] = field(default_factory=dict)
+    """What the evaluate step reported, ``test_<metric>`` (a user's task: its own metric names)."""
     steps: int | None = None
     checkpoints_committed: int | None = None
     resumes: list[dict[str, Any]] = field(default_factory=list)
@@ -125,9 +127,17 @@ def validate(opts: RunOptions) -> None:
     try:
         values = {row.name: getattr(opts, row.name) for row in rows("C")}
         check_values({k: v for k, v in values.items() if ROWS[k].on("P")}, "P")
-        TrainJobSpec.from_kwargs({k: v for k, v in values.items() if ROWS[k].on("S")})
+        spec = TrainJobSpec.from_kwargs({k: v for k, v in values.items() if ROWS[k].on("S")})
     except ConfigError as e:
         raise RunInputError(f"invalid hyper-parameter: {e}") from e
+    if opts.task != BUILTIN_TASK:  # a user's task must import and build here (PYTHONPATH) before anything starts
+        from trainflow.task import TaskError, load_task
+
+        try:
+            load_task(opts.task, spec.train_config(dataset="", job_key="validate",
+                                                   checkpoint_uri="validate").task_kwargs())
+        except TaskError as e:
+            raise RunInputError(str(e)) from e
     for uri in (opts.checkpoint_uri, opts.registry_uri):
         if uri:
             try:
@@ -339,9 +349,10 @@ def _fill_report(report: RunReport, outputs: dict[str, Any], logs: Path) -> None
     if "test_accuracy" in outputs:
         report.test_accuracy = float(outputs["test_accuracy"])
     if (logs / "eval.json").is_file():
-        ev = json.loads((logs / "eval.json").read_text())
-        report.test_accuracy = ev["test_accuracy"] if report.test_accuracy is None else report.test_accuracy
-        report.test_loss = ev["test_loss"]
+        ev = json.loads((logs / "eval.json").read_text())  # a user's task: test_<its metric names>
+        report.test_accuracy = ev.get("test_accuracy") if report.test_accuracy is None else report.test_accuracy
+        report.test_loss = ev.get("test_loss")
+        report.test_metrics = ev
     if "model_version" in outputs:
         report.model_version = int(outputs["model_version"])
     config_path = logs / "train-config.json"

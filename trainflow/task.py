@@ -6,9 +6,10 @@ the optimizer step, mixed precision, checkpoints and resume, SIGTERM saves, metr
 subclass of :class:`Task`, name it by import path (``"my_pkg.tasks:Regression"``) with JSON
 ``task_args`` (its constructor's keyword arguments), and :func:`load_task` builds it.
 
-**Status (issue 11, step 7a):** this API and the built-in ``image_classification`` task
-(:mod:`trainflow.tasks.image_classification`) exist, but the trainer does not call them yet (step
-7b); ``python -m components.training`` still trains its own image classifiers.
+**Status (issue 11, step 7b):** the trainer (``components.training.trainer``) trains a task:
+``--task``/``--task-args`` of ``python -m components.training`` and ``trainflow run``, the ``task``
+and ``task_args`` pipeline parameters; the default is the built-in ``image_classification``
+(:mod:`trainflow.tasks.image_classification`).
 
 Where the line is drawn, and why
 --------------------------------

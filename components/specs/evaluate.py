@@ -14,22 +14,34 @@ def evaluate(
     split: str = "test",
     s3_endpoint_url: str = "",
 ) -> float:
-    """Evaluate ``model`` on ``split`` of ``dataset``; returns the accuracy (0..1)."""
+    """Evaluate ``model`` on ``split`` of ``dataset``; returns the accuracy (0..1).
+
+    A model of a user's task (``task``) is evaluated by the task itself on its own held-out data
+    (``dataset`` and ``split`` are not read): every metric is logged as ``test_<name>``, no
+    confusion matrix; returns its ``accuracy`` or 0.0 when it reports none."""
     import json
     import os
     from pathlib import Path
 
     from components.training.evaluation import evaluate as run_evaluation
+    from components.training.evaluation import evaluate_task, task_of
     from components.training.step import use_s3_endpoint
 
     use_s3_endpoint(s3_endpoint_url)
 
+    log_dir = os.environ.get("TRAINFLOW_LOG_DIR")
+    if task_of(model.path) is not None:
+        scores = evaluate_task(model.path)
+        for name, value in scores.items():
+            metrics.log_metric(f"test_{name}", value)
+        if log_dir:
+            Path(log_dir, "eval.json").write_text(json.dumps({f"test_{k}": v for k, v in scores.items()}))
+        return scores.get("accuracy", 0.0)
     result = run_evaluation(model.path, dataset.path, split=split)
     metrics.log_metric("test_accuracy", result.accuracy)
     metrics.log_metric("test_loss", result.loss)
     metrics.log_metric("test_samples", result.num_samples)
     confusion.log_confusion_matrix(result.classes, result.confusion)
-    log_dir = os.environ.get("TRAINFLOW_LOG_DIR")
     if log_dir:
         Path(log_dir, "eval.json").write_text(json.dumps(
             {"test_accuracy": result.accuracy, "test_loss": result.loss, "test_samples": result.num_samples}))

@@ -13,6 +13,8 @@ def train(
     model: Output[Model],
     metrics: Output[Metrics],
     model_name: str = "small_cnn",
+    task: str = "image_classification",
+    task_args: str = "",
     epochs: int = 8,
     max_steps: int = 0,
     seed: int = 0,

@@ -458,3 +458,51 @@ def iter_local_batches(
     for ids, n in plan:
         x, y = next(loaded) if len(ids) else split.fetch(ids)
         yield x, y, ids, n
+
+
+def read_samples(dataset: Any, ids: list[int]) -> list[Any]:
+    """``dataset``'s samples ``ids``: one batched read when it has PyTorch's ``__getitems__``."""
+    getitems = getattr(dataset, "__getitems__", None)
+    return getitems(ids) if getitems is not None else [dataset[i] for i in ids]
+
+
+def iter_task_batches(
+    dataset: Any,
+    collate: Any,
+    *,
+    perm: torch.Tensor,
+    start: int,
+    global_batch_size: int,
+    rank: int,
+    world_size: int,
+    loader_workers: int,
+    loader_seed: int,
+) -> Iterator[tuple[Any, torch.Tensor, int]]:
+    """Yield ``(batch, local_ids, global_n)`` for each remaining step of an epoch from ``start``:
+    the same plan as :func:`iter_local_batches`, read from a task's map-style dataset and
+    ``collate``\\ d (``trainflow.task``).
+
+    A rank with no samples in a step (the epoch's last global batch smaller than the world size)
+    gets ``local_ids`` empty and a *placeholder* batch of one sample, the global batch's first: the
+    task's loss needs at least one sample, and the trainer weights it by 0 so that the rank still
+    takes part in DDP's gradient all-reduce. With ``loader_workers`` > 0 the reads go through a
+    DataLoader whose batch sampler yields exactly these ids, with its own seeded generator so creating
+    the iterator never consumes the global RNG (which would break bit-exact resume).
+    """
+    plan = []
+    pos = start
+    while pos < len(perm):
+        batch = global_batch(perm, pos, global_batch_size)
+        ids = shard(batch, rank, world_size)
+        plan.append((ids, len(batch), (ids if len(ids) else batch[:1]).tolist()))
+        pos += len(batch)
+    if loader_workers == 0:
+        for ids, n, read in plan:
+            yield collate(read_samples(dataset, read)), ids, n
+        return
+    g = torch.Generator()
+    g.manual_seed(loader_seed)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=[read for _, _, read in plan], collate_fn=collate,
+                                         num_workers=loader_workers, generator=g, persistent_workers=False)
+    for (ids, n, _), batch in zip(plan, loader, strict=True):
+        yield batch, ids, n

@@ -1,4 +1,6 @@
-"""Evaluate an exported model on a split of a prepared dataset (single process, CPU or one GPU)."""
+"""Evaluate an exported model (single process, CPU or one GPU): the built-in image classifier on a
+split of a prepared dataset (:func:`evaluate`), or a user's task model on its own held-out data
+(:func:`evaluate_task`)."""
 
 from __future__ import annotations
 
@@ -76,3 +78,57 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, *, split: str = "te
     correct = int(confusion.diag().sum())
     return EvalResult(accuracy=correct / max(1, n), loss=loss_sum / max(1, n), num_samples=n,
                       classes=dataset.info.classes, confusion=confusion.tolist())
+
+
+def task_of(model_dir: str | Path) -> tuple[str, dict] | None:
+    """``(task, task_args)`` of an exported model trained by a task other than the built-in image
+    classifier, or ``None`` (the built-in task, or a model exported before tasks were recorded).
+
+    Raises:
+        ModelFormatError: ``model.json`` is missing or unreadable.
+    """
+    try:
+        meta = json.loads((Path(model_dir) / "model.json").read_text())
+    except FileNotFoundError as e:
+        raise ModelFormatError(f"{model_dir} is not an exported model: {e.filename} is missing") from e
+    except ValueError as e:
+        raise ModelFormatError(f"{model_dir} holds an unreadable model.json: {e}") from e
+    if "model" in meta or "task" not in meta:
+        return None
+    return meta["task"], meta.get("task_args") or {}
+
+
+@torch.no_grad()
+def evaluate_task(model_dir: str | Path, *, batch_size: int = 512) -> dict[str, float]:
+    """The task's own metrics (``Task.evaluate``) of an exported task model on the task's
+    ``eval_dataset()``: rebuilt from ``model.json``'s task and ``task_args``, weights from
+    ``model.pt``; ``{}`` when the task has no evaluation data.
+
+    Raises:
+        ModelFormatError: files missing or unreadable, or weights that do not fit the task's model.
+        TaskError: the task cannot be built (its package is not importable here, ...).
+    """
+    from torch.utils.data import DataLoader
+
+    from trainflow.task import load_task, move_to_device
+
+    found = task_of(model_dir)
+    if found is None:
+        raise ModelFormatError(f"{model_dir} holds a model of the built-in image classifier: use evaluate()")
+    spec, task_args = found
+    task = load_task(spec, task_args)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = task.build_model()
+    try:
+        model.load_state_dict(torch.load(Path(model_dir) / "model.pt", map_location="cpu", weights_only=True))
+    except FileNotFoundError as e:
+        raise ModelFormatError(f"{model_dir} is not an exported model: {e.filename} is missing") from e
+    except RuntimeError as e:
+        raise ModelFormatError(f"{model_dir}: the weights do not fit task {spec!r}'s model: {e}") from e
+    model = model.to(device).eval()
+    data = task.eval_dataset()
+    if data is None:
+        return {}
+    loader = DataLoader(data, batch_size=batch_size, shuffle=False, collate_fn=task.collate)
+    batches = (move_to_device(batch, device) for batch in loader)
+    return {name: float(value) for name, value in task.evaluate(model, batches).items()}

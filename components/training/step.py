@@ -133,8 +133,10 @@ def resolve_checkpoint_uri(checkpoint_uri: str, pipeline_root: str) -> str:
     raise TrainStepError("no checkpoint_uri given and no pipeline root to put checkpoints under")
 
 
-def preflight(cfg: TrainConfig, *, s3_secret_name: str = "") -> DatasetInfo:
-    """Checks that need no worker: the dataset is a prepared dataset, the checkpoint store answers.
+def preflight(cfg: TrainConfig, *, s3_secret_name: str = "") -> DatasetInfo | None:
+    """Checks that need no worker: the task builds from its ``task_args`` (``load_task``), the
+    dataset is a prepared dataset (the built-in task; a user's task: its training set is at least one
+    global batch), the checkpoint store answers. Returns the dataset's info (built-in task) or None.
 
     Args:
         s3_secret_name: named in the error when the store refuses and this process has no S3 key
@@ -144,7 +146,22 @@ def preflight(cfg: TrainConfig, *, s3_secret_name: str = "") -> DatasetInfo:
         TrainStepError: with the one-line reason.
     """
     from components.training.data import read_info
+    from trainflow.task import TaskError, load_task
 
+    try:
+        task = load_task(cfg.model.task, cfg.task_kwargs())
+    except TaskError as e:
+        raise TrainStepError(str(e)) from e
+    if not cfg.model.builtin:
+        try:
+            n = len(task.train_dataset())
+        except Exception as e:  # the user's code: one line, the cause chained
+            raise TrainStepError(f"task {cfg.model.task!r}: train_dataset() failed: {type(e).__name__}: {e}") from e
+        if cfg.data.global_batch_size > n:
+            raise TrainStepError(f"global_batch_size {cfg.data.global_batch_size} exceeds the {n} training samples "
+                                 f"of task {cfg.model.task!r}")
+        check_storage(cfg.checkpoint.uri, cfg.checkpoint.job_key, s3_secret_name=s3_secret_name)
+        return None
     try:
         info = read_info(cfg.data.path)
     except DatasetError as e:

@@ -1,16 +1,21 @@
 """The elastic-DDP trainer: ``train()`` = load ▶ loop(step, after_step) ▶ close.
 
+It trains a *task* (:mod:`trainflow.task`, ``--task``; default the built-in ``image_classification``):
+the task gives the model, the training dataset, the collate function and the batch-mean loss (and
+optionally optimizer, LR schedule, its own state, a data fingerprint); everything below is the harness's.
+
 Every start loads the newest committed checkpoint under the job key, so the same command is safe
 after any restart (torchrun restarting workers, a pod restart, a KFP or Airflow retry). Saved state:
 model, optimizer, LR scheduler, grad scaler, step/epoch/data position, and every rank's RNG streams.
 
-One tiny all-reduce per step carries ``[loss_sum, correct, save_due, stop_requested, fenced]`` so that
+One tiny all-reduce per step carries ``[loss_sum, save_due, stop_requested, fenced]`` so that
 every rank agrees on the reported global loss, on *when* to checkpoint (rank 0's clock decides
 time-based saves), on stopping after SIGTERM and on stopping when a newer writer took over the job key
 (``checkpoint.manager``, writer fencing); a disagreement between ranks is impossible by construction.
 
-Resuming checks the checkpoint's identity first: a checkpoint of another dataset (fingerprint) or
-another model under the same job key is refused with one line (:class:`ConfigError`, exit 2), never
+Resuming checks the checkpoint's identity first: a checkpoint of another task, another dataset
+(the task's fingerprint, else its sample count) or another model (architecture, structure signature)
+under the same job key is refused with one line (:class:`ConfigError`, exit 2), never
 loaded into the wrong job.
 
 Bit-exact resume (same world size, CPU or 2 GPUs): data order is a pure function of
@@ -41,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -52,10 +56,10 @@ from components.training.checkpoint.manager import CheckpointManager, LoadedChec
 from components.training.distributed import DistEnv
 from components.training.faults import FaultInjector
 from components.training.metrics import FanOut, JsonlSink, MetricsSink, NullSink, PrometheusSink
-from components.training.model import build_model
 from trainflow.common.cpus import threads_per_rank
 from trainflow.common.training_spec import ConfigError, TrainConfig
 from trainflow.storage import CheckpointStorage, join_uri, storage_for
+from trainflow.task import Task, load_task, model_signature, move_to_device
 
 log = logging.getLogger("trainflow.trainer")
 
@@ -145,7 +149,13 @@ def _lr_lambda(total_steps: int, warmup_steps: int, schedule: str):
 class Trainer:
     """Owns one rank's training job. Build with a validated :class:`TrainConfig`.
 
+    What it trains is a task (:mod:`trainflow.task`; ``cfg.model.task``, default the built-in
+    ``image_classification``): model, training data, loss and the task's own state come from it;
+    choosing the samples, loss weighting over ranks, backward, AMP, clipping, the optimizer step,
+    checkpoints and metrics stay here.
+
     Raises (from ``__init__``):
+        TaskError, ConfigError: the task cannot be built, or a task LR schedule with adaptive batch.
         DatasetError: the dataset folder is missing or invalid.
         CheckpointStorageError: the checkpoint storage is unreachable or unwritable.
     """
@@ -157,27 +167,34 @@ class Trainer:
         self.device = env.device()
         self._configure_runtime()
 
-        self.dataset = datamod.PreparedDataset(cfg.data.path)
-        self.train_split = self.dataset.split("train")
-        self.num_samples = len(self.train_split)
-        info = self.dataset.info
+        self.task_args = cfg.task_kwargs()
+        self.task: Task = load_task(cfg.model.task, self.task_args)
+        self.train_data = self.task.train_dataset()
+        self.num_samples = len(self.train_data)
+        if self.num_samples < 1:
+            raise ConfigError(f"task {cfg.model.task!r} has an empty training dataset")
         self.steps_per_epoch = datamod.steps_per_epoch(self.num_samples, cfg.data.global_batch_size)
         self.total_steps = cfg.epochs * self.steps_per_epoch
         if cfg.max_steps:
             self.total_steps = min(self.total_steps, cfg.max_steps)
 
         rng.seed_all(cfg.seed)  # identical initial weights on every rank
-        self.model = build_model(
-            cfg.model.name, in_channels=info.channels, num_classes=info.num_classes, image_size=info.image_size
-        ).to(self.device)
+        self.model = self.task.build_model().to(self.device)
+        self.model_signature = model_signature(self.model)
         self.dist_active = dist_utils.active()
         self.net: nn.Module = (
             DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
             if self.dist_active
             else self.model
         )
-        self.optimizer = self._build_optimizer()
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+        self.optimizer = (self.task.configure_optimizer(self.model, learning_rate=cfg.optim.learning_rate)
+                          or self._build_optimizer())
+        task_scheduler = self.task.configure_lr_scheduler(self.optimizer, total_steps=self.total_steps)
+        if task_scheduler is not None and cfg.data.adaptive_batch:
+            raise ConfigError(f"task {cfg.model.task!r} brings its own learning-rate schedule, which adaptive batch "
+                              "cannot drive (it sets the learning rate each step): drop --adaptive-batch or the "
+                              "task's configure_lr_scheduler")
+        self.scheduler = task_scheduler or torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, _lr_lambda(self.total_steps, cfg.optim.warmup_steps, cfg.optim.lr_schedule)
         )
         self.adaptive: goodput.AdaptiveBatch | None = None
@@ -201,13 +218,13 @@ class Trainer:
         self.metrics = self._build_metrics()
         self.storage: CheckpointStorage = storage_for(join_uri(cfg.checkpoint.uri, cfg.checkpoint.job_key))
         self.storage.check()
-        self.fingerprint = info.fingerprint
+        self.fingerprint = self.task.data_fingerprint()
         self.ckpt = CheckpointManager(
             self.storage,
             keep_last_k=cfg.checkpoint.keep_last_k,
             clock=clock,
-            manifest_extra={"job_key": cfg.checkpoint.job_key, "dataset_fingerprint": info.fingerprint,
-                            "model": cfg.model.name, "torch_version": torch.__version__},
+            manifest_extra={"job_key": cfg.checkpoint.job_key, **self._identity(),
+                            "task_args": self.task_args, "torch_version": torch.__version__},
             on_event=lambda event: self.metrics.record(event),
         )
         if env.is_main:
@@ -316,15 +333,15 @@ class Trainer:
         epoch = self.state.epoch
         batch_size = self._choose_batch() if self.adaptive is not None else cfg.data.global_batch_size
         perm = datamod.epoch_permutation(self.num_samples, cfg.seed, epoch)
-        batches = datamod.iter_local_batches(
-            self.train_split, perm=perm, start=self.state.samples_in_epoch,
+        batches = datamod.iter_task_batches(
+            self.train_data, self.task.collate, perm=perm, start=self.state.samples_in_epoch,
             global_batch_size=batch_size, rank=self.env.rank, world_size=self.env.world_size,
             loader_workers=cfg.data.dataloader_num_workers, loader_seed=cfg.seed * 1_000_003 + epoch,
         )
-        for x, y, ids, n_global in batches:
+        for batch, ids, n_global in batches:
             t_start = time.perf_counter()
-            loss_sum, correct = self._step(x, y, n_global)
-            self._after_step(loss_sum, correct, ids, n_global, t_start, epoch)
+            loss_sum = self._step(batch, len(ids), n_global)
+            self._after_step(loss_sum, ids, n_global, t_start, epoch)
             if self._done() or self.state.epoch != epoch:
                 break
             if self.adaptive is not None and self._retune_due:  # re-pick mid-epoch: data resume in samples
@@ -344,32 +361,40 @@ class Trainer:
         grads = [p.grad.detach().float().pow(2).sum() for p in self.model.parameters() if p.grad is not None]
         self._gns_global_sq = float(torch.stack(grads).sum()) * inv_scale_sq if grads else 0.0
         local = float(sum(self._gns_local)) if self._gns_local else float("nan")
-        # The local loss is scaled by W / n_global (see _step): rescale to the mean over n_local samples.
+        # The local mean loss is scaled by n_local * W / n_global (see _step): undo it.
         k = n_global / (self.env.world_size * n_local) if n_local else 0.0
         self._gns_local_sq = local * inv_scale_sq * k * k
         self._gns_local.clear()
 
-    def _step(self, x: torch.Tensor, y: torch.Tensor, n_global: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step. The local loss is scaled so DDP's gradient average equals the gradient
-        of the mean loss over the whole global batch, however unevenly it is split over ranks."""
+    def _step(self, batch: Any, n_local: int, n_global: int) -> torch.Tensor:
+        """One optimizer step; returns this rank's loss sum (float64: the task's batch mean x n_local).
+
+        The task's loss is the mean over this rank's ``n_local`` samples; it is weighted by
+        ``n_local * W / n_global`` so that DDP's gradient average equals the gradient of the mean loss
+        over the whole global batch, however unevenly it is split over ranks. A rank without samples
+        (``n_local`` 0) computes the loss of its placeholder sample with weight 0: DDP's all-reduce
+        still runs on every rank, and its gradient contribution is nothing."""
         t0 = time.perf_counter()
-        x = x.to(self.device, non_blocking=True)
-        y = y.to(self.device, non_blocking=True)
+        batch = move_to_device(batch, self.device, non_blocking=True)
         self.net.train()
         autocast = (
             torch.autocast(self.device.type, dtype=self.autocast_dtype)
             if self.autocast_dtype is not None else contextlib.nullcontext()
         )
         with autocast:
-            logits = self.net(x)
-            per_sample = F.cross_entropy(logits.float(), y, reduction="none")
-            loss = per_sample.sum() * (self.env.world_size / n_global)
+            mean = self.task.loss(self.net, batch)
+            if not isinstance(mean, torch.Tensor) or mean.numel() != 1:
+                raise ConfigError(f"task {self.cfg.model.task!r}: loss must return a scalar tensor (the batch "
+                                  f"mean), got {type(mean).__name__}"
+                                  f"{'' if not isinstance(mean, torch.Tensor) else f' of shape {tuple(mean.shape)}'}")
+            mean = mean.reshape(())
+            loss = mean * (n_local * self.env.world_size / n_global)
         self.optimizer.zero_grad(set_to_none=True)
         if self.adaptive is not None:
             self._gns_local.clear()
         self.scaler.scale(loss).backward()
         if self.adaptive is not None:
-            self._measure_gns(n_global, len(y))
+            self._measure_gns(n_global, n_local)
             lr = goodput.lr_factor(self.adaptive.progress_samples, self.adaptive.target_samples,
                                    warmup_samples=self.cfg.optim.warmup_steps * self.adaptive.base_batch,
                                    schedule=self.cfg.optim.lr_schedule,
@@ -388,19 +413,19 @@ class Trainer:
             self.scheduler.step()
         else:  # compute time only: a wait for a checkpoint snapshot is no property of the batch size
             self._step_s = time.perf_counter() - t0 - waited_s
-        return per_sample.detach().sum().double(), (logits.detach().argmax(1) == y).sum().double()
+        return mean.detach().double() * n_local
 
-    def _after_step(self, loss_sum, correct, ids, n_global, t_start, epoch) -> None:
+    def _after_step(self, loss_sum, ids, n_global, t_start, epoch) -> None:
         self.state.advance(n_global, self.num_samples)
         step = self.state.step
         save_due = 1.0 if self.env.is_main and self.schedule.due(step) else 0.0
         fenced = 1.0 if self.env.is_main and self.ckpt.fenced is not None else 0.0
-        agreed = torch.stack([loss_sum.cpu(), correct.cpu(), torch.tensor(save_due, dtype=torch.float64),
+        agreed = torch.stack([loss_sum.cpu(), torch.tensor(save_due, dtype=torch.float64),
                               torch.tensor(1.0 if self._stop_requested else 0.0, dtype=torch.float64),
                               torch.tensor(fenced, dtype=torch.float64)])
         if self.adaptive is not None:
             # + [local squared norm, 1 / local batch, rank had samples, averaged gradient's squared norm,
-            # re-pick due (rank 0's clock)] at indices 5..9: summed here so that every rank derives phi, progress, the
+            # re-pick due (rank 0's clock)] at indices 4..8: summed here so that every rank derives phi, progress, the
             # end and the moment of the next batch choice from the same numbers.
             n_local = len(ids)
             retune = self.env.is_main and time.monotonic() - self._picked_at_s >= self.cfg.data.adaptive_interval_s
@@ -420,10 +445,10 @@ class Trainer:
                 "incarnation": self.incarnation["id"], "incarnation_started": self.incarnation["started"],
                 "ids": ids.tolist()})
         stall = 0.0
-        if float(agreed[4]) > 0:  # rank 0's writer was fenced: another run owns the key now
+        if float(agreed[3]) > 0:  # rank 0's writer was fenced: another run owns the key now
             raise WriterFencedError(str(self.ckpt.fenced) if self.ckpt.fenced else
                                     "a newer writer took over this job key; this run stops")
-        if float(agreed[3]) > 0:  # any rank got SIGTERM: everyone saves (within the deadline), then stops
+        if float(agreed[2]) > 0:  # any rank got SIGTERM: everyone saves (within the deadline), then stops
             self._save(blocking=True, reason="preempted", deadline_s=self.cfg.checkpoint.preemption_save_deadline_s)
             outcome = dist_utils.broadcast_object(self._last_outcome)
             self.metrics.record({"event": "preempted", "step": step, "outcome": outcome})
@@ -433,11 +458,10 @@ class Trainer:
             newest = f"; the newest checkpoint this run committed is {'none' if last is None else f'step {last}'}"
             raise Preempted(f"SIGTERM received; checkpoint NOT saved at step {step} ({outcome})"
                             + (newest if self.env.is_main else ""))
-        if float(agreed[2]) > 0 and not self._done():
+        if float(agreed[1]) > 0 and not self._done():
             stall = self._save(blocking=False, reason="periodic")
         dt = time.perf_counter() - t_start
-        rec = {"step": step, "epoch": epoch, "loss": loss, "accuracy": float(agreed[1]) / n_global,
-               "samples_per_s": n_global / dt if dt > 0 else 0.0, "step_seconds": dt,
+        rec = {"step": step, "epoch": epoch, "loss": loss, "samples_per_s": n_global / dt if dt > 0 else 0.0, "step_seconds": dt,
                "world_size": self.env.world_size, "lr": self.optimizer.param_groups[0]["lr"] if self.adaptive
                else self.scheduler.get_last_lr()[0], "ckpt_stall_s": stall, **adaptive_rec}
         self.metrics.record(rec)
@@ -457,11 +481,11 @@ class Trainer:
         a = self.adaptive
         assert a is not None
         world = self.env.world_size
-        self._retune_due = float(agreed[9]) > 0
+        self._retune_due = float(agreed[8]) > 0
         gain = a.gain(n_global)
         a.advance(n_global)
-        if world >= 2 and int(agreed[7]) == world:
-            est = goodput.gns_sample(float(agreed[5]) / world, float(agreed[6]) / world, float(agreed[8]) / world,
+        if world >= 2 and int(agreed[6]) == world:
+            est = goodput.gns_sample(float(agreed[4]) / world, float(agreed[5]) / world, float(agreed[7]) / world,
                                      float(n_global))
             if est is not None:
                 a.gns.update(*est)
@@ -485,6 +509,7 @@ class Trainer:
             "train_state": {**asdict(self.state), "world_size": self.env.world_size, "seed": self.cfg.seed},
             "rng": {"world_size": self.env.world_size, "ranks": rng_by_rank},
             **({"adaptive_batch": self.adaptive.state_dict()} if self.adaptive is not None else {}),
+            "task_state": self.task.state_dict(),
         }
 
     def _save(self, *, blocking: bool, reason: str, deadline_s: float | None = None) -> float:
@@ -560,6 +585,8 @@ class Trainer:
                 log.warning("world size changed %d -> %d: data continues exactly-once from sample %d of epoch %d; "
                             "RNG streams re-derived (not a bit-exact resume)", saved_world, self.env.world_size,
                             self.state.samples_in_epoch, self.state.epoch)
+        if "task_state" in st:  # after model, optimizer, scheduler, scaler, RNG and data position
+            self.task.load_state_dict(st["task_state"])
         self.schedule.mark(self.state.step)
         self.resumed_from = self.state.step
         self._pending_first_step_event = True
@@ -571,17 +598,30 @@ class Trainer:
             log.info("resumed from step %d (epoch %d, sample %d) in %.2f s", self.state.step, self.state.epoch,
                      self.state.samples_in_epoch, loaded.load_seconds)
 
+    def _identity(self) -> dict[str, Any]:
+        """What a checkpoint must match to be resumed by this run (stored in its manifest): the task,
+        the model (architecture name of the built-in task, structure signature of any task) and the
+        data (the task's fingerprint, else its training sample count)."""
+        return {"task": self.cfg.model.task, "model": self.cfg.model.name if self.cfg.model.builtin else None,
+                "model_signature": self.model_signature, "dataset_fingerprint": self.fingerprint,
+                "num_samples": self.num_samples}
+
     def _identity_mismatch(self, manifest: dict[str, Any]) -> str | None:
-        """Why the checkpoint with ``manifest`` belongs to another job (one line), or None."""
-        theirs = (manifest.get("dataset_fingerprint"), manifest.get("model"))
-        ours = (self.fingerprint, self.cfg.model.name)
-        diffs = [f"{what} {t!s:.16} (this run: {o!s:.16})" for what, t, o in
-                 zip(("dataset", "model"), theirs, ours, strict=True) if t is not None and t != o]
+        """Why the checkpoint with ``manifest`` belongs to another job (one line), or None. Fields a
+        checkpoint lacks (written before they were stored) are not compared."""
+        ours = self._identity()
+        labels = {"dataset_fingerprint": "dataset", "num_samples": "training set of", "task": "task",
+                  "model": "model", "model_signature": "model structure"}
+        diffs = [key for key in labels if manifest.get(key) is not None and manifest[key] != ours[key]]
+        if "model_signature" in diffs and ("task" in diffs or "model" in diffs):
+            diffs.remove("model_signature")  # implied by another task or architecture
+        if "num_samples" in diffs and "dataset_fingerprint" in diffs:
+            diffs.remove("num_samples")
         if not diffs:
             return None
+        said = " and ".join(f"{labels[k]} {manifest[k]!s:.40} (this run: {ours[k]!s:.40})" for k in diffs)
         return (f"the checkpoint at step {manifest['step']} under {self.storage.uri} was written for another "
-                f"{' and '.join(diffs)}: resume it with the same data and model, or start afresh under another "
-                "--job-key")
+                f"{said}: resume it with the same data and model, or start afresh under another --job-key")
 
     # -------------------------------------------------------------------------------- close
     def _close(self) -> None:
@@ -609,16 +649,22 @@ class Trainer:
 
     def export_model(self, out: str) -> None:
         """Write ``model.pt`` (state_dict) and ``model.json`` (how to rebuild it) into ``out``
-        (a local folder or a storage URI such as ``s3://bucket/prefix/final-model``)."""
-        info = self.dataset.info
+        (a local folder or a storage URI such as ``s3://bucket/prefix/final-model``).
+
+        ``model.json`` names the task and its ``task_args`` (``load_task(...).build_model()``
+        rebuilds the module) and the model signature; for the built-in task also today's fields
+        (architecture, image shape, classes, normalisation) that ``evaluate`` reads."""
         target = storage_for(out)
         with target.open_write("model.pt") as f:
             torch.save(self.model.state_dict(), f)
-        meta = {
-            "format": "trainflow-model/1", "model": self.cfg.model.name, "channels": info.channels,
-            "num_classes": info.num_classes, "classes": info.classes, "image_size": list(info.image_size),
-            "mean": info.mean, "std": info.std, "dataset_fingerprint": info.fingerprint,
-            "steps": self.state.step, "job_key": self.cfg.checkpoint.job_key,
-        }
+        meta: dict[str, Any] = {"format": "trainflow-model/1", "task": self.cfg.model.task,
+                                "task_args": self.task_args, "model_signature": self.model_signature}
+        if self.cfg.model.builtin:
+            info = self.task.prepared.info  # type: ignore[attr-defined]
+            meta.update({"model": self.cfg.model.name, "channels": info.channels, "num_classes": info.num_classes,
+                         "classes": info.classes, "image_size": list(info.image_size), "mean": info.mean,
+                         "std": info.std})
+        meta.update({"dataset_fingerprint": self.fingerprint, "steps": self.state.step,
+                     "job_key": self.cfg.checkpoint.job_key})
         with target.open_write("model.json") as f:
             f.write(json.dumps(meta, indent=1).encode())

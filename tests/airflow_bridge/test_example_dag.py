@@ -69,7 +69,7 @@ def test_the_form_submits_unchanged_with_every_field_described(
     declared = load_pipeline_package(training_pipeline_package).parameters
     params = dag.params
     assert dag.params.validate() is not None  # the defaults pass the form's own validation
-    assert list(params.keys())[:4] == ["dataset_source", "test_fraction", "model_name", "epochs"]
+    assert list(params.keys())[:4] == ["dataset_source", "test_fraction", "model_name", "task"]
     sections = []
     for name in params:
         param = params.get_param(name)

@@ -84,3 +84,18 @@ class Counting(Regression):
 
     def load_state_dict(self, state: dict) -> None:
         self.calls = state["calls"]
+
+
+class WithSchedule(Regression):
+    """A task with its own learning-rate schedule (refused together with adaptive batch)."""
+
+    def configure_lr_scheduler(self, optimizer, *, total_steps):
+        return torch.optim.lr_scheduler.StepLR(optimizer, step_size=max(1, total_steps // 2))
+
+
+class VectorLoss(Regression):
+    """A loss that is not the batch mean (a per-sample vector): refused by the trainer."""
+
+    def loss(self, model, batch) -> torch.Tensor:
+        x, y = batch
+        return (model(x).squeeze(1) - y) ** 2

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from components.training import data as datamod
@@ -63,28 +65,38 @@ def test_model_batch_and_loss_equal_todays_trainer(which, request, tmp_path, tor
             assert torch.equal(value, theirs[name]), name
         assert model_signature(model) == model_signature(trainer.model)
 
-        # 2. The same batch for the first step of epoch 0: per-sample reads + collate, and the batched read.
+        # 2. The same batch for the first step of epoch 0 as the split's own batched read (what the
+        # trainer read before it trained tasks): per-sample reads + collate, and the batched read.
         ids = datamod.global_batch(datamod.epoch_permutation(trainer.num_samples, seed, 0), 0, 8)
-        x, y = trainer.train_split.fetch(ids)
+        x, y = datamod.PreparedDataset(dataset).split("train").fetch(ids)
         samples = task.train_dataset()
         assert len(samples) == trainer.num_samples
         for batch in (task.collate([samples[i] for i in ids.tolist()]), task.collate(samples.__getitems__(ids.tolist()))):
             assert batch[0].dtype == torch.float32 and batch[1].dtype == torch.int64
             assert torch.equal(batch[0], x) and torch.equal(batch[1], y)
 
-        # 3. The same loss and gradients, dropout masks included (the same generator state for both).
+        # 3. The same loss and gradients, dropout masks included (the same generator state for all),
+        # as the pre-task trainer's formula (sum of per-sample cross-entropies x W / n_global) and as
+        # the trainer's step now (the task's mean x n_local x W / n_global).
+        old = copy.deepcopy(model)
         model.train()
+        old.train()
         torch.manual_seed(123)
         loss = task.loss(model, (x, y))
         loss.backward()
         torch.manual_seed(123)
-        loss_sum, _correct = trainer._step(x, y, 8)  # today's step: sum of per-sample losses, as float64
+        old_sum = F.cross_entropy(old(x).float(), y, reduction="none").sum()
+        (old_sum * (1 / 8)).backward()
+        torch.manual_seed(123)
+        loss_sum = trainer._step((x, y), 8, 8)  # the trainer's step: returns mean x n_local, float64
         assert loss.dtype == torch.float32 and loss.dim() == 0
-        assert loss.item() == (loss_sum.float() / 8).item()  # bit-exact: the mean is the sum / 8
-        assert loss.item() == pytest.approx(float(loss_sum) / 8, rel=1e-6)  # what today's step record reports
+        assert loss.item() == (old_sum / 8).item()  # bit-exact: the mean is the sum / 8
+        assert float(loss_sum) == pytest.approx(float(old_sum.detach()), rel=1e-6)  # what the step record reports
+        old_grads = dict(old.named_parameters())
         grads = {n: p.grad for n, p in trainer.model.named_parameters()}
         for name, p in model.named_parameters():
-            # today's loss is sum * (1/8), the task's sum / 8: exact for a power of two, so the same bits
+            # sum * (1/8) and sum / 8 are exact for a power of two, so the same bits everywhere
+            assert torch.equal(p.grad, old_grads[name].grad), name
             assert torch.equal(p.grad, grads[name]), name
     finally:
         trainer.ckpt.close()

@@ -55,6 +55,8 @@ SURFACES = frozenset("RSPC")
 #: Sections of the Airflow Trigger form, in display order.
 FORM_SECTIONS = ("Training", "Checkpointing", "Advanced")
 MODELS = ("small_cnn", "resnet18", "wide_resnet101_2")
+BUILTIN_TASK = "image_classification"
+"""The default task (``trainflow.task.BUILTIN_TASKS``): today's image classifiers."""
 BACKENDS = ("local", "pytorchjob")
 
 
@@ -216,7 +218,49 @@ class PipelineConfig(_Section):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelConfig(_Section):
-    name: str = param("model_name", "RSPC", "architecture to train", "small_cnn", choices=MODELS, section=TRAINING)
+    """What is trained: a task (``trainflow.task``; docs/task-api.md) and, for the built-in
+    ``image_classification`` task, its architecture."""
+
+    name: str = param("model_name", "RSPC", "architecture to train (the built-in image_classification task)",
+                      "small_cnn", choices=MODELS, section=TRAINING)
+    task: str = param(
+        "task", "RSPC", "what to train: a built-in task (image_classification) or a Task subclass by import path, "
+        "package.module:Name (docs/task-api.md)", BUILTIN_TASK, non_empty=True, section=TRAINING)
+    task_args: str = param(
+        "task_args", "RSPC", "the task's constructor arguments as a JSON object (empty = none); the built-in "
+        "image_classification task takes dataset and model_name from those parameters, so only its other "
+        "arguments (eval_split) go here", "", unit="JSON object", section=ADVANCED)
+
+    def __post_init__(self) -> None:
+        self._check_rows()
+        self.task_kwargs(dataset="(checked)")
+
+    @property
+    def builtin(self) -> bool:
+        """The built-in image-classification task (``dataset`` and ``model_name`` are its arguments)."""
+        return self.task == BUILTIN_TASK
+
+    def task_kwargs(self, *, dataset: str) -> dict[str, Any]:
+        """The task's keyword arguments: ``task_args`` parsed; for the built-in task plus
+        ``dataset`` (the job's prepared dataset) and ``model_name``.
+
+        Raises:
+            ConfigError: ``task_args`` is not a JSON object, or names an argument the built-in task
+                takes from a parameter (one line).
+        """
+        try:
+            args = json.loads(self.task_args) if self.task_args.strip() else {}
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"task_args is not valid JSON: {e}") from None
+        if not isinstance(args, dict):
+            raise ConfigError(f"task_args must be a JSON object, got {type(args).__name__}")
+        if self.builtin:
+            clash = sorted(set(args) & {"dataset", "model_name"})
+            if clash:
+                raise ConfigError(f"task_args: the {BUILTIN_TASK} task takes {' and '.join(clash)} from the "
+                                  f"{' and '.join('--' + c.replace('_', '-') for c in clash)} parameter, not task_args")
+            return {"dataset": dataset, "model_name": self.name, **args}
+        return args
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -245,7 +289,6 @@ class DataConfig(_Section):
 
     def __post_init__(self) -> None:
         self._check_rows()
-        _check(bool(self.path), "dataset must not be empty (--dataset)")
         _check(not self.max_global_batch_size or self.max_global_batch_size >= self.global_batch_size,
                f"max_global_batch_size must be >= global_batch_size ({self.global_batch_size}) or 0, "
                f"got {self.max_global_batch_size}")
@@ -334,6 +377,15 @@ class TrainConfig(_Section):
                                 "storage URI such as s3://bucket/audit (audits)", "")
     log_every_steps: int = param("log_every_steps", "R", "console progress every N steps", 10, unit="steps",
                                  minimum=1)
+
+    def __post_init__(self) -> None:
+        self._check_rows()
+        # The built-in task reads the prepared dataset; a user's task names its data in task_args.
+        _check(bool(self.data.path) or not self.model.builtin, "dataset must not be empty (--dataset)")
+
+    def task_kwargs(self) -> dict[str, Any]:
+        """The task's keyword arguments (:meth:`ModelConfig.task_kwargs` with this job's dataset)."""
+        return self.model.task_kwargs(dataset=self.data.path)
 
     # ------------------------------------------------------------------------- flat form
     def to_flat(self) -> dict[str, Any]:
