@@ -353,6 +353,8 @@ def _fill_report(report: RunReport, outputs: dict[str, Any], logs: Path) -> None
         report.test_accuracy = ev.get("test_accuracy") if report.test_accuracy is None else report.test_accuracy
         report.test_loss = ev.get("test_loss")
         report.test_metrics = ev
+        if "test_accuracy" not in ev:  # the task has no accuracy: evaluate's 0.0 is a placeholder
+            report.test_accuracy = None
     if "model_version" in outputs:
         report.model_version = int(outputs["model_version"])
     config_path = logs / "train-config.json"
@@ -370,7 +372,11 @@ def summary_table(report: RunReport) -> Table:
     if report.error:
         table.add_row("error", f"{report.failed_task or 'pipeline'}: {report.error}")
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
-    table.add_row("test accuracy", fmt(report.test_accuracy, ".4f"))
+    if report.test_accuracy is not None or not report.test_metrics:
+        table.add_row("test accuracy", fmt(report.test_accuracy, ".4f"))
+    for name, value in sorted(report.test_metrics.items()):  # a task's own metrics (test_<name>)
+        if name not in ("test_accuracy", "test_loss") and isinstance(value, int | float):
+            table.add_row(name.replace("_", " "), fmt(value, ".4g"))
     table.add_row("steps", fmt(report.steps, "d"))
     table.add_row("world sizes", " → ".join(map(str, report.world_sizes)) or "-")
     table.add_row("checkpoints committed", fmt(report.checkpoints_committed, "d"))

@@ -74,3 +74,10 @@ def test_the_example_task_is_under_40_lines_and_trains_to_the_noise_floor(tmp_pa
     assert set(after) == {"mse"}
     assert before > 1.0  # an untrained model is far off: y has variance ~num_features
     assert after["mse"] < 0.02  # the noise's variance is 0.01
+
+
+def test_the_readme_shows_the_same_example_task() -> None:
+    """The README's copy of the example is the page's, character for character (one home: the page)."""
+    readme = (DOC.parents[1] / "README.md").read_text()
+    section = readme.split("### Your own model (the task API)", 1)[1]
+    assert re.findall(r"```python\n(.*?)```", section, flags=re.S)[0] == example_blocks()[0]

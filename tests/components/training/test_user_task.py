@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -246,3 +247,5 @@ def test_trainflow_run_trains_a_user_task_through_the_pipeline(user_pkg, tmp_pat
     assert (resume["killed_at_step"], resume["resumed_from_step"]) == (25, 20)
     assert report["parameters"]["task"] == TASK
     assert 0 < report["test_metrics"]["test_mse"] < 1.0  # the task's own metric, from the evaluate step
+    assert report["test_accuracy"] is None  # the task reports none: no placeholder 0.0 in the report
+    assert re.search(r"test mse\s*│\s*0\.\d+", proc.stdout) and "test accuracy" not in proc.stdout
