@@ -8,6 +8,7 @@ backend is built by ``tests/testbed/build.sh kfp`` (cold: tens of minutes on 2 c
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -202,33 +203,52 @@ def _diagnose(backend: KfpBackend, run_id: str) -> str:
     return "\n".join(lines)
 
 
+#: The train step's backends: ``local`` (torchrun inside the KFP task pod) and ``pytorchjob`` (the
+#: step creates an elastic PyTorchJob whose worker pods train on the node, 1..2 workers).
+BACKEND_ARGUMENTS: dict[str, dict[str, Any]] = {
+    "local": {"backend": "local"},
+    "pytorchjob": {"backend": "pytorchjob", "min_workers": 1, "max_workers": 2, "worker_cpu": "500m",
+                   "worker_memory": "2Gi"},
+}
+
+
 @pytest.mark.realnode
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", list(BACKEND_ARGUMENTS))
 def test_the_compiled_pipeline_runs_to_success_on_the_real_node(
-    kfp_backend: KfpBackend, compiled_pipeline: Path
+    kfp_backend: KfpBackend, compiled_pipeline: Path, backend: str
 ) -> None:
-    """Issue 10, 3a (local-backend train step for now): prepare -> train -> evaluate -> register
-    run as KFP driver/launcher pods on the real node; the run SUCCEEDS and its artifacts are in
-    MinIO under the pipeline root."""
+    """Issue 10, 3a: prepare -> train -> evaluate -> register run as KFP driver/launcher pods on the
+    real node (with ``backend=pytorchjob`` the train step's PyTorchJob workers train there too, with
+    the S3 keys of KFP's own Secret); the run SUCCEEDS, its artifacts are in MinIO under the pipeline
+    root and the checkpoints under ``<root>/trainflow-checkpoints``."""
     import kfp
 
     client = kfp.Client(host=kfp_backend.api_url)
-    name = f"trainflow-realnode-{time.time_ns()}"
+    name = f"trainflow-realnode-{backend}-{time.time_ns()}"
+    more = dict(BACKEND_ARGUMENTS[backend])
+    if backend == "pytorchjob":  # the node is tainted, as a GPU pool is: the workers tolerate it
+        node = kfp_backend.node
+        assert node is not None
+        more["worker_pod_settings"] = json.dumps({"node_selector": node.node_selector, "tolerations": node.tolerations})
     run = client.create_run_from_pipeline_package(
         str(compiled_pipeline),
         arguments={"dataset_source": "digits", "epochs": 1, "nproc_per_node": 1, "max_restarts": 0,
-                   "s3_endpoint_url": f"http://minio-service.{KFP_NAMESPACE}:9000"},
+                   "s3_endpoint_url": f"http://minio-service.{KFP_NAMESPACE}:9000", **more},
         run_name=name,
         experiment_name=name,
     )
     started = time.monotonic()
     result = client.wait_for_run_completion(run.run_id, timeout=1800)
-    print(f"run {run.run_id}: {result.state} after {time.monotonic() - started:.0f} s")
+    took_s = time.monotonic() - started
+    print(f"run {run.run_id}: {result.state} after {took_s:.0f} s")
     assert result.state == "SUCCEEDED", _diagnose(kfp_backend, run.run_id)
     bucket, _, prefix = kfp_backend.pipeline_root.removeprefix("minio://").partition("/")
     keys = [
         o["Key"]
-        for o in kfp_backend.s3.client().list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+        for page in kfp_backend.s3.client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for o in page.get("Contents", [])
     ]
     assert any("/prepare-dataset/" in k for k in keys), keys
     assert any("/train/" in k for k in keys), keys
+    assert any("trainflow-checkpoints/" in k for k in keys), keys
