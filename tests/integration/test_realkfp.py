@@ -252,3 +252,36 @@ def test_the_compiled_pipeline_runs_to_success_on_the_real_node(
     assert any("/prepare-dataset/" in k for k in keys), keys
     assert any("/train/" in k for k in keys), keys
     assert any("trainflow-checkpoints/" in k for k in keys), keys
+
+
+def test_a_recurring_run_fires_on_its_cron_schedule(kfp_backend: KfpBackend, compiled_pipeline: Path) -> None:
+    """Issue 10, 3d: ``kfp.Client.create_recurring_run`` with a cron schedule (KFP's six-field form,
+    seconds first) makes the scheduled-workflow controller start a run of trainflow's pipeline; the
+    run names its recurring run. The recurring run is disabled and the fired run terminated after."""
+    import kfp
+
+    client = kfp.Client(host=kfp_backend.api_url)
+    name = f"trainflow-recurring-{time.time_ns()}"
+    experiment = client.create_experiment(name=name)
+    recurring = client.create_recurring_run(
+        experiment_id=experiment.experiment_id, job_name=name, pipeline_package_path=str(compiled_pipeline),
+        cron_expression="*/20 * * * * *", max_concurrency=1, no_catchup=True,
+        params={"dataset_source": "digits", "epochs": 1, "nproc_per_node": 1,
+                "s3_endpoint_url": f"http://minio-service.{KFP_NAMESPACE}:9000"},
+    )
+    assert recurring.recurring_run_id
+    assert client.get_recurring_run(recurring.recurring_run_id).status == "ENABLED"
+    started = time.monotonic()
+    runs: list[Any] = []
+    try:
+        while time.monotonic() - started < 180 and not runs:
+            runs = client.list_runs(experiment_id=experiment.experiment_id).runs or []
+            time.sleep(2)
+        print(f"recurring run {recurring.recurring_run_id}: first run after {time.monotonic() - started:.0f} s")
+    finally:
+        client.disable_recurring_run(recurring.recurring_run_id)
+        for run in client.list_runs(experiment_id=experiment.experiment_id).runs or []:
+            client.terminate_run(run.run_id)
+    assert runs, f"no run of recurring run {recurring.recurring_run_id} within 180 s"
+    assert {run.recurring_run_id for run in runs} == {recurring.recurring_run_id}
+    assert client.get_recurring_run(recurring.recurring_run_id).status == "DISABLED"
