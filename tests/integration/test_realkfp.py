@@ -285,3 +285,99 @@ def test_a_recurring_run_fires_on_its_cron_schedule(kfp_backend: KfpBackend, com
     assert runs, f"no run of recurring run {recurring.recurring_run_id} within 180 s"
     assert {run.recurring_run_id for run in runs} == {recurring.recurring_run_id}
     assert client.get_recurring_run(recurring.recurring_run_id).status == "DISABLED"
+
+
+@pytest.fixture(scope="module")
+def realkfp_airflow(
+    kfp_backend: KfpBackend, compiled_pipeline: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    """Airflow 3 (tests/support/airflow.py) with only the example DAG ``trainflow_training``, its
+    ``kubeflow_pipelines_default`` connection on the real API server and the package compiled for
+    it; the ops Variable ``trainflow_s3_endpoint_url`` names KFP's MinIO Service, as an operator
+    would set it for runs that use KFP's own Secret."""
+    from tests.support.airflow import EXAMPLE_DAG, start_airflow
+
+    cluster = start_airflow(
+        tmp_path_factory.mktemp("airflow_home"), kfp_backend.api_url, {"training_pipeline": compiled_pipeline},
+        compiled_pipeline, dag_files=[EXAMPLE_DAG],
+        extra_env={"AIRFLOW_VAR_TRAINFLOW_S3_ENDPOINT_URL": f"http://minio-service.{KFP_NAMESPACE}:9000"},
+    )
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _runs_of(backend: KfpBackend, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+    """The KFP runs the operator created for ``dag_id``/``run_id``/train (its marker in the name)."""
+    from airflow_bridge.hooks import KfpConnectionConfig, KfpHook
+    from airflow_bridge.identity import TaskIdentity
+
+    hook = KfpHook("kfp", config=KfpConnectionConfig(api_url=backend.api_url))
+    return hook.find_runs(display_name_contains=TaskIdentity(dag_id, run_id, "train").marker)
+
+
+@pytest.mark.realnode
+@pytest.mark.slow
+@pytest.mark.airflow
+def test_the_airflow_example_dag_runs_the_pipeline_on_the_real_backend(
+    kfp_backend: KfpBackend, realkfp_airflow: Any
+) -> None:
+    """Issue 10, 3b: the example DAG, triggered with a conf as the form submits it, defers while the
+    real backend runs the pipeline on the real node; the DAG run succeeds and XCom holds the run's
+    id, state and URL."""
+    from airflow_bridge.links.kfp import KfpRunLink
+
+    airflow = realkfp_airflow
+    conf = {"epochs": 1, "dataset_source": "digits", "nproc_per_node": 1}
+    run_id = airflow.trigger("trainflow_training", conf=conf)
+    ti = airflow.wait_task("trainflow_training", run_id, "train", {"deferred", "success", "failed"}, timeout_s=300)
+    assert ti["state"] == "deferred", airflow.explain_task("trainflow_training", run_id, "train")
+    dag_run = airflow.wait_dag_run("trainflow_training", run_id, {"success", "failed"}, timeout_s=1200)
+    (kfp_run,) = _runs_of(kfp_backend, "trainflow_training", run_id)
+    assert dag_run["state"] == "success", (
+        airflow.explain_task("trainflow_training", run_id, "train") + "\n" + _diagnose(kfp_backend, kfp_run["run_id"]))
+    assert kfp_run["state"] == "SUCCEEDED"
+    url = f"{kfp_backend.api_url}/#/runs/details/{kfp_run['run_id']}"
+    result = airflow.xcom("trainflow_training", run_id, "train", "return_value")
+    assert result == {"run_id": kfp_run["run_id"], "state": "SUCCEEDED", "url": url}
+    assert airflow.xcom("trainflow_training", run_id, "train", KfpRunLink.XCOM_KEY) == url
+    params = kfp_run["runtime_config"]["parameters"]
+    assert params["s3_endpoint_url"] == f"http://minio-service.{KFP_NAMESPACE}:9000"  # the ops Variable
+    assert params["epochs"] == 1 and params["dataset_source"] == "digits"
+
+
+@pytest.mark.realnode
+@pytest.mark.slow
+@pytest.mark.airflow
+def test_marking_the_deferred_task_failed_terminates_the_run_on_the_real_backend(
+    kfp_backend: KfpBackend, realkfp_airflow: Any
+) -> None:
+    """Issue 10, 3b: "Mark as failed" on the deferred task terminates the real run (the trigger's
+    on_kill) and no second run is created. KFP 2.14.3 terminates a run by setting it CANCELING and
+    patching its Argo Workflow with ``activeDeadlineSeconds: 0`` (``TerminateWorkflow``); Argo then
+    fails the workflow, and the persistence agent reports the run FAILED, not CANCELED as
+    trainflow's local server does (docs/airflow.md)."""
+    airflow = realkfp_airflow
+    run_id = airflow.trigger("trainflow_training", conf={"epochs": 60, "dataset_source": "digits", "nproc_per_node": 1})
+    ti = airflow.wait_task("trainflow_training", run_id, "train", {"deferred", "success", "failed"}, timeout_s=300)
+    assert ti["state"] == "deferred", airflow.explain_task("trainflow_training", run_id, "train")
+    airflow.wait_trigger_running("trainflow_training", run_id, "train", ti["try_number"])
+    deadline = time.monotonic() + 300
+    while (runs := _runs_of(kfp_backend, "trainflow_training", run_id)) and runs[0]["state"] != "RUNNING":
+        assert time.monotonic() < deadline, runs
+        time.sleep(1)
+    response = airflow.set_task_state("trainflow_training", run_id, "train", "failed")
+    assert response.status_code == 200, response.text
+    marked = time.monotonic()
+    while (runs := _runs_of(kfp_backend, "trainflow_training", run_id))[0]["state"] not in {
+        "CANCELED", "SUCCEEDED", "FAILED"
+    }:
+        assert time.monotonic() - marked < 180, (runs, airflow.explain_task("trainflow_training", run_id, "train"))
+        time.sleep(1)
+    print(f"KFP run {runs[0]['state']} {time.monotonic() - marked:.0f} s after 'mark failed'")
+    assert len(runs) == 1 and runs[0]["state"] in {"FAILED", "CANCELED"}, runs
+    (workflow,) = [wf for wf in _workflows(kfp_backend.bed)
+                   if wf["metadata"].get("labels", {}).get("pipeline/runid") == runs[0]["run_id"]]
+    assert workflow["spec"].get("activeDeadlineSeconds") == 0, workflow["spec"]  # KFP's terminate patch
+    assert airflow.task_instance("trainflow_training", run_id, "train")["state"] == "failed"

@@ -99,7 +99,7 @@ def retraining(tmp_path_factory, s3_server, mnist):
     }
     try:
         cluster = start_airflow(
-            tmp / "airflow_home", kfp, {"training_pipeline": pipeline}, pipeline,
+            tmp / "airflow_home", kfp.url, {"training_pipeline": pipeline}, pipeline,
             dag_files=[REPO / "airflow_bridge" / "example_dags" / "trainflow_retraining.py"], extra_env=dag_env,
         )
     except BaseException:

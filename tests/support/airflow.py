@@ -258,10 +258,10 @@ def listening_sockets(pids: set[int]) -> list[tuple[int, str]]:
 
 
 def _airflow_env(
-    home: Path, port: int, kfp: KfpServer, pipelines: dict[str, Path], training_pipeline: Path
+    home: Path, port: int, kfp_url: str, pipelines: dict[str, Path], training_pipeline: Path
 ) -> dict[str, str]:
     conn = json.dumps(
-        {"conn_type": "kubeflow_pipelines", "host": kfp.url, "extra": {"request_timeout_s": 30}}
+        {"conn_type": "kubeflow_pipelines", "host": kfp_url, "extra": {"request_timeout_s": 30}}
     )
     return {
         "AIRFLOW_HOME": str(home),
@@ -294,7 +294,7 @@ def _airflow_env(
 
 def start_airflow(
     home: Path,
-    kfp: KfpServer,
+    kfp_url: str,
     pipelines: dict[str, Path],
     training_pipeline: Path,
     *,
@@ -311,7 +311,7 @@ def start_airflow(
     for dag_file in dag_files if dag_files is not None else [EXAMPLE_DAG, *TEST_DAGS.glob("*.py")]:
         shutil.copy(dag_file, dags / dag_file.name)
     port = free_port()
-    env = {**_airflow_env(home, port, kfp, pipelines, training_pipeline), **(extra_env or {})}
+    env = {**_airflow_env(home, port, kfp_url, pipelines, training_pipeline), **(extra_env or {})}
     full_env = {**os.environ, **env}
     migrate = subprocess.run(
         [_airflow_bin(), "db", "migrate"], env=full_env, capture_output=True, text=True, timeout=600
@@ -379,7 +379,7 @@ def airflow_cluster(
     training_pipeline_package: Path,
 ) -> Iterator[AirflowCluster]:
     cluster = start_airflow(
-        tmp_path_factory.mktemp("airflow_home"), kfp_server, compiled_pipelines, training_pipeline_package
+        tmp_path_factory.mktemp("airflow_home"), kfp_server.url, compiled_pipelines, training_pipeline_package
     )
     try:
         yield cluster
