@@ -82,7 +82,7 @@ from airflow_bridge.hooks.kfp import KfpHook
 from airflow_bridge.identity import TaskIdentity
 from airflow_bridge.links.kfp import KfpRunLink
 from airflow_bridge.package import PipelinePackage, load_pipeline_package
-from airflow_bridge.triggers.kfp import KfpRunTrigger
+from airflow_bridge.triggers.kfp import DEFER_SETTLE_S, KfpRunTrigger
 from airflow_bridge.version_compat import (
     AirflowFailException,
     AirflowSkipException,
@@ -285,6 +285,7 @@ class KfpRunPipelineOperator(BaseOperator):
                         poll_interval_s=self.poll_interval_s,
                         deadline_s=deadline_s,
                         run_url=url,
+                        not_before_s=time.time() + DEFER_SETTLE_S,
                         cancel_on_kill=self.cancel_on_kill,
                     ),
                     method_name="execute_complete",

@@ -18,7 +18,7 @@ from airflow_bridge.exceptions import KfpApiError, KfpRunCanceledError, KfpRunFa
 from airflow_bridge.hooks.config import DEFAULT_CONN_ID
 from airflow_bridge.hooks.kfp import KfpHook
 from airflow_bridge.links.kfp import KfpRunLink
-from airflow_bridge.triggers.kfp import KfpRunTrigger
+from airflow_bridge.triggers.kfp import DEFER_SETTLE_S, KfpRunTrigger
 from airflow_bridge.version_compat import (
     AirflowSkipException,
     BaseSensorOperator,
@@ -101,6 +101,7 @@ class KfpRunSensor(BaseSensorOperator):
                 poll_interval_s=float(self.poke_interval),
                 deadline_s=time.time() + timeout_s,
                 run_url=self.hook.run_url(self.run_id),
+                not_before_s=time.time() + DEFER_SETTLE_S,
                 cancel_on_kill=False,
             ),
             method_name="execute_complete",

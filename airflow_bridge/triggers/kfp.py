@@ -11,10 +11,19 @@ marks the deferred task failed/success or clears it) terminates the run by its p
 Caveat (apache/airflow#73454, open): Airflow may call ``on_kill`` when a trigger moves to another
 triggerer. Pass ``cancel_on_kill=False`` where a spurious termination would hurt more than a run
 that outlives its task.
+
+Workaround (apache/airflow#66374, #71580, #72716): when a trigger fires within a second or two of
+the deferral, the scheduler may read the worker's defer-exit "success" only after the trigger's
+event has re-queued the task, call the states a mismatch and fail the task without running
+``execute_complete`` (seen in this project's CI on Airflow 3.3.2: a KFP run that failed 1.5 s after
+submission failed its task with no KFP error in the log). The operator and the sensor therefore
+pass ``not_before_s`` = deferral + :data:`DEFER_SETTLE_S`: the event is never yielded earlier.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,6 +42,9 @@ from airflow_bridge.version_compat import BaseTrigger, TriggerEvent
 
 CLASSPATH = "airflow_bridge.triggers.kfp.KfpRunTrigger"
 
+#: Seconds between a deferral and the earliest event (see the module docstring's workaround).
+DEFER_SETTLE_S = 5.0
+
 
 class KfpRunTrigger(BaseTrigger):
     """Wait for a KFP run to reach a terminal state.
@@ -44,6 +56,7 @@ class KfpRunTrigger(BaseTrigger):
         deadline_s: epoch seconds after which a ``timeout`` event is sent (``None``: wait forever).
         run_url: the run's UI link, echoed in the event (computed from the connection if empty).
         cancel_on_kill: terminate the run when the deferred task is killed by a user.
+        not_before_s: epoch seconds before which no event is yielded (``None``: at once).
 
     Raises:
         ValueError: for a non-positive poll interval or an empty run id.
@@ -58,6 +71,7 @@ class KfpRunTrigger(BaseTrigger):
         deadline_s: float | None = None,
         run_url: str = "",
         cancel_on_kill: bool = True,
+        not_before_s: float | None = None,
     ) -> None:
         super().__init__()
         if not run_id:
@@ -70,6 +84,7 @@ class KfpRunTrigger(BaseTrigger):
         self.deadline_s = None if deadline_s is None else float(deadline_s)
         self.run_url = run_url
         self.cancel_on_kill = cancel_on_kill
+        self.not_before_s = None if not_before_s is None else float(not_before_s)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -81,6 +96,7 @@ class KfpRunTrigger(BaseTrigger):
                 "deadline_s": self.deadline_s,
                 "run_url": self.run_url,
                 "cancel_on_kill": self.cancel_on_kill,
+                "not_before_s": self.not_before_s,
             },
         )
 
@@ -121,6 +137,8 @@ class KfpRunTrigger(BaseTrigger):
             payload = payload_for_problem(
                 EventStatus.ERROR, run_id=self.run_id, message=f"{type(err).__name__}: {err}", url=url
             )
+        if self.not_before_s is not None and (wait_s := self.not_before_s - time.time()) > 0:
+            await asyncio.sleep(wait_s)
         yield TriggerEvent(dict(payload))
 
     async def on_kill(self) -> None:

@@ -33,6 +33,7 @@ from airflow_bridge.identity import TaskIdentity
 from airflow_bridge.links.kfp import KfpRunLink
 from airflow_bridge.operators.kfp import KfpRunPipelineOperator, pipeline_arguments, run_deadline_s
 from airflow_bridge.package import load_pipeline_package
+from airflow_bridge.triggers.kfp import DEFER_SETTLE_S
 from airflow_bridge.version_compat import AirflowFailException, AirflowSkipException, Asset
 from tests.support.kfp_server import FAILURE_MESSAGE, KfpServer
 
@@ -241,6 +242,7 @@ def test_deferral_carries_every_knob(kfp_server, compiled_pipelines) -> None:
         "deadline_s": pytest.approx(created + 600),
         "run_url": f"{kfp_server.url}/#/runs/details/{run['run_id']}",
         "cancel_on_kill": False,
+        "not_before_s": pytest.approx(time.time() + DEFER_SETTLE_S, abs=30),
     }
     op.hook.terminate_run(run["run_id"])
 

@@ -32,13 +32,14 @@ def make(**overrides) -> KfpRunTrigger:
         "deadline_s": 1_900_000_000.0,
         "run_url": "http://ui/#/runs/details/run-1",
         "cancel_on_kill": False,
+        "not_before_s": None,
     }
     kwargs.update(overrides)
     return KfpRunTrigger(**kwargs)
 
 
 def test_serialize_round_trips_every_argument() -> None:
-    trigger = make()
+    trigger = make(not_before_s=1_800_000_000.5)
     classpath, kwargs = trigger.serialize()
     assert classpath == CLASSPATH == "airflow_bridge.triggers.kfp.KfpRunTrigger"
     assert kwargs == {
@@ -48,6 +49,7 @@ def test_serialize_round_trips_every_argument() -> None:
         "deadline_s": 1_900_000_000.0,
         "run_url": "http://ui/#/runs/details/run-1",
         "cancel_on_kill": False,
+        "not_before_s": 1_800_000_000.5,
     }
     rebuilt = KfpRunTrigger(**kwargs)
     assert rebuilt.serialize() == (classpath, kwargs)
@@ -142,6 +144,25 @@ async def test_failed_run_event_carries_the_kfp_error(kfp_server, compiled_pipel
     (event,) = await collect(trigger)
     assert event["status"] == "failed" and event["state"] == "FAILED"
     assert f"ValueError: {FAILURE_MESSAGE}" in event["message"]
+
+
+@pytest.mark.slow
+async def test_a_run_that_ends_at_once_is_reported_no_earlier_than_not_before(kfp_server, compiled_pipelines) -> None:
+    """The workaround for apache/airflow#66374 (a trigger that fires within a second or two of the
+    deferral can have its task failed by the scheduler): the event waits for ``not_before_s``."""
+    import time
+
+    from airflow_bridge.triggers.kfp import DEFER_SETTLE_S
+
+    run_id = submit(kfp_server, compiled_pipelines["failing"])
+    KfpHook("kfp_test", config=KfpConnectionConfig(api_url=kfp_server.url)).wait_for_run(run_id, poll_interval_s=0.2)
+    not_before_s = time.time() + DEFER_SETTLE_S
+    trigger = make(run_id=run_id, poll_interval_s=0.5, deadline_s=None, not_before_s=not_before_s)
+    trigger.hook = lambda: KfpAsyncHook("kfp_test", config=KfpConnectionConfig(api_url=kfp_server.url))
+    (event,) = await collect(trigger)
+    assert time.time() >= not_before_s
+    assert event["status"] == "failed" and event["state"] == "FAILED"
+    assert DEFER_SETTLE_S >= 3  # the scheduler loop's period (1 s) several times over
 
 
 @pytest.mark.slow
