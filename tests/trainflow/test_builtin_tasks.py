@@ -1,6 +1,6 @@
-"""The built-in ``language_model`` task (issue 11): its data, model and loss on the task API (fast),
-and trained by the real harness (``python -m components.training`` under torchrun agents, 2 ranks,
-gloo on CPU) to a stated quality (slow).
+"""The built-in ``language_model`` and ``tabular_regression`` tasks (issue 11): their data, model and
+loss on the task API (fast), and each trained by the real harness (``python -m components.training``
+under torchrun agents, 2 ranks, gloo on CPU) to a stated quality (slow).
 
 The quality tests evaluate the exported model with ``evaluate_task``, what the pipeline's evaluate
 step does for a task's model.
@@ -20,13 +20,16 @@ from components.training.evaluation import evaluate_task
 from tests.support.training import Job
 from trainflow.task import BUILTIN_TASKS, TaskError, load_task, model_signature
 from trainflow.tasks.language_model import CORPUS_FILES, LanguageModel, read_corpus
+from trainflow.tasks.tabular import TabularRegression
 
 SMALL_LM = {"context_length": 16, "d_model": 16, "n_layers": 1, "n_heads": 2, "corpus_bytes": 8192}
 
 
-def test_the_language_model_is_built_in_by_short_name() -> None:
+def test_both_tasks_are_built_in_by_short_name() -> None:
     assert BUILTIN_TASKS["language_model"] == "trainflow.tasks.language_model:LanguageModel"
+    assert BUILTIN_TASKS["tabular_regression"] == "trainflow.tasks.tabular:TabularRegression"
     assert isinstance(load_task("language_model", SMALL_LM), LanguageModel)
+    assert isinstance(load_task("tabular_regression", '{"hidden": [8]}'), TabularRegression)
 
 
 # ---------------------------------------------------------------------------------- language model
@@ -105,6 +108,53 @@ def test_language_model_bad_args_are_one_line(args, message) -> None:
     assert str(e.value).startswith("task 'language_model': ")
 
 
+# ---------------------------------------------------------------------------------- tabular
+def test_tabular_rows_are_standardised_with_training_statistics() -> None:
+    task = load_task("tabular_regression", {"seed": 3})
+    train, held_out = task.train_dataset(), task.eval_dataset()
+    assert (len(train), len(held_out)) == (354, 88)  # 442 rows, 20 % held out
+    x, y = train.tensors
+    assert x.dtype == y.dtype == torch.float32 and x.shape == (354, 10) and y.shape == (354,)
+    assert torch.allclose(x.mean(0), torch.zeros(10), atol=1e-5) and torch.allclose(x.std(0), torch.ones(10), atol=1e-5)
+    assert abs(float(y.mean())) < 1e-5 and abs(float(y.std()) - 1) < 1e-5
+    assert not torch.allclose(held_out.tensors[0].mean(0), torch.zeros(10), atol=1e-3)  # its own stats unused
+    sample = train[4]
+    assert sample[0].shape == (10,) and sample[1].shape == ()
+    again = load_task("tabular_regression", {"seed": 3})
+    assert torch.equal(again.train_dataset()[4][0], sample[0]) and again.data_fingerprint() == task.data_fingerprint()
+    assert load_task("tabular_regression", {"seed": 4}).data_fingerprint() != task.data_fingerprint()
+
+
+def test_tabular_loss_and_metrics() -> None:
+    task = load_task("tabular_regression", {"hidden": [8, 4]})
+    torch.manual_seed(0)
+    model = task.build_model()
+    assert [m.out_features for m in model if isinstance(m, torch.nn.Linear)] == [8, 4, 1]
+    batch = task.collate([task.train_dataset()[i] for i in range(5)])
+    loss = task.loss(model, batch)
+    assert loss.dtype == torch.float32 and loss.dim() == 0
+    # A model predicting the training mean (0 standardised) scores r2 just below 0 on held-out rows.
+    zero = torch.nn.Linear(10, 1)
+    torch.nn.init.zeros_(zero.weight), torch.nn.init.zeros_(zero.bias)
+    with torch.no_grad():
+        metrics = task.evaluate(zero, DataLoader(task.eval_dataset(), batch_size=16, collate_fn=task.collate))
+    assert set(metrics) == {"mse", "rmse", "r2"}
+    assert -0.1 < metrics["r2"] <= 0 and metrics["rmse"] == pytest.approx(math.sqrt(metrics["mse"]))
+    assert 60 < metrics["rmse"] < 90  # the target's spread (std about 77)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ({"hidden": [0]}, "hidden must be a list of positive integers, got [0]"),
+    ({"hidden": 32}, "hidden must be a list of positive integers, got 32"),
+    ({"test_fraction": 0}, "test_fraction must be in (0, 1), got 0"),
+    ({"seed": "x"}, "seed must be an integer, got 'x'"),
+])
+def test_tabular_bad_args_are_one_line(args, message) -> None:
+    with pytest.raises(TaskError) as e:
+        load_task("tabular_regression", args)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
 # ---------------------------------------------------------------------------------- trained by the harness
 def run_job(tmp_path: Path, task: str, task_args: str, *flags: str) -> Path:
     """Train ``task`` with ``python -m components.training`` under one torchrun agent of 2 ranks;
@@ -147,3 +197,19 @@ def test_the_language_model_trains_well_below_the_unigram_perplexity(tmp_path) -
     baseline = unigram_perplexity(load_task("language_model"))
     assert 20 < baseline < 26
     assert metrics["perplexity"] < 8.0, (metrics, baseline)
+
+
+@pytest.mark.slow
+def test_the_tabular_regression_trains_to_r2_above_0_4(tmp_path) -> None:
+    """Default task_args (one hidden layer of 32; seed-0 split: 354 training rows, 88 held out), 30
+    epochs at global batch 32 (360 steps), SGD with lr 0.02 and weight decay 0.05.
+
+    Measured on the 2-core dev machine: held-out R² 0.461 (RMSE 56.9), against 0.482 for ordinary
+    least squares on the same split, in 2 s of training (the test takes about 15 s, mostly torchrun
+    start-up). With 88 held-out rows R² moves by a few hundredths with the initial weights (0.45-0.46
+    over three in-process seeds), so the threshold is 0.4.
+    """
+    model_dir = run_job(tmp_path, "tabular_regression", "{}", "--epochs", "30", "--global-batch-size", "32",
+                        "--learning-rate", "0.02", "--weight-decay", "0.05")
+    metrics = evaluate_task(model_dir)
+    assert metrics["r2"] > 0.4, metrics
