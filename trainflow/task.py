@@ -216,6 +216,8 @@ class Task(abc.ABC):
 # ----------------------------------------------------------------------------------- load_task
 BUILTIN_TASKS: Mapping[str, str] = {
     "image_classification": "trainflow.tasks.image_classification:ImageClassification",
+    "language_model": "trainflow.tasks.language_model:LanguageModel",
+    "tabular_regression": "trainflow.tasks.tabular:TabularRegression",
 }
 """Short names of the built-in tasks → their import paths (they use this API like any user task)."""
 

@@ -53,14 +53,14 @@ def test_a_factory_function_and_a_nested_class_are_task_specs() -> None:
 
 
 @pytest.mark.parametrize(("spec", "task_args", "message"), [
-    ("", None, "task '': not a built-in task (image_classification) nor an import path 'package.module:Name'"),
+    ("", None, "task '': not a built-in task (image_classification, language_model, tabular_regression) nor an import path 'package.module:Name'"),
     ("no_such_task", None,
-     "task 'no_such_task': not a built-in task (image_classification) nor an import path 'package.module:Name'"),
-    ("pkg.mod", None, "task 'pkg.mod': not a built-in task (image_classification) nor an import path 'package.module:Name'"),
-    ("pkg.mod:", None, "task 'pkg.mod:': not a built-in task (image_classification) nor an import path 'package.module:Name'"),
+     "task 'no_such_task': not a built-in task (image_classification, language_model, tabular_regression) nor an import path 'package.module:Name'"),
+    ("pkg.mod", None, "task 'pkg.mod': not a built-in task (image_classification, language_model, tabular_regression) nor an import path 'package.module:Name'"),
+    ("pkg.mod:", None, "task 'pkg.mod:': not a built-in task (image_classification, language_model, tabular_regression) nor an import path 'package.module:Name'"),
     ("pkg/mod:Task", None,
-     "task 'pkg/mod:Task': not a built-in task (image_classification) nor an import path 'package.module:Name'"),
-    ("a:b:c", None, "task 'a:b:c': not a built-in task (image_classification) nor an import path 'package.module:Name'"),
+     "task 'pkg/mod:Task': not a built-in task (image_classification, language_model, tabular_regression) nor an import path 'package.module:Name'"),
+    ("a:b:c", None, "task 'a:b:c': not a built-in task (image_classification, language_model, tabular_regression) nor an import path 'package.module:Name'"),
     ("no_such_pkg.tasks:Task", None,
      "task 'no_such_pkg.tasks:Task': cannot import module 'no_such_pkg.tasks': No module named 'no_such_pkg'"),
     (f"{EX}:Missing", None, f"task '{EX}:Missing': module '{EX}' has no attribute 'Missing'"),

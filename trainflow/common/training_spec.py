@@ -224,8 +224,9 @@ class ModelConfig(_Section):
     name: str = param("model_name", "RSPC", "architecture to train (the built-in image_classification task)",
                       "small_cnn", choices=MODELS, section=TRAINING)
     task: str = param(
-        "task", "RSPC", "what to train: a built-in task (image_classification) or a Task subclass by import path, "
-        "package.module:Name (docs/task-api.md)", BUILTIN_TASK, non_empty=True, section=TRAINING)
+        "task", "RSPC", "what to train: a built-in task (image_classification, language_model, "
+        "tabular_regression) or a Task subclass by import path, package.module:Name (docs/task-api.md)",
+        BUILTIN_TASK, non_empty=True, section=TRAINING)
     task_args: str = param(
         "task_args", "RSPC", "the task's constructor arguments as a JSON object (empty = none); the built-in "
         "image_classification task takes dataset and model_name from those parameters, so only its other "

@@ -10,7 +10,8 @@ for training and ``test`` for evaluation. Loss: cross-entropy. Metrics: accuracy
 A sample is ``(image, label)``: image float32 (C, H, W) normalised with the dataset's mean and std,
 label an int64 scalar tensor (a plain int for image folders); a batch is ``(images (N, C, H, W),
 labels (N,))``. Per sample and per batch these are the values the trainer's ``split.fetch(ids)``
-gives today, so the loss of a batch equals the trainer's (``tests/trainflow/test_builtin_tasks.py``).
+gives today, so the loss of a batch equals the trainer's
+(``tests/trainflow/test_image_classification_task.py``).
 """
 
 from __future__ import annotations
