@@ -18,9 +18,9 @@ The UI's artifact previews read the backend's MinIO (``MINIO_HOST``/``PORT``, ke
 (pod logs and pod info through the in-cluster Kubernetes client, the GKE metadata endpoint, Argo's
 archived logs, TensorBoard viewers) is disabled or left unused.
 
-By hand (with a backend already up)::
-
-    tests/testbed/build.sh kfp-ui      # prints KFP_UI_DIR=...
+The build: ``tests/testbed/build.sh kfp-ui`` (prints ``KFP_UI_DIR=...``; docs/testbed.md, "The KFP
+UI"). In a test: ``KfpUi(root, backend, ui_dir=kfp_ui_dir()).start()``, then open
+``{ui.url}/#/runs/details/<run id>``.
 """
 
 from __future__ import annotations
