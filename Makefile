@@ -84,7 +84,7 @@ image: venv
 # The real KFP 2.14.3 backend tier (issue 10; opt-in until it passes): builds the backend, Argo
 # Workflows and the ML Metadata venv on first use (tests/testbed/build.sh kfp), then runs the tier.
 test-realkfp: venv system-deps testbed
-	tests/testbed/build.sh kfp >/dev/null
+	tests/testbed/build.sh kfp kfp-ui >/dev/null
 	TRAINFLOW_REALKFP=1 $(BIN)/python -m pytest -p no:cacheprovider -m realkfp tests
 
 # The real-node end-to-end tiers alone (issue 9, 4a-4d2; also part of `make test`).

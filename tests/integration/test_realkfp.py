@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.k8s import KubeTestBed
 from tests.support.kfp_backend import KFP_NAMESPACE, KFP_VERSION, KfpBackend, kfp_binaries
+from tests.support.kfp_ui import KfpUi, kfp_ui_dir
 from tests.support.s3 import S3Server
 
 pytestmark = [
@@ -212,6 +213,22 @@ BACKEND_ARGUMENTS: dict[str, dict[str, Any]] = {
 }
 
 
+#: Runs of the pipeline that SUCCEEDED in this module, by train-step backend: 3a records them, and
+#: 3c shows the ``local`` one in the KFP UI rather than running the pipeline once more.
+_SUCCEEDED_RUNS: dict[str, str] = {}
+
+
+def _run_arguments(backend: KfpBackend, train_backend: str) -> dict[str, Any]:
+    """The pipeline's arguments for a run on the real node with the train step's ``train_backend``."""
+    more = dict(BACKEND_ARGUMENTS[train_backend])
+    if train_backend == "pytorchjob":  # the node is tainted, as a GPU pool is: the workers tolerate it
+        node = backend.node
+        assert node is not None
+        more["worker_pod_settings"] = json.dumps({"node_selector": node.node_selector, "tolerations": node.tolerations})
+    return {"dataset_source": "digits", "epochs": 1, "nproc_per_node": 1, "max_restarts": 0,
+            "s3_endpoint_url": f"http://minio-service.{KFP_NAMESPACE}:9000", **more}
+
+
 @pytest.mark.realnode
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", list(BACKEND_ARGUMENTS))
@@ -226,17 +243,8 @@ def test_the_compiled_pipeline_runs_to_success_on_the_real_node(
 
     client = kfp.Client(host=kfp_backend.api_url)
     name = f"trainflow-realnode-{backend}-{time.time_ns()}"
-    more = dict(BACKEND_ARGUMENTS[backend])
-    if backend == "pytorchjob":  # the node is tainted, as a GPU pool is: the workers tolerate it
-        node = kfp_backend.node
-        assert node is not None
-        more["worker_pod_settings"] = json.dumps({"node_selector": node.node_selector, "tolerations": node.tolerations})
     run = client.create_run_from_pipeline_package(
-        str(compiled_pipeline),
-        arguments={"dataset_source": "digits", "epochs": 1, "nproc_per_node": 1, "max_restarts": 0,
-                   "s3_endpoint_url": f"http://minio-service.{KFP_NAMESPACE}:9000", **more},
-        run_name=name,
-        experiment_name=name,
+        str(compiled_pipeline), arguments=_run_arguments(kfp_backend, backend), run_name=name, experiment_name=name
     )
     started = time.monotonic()
     result = client.wait_for_run_completion(run.run_id, timeout=1800)
@@ -252,6 +260,7 @@ def test_the_compiled_pipeline_runs_to_success_on_the_real_node(
     assert any("/prepare-dataset/" in k for k in keys), keys
     assert any("/train/" in k for k in keys), keys
     assert any("trainflow-checkpoints/" in k for k in keys), keys
+    _SUCCEEDED_RUNS[backend] = run.run_id
 
 
 def test_a_recurring_run_fires_on_its_cron_schedule(kfp_backend: KfpBackend, compiled_pipeline: Path) -> None:
@@ -381,3 +390,109 @@ def test_marking_the_deferred_task_failed_terminates_the_run_on_the_real_backend
                    if wf["metadata"].get("labels", {}).get("pipeline/runid") == runs[0]["run_id"]]
     assert workflow["spec"].get("activeDeadlineSeconds") == 0, workflow["spec"]  # KFP's terminate patch
     assert airflow.task_instance("trainflow_training", run_id, "train")["state"] == "failed"
+
+
+@pytest.fixture(scope="module")
+def kfp_ui(kfp_backend: KfpBackend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KfpUi]:
+    """The real KFP UI (built by ``tests/testbed/build.sh kfp-ui``) on 127.0.0.1, on this module's backend."""
+    ui = KfpUi(root=tmp_path_factory.mktemp("kfp-ui"), backend=kfp_backend, ui_dir=kfp_ui_dir())
+    try:
+        ui.start()
+        print(f"KFP UI started in {ui.startup_s:.1f} s at {ui.url}")
+        yield ui
+    finally:
+        ui.stop()
+
+
+def test_the_kfp_ui_and_its_ml_metadata_front_listen_only_on_loopback(kfp_ui: KfpUi) -> None:
+    """The UI server (upstream listens on every interface; loopback.js) and the gRPC-Web front."""
+    from tests.support.listeners import listening_sockets, normalize_ip
+
+    sockets = listening_sockets({name: proc.pid for name, proc in kfp_ui.processes().items()})
+    assert {(s.owner, normalize_ip(s.ip), s.port) for s in sockets} == {
+        ("kfp-ui", "127.0.0.1", kfp_ui.ports["ui"]),
+        ("kfp-ui-grpcweb", "127.0.0.1", kfp_ui.ports["grpcweb"]),
+    }
+
+
+#: The pipeline's four tasks (their keys in the root DAG: the graph's node ids are ``task.<key>``).
+PIPELINE_TASKS = ("prepare-dataset", "train", "evaluate", "register-model")
+
+
+@pytest.mark.realnode
+@pytest.mark.slow
+@pytest.mark.browser
+def test_the_real_kfp_ui_shows_the_run_graph_with_four_succeeded_tasks(
+    kfp_backend: KfpBackend, compiled_pipeline: Path, kfp_ui: KfpUi, chromium: Any
+) -> None:
+    """Issue 10, 3c: the Airflow extra link of a run (a connection whose ``ui_url`` is the UI) opens
+    the run-details page of the real KFP UI, whose graph (react-flow) shows the pipeline's four task
+    nodes (``.react-flow__node-EXECUTION[data-id="task.<key>"]``, labelled with the task's
+    ``taskInfo.name``), each with the icon KFP 2.14.3's ExecutionNode draws for a COMPLETE ML
+    Metadata execution: ``svg.text-mui-green-600.bla`` (a CheckCircleIcon; a CACHED task gets a
+    CloudDownloadIcon, a running one a RefreshIcon, and a node without state none). The run is 3a's
+    ``local`` run when that test ran first in this module and none of its tasks was CACHED,
+    otherwise one with the same arguments (caching off, so that every task executes)."""
+    import kfp
+    import yaml
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from airflow_bridge.hooks import KfpConnectionConfig
+    from tests.support.airflow import artifacts_dir
+
+    client = kfp.Client(host=kfp_backend.api_url)
+    run_id = _SUCCEEDED_RUNS.get("local")
+    if run_id is not None:
+        # A task of 3a's run taken from the cache (an earlier run's) shows CACHED in the UI; its
+        # executor is skipped (the API reports SKIPPED; CACHED where a server reports that).
+        details = client.get_run(run_id).run_details
+        if any(t.state in {"CACHED", "SKIPPED"} for t in (details.task_details if details else None) or []):
+            run_id = None
+    if run_id is None:
+        name = f"trainflow-kfp-ui-{time.time_ns()}"
+        run = client.create_run_from_pipeline_package(
+            str(compiled_pipeline), arguments=_run_arguments(kfp_backend, "local"), run_name=name,
+            experiment_name=name, enable_caching=False,
+        )
+        result = client.wait_for_run_completion(run.run_id, timeout=1800)
+        assert result.state == "SUCCEEDED", _diagnose(kfp_backend, run.run_id)
+        run_id = run.run_id
+    run_name = client.get_run(run_id).display_name
+    spec = next(d for d in yaml.safe_load_all(compiled_pipeline.read_text()) if "root" in d)
+    labels = {key: spec["root"]["dag"]["tasks"][key]["taskInfo"]["name"] for key in PIPELINE_TASKS}
+
+    # The URL the Airflow extra link gives for a connection whose ui_url is this UI.
+    url = KfpConnectionConfig(api_url=kfp_backend.api_url, ui_url=kfp_ui.url).run_url(run_id)
+    assert url == f"{kfp_ui.url}/#/runs/details/{run_id}"
+    shots = artifacts_dir("kfp-ui")
+    started = time.monotonic()
+    chromium.get(url)
+
+    def states() -> dict[str, str]:
+        """Task key -> 'COMPLETE' (the check icon) or 'shown' (a node without it), for the four tasks."""
+        found = {}
+        for key in PIPELINE_TASKS:
+            nodes = chromium.find_elements(By.CSS_SELECTOR, f'.react-flow__node-EXECUTION[data-id="task.{key}"]')
+            if nodes:
+                complete = nodes[0].find_elements(By.CSS_SELECTOR, "svg.text-mui-green-600.bla")
+                found[key] = "COMPLETE" if complete else "shown"
+        return found
+
+    try:
+        WebDriverWait(chromium, 120, poll_frequency=0.5).until(
+            lambda d: states() == dict.fromkeys(PIPELINE_TASKS, "COMPLETE")
+        )
+    except Exception as err:
+        raise AssertionError(f"the run graph's task states: {states()}") from err
+    finally:
+        chromium.save_screenshot(str(shots / "run-details.png"))
+        (shots / "run-details.html").write_text(chromium.page_source)
+    print(f"KFP UI: run graph with four COMPLETE tasks {time.monotonic() - started:.1f} s after opening {url}")
+    # The page is this run's (its name is the page's title), and the graph has exactly the four tasks.
+    assert run_name in chromium.find_element(By.TAG_NAME, "body").text
+    executions = chromium.find_elements(By.CSS_SELECTOR, ".react-flow__node-EXECUTION")
+    assert sorted(e.get_attribute("data-id") for e in executions) == sorted(f"task.{k}" for k in PIPELINE_TASKS)
+    for key, label in labels.items():
+        node = chromium.find_element(By.CSS_SELECTOR, f'.react-flow__node-EXECUTION[data-id="task.{key}"]')
+        assert node.find_element(By.CSS_SELECTOR, "div.container").get_attribute("title") == label

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build (or reuse) the test bed's servers from the Go module proxy, pinned in versions.env.
 #
-#   tests/testbed/build.sh [minio] [k8s] [kfp]      (no argument: minio and k8s; kfp also gives
-#                                                     Argo Workflows and the MLMD venv)
+#   tests/testbed/build.sh [minio] [k8s] [kfp] [kfp-ui]
+#                             (no argument: minio and k8s; kfp also gives Argo Workflows and the
+#                              MLMD venv; kfp-ui is the KFP UI, which needs Node.js and npm)
 #
 # Prints NAME=PATH lines (shell- and Python-parsable) for what was asked:
 #   MINIO_BIN             MinIO server                     ~/.cache/trainflow/minio/<version>/
@@ -23,6 +24,10 @@
 #   MLMD_PYTHON           python of a venv with ml-metadata (mlmd/requirements.txt), which runs
 #                         mlmd/server.py, the gRPC front of the ML Metadata store KFP 2.14.3 needs
 #                                                          ~/.cache/trainflow/mlmd/<version>-<hash>/
+#   KFP_UI_DIR            the KFP 2.14.3 UI (frontend/ of the same module, built with npm from the
+#                         npm registry): client/ (the static app), server/ (its Node server:
+#                         dist/server.js, production node_modules), loopback.js (preload: listen on
+#                         127.0.0.1 only)                 ~/.cache/trainflow/kfp-ui/<version>-<hash>/
 #
 # Each part is built at most once per version (and per hash of its wrapper module's files); a lock
 # keeps concurrent callers (several pytest sessions, make testbed) from building it twice. Builds
@@ -164,15 +169,58 @@ build_mlmd() {
   "$out/venv/bin/python" -c "import ml_metadata.metadata_store.pywrap.metadata_store_extension" >&2
 }
 
+need_npm() {
+  command -v node >/dev/null && command -v npm >/dev/null ||
+    { log "'node' and 'npm' not found: Node.js >= 20 and npm are needed to build the KFP UI"; exit 2; }
+}
+
+build_kfp_ui() {
+  local out="$1" kfp_dir fe
+  need_npm
+  log "building the KFP $KFP_VERSION UI with npm $(npm --version) on node $(node --version) (first use; ~10-20 min on 2 cores)"
+  kfp_dir="$(cd "$here/kfp" && go mod download -json "github.com/kubeflow/pipelines@$KFP_MODULE_VERSION" |
+    sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+  fe="$out/.src/frontend"
+  mkdir -p "$out/.src"
+  cp -r "$kfp_dir/frontend" "$fe"
+  chmod -R u+w "$fe"
+  # No install scripts: the frontend's own postinstall only runs npm ci in server/ and
+  # mock-backend/ (server/ is done below, the mock backend is not needed); dependencies' scripts
+  # would download binaries (Cypress, Puppeteer), and none is needed to build.
+  export CYPRESS_INSTALL_BINARY=0 PUPPETEER_SKIP_DOWNLOAD=1 npm_config_audit=false npm_config_fund=false
+  node "$here/kfp-ui/drop-packages.js" "$fe" fs  # see drop-packages.js: the registry has no fs@0.0.1-security
+  (cd "$fe" && nice -n 10 npm ci --ignore-scripts --no-progress) >&2
+  # `npm run build` is `npm run lint && react-scripts build` after `build:tailwind` (prebuild):
+  # the same without the lint step and without source maps (neither changes the app). CI=false:
+  # react-scripts would otherwise fail the build on any warning where CI=true is set (as in CI).
+  (cd "$fe" && nice -n 10 npm run build:tailwind &&
+    CI=false EXTEND_ESLINT=true DISABLE_ESLINT_PLUGIN=true GENERATE_SOURCEMAP=false \
+      nice -n 10 npx --no-install react-scripts build) >&2
+  # The server, as the Dockerfile's second stage: npm ci, npm run build (tsc), then only the
+  # production dependencies.
+  (cd "$fe/server" && nice -n 10 npm ci --ignore-scripts --no-progress && nice -n 10 npm run build &&
+    npm prune --omit=dev --ignore-scripts) >&2
+  # What the Dockerfile writes there too (the UI's healthz and side bar show them).
+  echo "${KFP_MODULE_VERSION##*-}" >"$fe/server/dist/COMMIT_HASH"
+  echo "$KFP_VERSION" >"$fe/server/dist/TAG_NAME"
+  date -u >"$fe/server/dist/BUILD_DATE"
+  mv "$fe/build" "$out/client"
+  mkdir -p "$out/server"
+  mv "$fe/server/dist" "$fe/server/node_modules" "$fe/server/package.json" "$out/server/"
+  cp "$here/kfp-ui/loopback.js" "$out/"
+  rm -rf "$out/.src"
+}
+
 CONTROLPLANE_PROGRAMS="kube-apiserver kube-scheduler kube-controller-manager kubelet kube-proxy etcd kubectl"
-want_minio=0 want_k8s=0 want_kfp=0
+want_minio=0 want_k8s=0 want_kfp=0 want_kfp_ui=0
 [ $# -eq 0 ] && set -- minio k8s
 for part in "$@"; do
   case "$part" in
     minio) want_minio=1 ;;
     k8s) want_k8s=1 ;;
     kfp) want_kfp=1 ;;
-    *) log "unknown part '$part' (want: minio, k8s, kfp)"; exit 2 ;;
+    kfp-ui) want_kfp_ui=1 ;;
+    *) log "unknown part '$part' (want: minio, k8s, kfp, kfp-ui)"; exit 2 ;;
   esac
 done
 
@@ -209,4 +257,11 @@ if [ $want_kfp = 1 ]; then
   d="$cache_root/mlmd/$MLMD_VERSION-$(sha256sum <"$here/mlmd/requirements.txt" | cut -c1-12)"
   locked "$d" venv/bin/python build_mlmd
   echo "MLMD_PYTHON=$d/venv/bin/python"
+fi
+if [ $want_kfp_ui = 1 ]; then
+  # Our inputs: the files under kfp-ui/ and this script's build_kfp_ui.
+  h="$( (cd "$here/kfp-ui" && find . -type f | sort | xargs cat; declare -f build_kfp_ui) | sha256sum | cut -c1-12)"
+  d="$cache_root/kfp-ui/$KFP_VERSION-$h"
+  locked "$d" loopback.js build_kfp_ui
+  echo "KFP_UI_DIR=$d"
 fi
