@@ -84,6 +84,7 @@ image: venv
 # The real KFP 2.14.3 backend tier (issue 10; opt-in until it passes): builds the backend, Argo
 # Workflows and the ML Metadata venv on first use (tests/testbed/build.sh kfp), then runs the tier.
 test-realkfp: venv system-deps testbed
+	scripts/install-system-deps.sh kfp-ui
 	tests/testbed/build.sh kfp kfp-ui >/dev/null
 	TRAINFLOW_REALKFP=1 $(BIN)/python -m pytest -p no:cacheprovider -m realkfp tests
 
