@@ -415,6 +415,17 @@ class PreparedDataset:
         raise DatasetError(f"unknown dataset kind {info.kind!r} in {self.path}")
 
 
+def _epoch_steps(
+    perm: torch.Tensor, start: int, global_batch_size: int, rank: int, world_size: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(global batch, this rank's ids)`` for each remaining step of an epoch from position ``start``."""
+    pos = start
+    while pos < len(perm):
+        batch = global_batch(perm, pos, global_batch_size)
+        yield batch, shard(batch, rank, world_size)
+        pos += len(batch)
+
+
 def iter_local_batches(
     split: Any,
     *,
@@ -432,12 +443,7 @@ def iter_local_batches(
     yields exactly this rank's ids per step, with its own seeded generator so creating the iterator
     never consumes the global RNG (which would break bit-exact resume).
     """
-    plan = []
-    pos = start
-    while pos < len(perm):
-        batch = global_batch(perm, pos, global_batch_size)
-        plan.append((shard(batch, rank, world_size), len(batch)))
-        pos += len(batch)
+    plan = [(ids, len(batch)) for batch, ids in _epoch_steps(perm, start, global_batch_size, rank, world_size)]
     if loader_workers == 0 or not isinstance(split, torch.utils.data.Dataset):
         for ids, n in plan:
             x, y = split.fetch(ids)
@@ -489,13 +495,8 @@ def iter_task_batches(
     DataLoader whose batch sampler yields exactly these ids, with its own seeded generator so creating
     the iterator never consumes the global RNG (which would break bit-exact resume).
     """
-    plan = []
-    pos = start
-    while pos < len(perm):
-        batch = global_batch(perm, pos, global_batch_size)
-        ids = shard(batch, rank, world_size)
-        plan.append((ids, len(batch), (ids if len(ids) else batch[:1]).tolist()))
-        pos += len(batch)
+    plan = [(ids, len(batch), (ids if len(ids) else batch[:1]).tolist())
+            for batch, ids in _epoch_steps(perm, start, global_batch_size, rank, world_size)]
     if loader_workers == 0:
         for ids, n, read in plan:
             yield collate(read_samples(dataset, read)), ids, n

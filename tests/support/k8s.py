@@ -69,10 +69,10 @@ import yaml
 from tests.support.lifetime import die_with_parent
 from tests.support.processes import ManagedProcess, free_port
 from tests.support.realnode import RealNode, SlotLease, cleanup_slot
+from tests.support.testbed_build import build_parts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TESTBED_DIR = REPO_ROOT / "tests" / "testbed"
-BUILD_SCRIPT = TESTBED_DIR / "build.sh"
 KWOK_STAGES = TESTBED_DIR / "kwok-stages.yaml"
 BUILD_TIMEOUT_S = 60 * 60
 
@@ -171,14 +171,7 @@ def testbed_binaries() -> TestBedBinaries:
     Raises:
         RuntimeError: the build failed; its last output is in the message.
     """
-    result = subprocess.run(
-        [str(BUILD_SCRIPT), "k8s"], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
-    )
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"building the Kubernetes test bed failed ({BUILD_SCRIPT} k8s):\n{result.stderr[-4000:]}"
-        )
-    paths = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    paths = build_parts("k8s", what="the Kubernetes test bed", timeout_s=BUILD_TIMEOUT_S)
     operator = Path(paths["TRAINING_OPERATOR_BIN"])
     override = os.environ.get("TRAINFLOW_TRAINING_OPERATOR_BIN")
     if override:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -45,6 +44,7 @@ import httpx
 
 from tests.support.lifetime import die_with_parent
 from tests.support.processes import ManagedProcess, free_port, port_open
+from tests.support.testbed_build import build_parts, pinned_versions
 
 if TYPE_CHECKING:
     from tests.support.k8s import KubeTestBed
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
     from tests.support.s3 import S3Server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BUILD_SCRIPT = REPO_ROOT / "tests" / "testbed" / "build.sh"
 MLMD_SERVER = REPO_ROOT / "tests" / "testbed" / "mlmd" / "server.py"
 BUILD_TIMEOUT_S = 90 * 60
 
@@ -66,14 +65,8 @@ PIPELINE_BUCKET = "mlpipeline"
 #: Image names the API server puts in workflows for the KFP driver and launcher, and Argo's executor.
 
 
-def _pinned_versions() -> dict[str, str]:
-    """``tests/testbed/versions.env``'s ``NAME=value`` lines (the build's pins, one home)."""
-    text = (REPO_ROOT / "tests" / "testbed" / "versions.env").read_text()
-    return dict(line.split("=", 1) for line in text.splitlines() if re.match(r"[A-Z_]+=", line))
-
-
 #: The KFP release the test bed builds (``KFP_VERSION`` in versions.env).
-KFP_VERSION = _pinned_versions()["KFP_VERSION"]
+KFP_VERSION = pinned_versions()["KFP_VERSION"]
 DRIVER_IMAGE = f"trainflow.dev/testbed/kfp-driver:{KFP_VERSION}"
 LAUNCHER_IMAGE = f"trainflow.dev/testbed/kfp-launcher:{KFP_VERSION}"
 ARGOEXEC_IMAGE = "trainflow.dev/testbed/argoexec:v3.6.7"
@@ -106,12 +99,7 @@ def kfp_binaries() -> KfpBinaries:
     Raises:
         RuntimeError: the build failed; its last output is in the message.
     """
-    result = subprocess.run(
-        [str(BUILD_SCRIPT), "kfp"], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"building the KFP backend failed ({BUILD_SCRIPT} kfp):\n{result.stderr[-4000:]}")
-    paths = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    paths = build_parts("kfp", what="the KFP backend", timeout_s=BUILD_TIMEOUT_S)
     return KfpBinaries(
         kfp_dir=Path(paths["KFP_BIN_DIR"]),
         argo_dir=Path(paths["ARGO_BIN_DIR"]),

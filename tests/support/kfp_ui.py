@@ -27,25 +27,23 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tests.support.kfp_backend import PROXY_VARIABLES
 from tests.support.lifetime import die_with_parent
 from tests.support.processes import ManagedProcess, free_port, http_ok
+from tests.support.testbed_build import build_parts
 
 if TYPE_CHECKING:
     from tests.support.kfp_backend import KfpBackend
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BUILD_SCRIPT = REPO_ROOT / "tests" / "testbed" / "build.sh"
 GRPCWEB_FRONT = REPO_ROOT / "tests" / "testbed" / "mlmd" / "grpcweb.py"
 BUILD_TIMEOUT_S = 60 * 60
-#: Proxy variables removed from both processes' environment: all traffic here is local.
-PROXY_VARIABLES = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "no_proxy", "NO_PROXY")
 
 
 def kfp_ui_dir() -> Path:
@@ -54,13 +52,7 @@ def kfp_ui_dir() -> Path:
     Raises:
         RuntimeError: the build failed; its last output is in the message.
     """
-    result = subprocess.run(
-        [str(BUILD_SCRIPT), "kfp-ui"], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"building the KFP UI failed ({BUILD_SCRIPT} kfp-ui):\n{result.stderr[-4000:]}")
-    paths = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
-    return Path(paths["KFP_UI_DIR"])
+    return Path(build_parts("kfp-ui", what="the KFP UI", timeout_s=BUILD_TIMEOUT_S)["KFP_UI_DIR"])
 
 
 @dataclass

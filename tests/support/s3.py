@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,9 +26,9 @@ import pytest
 
 from tests.support.lifetime import die_with_parent
 from tests.support.processes import ManagedProcess, free_port, http_ok
+from tests.support.testbed_build import build_parts
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-BUILD_SCRIPT = REPO_ROOT / "tests" / "testbed" / "build.sh"
 BUILD_TIMEOUT_S = 40 * 60
 
 
@@ -49,12 +48,7 @@ def minio_binary() -> Path:
         if not os.access(path, os.X_OK):
             raise RuntimeError(f"TRAINFLOW_MINIO_BIN={override} is not an executable file")
         return path
-    result = subprocess.run(
-        [str(BUILD_SCRIPT), "minio"], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"building MinIO failed ({BUILD_SCRIPT} minio):\n{result.stderr[-4000:]}")
-    paths = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    paths = build_parts("minio", what="MinIO", timeout_s=BUILD_TIMEOUT_S)
     return Path(paths["MINIO_BIN"])
 
 
