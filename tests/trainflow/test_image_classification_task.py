@@ -21,16 +21,6 @@ from trainflow.task import TaskError, load_task, model_signature
 from trainflow.tasks.image_classification import ImageClassification, SplitDataset
 
 
-@pytest.fixture
-def torch_globals():
-    """Trainer() sets torch's thread count and deterministic-algorithms flag for the process: put them back."""
-    threads = torch.get_num_threads()
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.set_num_threads(threads)
-    torch._C._set_deterministic_algorithms(deterministic)
-
-
 @pytest.fixture(scope="module")
 def synthetic_dataset(tmp_path_factory):
     out = tmp_path_factory.mktemp("datasets") / "synthetic"

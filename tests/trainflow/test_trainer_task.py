@@ -17,16 +17,6 @@ from trainflow.common.training_spec import ConfigError, TrainConfig
 REGRESSION = "tests.trainflow.example_tasks:Regression"
 
 
-@pytest.fixture
-def torch_globals():
-    """Trainer() sets torch's thread count and deterministic-algorithms flag for the process: put them back."""
-    threads = torch.get_num_threads()
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.set_num_threads(threads)
-    torch._C._set_deterministic_algorithms(deterministic)
-
-
 def _cfg(tmp_path, **flat) -> TrainConfig:
     return TrainConfig.from_flat({"checkpoint_uri": str(tmp_path / "ckpt"), "job_key": "j", "threads_per_rank": 1,
                                   "global_batch_size": 8, "epochs": 2, **flat})
