@@ -32,6 +32,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from components.training.metrics import read_jsonl
 from trainflow.common.training_spec import BUILTIN_TASK, ROWS, ConfigError, TrainJobSpec, check_values, rows
@@ -366,11 +367,11 @@ def summary_table(report: RunReport) -> Table:
     """The table printed at the end of ``trainflow run``."""
     table = Table(title="trainflow run", show_header=False, title_justify="left")
     table.add_column(style="bold")
-    table.add_column()
+    table.add_column(overflow="fold")  # paths and errors in full, folded, never cut short
     color = "green" if report.status == "succeeded" else "red"
     table.add_row("status", f"[{color}]{report.status}[/{color}]")
-    if report.error:
-        table.add_row("error", f"{report.failed_task or 'pipeline'}: {report.error}")
+    if report.error:  # as text: an error's "[pod=exit 2 ...]" is not rich markup
+        table.add_row("error", Text(f"{report.failed_task or 'pipeline'}: {report.error}"))
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     if report.test_accuracy is not None or not report.test_metrics:
         table.add_row("test accuracy", fmt(report.test_accuracy, ".4f"))
@@ -387,5 +388,5 @@ def summary_table(report: RunReport) -> Table:
     table.add_row("train seconds", fmt(report.train_seconds, ".1f"))
     table.add_row("pipeline seconds", fmt(report.pipeline_seconds, ".1f"))
     table.add_row("model version", fmt(report.model_version, "d"))
-    table.add_row("output", f"{report.output_dir}/run-report.json")
+    table.add_row("output", Text(f"{report.output_dir}/run-report.json"))
     return table

@@ -254,7 +254,8 @@ def load_task(spec: str, task_args: Mapping[str, Any] | str | None = None) -> Ta
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
-        raise TaskError(f"{where}: cannot import module {module_name!r}: {_one_line(e)}") from e
+        raise TaskError(f"{where}: cannot import module {module_name!r}: {_one_line(e)} (the package must be "
+                        "installed where the task runs: in a cluster, in the workers' image; docs/task-api.md)") from e
     except Exception as e:  # the module's own code failed: say so in one line, keep the cause
         raise TaskError(f"{where}: importing module {module_name!r} failed: {type(e).__name__}: {_one_line(e)}") from e
     for part in attr.split("."):

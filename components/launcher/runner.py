@@ -57,6 +57,7 @@ from components.launcher.pytorchjob import (
     job_key_hash,
     render_pytorchjob,
 )
+from components.training.launch import PERMANENT_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,12 @@ class PyTorchJobFailed(LauncherError):
 
     def __init__(self, outcome: JobOutcome) -> None:
         self.outcome = outcome
+        permanent = sorted({f.split(PERMANENT_PREFIX, 1)[1] for f in outcome.pod_failures.split("; ")
+                            if PERMANENT_PREFIX in f})  # fmt: skip
+        if permanent:  # the workers' own one-line cause first: it is what the user must fix
+            super().__init__(f"PyTorchJob {outcome.ref} failed permanently, not retried: {'; '.join(permanent)} "
+                             f"[{outcome.pod_failures.replace(PERMANENT_PREFIX, '')}]")
+            return
         super().__init__(
             f"PyTorchJob {outcome.ref} failed: {outcome.reason or 'no reason given'}: {outcome.message}"
             + (f" [{outcome.pod_failures}]" if outcome.pod_failures else "")

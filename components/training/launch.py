@@ -213,14 +213,29 @@ EXIT_PERMANENT = 2
 """A worker's permanent failure (``components/training/__main__.py``), as the agent's caller sees it."""
 
 
+#: How ``python -m components.training.torchrun`` starts the line (stderr, and a pod's termination
+#: message) that reports a permanent failure; its reason follows. The launcher reads it back.
+PERMANENT_PREFIX = "permanent failure, not retried: "
+
+
 def permanent_failure(error_file: str | Path) -> str | None:
     """The one-line reason if torchelastic's error file (written by torchrun for its root-cause
     failure) holds a permanent trainflow failure, else ``None`` (also when the file is absent)."""
     try:
         data = json.loads(Path(error_file).read_text())
-        message = data["message"]
+    except (OSError, ValueError):
+        return None
+    return permanent_reason(data)
+
+
+def permanent_reason(error_data: object) -> str | None:
+    """The one-line reason if ``error_data`` — the JSON of a torchelastic error file, as a worker's
+    ``ProcessFailure.error_file_data`` holds it — records a permanent trainflow failure
+    (``extraInfo.trainflow_exit_code`` = 2, written by ``python -m components.training``), else ``None``."""
+    try:
+        message = error_data["message"]  # type: ignore[index]
         code = message.get("extraInfo", {}).get("trainflow_exit_code")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError, AttributeError):
         return None
     if code != str(EXIT_PERMANENT):
         return None

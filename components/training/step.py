@@ -410,7 +410,8 @@ def _run_pytorchjob_in(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path, sta
         with runner.terminate_on_sigterm(), mirror:
             outcome = runner.run(job_spec, output_path=work_dir / "pytorchjob.json")
     except LauncherError as e:
-        raise TrainStepError(f"PyTorchJob {job_spec.namespace}/{job_spec.name}: {e}") from e
+        named = f"PyTorchJob {job_spec.namespace}/{job_spec.name}"
+        raise TrainStepError(str(e) if str(e).startswith(named) else f"{named}: {e}") from e
     return f"{outcome.ref}"
 
 

@@ -15,6 +15,10 @@ pod deleted mid-training would fail the whole job; this exits ``128 + signal num
 for SIGTERM), the shell's convention and what the workers themselves exit with.
 
 Every other outcome keeps torchrun's own exit code.
+
+torchrun would also restart the worker group ``--max-restarts`` times after a permanent failure (a
+task the image lacks, a missing dataset): each restart imports torch and fails the same way, 10-20 s
+apiece in a pod. The agent here gives up at the first one instead (:func:`stop_restarts_on_permanent_failure`).
 """
 
 from __future__ import annotations
@@ -25,10 +29,40 @@ import sys
 import tempfile
 from pathlib import Path
 
-from components.training.launch import EXIT_PERMANENT, permanent_failure
+from components.training.launch import EXIT_PERMANENT, PERMANENT_PREFIX, permanent_failure, permanent_reason
 
 #: Where Kubernetes reads a container's termination message (``terminationMessagePath``'s default).
 TERMINATION_LOG = Path("/dev/termination-log")
+
+
+def stop_restarts_on_permanent_failure() -> None:
+    """Make torchrun's agent (``LocalElasticAgent``) restart no worker group whose failure is a
+    permanent trainflow failure (:func:`~components.training.launch.permanent_reason` of a failed
+    worker's error file): its remaining restarts become 0, so it stops the group and returns the
+    failure, as after its last restart. Idempotent.
+
+    This wraps ``LocalElasticAgent._monitor_workers`` (torch/distributed/elastic/agent/server/
+    local_elastic_agent.py), whose ``RunResult.failures`` carry each failed worker's error file;
+    torchelastic has no public restart policy by exit code (SimpleElasticAgent._invoke_run restarts
+    on every FAILED state while ``_remaining_restarts > 0``).
+    """
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    original = LocalElasticAgent._monitor_workers
+    if getattr(original, "_trainflow_wrapped", False):
+        return
+
+    def monitor(self: LocalElasticAgent, worker_group: object) -> object:
+        result = original(self, worker_group)
+        if result.state == WorkerState.FAILED and any(
+            permanent_reason(f.error_file_data) for f in result.failures.values()
+        ):
+            self._remaining_restarts = 0
+        return result
+
+    monitor._trainflow_wrapped = True  # type: ignore[attr-defined]
+    LocalElasticAgent._monitor_workers = monitor  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None, *, termination_log: Path = TERMINATION_LOG) -> int:
@@ -47,6 +81,7 @@ def main(argv: list[str] | None = None, *, termination_log: Path = TERMINATION_L
         os.unlink(path)
         os.environ["TORCHELASTIC_ERROR_FILE"] = path
     error_file = Path(os.environ["TORCHELASTIC_ERROR_FILE"])
+    stop_restarts_on_permanent_failure()
     try:
         torchrun_main(argv)
         return 0
@@ -62,7 +97,7 @@ def main(argv: list[str] | None = None, *, termination_log: Path = TERMINATION_L
         if owned:
             error_file.unlink(missing_ok=True)
     if rc != 0 and reason:
-        line = f"permanent failure, not retried: {reason}"
+        line = f"{PERMANENT_PREFIX}{reason}"
         print(line, file=sys.stderr)
         if termination_log.exists():
             with contextlib.suppress(OSError):

@@ -171,7 +171,9 @@ def test_failed_workers_fail_the_launch_with_the_operators_reason(
     # components.training.torchrun writes for a permanent failure) names the cause, first line only.
     assert outcome.pod_failures == f"{spec.name}-worker-0=exit 2 (Error): permanent failure, not retried: " \
                                    "trainflow: no dataset"
-    assert "exit 2 (Error): permanent failure" in str(failed.value) and "\n" not in str(failed.value)
+    # The message leads with the workers' own cause, once.
+    assert str(failed.value) == (f"PyTorchJob {outcome.ref} failed permanently, not retried: trainflow: no dataset "
+                                 f"[{spec.name}-worker-0=exit 2 (Error): trainflow: no dataset]")
     # on-success clean-up keeps a failed job for inspection.
     assert (
         client.get(pytorchjob_resource(), spec.name, namespace=k8s_namespace).metadata.uid == outcome.ref.uid

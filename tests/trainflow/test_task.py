@@ -62,7 +62,8 @@ def test_a_factory_function_and_a_nested_class_are_task_specs() -> None:
      "task 'pkg/mod:Task': not a built-in task (image_classification, language_model, tabular_regression) nor an import path 'package.module:Name'"),
     ("a:b:c", None, "task 'a:b:c': not a built-in task (image_classification, language_model, tabular_regression) nor an import path 'package.module:Name'"),
     ("no_such_pkg.tasks:Task", None,
-     "task 'no_such_pkg.tasks:Task': cannot import module 'no_such_pkg.tasks': No module named 'no_such_pkg'"),
+     "task 'no_such_pkg.tasks:Task': cannot import module 'no_such_pkg.tasks': No module named 'no_such_pkg' (the "
+     "package must be installed where the task runs: in a cluster, in the workers' image; docs/task-api.md)"),
     (f"{EX}:Missing", None, f"task '{EX}:Missing': module '{EX}' has no attribute 'Missing'"),
     (f"{EX}:Outer.Missing", None, f"task '{EX}:Outer.Missing': module '{EX}' has no attribute 'Outer.Missing'"),
     (f"{EX}:NotATask", None, f"task '{EX}:NotATask': NotATask is a class but not a subclass of trainflow.task.Task"),

@@ -46,20 +46,29 @@ def test_resume_refuses_a_checkpoint_of_another_dataset_or_model(digits_dataset,
     assert "was written for another model small_cnn (this run: resnet18)" in model.stderr.strip().splitlines()[-1]
 
 
+def _failed_ranks(stderr: str) -> int:
+    """Workers that printed their permanent failure (one line each, ``trainflow: ...``)."""
+    return sum(line.startswith("trainflow: dataset") for line in stderr.splitlines())
+
+
 def test_a_permanent_worker_failure_stays_permanent_through_torchrun(tmp_path) -> None:
-    """Finding 12: torchrun restarts the group, then exits 1; the wrapper and run_agent give back 2."""
+    """Finding 12: torchrun restarts the group, then exits 1; the wrapper and run_agent give back 2,
+    and the wrapper does not restart the group first (a pod's restarts cost 10-20 s each)."""
     args = ["--dataset", str(tmp_path / "no-such-dataset"), "--checkpoint-uri", str(tmp_path / "ckpt"),
             "--job-key", "perm", "--threads-per-rank", "1"]
     plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                             "--max-restarts", "1", "--monitor-interval", "0.2", "-m", "components.training", *args],
                            capture_output=True, text=True, timeout=240)
     assert plain.returncode == 1  # what torchrun itself makes of it
+    assert _failed_ranks(plain.stderr) == 2 * 2  # 2 ranks, started twice (1 restart)
     wrapped = subprocess.run([sys.executable, "-m", "components.training.torchrun", "--standalone",
-                              "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.2",
+                              "--nproc-per-node", "2", "--max-restarts", "3", "--monitor-interval", "0.2",
                               "-m", "components.training", *args], capture_output=True, text=True, timeout=240)
     assert wrapped.returncode == 2
     assert wrapped.stderr.strip().splitlines()[-1].startswith("permanent failure, not retried: trainflow: ")
     assert "no-such-dataset" in wrapped.stderr.strip().splitlines()[-1]
+    # Not restarted: each rank failed once, although 3 restarts were allowed.
+    assert _failed_ranks(wrapped.stderr) == 2, wrapped.stderr[-3000:]
     spec = AgentSpec(rdzv_id="perm", rdzv_endpoint=f"127.0.0.1:{free_port()}", nproc_per_node=2, max_restarts=1)
     assert run_agent(spec, args, log_path=tmp_path / "agent.log") == 2
 
