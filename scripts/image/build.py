@@ -13,6 +13,8 @@ base   ``debian:bookworm-slim`` + ``base.sh``      ``debootstrap --variant=minba
                                                    in a chroot
 deps   ``deps.sh requirements-image.lock``         the same, in a chroot over an overlay mount
 app    ``app.sh <trainflow wheel>``                the same (wheel built by ``uv build``)
+extra  ``examples/task-image/Dockerfile``:         ``--add-wheel W``: the same, one more layer
+       your wheels on top (``add-wheels.sh``)
 =====  ==========================================  ===========================================
 
 The image's environment, working directory, command and labels are read from the Dockerfile's
@@ -32,13 +34,19 @@ Needs root (chroot, overlay and proc mounts), ``debootstrap``, GNU ``tar``, ``zs
 Usage::
 
     python3 scripts/image/build.py [--tag REF] [--oci-archive PATH]
+    python3 scripts/image/build.py --add-wheel dist/my_task-1.0-py3-none-any.whl --tag REF
+
+The second form builds *your* image: the trainflow image plus a layer with your wheels (a training
+task package, docs/task-api.md) installed into ``/opt/venv`` — what ``examples/task-image/Dockerfile``
+builds with a Docker engine. ``--tag`` is then required (it is not the trainflow image).
 
 prints ``NAME=VALUE`` lines on stdout (progress goes to stderr):
 
 * ``IMAGE_REF`` - the tag (default ``ghcr.io/trainflow/trainflow:<project version>``);
 * ``IMAGE_LAYOUT`` - the OCI image layout folder (blobs hard-linked from the layer caches);
 * ``IMAGE_MANIFEST_DIGEST``, ``IMAGE_CONFIG_DIGEST`` - ``sha256:...``;
-* ``IMAGE_LAYER_DIGESTS`` - the layer blobs' digests, base first, comma-separated;
+* ``IMAGE_LAYER_DIGESTS`` - the layer blobs' digests, base first, comma-separated (the trainflow
+  image's three, then the ``--add-wheel`` layer, if any);
 * ``IMAGE_SIZE_BYTES`` - the unpacked size of all layers (bytes of the uncompressed tars).
 
 Exit status 2 with a one-line message on a missing tool or a non-root user.
@@ -548,6 +556,27 @@ def build_app(base: Layer, deps: Layer, uv: Path) -> Layer:
     return _cached("app", key, build)
 
 
+def build_extra(app: Layer, base: Layer, deps: Layer, wheels: Sequence[Path], uv: Path) -> Layer:
+    """The ``--add-wheel`` layer: ``add-wheels.sh`` installs ``wheels`` into ``/opt/venv`` (and what
+    they need that the image lacks, downloaded through the uv cache). Keyed by the app layer, the
+    script and the wheels' names and bytes."""
+
+    def build(tmp: Path) -> Layer:
+        log(f"extra layer: add-wheels.sh {' '.join(w.name for w in wheels)}")
+        files = {"uv": uv, "add-wheels.sh": HERE / "add-wheels.sh", **{w.name: w for w in wheels}}
+        upper = _overlay_step(
+            tmp, [app.dir / "upper", deps.dir / "upper", base.dir / "rootfs"], files,
+            ["/bin/sh", "/.build/add-wheels.sh", *(f"/.build/{w.name}" for w in wheels)], what="add-wheels.sh",
+            cache=_uv_cache(), allowed=("opt",),
+        )  # fmt: skip
+        return write_layer("extra", upper, tmp, created_by=f"scripts/image/add-wheels.sh {' '.join(w.name for w in wheels)}")
+
+    parts: list[bytes | str] = [RECIPE, app.digest, (HERE / "add-wheels.sh").read_bytes()]
+    for wheel in sorted(wheels, key=lambda w: w.name):
+        parts += [wheel.name, wheel.read_bytes()]
+    return _cached("extra", _sha256(*parts), build)
+
+
 # ---------------------------------------------------------------------------------- OCI layout
 
 
@@ -644,24 +673,37 @@ class Image:
         ]
 
 
-def build(ref: str | None = None) -> Image:
+def build(ref: str | None = None, add_wheels: Sequence[Path] = ()) -> Image:
     """Build (or reuse) every layer and write the OCI layout; see the module docstring.
 
+    Args:
+        ref: the image's name (default :func:`default_ref`; required with ``add_wheels``).
+        add_wheels: wheels (``*.whl``) to install in one more layer on top: a user's image.
+
     Raises:
-        BuildError: a tool is missing, not root, or a step failed (its output tail in the message).
+        BuildError: a tool is missing, not root, a wheel is missing or not a wheel, ``add_wheels``
+            without ``ref``, or a step failed (its output tail in the message).
     """
+    wheels = [Path(w).resolve() for w in add_wheels]
+    if wheels and not ref:
+        raise BuildError("--add-wheel builds your image, not trainflow's: name it with --tag")
+    for wheel in wheels:
+        if wheel.suffix != ".whl" or not wheel.is_file():
+            raise BuildError(f"--add-wheel {wheel}: not a wheel file (build one with `uv build --wheel`)")
     uv = _check_host()
     ref = ref or default_ref()
     start = time.monotonic()
     base = _cached("base", _sha256(RECIPE, SUITE, (HERE / "base.sh").read_bytes(), SLIM_EXCLUDES, DEBIAN_SOURCES), build_base)
     deps = build_deps(base, uv)
     app = build_app(base, deps, uv)
+    layers = (base, deps, app) + ((build_extra(app, base, deps, wheels, uv),) if wheels else ())
     config = dockerfile_config()
-    layout = app.dir / "oci" / _sha256(ref, json.dumps(config, sort_keys=True))[:16]
-    with _locked(app.dir / ".layout.lock"):
-        digests = write_layout(layout, (base, deps, app), config, ref)
+    top = layers[-1]
+    layout = top.dir / "oci" / _sha256(ref, json.dumps(config, sort_keys=True))[:16]
+    with _locked(top.dir / ".layout.lock"):
+        digests = write_layout(layout, layers, config, ref)
     log(f"{ref} ready in {time.monotonic() - start:.1f} s: {layout}")
-    return Image(ref, layout, digests["manifest"], digests["config"], (base, deps, app))
+    return Image(ref, layout, digests["manifest"], digests["config"], layers)
 
 
 def write_archive(layout: Path, path: Path) -> None:
@@ -674,6 +716,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tag", help="image reference (default: ghcr.io/trainflow/trainflow:<version>)")
     parser.add_argument("--oci-archive", type=Path, help="also write the image as an OCI archive (tar) here")
+    parser.add_argument("--add-wheel", type=Path, action="append", default=[], metavar="WHEEL",
+                        help="install this wheel in one more layer (your image; repeatable; needs --tag)")
     args = parser.parse_args(argv)
 
     def stop(signum: int, frame: object) -> None:
@@ -681,7 +725,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     try:
-        image = build(args.tag)
+        image = build(args.tag, args.add_wheel)
         if args.oci_archive:
             write_archive(image.layout, args.oci_archive)
             log(f"wrote {args.oci_archive}")

@@ -139,6 +139,8 @@ class JobWatch(BackgroundPoll):
         self.pod_restarts: dict[str, int] = {}
         #: ``PET_RDZV_ENDPOINT`` of every worker pod seen (the operator's env).
         self.rdzv_endpoints: set[str] = set()
+        #: The ``pytorch`` container's image of every worker pod seen.
+        self.images: set[str] = set()
 
     def poll(self) -> None:
         from lightkube.resources.core_v1 import Pod
@@ -156,6 +158,7 @@ class JobWatch(BackgroundPoll):
             name = pod.metadata.name
             self.pod_uids.setdefault(name, set()).add(pod.metadata.uid)
             env = {e.name: e.value for e in (pod.spec.containers[0].env or [])}
+            self.images.update(c.image for c in pod.spec.containers if c.name == "pytorch")
             if env.get("PET_RDZV_ENDPOINT"):
                 self.rdzv_endpoints.add(env["PET_RDZV_ENDPOINT"])
             for status in (pod.status.containerStatuses if pod.status else None) or []:

@@ -91,3 +91,36 @@ def test_a_killed_builds_folder_is_unmounted_before_it_is_removed(tmp_path: Path
         assert (cache / "wheels" / "torch.whl").read_bytes() == b"x" * 10
     finally:
         subprocess.run(["umount", "--lazy", str(stale / "build" / "cache")], capture_output=True, check=False)
+
+
+# ------------------------------------------------------------------------- your image (--add-wheel)
+
+TASK_DOCKERFILE = REPO / "examples" / "task-image" / "Dockerfile"
+
+
+def _dockerfile_args(path: Path) -> dict[str, str]:
+    return dict(re.findall(r"^ARG (\w+)=(\S+)$", path.read_text(), flags=re.M))
+
+
+def test_the_task_image_dockerfile_starts_from_this_versions_image_with_the_same_uv() -> None:
+    args = _dockerfile_args(TASK_DOCKERFILE)
+    assert args["TRAINFLOW_IMAGE"] == build.default_ref()
+    assert args["UV_IMAGE"] == _dockerfile_args(build.DOCKERFILE)["UV_IMAGE"]
+
+
+def test_the_task_image_dockerfile_runs_the_uv_command_of_add_wheels_sh() -> None:
+    """``build.py --add-wheel`` runs add-wheels.sh; a Docker build runs the Dockerfile's RUN: the
+    environment and the install command are the same (the wheels' paths aside)."""
+    script = (REPO / "scripts" / "image" / "add-wheels.sh").read_text()
+    script_env = re.search(r"^export (.+)$", script, flags=re.M).group(1)  # type: ignore[union-attr]
+    script_cmd = re.search(r"^(uv pip install .+) \"\$@\"$", script, flags=re.M).group(1)  # type: ignore[union-attr]
+    run = TASK_DOCKERFILE.read_text().split("\nRUN ", 1)[1].replace("\\\n", " ")
+    assert f"export {script_env} &&" in " ".join(run.split())
+    assert f"{script_cmd} /tmp/dist/*.whl" in " ".join(run.split())
+
+
+def test_add_wheel_without_a_tag_or_with_a_missing_wheel_is_one_sentence(tmp_path: Path) -> None:
+    with pytest.raises(build.BuildError, match="name it with --tag"):
+        build.build(None, [tmp_path / "x.whl"])
+    with pytest.raises(build.BuildError, match="not a wheel file"):
+        build.build("localhost/my-task:1", [tmp_path / "missing.whl"])

@@ -524,7 +524,7 @@ def normalize_image_ref(ref: str) -> str:
     return f"{domain}/{path}{at}{digest}"
 
 
-def import_oci_image(source: Path, socket: Path, ref: str | None = None) -> str:
+def import_oci_image(source: Path, socket: Path, ref: str | None = None, *, skip_blobs: Sequence[str] = ()) -> str:
     """Import an OCI image into the containerd at ``socket`` (namespace ``k8s.io``, the CRI's),
     unpacked for the overlayfs snapshotter, so that pods run it with ``imagePullPolicy:
     IfNotPresent`` or ``Never``.
@@ -538,6 +538,8 @@ def import_oci_image(source: Path, socket: Path, ref: str | None = None) -> str:
         ref: the name to store it under (normalized as the CRI does: ``kfp-driver:x`` ->
             ``docker.io/library/kfp-driver:x``); default: the name in the index's
             ``io.containerd.image.name`` annotation.
+        skip_blobs: digests of layer blobs not to stream, whose snapshots containerd already has
+            (a layout folder only).
 
     Returns:
         The normalized name the image is stored under (what a pod's ``image`` resolves to).
@@ -570,7 +572,7 @@ def import_oci_image(source: Path, socket: Path, ref: str | None = None) -> str:
             names = [m.get("annotations", {}).get(CONTAINERD_IMAGE_NAME) for m in manifests]
             if not manifests or not all(names):
                 raise RealNodeError(f"{source}: its index names no image ({CONTAINERD_IMAGE_NAME}); pass ref=")
-            _stream_layout(layout, socket, what=str(source))
+            _stream_layout(layout, socket, what=str(source), skip_blobs=skip_blobs)
             return normalize_image_ref(str(names[0]))
         full = normalize_image_ref(ref)
         if len(manifests) != 1:
@@ -582,7 +584,7 @@ def import_oci_image(source: Path, socket: Path, ref: str | None = None) -> str:
         renamed = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="import-index-", dir=RUN_DIR)))
         (renamed / "oci-layout").write_text((layout / "oci-layout").read_text())
         (renamed / "index.json").write_text(json.dumps({**index, "manifests": [entry]}))
-        _stream_layout(layout, socket, what=str(source), index_dir=renamed)
+        _stream_layout(layout, socket, what=str(source), index_dir=renamed, skip_blobs=skip_blobs)
         return full
 
 
@@ -843,16 +845,20 @@ class RealNode:
         return subprocess.run(["nsenter", f"--net={self.slot.netns_path}", *argv], capture_output=True,
                               timeout=timeout_s, check=False)  # fmt: skip
 
-    def import_image(self, source: Path, ref: str | None = None) -> str:
+    def import_image(self, source: Path, ref: str | None = None, *, skip_blobs: Sequence[str] = ()) -> str:
         """Import an OCI image layout or archive into the node's containerd under ``ref``; return
         the normalized name pods resolve it to (see :func:`import_oci_image`). Pods then use
         ``image: ref`` with ``imagePullPolicy: IfNotPresent``. The image goes with the node.
+
+        ``skip_blobs``: layer digests of a layout that the node already has unpacked and need not
+        be streamed — an image built on the trainflow image (``build.py --add-wheel``) passes
+        ``images.layer_digests[:2]``, the template's base and deps snapshots (gigabytes).
 
         Raises:
             RealNodeError: see :func:`import_oci_image`.
         """
         RUN_DIR.mkdir(parents=True, exist_ok=True)
-        return import_oci_image(source, self.slot.containerd_socket, ref)
+        return import_oci_image(source, self.slot.containerd_socket, ref, skip_blobs=skip_blobs)
 
     def ctr(self, *argv: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[bytes]:
         """``ctr`` against the node's containerd, namespace ``k8s.io`` (the CRI's)."""
