@@ -11,7 +11,8 @@ Output folder (default ``./runs/<YYYYmmdd-HHMMSS>``; ``./runs/latest`` points at
     pipeline.log      everything the pipeline and its components printed
     logs/             train-metrics.jsonl, torchrun.log, train-config.json, train-summary.json, eval.json
     checkpoints/      <job key>/step-*/ (the checkpoint store) and models/ (the model registry)
-    kfp/              kfp.local's pipeline root (artifacts of every task)
+    kfp/              kfp.local's pipeline root (artifacts of every task), the steps' temporary
+                      files (tmp/) and kfp.local's workspace (workspace/)
 """
 
 from __future__ import annotations
@@ -305,6 +306,13 @@ def run(opts: RunOptions, *, console: Console | None = None) -> RunReport:
     from pipelines.training import training_pipeline
 
     os.environ["TRAINFLOW_LOG_DIR"] = str(logs)
+    # The steps' temporary files (KFP's `mktemp -d` per component, torchelastic's log folders) go
+    # with the run, not into /tmp, where nothing would remove them; kfp.local's workspace (for
+    # dsl.PipelineConfig workspaces, unused here; kfp.local removes it after the pipeline, unless the
+    # run is killed) too.
+    saved_tmpdir = os.environ.get("TMPDIR")
+    (out / "kfp" / "tmp").mkdir(parents=True, exist_ok=True)
+    os.environ["TMPDIR"] = str(out / "kfp" / "tmp")
     display = _Display(console, logs / "train-metrics.jsonl")
     # kfp.local warns that display names, resources and the custom base image mean nothing locally.
     warnings.filterwarnings("ignore", module=r"kfp\.local.*")
@@ -312,9 +320,11 @@ def run(opts: RunOptions, *, console: Console | None = None) -> RunReport:
     t0 = time.monotonic()
     outputs: dict[str, Any] = {}
     try:
+        workspace = out / "kfp" / "workspace"
+        workspace.mkdir(parents=True, exist_ok=True)
         with display, contextlib.redirect_stdout(pipeline_log):
             local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(out / "kfp"),
-                       raise_on_error=True)
+                       workspace_root=str(workspace), raise_on_error=True)
             outputs = dict(training_pipeline(**args).outputs)
         report.status = "succeeded"
     except Exception as e:  # a failed task: kfp.local raises RuntimeError; the cause is in the log
@@ -324,6 +334,10 @@ def run(opts: RunOptions, *, console: Console | None = None) -> RunReport:
     finally:
         pipeline_log.close()
         os.environ.pop("TRAINFLOW_LOG_DIR", None)
+        if saved_tmpdir is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_tmpdir
     report.pipeline_seconds = round(time.monotonic() - t0, 3)
     _fill_report(report, outputs, logs)
     (out / "run-report.json").write_text(json.dumps(asdict(report), indent=1))

@@ -84,7 +84,6 @@ def train(
     Outputs the final model, scalar metrics, the job key, a JSON training summary (resumes, lost
     steps, restart seconds) and the PyTorchJob it ran (cluster backend)."""
     import json
-    import tempfile
     from collections import namedtuple
     from pathlib import Path
 
@@ -105,7 +104,7 @@ def train(
     spec = TrainJobSpec.from_kwargs(rows, dataset_path=dataset.path, dataset_uri=dataset.uri or "",
                                     kfp_run_id=kfp_run_id, kfp_task_name=kfp_task_name,
                                     pipeline_root=pipeline_root_of(pipeline_root, model.uri or "", kfp_run_id))
-    work_dir = env_work_dir(Path(tempfile.mkdtemp(prefix="trainflow-train-")))
+    work_dir = env_work_dir()
     result = run_train_step(spec, model_dir=Path(model.path), work_dir=work_dir)
     model.framework = "pytorch"
     model.metadata.update({"job_key": result.job_key, "checkpoint_uri": result.checkpoint_uri,

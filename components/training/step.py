@@ -33,6 +33,7 @@ import os
 import re
 import secrets
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -492,10 +493,12 @@ def use_s3_endpoint(url: str) -> None:
         os.environ[S3_ENDPOINT_ENV] = url
 
 
-def env_work_dir(default: Path) -> Path:
-    """``TRAINFLOW_LOG_DIR`` (set by ``trainflow run`` to follow progress) or ``default``."""
+def env_work_dir() -> Path:
+    """The train step's working folder: ``TRAINFLOW_LOG_DIR`` (set by ``trainflow run`` to follow
+    progress), else a new temporary folder (in a task pod; created only then, so runs on one machine
+    leave no empty folder in ``/tmp``)."""
     value = os.environ.get("TRAINFLOW_LOG_DIR")
-    return Path(value) if value else default
+    return Path(value) if value else Path(tempfile.mkdtemp(prefix="trainflow-train-"))
 
 
 def as_metrics(result: TrainStepResult) -> dict[str, Any]:

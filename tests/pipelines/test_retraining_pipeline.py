@@ -52,7 +52,9 @@ def test_retraining_pipeline_decides_trains_and_registers(tmp_path, monkeypatch)
     monkeypatch.setenv("TRAINFLOW_LOG_DIR", str(tmp_path / "logs"))
     (tmp_path / "logs").mkdir()
     warnings.filterwarnings("ignore", module=r"kfp\.local.*")
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"), raise_on_error=True)
+    (tmp_path / "workspace").mkdir()
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"),
+               workspace_root=str(tmp_path / "workspace"), raise_on_error=True)
     args = dict(dataset_source=str(data), registry_uri=registry_uri, registered_model_name="digits", image_size=28,
                 channels=1, epochs=3, global_batch_size=32, learning_rate=0.05, nproc_per_node=1,
                 checkpoint_uri=str(tmp_path / "ckpt"), checkpoint_interval_steps=0)

@@ -190,9 +190,18 @@ def main(argv: list[str] | None = None) -> int:
         try:
             from kfp import components, local
 
+            # kfp.local's default workspace is a new /tmp folder, removed after the pipeline; a run
+            # terminated by SIGKILL (its process group) left it behind: it goes with the run instead.
+            workspace = run_dir / "workspace"
+            workspace.mkdir(exist_ok=True)
+            # This process runs one run: its steps' temporary files (KFP's `mktemp -d` per
+            # component, torchelastic's) go with it too.
+            (run_dir / "tmp").mkdir(exist_ok=True)
+            os.environ["TMPDIR"] = str(run_dir / "tmp")
             local.init(
                 runner=local.SubprocessRunner(use_venv=False),
                 pipeline_root=str(run_dir / "pipeline_root"),
+                workspace_root=str(workspace),
                 raise_on_error=True,
             )
             pipeline = components.load_component_from_file(str(run_dir / "spec.yaml"))

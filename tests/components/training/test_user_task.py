@@ -234,13 +234,19 @@ def test_a_user_task_resizes_2_1_2_with_every_sample_once(user_pkg, tmp_path) ->
 
 def test_trainflow_run_trains_a_user_task_through_the_pipeline(user_pkg, tmp_path) -> None:
     out = tmp_path / "run"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     proc = subprocess.run(
         [sys.executable, "-m", "trainflow.cli", "run", "--output-dir", str(out), "--dataset-source", "digits",
          "--task", TASK, "--task-args", task_args(), "--epochs", "4", "--global-batch-size", "16",
          "--learning-rate", "0.02", "--checkpoint-interval-steps", "10", "--fault-at-step", "25"],
-        capture_output=True, text=True, timeout=1200, cwd=tmp_path,
+        capture_output=True, text=True, timeout=1200, cwd=tmp_path, env={**os.environ, "TMPDIR": str(tmp)},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # The steps' temporary folders (KFP's mktemp per component, torchelastic's) went with the run,
+    # not into TMPDIR, where nothing removes them; the train step made none (TRAINFLOW_LOG_DIR).
+    assert sorted(p.name for p in tmp.iterdir()) == [], sorted(p.name for p in tmp.iterdir())
+    assert any((out / "kfp" / "tmp").iterdir())
     report = json.loads((out / "run-report.json").read_text())
     assert report["status"] == "succeeded" and report["steps"] == 60
     (resume,) = report["resumes"]
