@@ -107,7 +107,7 @@ class _Timer:
 def measure(args: argparse.Namespace, model: str, amp: str, data_dir: Path, tmp: Path) -> dict:
     import torch
 
-    from components.training.data import epoch_permutation, global_batch
+    from components.training.data import epoch_permutation, global_batch, read_samples
     from components.training.distributed import DistEnv
     from components.training.trainer import Trainer
     from trainflow.common.training_spec import (
@@ -117,6 +117,7 @@ def measure(args: argparse.Namespace, model: str, amp: str, data_dir: Path, tmp:
         OptimConfig,
         TrainConfig,
     )
+    from trainflow.task import move_to_device
 
     cfg = TrainConfig(
         data=DataConfig(path=str(data_dir), global_batch_size=args.batch_size),
@@ -132,14 +133,14 @@ def measure(args: argparse.Namespace, model: str, amp: str, data_dir: Path, tmp:
     batches = []  # staged on the device once: the timings hold no host input path
     for i in range(args.staged_batches):
         ids = global_batch(perm, (i * args.batch_size) % max(1, trainer.num_samples - args.batch_size), args.batch_size)
-        x, y = trainer.train_split.fetch(ids)
-        batches.append((x.to(device), y.to(device), len(ids)))
+        batch = trainer.task.collate(read_samples(trainer.train_data, ids.tolist()))  # as the trainer reads it
+        batches.append((move_to_device(batch, device), len(ids)))
     cycle = itertools.cycle(batches)
 
     def steps(n: int) -> None:
         for _ in range(n):
-            x, y, n_global = next(cycle)
-            trainer._step(x, y, n_global)
+            batch, n_global = next(cycle)
+            trainer._step(batch, n_global, n_global)  # one process: the local batch is the global one
             trainer.state.advance(n_global, trainer.num_samples)
 
     def sync() -> None:
