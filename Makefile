@@ -54,12 +54,19 @@ system-deps:
 run: venv
 	$(BIN)/trainflow run
 
+# make test runs the suite on $(TEST_WORKERS) pytest-xdist workers (TEST_WORKERS=0: in one process).
+# Each test gets an xdist group (tests/support/parallel.py): all tests of the Kubernetes test bed on
+# one worker, the Airflow cluster's on one, every other module on one; longest groups first.
+# docs/testbed.md, "Parallel runs".
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
 test: venv system-deps testbed
-	$(BIN)/python -m pytest -p no:cacheprovider --durations=15 tests
+	$(BIN)/python -m pytest -p no:cacheprovider $(XDIST) --durations=15 tests
 
 N ?= 3
 test-repeat: venv system-deps testbed
-	MARK="$(MARK)" scripts/test-repeat.sh $(N)
+	MARK="$(MARK)" scripts/test-repeat.sh $(N) $(XDIST)
 
 test-fast: venv
 	$(BIN)/python -m pytest -p no:cacheprovider -m "not (s3 or prometheus or airflow or browser or k8s or realnode or realkfp or slow)" tests

@@ -8,6 +8,7 @@ import os
 import pytest
 
 pytest_plugins = [
+    "tests.support.parallel",  # first: tests.support.k8s imports it
     "tests.support.s3",
     "tests.support.training",
     "tests.support.kfp_server",

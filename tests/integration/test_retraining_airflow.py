@@ -12,7 +12,8 @@ evaluate, register-if-better). One test, in order:
    accuracy, the dataset's listing fingerprint), read through Airflow's REST API; the Assets view
    lists both assets (the dataset consumed by the DAG, the model produced by its task), and
    Chromium screenshots of the Assets view and of the model asset's page are kept in
-   ``build/test-artifacts/airflow-ui/assets/``;
+   ``build/test-artifacts/airflow-assets/`` (not under ``airflow-ui/``, which the README test empties,
+   maybe while this one runs on another xdist worker);
 3. re-uploading the same bytes: no asset event, no DAG run;
 4. drift, through ``trainflow drift`` against the registry the DAG wrote to (a DAG run per case
    would cost a training run each): a fresh sample of the same digits says ``no-drift``, the same
@@ -201,7 +202,7 @@ def test_dataset_changes_drive_retraining_with_asset_events(retraining, s3_serve
     assert current.lineage["metrics"]["test_accuracy"] == pytest.approx(outputs["test_accuracy"])
     assert current.lineage["dataset"]["listing_fingerprint"] == change["listing_fingerprint"]
 
-    shots = artifacts_dir("airflow-ui/assets")
+    shots = artifacts_dir("airflow-assets")
     chromium.get(f"{cluster.url}/assets")
     WebDriverWait(chromium, 120, poll_frequency=1).until(
         lambda d: d.find_elements(By.PARTIAL_LINK_TEXT, f"trainflow-model-{MODEL}"))

@@ -67,6 +67,7 @@ import pytest
 import yaml
 
 from tests.support.lifetime import die_with_parent
+from tests.support.parallel import summary_lines
 from tests.support.processes import ManagedProcess, free_port
 from tests.support.realnode import RealNode, SlotLease, cleanup_slot
 from tests.support.testbed_build import build_parts
@@ -1209,13 +1210,9 @@ def _http_ok(url: str, *, verify: bool = True) -> bool:
 # --------------------------------------------------------------------------------------- fixtures
 
 
-_SUMMARY: list[str] = []
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Report the test bed's start-up time at the end of the run (it is measured, not asserted)."""
-    for line in _SUMMARY:
-        terminalreporter.write_line(line)
+#: The test bed's start-up time, reported at the end of the run (measured, not asserted); under
+#: xdist the worker that started the bed hands the lines to the controller (tests/support/parallel.py).
+_SUMMARY = summary_lines()
 
 
 #: Marker of the tests that need the real node (``real_node`` fixture).

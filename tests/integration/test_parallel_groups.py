@@ -1,0 +1,88 @@
+"""make test's xdist groups (tests/support/parallel.py) hold: the users of a shared fixture run on
+one worker, every module's tests on one worker, an ``xdist_group`` mark is honoured, and without
+``-n`` nothing is reordered. A small project in a temp folder, run by pytest in a subprocess."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+CONFTEST = '''
+import json, os
+import pytest
+
+pytest_plugins = ["tests.support.parallel"]
+
+@pytest.fixture(scope="session")
+def airflow_cluster():  # the name of a fixture whose users share one worker
+    return "cluster"
+
+@pytest.fixture(autouse=True)
+def _record(request):
+    yield
+    with open(os.environ["RECORD"], "a") as fh:
+        fh.write(json.dumps([request.node.nodeid, os.environ.get("PYTEST_XDIST_WORKER", "main")]) + "\\n")
+'''
+
+MODULE = '''
+import time
+import pytest
+
+@pytest.mark.parametrize("i", range(4))
+def test_plain(i):
+    time.sleep(0.05)
+
+@pytest.mark.parametrize("i", range(2))
+def test_cluster(airflow_cluster, i):
+    time.sleep(0.05)
+
+@pytest.mark.xdist_group("marked")
+def test_marked():
+    pass
+'''
+
+
+def _run(tmp_path: Path, *args: str) -> list[tuple[str, str]]:
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    (project / "conftest.py").write_text(CONFTEST)
+    for name in ("test_a.py", "test_b.py", "test_c.py"):
+        (project / name).write_text(MODULE)
+    record = tmp_path / f"record-{len(list(tmp_path.glob('record-*')))}.jsonl"
+    env = {**os.environ, "RECORD": str(record), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+                          cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [tuple(json.loads(line)) for line in record.read_text().splitlines()]
+
+
+def test_groups_stay_on_one_worker_under_xdist(tmp_path: Path) -> None:
+    ran = _run(tmp_path, "-n", "2", "--dist", "loadgroup")
+    assert len(ran) == 3 * 7
+    workers = collections.defaultdict(set)
+    for nodeid, worker in ran:
+        module, name = nodeid.split("::")
+        if name.startswith("test_cluster"):
+            workers["airflow_cluster users"].add(worker)
+        elif name == "test_marked":
+            workers["xdist_group('marked')"].add(worker)
+        else:
+            workers[module].add(worker)
+    assert all(len(w) == 1 for w in workers.values()), dict(workers)
+    assert {w for ws in workers.values() for w in ws} == {"gw0", "gw1"}  # both workers got work
+
+
+def test_without_xdist_the_order_is_pytests(tmp_path: Path) -> None:
+    ran = _run(tmp_path)
+    assert [nodeid for nodeid, _ in ran][:7] == [
+        *(f"test_a.py::test_plain[{i}]" for i in range(4)),
+        *(f"test_a.py::test_cluster[{i}]" for i in range(2)),
+        "test_a.py::test_marked",
+    ]
+    assert {worker for _, worker in ran} == {"main"}
