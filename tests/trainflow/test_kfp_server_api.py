@@ -24,37 +24,12 @@ import psutil
 import pytest
 import yaml
 
-from tests.support.kfp_server import FAILURE_MESSAGE, KfpServer, start_kfp_server
+from tests.support.kfp_server import FAILURE_MESSAGE, KfpServer, assert_shape, start_kfp_server
 
 API = "/apis/v2beta1"
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELED", "SKIPPED"}
 
 pytestmark = pytest.mark.slow
-
-
-def assert_shape(obj: Any, type_name: str, path: str = "$") -> None:
-    """Every key of ``obj`` is a field of the kfp-server-api model ``type_name`` (recursively)
-    and the model can deserialize it (enums and timestamps included)."""
-    if obj is None:
-        return
-    if type_name.startswith("list["):
-        assert isinstance(obj, list), path
-        for i, item in enumerate(obj):
-            assert_shape(item, type_name[5:-1], f"{path}[{i}]")
-        return
-    if type_name.startswith("dict(") or type_name in ("object", "str", "int", "bool", "float", "datetime"):
-        return
-    model = getattr(kfp_server_api, type_name)
-    if not model.openapi_types:  # an enum
-        allowed = {v for k, v in vars(model).items() if k.isupper()}
-        assert obj in allowed, f"{path}: {obj!r} not in {type_name}"
-        return
-    assert isinstance(obj, dict), f"{path}: expected an object for {type_name}"
-    fields = {json_name: attr for attr, json_name in model.attribute_map.items()}
-    unknown = set(obj) - set(fields)
-    assert not unknown, f"{path}: fields {unknown} are not in {type_name}"
-    for key, value in obj.items():
-        assert_shape(value, model.openapi_types[fields[key]], f"{path}.{key}")
 
 
 class _Response:
