@@ -359,6 +359,9 @@ def test_errors_are_google_rpc_status_bodies(kfp_api: KfpApi) -> None:
         ("experiment_not_found", "GET", f"/experiments/{missing}", {}, 404, 5),
         ("pipeline_not_found", "GET", f"/pipelines/{missing}", {}, 404, 5),
         ("experiment_without_name", "POST", "/experiments", {"json": {"description": "no name"}}, 400, 3),
+        # the real server's JSON parser refuses fields its message lacks (protojson, DiscardUnknown: false)
+        ("experiment_unknown_field", "POST", "/experiments",
+         {"json": {"display_name": api.unique("contract-unknown"), "no_such_field": 1}}, 400, 3),
         ("runs_bad_filter", "GET", "/runs", {"params": {"filter": "not json"}}, 400, 3),
         ("runs_bad_sort", "GET", "/runs", {"params": {"sort_by": "no_such_field desc"}}, 400, 3),
     ):

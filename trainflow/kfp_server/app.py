@@ -27,6 +27,7 @@ header, same-origin and JSON bodies on mutating routes, and the bearer token whe
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -476,13 +477,25 @@ def _page(
     return {items_key: items, "total_size": total, "next_page_token": token}
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
+@functools.cache
+def _model_fields(model: str) -> frozenset[str]:
+    """The JSON field names of a ``kfp-server-api`` model (the API's generated client; kfp needs it)."""
+    import kfp_server_api
+
+    return frozenset(getattr(kfp_server_api, model).attribute_map.values())
+
+
+async def _json_body(request: Request, model: str) -> dict[str, Any]:
+    """The request's JSON object, refused (INVALID_ARGUMENT) with a field the message ``model`` lacks:
+    the real API server's JSON parser does not discard unknown fields."""
     try:
         body = await request.json()
     except ValueError as err:
         raise invalid_argument(f"the request body is not valid JSON: {err}") from err
     if not isinstance(body, dict):
         raise invalid_argument("the request body must be a JSON object")
+    if unknown := sorted(set(body) - _model_fields(model)):
+        raise invalid_argument(f"unknown field {unknown[0]!r} in the request body ({model})")
     return body
 
 
@@ -566,7 +579,7 @@ def create_app(
     # -- experiments -----------------------------------------------------------------------
     @app.post(f"{API}/experiments")
     async def create_experiment(request: Request) -> dict[str, Any]:
-        return server.create_experiment(await _json_body(request))
+        return server.create_experiment(await _json_body(request, "V2beta1Experiment"))
 
     @app.get(f"{API}/experiments")
     def list_experiments(
@@ -651,7 +664,7 @@ def create_app(
 
     @app.post(f"{API}/pipelines")
     async def create_pipeline(request: Request) -> dict[str, Any]:
-        body = await _json_body(request)
+        body = await _json_body(request, "V2beta1Pipeline")
         name = body.get("name") or body.get("display_name") or ""
         return server.create_pipeline(
             name=name,
@@ -698,7 +711,7 @@ def create_app(
 
     @app.post(f"{API}/pipelines/{{pipeline_id}}/versions")
     async def create_pipeline_version(pipeline_id: str, request: Request) -> dict[str, Any]:
-        body = await _json_body(request)
+        body = await _json_body(request, "V2beta1PipelineVersion")
         if not body.get("pipeline_spec"):
             raise invalid_argument(
                 "this local server cannot fetch package_url; send pipeline_spec or use upload_version"
@@ -741,7 +754,7 @@ def create_app(
     # -- runs ------------------------------------------------------------------------------
     @app.post(f"{API}/runs")
     async def create_run(request: Request) -> dict[str, Any]:
-        return server.create_run(await _json_body(request))
+        return server.create_run(await _json_body(request, "V2beta1Run"))
 
     @app.get(f"{API}/runs")
     def list_runs(
@@ -799,7 +812,7 @@ def create_app(
     # -- recurring runs --------------------------------------------------------------------
     @app.post(f"{API}/recurringruns")
     async def create_recurring_run(request: Request) -> dict[str, Any]:
-        return server.create_recurring_run(await _json_body(request))
+        return server.create_recurring_run(await _json_body(request, "V2beta1RecurringRun"))
 
     @app.get(f"{API}/recurringruns")
     def list_recurring_runs(
