@@ -389,3 +389,37 @@ def test_runs_beyond_the_limit_wait_in_pending(tmp_path: Path, compiled_pipeline
             assert wait_state(http, first, TERMINAL, timeout_s=30)["state"] == "CANCELED"
     finally:
         server.process.stop()
+
+
+def test_a_recurring_run_keeps_max_concurrency_and_survives_a_restart(tmp_path: Path, compiled_pipelines) -> None:
+    """A periodic recurring run (every second) of a 300 s pipeline with ``max_concurrency`` 1 has
+    exactly one run active: the other firing times are skipped, not queued. After a restart the
+    recurring run is still there, DISABLED as it was left (its active run was stopped with the server)."""
+    server = start_kfp_server(tmp_path, name="kfp-recurring")
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            body = {
+                "display_name": "every second", "max_concurrency": "1", "mode": "ENABLE",
+                "trigger": {"periodic_schedule": {"interval_second": "1"}},
+                "pipeline_spec": spec_of(compiled_pipelines["slow"]), "runtime_config": {"parameters": {"seconds": 300}},
+            }
+            job = http.post(f"{API}/recurringruns", json=body).raise_for_status().json()
+            assert_shape(job, "V2beta1RecurringRun")
+            assert (job["max_concurrency"], job["trigger"]["periodic_schedule"]["interval_second"]) == ("1", "1")
+            time.sleep(6)
+            runs = http.get(f"{API}/runs", params={"experiment_id": job["experiment_id"]}).json()["runs"]
+            assert len(runs) == 1 and runs[0]["recurring_run_id"] == job["recurring_run_id"], runs
+            assert runs[0]["display_name"].startswith("every second-")
+            http.post(f"{API}/recurringruns/{job['recurring_run_id']}:disable").raise_for_status()
+    finally:
+        server.process.stop()
+    server = start_kfp_server(tmp_path, name="kfp-recurring")
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            again = http.get(f"{API}/recurringruns/{job['recurring_run_id']}").raise_for_status().json()
+            assert again["status"] == "DISABLED" and again["display_name"] == "every second"
+            assert http.get(f"{API}/runs/{runs[0]['run_id']}").json()["state"] == "CANCELED"  # stopped with the server
+            http.delete(f"{API}/recurringruns/{job['recurring_run_id']}").raise_for_status()
+            assert http.get(f"{API}/recurringruns/{job['recurring_run_id']}").status_code == 404
+    finally:
+        server.process.stop()
