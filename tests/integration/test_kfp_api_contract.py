@@ -323,7 +323,7 @@ def test_terminate_stops_a_running_run(kfp_api: KfpApi) -> None:
     )
     api.wait_run(run.run_id, {"RUNNING"} | TERMINAL)
     # the step itself should be running, not just the run (on the real backend: its pod started)
-    deadline = time.monotonic() + min(RUN_TIMEOUT_S[api.name], 240)
+    deadline = time.monotonic() + min(RUN_TIMEOUT_S[api.name], 150)
     while True:
         current = api.call("GET", f"/runs/{run.run_id}").json()
         tasks = {t.get("display_name"): t.get("state") for t in current.get("run_details", {}).get("task_details", [])}
