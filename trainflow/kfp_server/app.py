@@ -65,6 +65,9 @@ PROGRESS_PLUGIN = "trainflow"
 #: pipeline function returned); the Airflow bridge puts them on its asset events (``OUTPUTS_PLUGIN``
 #: in ``airflow_bridge.events``).
 OUTPUTS_PLUGIN = "trainflow-outputs"
+#: The two multipart routes. KFP serves them with a plain HTTP handler (``PipelineUploadServer``),
+#: whose errors are ``{"error_message", "error_details"}`` (v1beta1's ``Error``), not google.rpc.Status.
+UPLOAD_PATHS = frozenset({f"{API}/pipelines/upload", f"{API}/pipelines/upload_version"})
 MAX_UPLOAD_BYTES = 32 * 1024 * 1024  # the real upload limit ("Maximum size of 32MB")
 DEFAULT_EXPERIMENT = "Default"
 
@@ -145,8 +148,8 @@ class KfpServer:
         if self.store.find("pipelines", lambda p: p["name"] == name and p.get("namespace", "") == namespace):
             raise ApiError(
                 GrpcCode.ALREADY_EXISTS,
-                f"Failed to create a pipeline due to conflict. The name {name} is already taken in namespace "
-                f"'{namespace}'. Use upload_version to add a version.",
+                f"Failed to create a new pipeline. The name {name} already exists in namespace '{namespace}'. "
+                "Please specify a new name, or use upload_version to add a version.",
             )
         pid = new_id()
         obj = {
@@ -266,7 +269,7 @@ class KfpServer:
                 "pipeline_version_id": version_id,
             }
             run["pipeline_version_id"] = version_id
-        self.store.put("runs", run_id, run)
+        created = self.store.put("runs", run_id, run)
         self.store.update(
             "experiments",
             experiment["experiment_id"],
@@ -274,7 +277,7 @@ class KfpServer:
             label="Experiment",
         )
         self.executor.submit(run_id, spec, params)
-        return self.store.get("runs", run_id, label="Run")
+        return created  # as created (PENDING): the executor may already have moved the stored run on
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         run = self.store.get("runs", run_id, label="Run")
@@ -433,10 +436,21 @@ class KfpServer:
         if self._scheduler is not None:
             self._scheduler.join(timeout=5)
 
-    def terminate_run(self, run_id: str) -> None:
+    def terminate_run(self, run_id: str, *, strict: bool = True) -> None:
+        """Stop an active run (CANCELING, then CANCELED).
+
+        Raises:
+            ApiError: INVALID_ARGUMENT when the run is not PENDING, RUNNING or PAUSED (finished, or
+                already CANCELING) and ``strict``: KFP 2.14's ``TerminateRun`` updates only runs in
+                those states and answers "Row not found" otherwise.
+        """
         run = self.store.get("runs", run_id, label="Run")
         if run["state"] not in ACTIVE_STATES or run["state"] == "CANCELING":
-            return  # already finished or stopping: terminate is idempotent
+            if strict:
+                raise invalid_argument(
+                    f"Failed to terminate a run {run_id}: it is {run['state']}, not PENDING, RUNNING or PAUSED"
+                )
+            return
         self.store.update("runs", run_id, lambda r: set_state(r, "CANCELING"), label="Run")
         self.executor.terminate(run_id)
 
@@ -556,6 +570,9 @@ def create_app(
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, err: ApiError) -> JSONResponse:
+        if request.url.path in UPLOAD_PATHS:  # KFP's upload handler is plain HTTP, not grpc-gateway
+            return JSONResponse({"error_message": err.message, "error_details": err.message},
+                                status_code=err.http_status)
         return JSONResponse(err.body(), status_code=err.http_status)
 
     @app.middleware("http")
@@ -782,7 +799,7 @@ def create_app(
 
     @app.delete(f"{API}/runs/{{run_id}}")
     def delete_run(run_id: str) -> dict[str, Any]:
-        server.terminate_run(run_id)
+        server.terminate_run(run_id, strict=False)
         server.executor.wait(run_id, server.executor.terminate_grace_s + 5)
         server.store.delete("runs", run_id, label="Run")
         return {}
