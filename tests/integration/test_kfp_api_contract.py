@@ -41,9 +41,12 @@ TERMINAL = {"SUCCEEDED", "FAILED", "CANCELED", "SKIPPED"}
 pytestmark = pytest.mark.slow
 
 #: The marks of the ``real`` side: test_realkfp.py's gate and markers, plus ``realnode`` (runs
-#: execute on the bed's real node, so the session's bed must have one).
+#: execute on the bed's real node, so the session's bed must have one) and the xdist group of the
+#: test bed's users (``make test -n 2``, tests/support/parallel.py on main): the fixture asks for
+#: ``kfp_backend`` lazily, so the group cannot be seen from the test's fixtures.
 REAL_MARKS = [
     pytest.mark.realkfp,
+    pytest.mark.xdist_group("k8s"),
     pytest.mark.k8s,
     pytest.mark.s3,
     pytest.mark.realnode,
