@@ -14,6 +14,7 @@ pytest_plugins = [
     "tests.support.kfp_server",
     "tests.support.airflow",
     "tests.support.k8s",
+    "tests.support.kfp_backend",
     "tests.support.realnode_s3",
     "tests.support.prometheus",
     "tests.support.dcgm_exporter",

@@ -217,7 +217,8 @@ def _server_message(response: httpx.Response) -> str:
     except ValueError:
         return response.text.strip()[:MAX_SERVER_MESSAGE_CHARS]
     if isinstance(body, dict):
-        text = body.get("message") or body.get("error") or json.dumps(body)
+        # google.rpc.Status (grpc-gateway) or, from KFP's upload routes, {"error_message", "error_details"}
+        text = body.get("message") or body.get("error_message") or body.get("error") or json.dumps(body)
     else:
         text = json.dumps(body)
     return str(text).strip()[:MAX_SERVER_MESSAGE_CHARS]

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import httpx
 import tenacity
 
-from airflow_bridge.events import RunState
+from airflow_bridge.events import TERMINAL_STATES, RunState
 from airflow_bridge.exceptions import KfpApiError, KfpConfigError, KfpRunTimeoutError
 from airflow_bridge.hooks import api
 from airflow_bridge.hooks.config import (
@@ -82,6 +82,8 @@ def poll_delay_s(
 
 #: Airflow config section of the provider's own settings (``get_provider_info()["config"]``).
 CONFIG_SECTION = "kubeflow_pipelines"
+#: States in which terminating a run is already done or under way (KFP refuses to terminate them).
+TERMINATED_OR_STOPPING = frozenset({*TERMINAL_STATES, RunState.CANCELING})
 
 
 def _config_for(conn: Any, conn_id: str) -> KfpConnectionConfig:
@@ -450,8 +452,16 @@ class KfpHook(_HookBase):
         ]
 
     def terminate_run(self, run_id: str) -> None:
-        """Ask KFP to terminate the run (idempotent on a finished run)."""
-        self.call(api.terminate_run(run_id))
+        """Ask KFP to terminate the run; a run already finished or CANCELING is left as it is.
+
+        KFP answers 400 (INVALID_ARGUMENT, "Row not found") to terminating a run that is not
+        PENDING, RUNNING or PAUSED; the hook then reads the run and returns quietly if it is done.
+        """
+        try:
+            self.call(api.terminate_run(run_id))
+        except KfpApiError as err:
+            if err.status_code != 400 or self.get_run(run_id).get("state") not in TERMINATED_OR_STOPPING:
+                raise
 
     def wait_for_run(
         self,
@@ -553,7 +563,12 @@ class KfpAsyncHook(_HookBase):
         return await self.call(api.get_run(run_id))
 
     async def terminate_run(self, run_id: str) -> None:
-        await self.call(api.terminate_run(run_id))
+        """As :meth:`KfpHook.terminate_run`."""
+        try:
+            await self.call(api.terminate_run(run_id))
+        except KfpApiError as err:
+            if err.status_code != 400 or (await self.get_run(run_id)).get("state") not in TERMINATED_OR_STOPPING:
+                raise
 
     async def wait_for_run(
         self,

@@ -1,8 +1,9 @@
 """trainflow's compiled pipeline against the real KFP backend (KFP 2.14.3) on the test bed.
 
 Issue 10's tests 3a (both train-step backends), 3b (the Airflow example DAG; mark failed), 3c (the
-KFP UI in Chromium) and 3d (a recurring run). Opt-in until 3e and 3b's worker kill exist and the
-tier's cold build fits CI (docs/testbed.md): they run only with ``TRAINFLOW_REALKFP=1`` (``make
+KFP UI in Chromium) and 3d (a recurring run); 3e is tests/integration/test_kfp_api_contract.py.
+Opt-in until 3b's worker kill exists and the tier's cold build fits CI (docs/testbed.md): they run
+only with ``TRAINFLOW_REALKFP=1`` (``make
 test-realkfp``); without it they are skipped with that reason. The backend and the UI are built by
 ``tests/testbed/build.sh kfp kfp-ui`` (cold: ~35 min on 2 cores; cached under
 ``~/.cache/trainflow/``) and started by :mod:`tests.support.kfp_backend` and
@@ -21,9 +22,8 @@ from typing import Any
 import pytest
 
 from tests.support.k8s import KubeTestBed
-from tests.support.kfp_backend import KFP_NAMESPACE, KFP_VERSION, KfpBackend, kfp_binaries
+from tests.support.kfp_backend import KFP_NAMESPACE, KFP_VERSION, KfpBackend
 from tests.support.kfp_ui import KfpUi, kfp_ui_dir
-from tests.support.s3 import S3Server
 
 pytestmark = [
     pytest.mark.realkfp,
@@ -36,38 +36,6 @@ pytestmark = [
 ]
 
 _SUMMARY: list[str] = []
-
-
-@pytest.fixture(scope="module")
-def kfp_backend(
-    k8s_testbed: KubeTestBed, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[KfpBackend]:
-    """KFP 2.14.3's backend on the shared test bed, started once for this module.
-
-    When the bed has a real node (the session has a ``realnode`` test), runs execute there and the
-    backend gets a MinIO of its own on the node's host address (pods reach it as minio-service).
-    """
-    from tests.support.s3 import minio_binary
-
-    root = tmp_path_factory.mktemp("kfp")
-    node = k8s_testbed.node
-    own_s3 = None
-    if node is not None:
-        own_s3 = S3Server(
-            binary=minio_binary(), data_dir=root / "minio" / "data", log_dir=root, host=node.host_ip
-        )
-        own_s3.start()
-    backend = KfpBackend(
-        root=root, bed=k8s_testbed, s3=own_s3 or s3_server, binaries=kfp_binaries(), node=node
-    )
-    try:
-        backend.start()
-        print(f"KFP backend started in {backend.startup_s:.1f} s {backend.startup_steps_s}")
-        yield backend
-    finally:
-        backend.stop()
-        if own_s3 is not None:
-            own_s3.stop()
 
 
 @pytest.fixture(scope="module")

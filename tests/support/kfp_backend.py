@@ -1,5 +1,9 @@
 """The real Kubeflow Pipelines backend (KFP 2.14.3) on the Kubernetes test bed, for tests.
 
+A pytest plugin (tests/conftest.py) with one fixture, ``kfp_backend`` (module scope): the backend
+started on the session's test bed, used by tests/integration/test_realkfp.py and the "real" side
+of tests/integration/test_kfp_api_contract.py.
+
 What runs, all as processes of the test, bound to 127.0.0.1 (or to ``pod_host``, the address pods
 reach, for the two servers pods call), each stopped by PID:
 
@@ -35,12 +39,13 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import pytest
 
 from tests.support.lifetime import die_with_parent
 from tests.support.processes import ManagedProcess, free_port, port_open
@@ -700,3 +705,35 @@ class KfpBackend:
                 return False
 
         _wait(healthy, proc, timeout_s=self.ready_timeout_s, what="Argo's workflow-controller /healthz")
+
+
+@pytest.fixture(scope="module")
+def kfp_backend(
+    k8s_testbed: KubeTestBed, s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KfpBackend]:
+    """KFP 2.14.3's backend on the shared test bed, started once for each module that uses it.
+
+    When the bed has a real node (the session has a ``realnode`` test), runs execute there and the
+    backend gets a MinIO of its own on the node's host address (pods reach it as minio-service).
+    """
+    from tests.support.s3 import S3Server, minio_binary
+
+    root = tmp_path_factory.mktemp("kfp")
+    node = k8s_testbed.node
+    own_s3 = None
+    if node is not None:
+        own_s3 = S3Server(
+            binary=minio_binary(), data_dir=root / "minio" / "data", log_dir=root, host=node.host_ip
+        )
+        own_s3.start()
+    backend = KfpBackend(
+        root=root, bed=k8s_testbed, s3=own_s3 or s3_server, binaries=kfp_binaries(), node=node
+    )
+    try:
+        backend.start()
+        print(f"KFP backend started in {backend.startup_s:.1f} s {backend.startup_steps_s}")
+        yield backend
+    finally:
+        backend.stop()
+        if own_s3 is not None:
+            own_s3.stop()

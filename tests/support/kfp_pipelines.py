@@ -158,3 +158,37 @@ def define_pipelines() -> dict:
         "platform": platform,
         "training_pipeline": training_pipeline,
     }
+
+
+def define_contract_pipelines(image: str) -> dict:
+    """The API-contract tests' pipelines (tests/integration/test_kfp_api_contract.py), one step each
+    so that a run is quick on the real KFP backend too (a driver and a launcher pod per step there).
+
+    ``image`` is the step's container image: on the real backend one the node already holds (the
+    trainflow image, whose venv has kfp, hence ``install_kfp_package=False``); the local server
+    runs the step with its own interpreter and ignores it.
+    """
+    from kfp import dsl
+
+    @dsl.component(base_image=image, install_kfp_package=False)
+    def add(a: int, b: int) -> int:
+        print(f"adding {a} + {b}")
+        return a + b
+
+    @dsl.pipeline(name="contract-add")
+    def contract_add(a: int = 1, b: int = 2) -> int:
+        return add(a=a, b=b).output
+
+    @dsl.component(base_image=image, install_kfp_package=False)
+    def sleep_for(seconds: float) -> str:
+        import time
+
+        print("sleeping", flush=True)
+        time.sleep(seconds)
+        return "slept"
+
+    @dsl.pipeline(name="contract-sleep")
+    def contract_sleep(seconds: float = 600.0) -> str:
+        return sleep_for(seconds=seconds).output
+
+    return {"add": contract_add, "sleep": contract_sleep}

@@ -24,13 +24,14 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.kfp_pipelines import FAILURE_MESSAGE, define_pipelines
 from tests.support.processes import ManagedProcess, free_port, http_ok
 
-__all__ = ["FAILURE_MESSAGE", "KfpServer", "compile_pipelines", "start_kfp_server"]
+__all__ = ["FAILURE_MESSAGE", "KfpServer", "assert_shape", "compile_pipelines", "start_kfp_server"]
 
 
 def compile_pipelines(out_dir: Path) -> dict[str, Path]:
@@ -44,6 +45,33 @@ def compile_pipelines(out_dir: Path) -> dict[str, Path]:
         compiler.Compiler().compile(func, str(path))
         paths[name] = path
     return paths
+
+
+def assert_shape(obj: Any, type_name: str, path: str = "$") -> None:
+    """Every key of ``obj`` is a field of the kfp-server-api model ``type_name`` (recursively)
+    and the model can deserialize it (enums and timestamps included)."""
+    import kfp_server_api
+
+    if obj is None:
+        return
+    if type_name.startswith("list["):
+        assert isinstance(obj, list), path
+        for i, item in enumerate(obj):
+            assert_shape(item, type_name[5:-1], f"{path}[{i}]")
+        return
+    if type_name.startswith("dict(") or type_name in ("object", "str", "int", "bool", "float", "datetime"):
+        return
+    model = getattr(kfp_server_api, type_name)
+    if not model.openapi_types:  # an enum
+        allowed = {v for k, v in vars(model).items() if k.isupper()}
+        assert obj in allowed, f"{path}: {obj!r} not in {type_name}"
+        return
+    assert isinstance(obj, dict), f"{path}: expected an object for {type_name}"
+    fields = {json_name: attr for attr, json_name in model.attribute_map.items()}
+    unknown = set(obj) - set(fields)
+    assert not unknown, f"{path}: fields {unknown} are not in {type_name}"
+    for key, value in obj.items():
+        assert_shape(value, model.openapi_types[fields[key]], f"{path}.{key}")
 
 
 @dataclass

@@ -24,37 +24,12 @@ import psutil
 import pytest
 import yaml
 
-from tests.support.kfp_server import FAILURE_MESSAGE, KfpServer, start_kfp_server
+from tests.support.kfp_server import FAILURE_MESSAGE, KfpServer, assert_shape, start_kfp_server
 
 API = "/apis/v2beta1"
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELED", "SKIPPED"}
 
 pytestmark = pytest.mark.slow
-
-
-def assert_shape(obj: Any, type_name: str, path: str = "$") -> None:
-    """Every key of ``obj`` is a field of the kfp-server-api model ``type_name`` (recursively)
-    and the model can deserialize it (enums and timestamps included)."""
-    if obj is None:
-        return
-    if type_name.startswith("list["):
-        assert isinstance(obj, list), path
-        for i, item in enumerate(obj):
-            assert_shape(item, type_name[5:-1], f"{path}[{i}]")
-        return
-    if type_name.startswith("dict(") or type_name in ("object", "str", "int", "bool", "float", "datetime"):
-        return
-    model = getattr(kfp_server_api, type_name)
-    if not model.openapi_types:  # an enum
-        allowed = {v for k, v in vars(model).items() if k.isupper()}
-        assert obj in allowed, f"{path}: {obj!r} not in {type_name}"
-        return
-    assert isinstance(obj, dict), f"{path}: expected an object for {type_name}"
-    fields = {json_name: attr for attr, json_name in model.attribute_map.items()}
-    unknown = set(obj) - set(fields)
-    assert not unknown, f"{path}: fields {unknown} are not in {type_name}"
-    for key, value in obj.items():
-        assert_shape(value, model.openapi_types[fields[key]], f"{path}.{key}")
 
 
 class _Response:
@@ -175,8 +150,9 @@ def test_terminate_stops_every_process_of_the_run(http: httpx.Client, compiled_p
     assert [h["state"] for h in run["state_history"]][-2:] == ["CANCELING", "CANCELED"]
     assert not _alive_in_group(pgid), "processes of the run survived terminate"
     assert not _alive(sleeper_pid)
-    # terminate is idempotent on a finished run
-    assert http.post(f"{API}/runs/{run_id}:terminate").status_code == 200
+    # a finished run cannot be terminated: INVALID_ARGUMENT, as KFP 2.14 answers ("Row not found")
+    again = http.post(f"{API}/runs/{run_id}:terminate")
+    assert again.status_code == 400 and again.json()["code"] == 3, again.text
 
 
 def _alive(pid: int) -> bool:
@@ -242,8 +218,9 @@ def test_upload_pipeline_and_version_then_run_by_reference(
         files={"uploadfile": ("tiny.yaml", compiled_pipelines["tiny"].read_bytes())},
     )
     assert response.status_code == 409
-    assert_shape({k: v for k, v in response.json().items() if k != "error"}, "GoogleRpcStatus")
-    assert response.json()["code"] == 6
+    # KFP's upload routes answer errors as v1beta1's Error, not google.rpc.Status
+    assert set(response.json()) == {"error_message", "error_details"}
+    assert "tiny-uploaded already exists" in response.json()["error_message"]
 
 
 def test_multi_document_platform_yaml_runs(http: httpx.Client, compiled_pipelines) -> None:
@@ -412,5 +389,39 @@ def test_runs_beyond_the_limit_wait_in_pending(tmp_path: Path, compiled_pipeline
             assert wait_state(http, second, TERMINAL, timeout_s=30)["state"] == "CANCELED"
             http.post(f"{API}/runs/{first}:terminate")
             assert wait_state(http, first, TERMINAL, timeout_s=30)["state"] == "CANCELED"
+    finally:
+        server.process.stop()
+
+
+def test_a_recurring_run_keeps_max_concurrency_and_survives_a_restart(tmp_path: Path, compiled_pipelines) -> None:
+    """A periodic recurring run (every second) of a 300 s pipeline with ``max_concurrency`` 1 has
+    exactly one run active: the other firing times are skipped, not queued. After a restart the
+    recurring run is still there, DISABLED as it was left (its active run was stopped with the server)."""
+    server = start_kfp_server(tmp_path, name="kfp-recurring")
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            body = {
+                "display_name": "every second", "max_concurrency": "1", "mode": "ENABLE",
+                "trigger": {"periodic_schedule": {"interval_second": "1"}},
+                "pipeline_spec": spec_of(compiled_pipelines["slow"]), "runtime_config": {"parameters": {"seconds": 300}},
+            }
+            job = http.post(f"{API}/recurringruns", json=body).raise_for_status().json()
+            assert_shape(job, "V2beta1RecurringRun")
+            assert (job["max_concurrency"], job["trigger"]["periodic_schedule"]["interval_second"]) == ("1", "1")
+            time.sleep(6)
+            runs = http.get(f"{API}/runs", params={"experiment_id": job["experiment_id"]}).json()["runs"]
+            assert len(runs) == 1 and runs[0]["recurring_run_id"] == job["recurring_run_id"], runs
+            assert runs[0]["display_name"].startswith("every second-")
+            http.post(f"{API}/recurringruns/{job['recurring_run_id']}:disable").raise_for_status()
+    finally:
+        server.process.stop()
+    server = start_kfp_server(tmp_path, name="kfp-recurring")
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            again = http.get(f"{API}/recurringruns/{job['recurring_run_id']}").raise_for_status().json()
+            assert again["status"] == "DISABLED" and again["display_name"] == "every second"
+            assert http.get(f"{API}/runs/{runs[0]['run_id']}").json()["state"] == "CANCELED"  # stopped with the server
+            http.delete(f"{API}/recurringruns/{job['recurring_run_id']}").raise_for_status()
+            assert http.get(f"{API}/recurringruns/{job['recurring_run_id']}").status_code == 404
     finally:
         server.process.stop()

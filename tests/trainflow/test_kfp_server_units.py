@@ -202,3 +202,75 @@ def test_training_progress_reads_the_last_step_from_the_end_of_the_file(tmp_path
     }
     path.write_text(json.dumps({"event": "start", "total_steps": 9}) + "\n")
     assert training_progress(path) is None  # started, no step yet
+
+
+# -- recurring-run schedules (robfig/cron v1, as KFP's API server and controller read them) ----------
+
+
+def _utc(*args: int):
+    from datetime import UTC, datetime
+
+    return datetime(*args, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("cron", "fires", "quiet"),
+    [
+        ("*/15 * * * * *", _utc(2026, 1, 1, 0, 0, 45), _utc(2026, 1, 1, 0, 0, 44)),  # seconds first
+        ("0 30 9 * * mon-fri", _utc(2026, 11, 27, 9, 30), _utc(2026, 11, 28, 9, 30)),  # a Friday, a Saturday
+        ("0 0 12 * *", _utc(2026, 2, 3, 12), _utc(2026, 2, 3, 12, 1)),  # five fields: sec..month, any weekday
+        ("0 0 0 1 JAN ?", _utc(2027, 1, 1), _utc(2027, 2, 1)),
+        ("0 0 0 13 * 5", _utc(2026, 11, 27), _utc(2026, 11, 26)),  # dom and dow both set: either matches
+        ("@hourly", _utc(2026, 1, 1, 7), _utc(2026, 1, 1, 7, 0, 1)),
+    ],
+)
+def test_cron_fires_on_the_seconds_robfig_cron_would(cron: str, fires, quiet) -> None:
+    from trainflow.kfp_server.schedule import parse_cron
+
+    parsed = parse_cron(cron)
+    assert parsed.matches(fires) and not parsed.matches(quiet)
+
+
+@pytest.mark.parametrize(
+    ("cron", "message"),
+    [
+        ("", "Empty spec string"),
+        ("* * * *", "Expected 5 to 6 fields, found 4"),
+        ("61 * * * * *", "End of range (61) above maximum (59)"),
+        ("*/0 * * * * *", "Step of range should be a positive number"),
+        ("x * * * * *", "Failed to parse int from x"),
+        ("@fortnightly", "Unrecognized descriptor"),
+    ],
+)
+def test_a_bad_cron_is_invalid_argument_with_the_real_servers_words(cron: str, message: str) -> None:
+    from trainflow.kfp_server.schedule import parse_trigger
+
+    with pytest.raises(ApiError) as err:
+        parse_trigger({"cron_schedule": {"cron": cron}})
+    assert err.value.code == GrpcCode.INVALID_ARGUMENT
+    assert "Schedule cron is not a supported format" in err.value.message and message in err.value.message
+
+
+def test_periodic_and_every_schedules_fire_an_interval_after_the_last_run() -> None:
+    from trainflow.kfp_server.schedule import due, parse_cron, parse_trigger
+
+    periodic = parse_trigger({"periodic_schedule": {"interval_second": "10"}})
+    assert not due(periodic, since=100, now=109, last_fired=None, created=100)
+    assert due(periodic, since=109, now=110, last_fired=None, created=100)
+    assert not due(periodic, since=110, now=115, last_fired=110, created=100)
+    assert parse_cron("@every 1m30s").every_s == 90
+    with pytest.raises(ApiError, match="least 1 second"):
+        parse_trigger({"periodic_schedule": {"interval_second": "0"}})
+
+
+def test_a_cron_fires_once_for_the_seconds_since_the_last_check_and_not_outside_its_window() -> None:
+    from trainflow.kfp_server.schedule import due, parse_trigger
+
+    at = _utc(2026, 1, 1, 0, 0, 30).timestamp()
+    every_30 = parse_trigger({"cron_schedule": {"cron": "*/30 * * * * *"}})
+    assert due(every_30, since=at - 1, now=at, last_fired=None, created=0)
+    assert not due(every_30, since=at, now=at + 29, last_fired=None, created=0)
+    ended = parse_trigger({"cron_schedule": {"cron": "*/30 * * * * *", "end_time": "2026-01-01T00:00:10Z"}})
+    assert not due(ended, since=at - 1, now=at, last_fired=None, created=0)
+    later = parse_trigger({"cron_schedule": {"cron": "*/30 * * * * *", "start_time": "2026-01-01T00:01:00Z"}})
+    assert not due(later, since=at - 1, now=at, last_fired=None, created=0)

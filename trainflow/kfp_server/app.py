@@ -12,6 +12,9 @@ kubeflow/pipelines and the ``kfp-server-api`` client):
   ``GET/DELETE .../{pipeline_id}/versions/{pipeline_version_id}``
 * runs: ``POST/GET /apis/v2beta1/runs``, ``GET/DELETE .../{run_id}``,
   ``POST .../{run_id}:terminate|:archive|:unarchive`` (``:retry`` answers UNIMPLEMENTED)
+* recurring runs: ``POST/GET /apis/v2beta1/recurringruns``, ``GET/DELETE .../{recurring_run_id}``,
+  ``POST .../{recurring_run_id}:enable|:disable``; a scheduler thread fires their runs
+  (:mod:`trainflow.kfp_server.schedule`: KFP's cron and periodic triggers)
 
 Local additions outside ``/apis``: ``GET /`` (a small run browser; the link
 ``/#/runs/details/<run_id>`` has the same form as the KFP UI's) and ``GET /local/runs/{run_id}/log``
@@ -24,7 +27,10 @@ header, same-origin and JSON bodies on mutating routes, and the bearer token whe
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,6 +51,7 @@ from trainflow.kfp_server.runner import (
     task_details,
     training_progress,
 )
+from trainflow.kfp_server.schedule import Schedule, due, parse_trigger
 from trainflow.kfp_server.store import Store, new_id, now_rfc3339
 from trainflow.kfp_server.ui import INDEX_HTML
 
@@ -58,6 +65,9 @@ PROGRESS_PLUGIN = "trainflow"
 #: pipeline function returned); the Airflow bridge puts them on its asset events (``OUTPUTS_PLUGIN``
 #: in ``airflow_bridge.events``).
 OUTPUTS_PLUGIN = "trainflow-outputs"
+#: The two multipart routes. KFP serves them with a plain HTTP handler (``PipelineUploadServer``),
+#: whose errors are ``{"error_message", "error_details"}`` (v1beta1's ``Error``), not google.rpc.Status.
+UPLOAD_PATHS = frozenset({f"{API}/pipelines/upload", f"{API}/pipelines/upload_version"})
 MAX_UPLOAD_BYTES = 32 * 1024 * 1024  # the real upload limit ("Maximum size of 32MB")
 DEFAULT_EXPERIMENT = "Default"
 
@@ -76,6 +86,13 @@ class KfpServer:
         )
         self.auth_token = auth_token
         self._fail_orphaned_runs()
+        # recurring runs: id -> (parsed schedule, last time checked, last time fired), in memory
+        self._schedules: dict[str, tuple[Schedule, float, float | None]] = {}
+        self._schedule_lock = threading.Lock()
+        self._scheduler_stop = threading.Event()
+        self._scheduler: threading.Thread | None = None
+        for job in self.store.values("recurring_runs"):
+            self._schedules[job["recurring_run_id"]] = (parse_trigger(job["trigger"]), time.time(), None)
 
     def _fail_orphaned_runs(self) -> None:
         for run in self.store.find("runs", lambda r: r.get("state") in ACTIVE_STATES):
@@ -131,8 +148,8 @@ class KfpServer:
         if self.store.find("pipelines", lambda p: p["name"] == name and p.get("namespace", "") == namespace):
             raise ApiError(
                 GrpcCode.ALREADY_EXISTS,
-                f"Failed to create a pipeline due to conflict. The name {name} is already taken in namespace "
-                f"'{namespace}'. Use upload_version to add a version.",
+                f"Failed to create a new pipeline. The name {name} already exists in namespace '{namespace}'. "
+                "Please specify a new name, or use upload_version to add a version.",
             )
         pid = new_id()
         obj = {
@@ -182,7 +199,23 @@ class KfpServer:
         return versions[0]
 
     # -- runs ------------------------------------------------------------------------------
-    def create_run(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _pipeline_source(self, body: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
+        """The pipeline spec of a run or recurring run body, and its version reference (None: inline spec)."""
+        ref = body.get("pipeline_version_reference") or {}
+        version_id = body.get("pipeline_version_id") or ref.get("pipeline_version_id")
+        if body.get("pipeline_spec"):
+            return body["pipeline_spec"], None
+        if version_id:
+            version = self.store.get("versions", version_id, label="Pipeline version")
+            return version["pipeline_spec"], {"pipeline_id": ref.get("pipeline_id") or version["pipeline_id"],
+                                              "pipeline_version_id": version_id}
+        if ref.get("pipeline_id"):
+            version = self.latest_version(ref["pipeline_id"])
+            return version["pipeline_spec"], {"pipeline_id": ref["pipeline_id"],
+                                              "pipeline_version_id": version["pipeline_version_id"]}
+        raise invalid_argument("a run needs pipeline_spec or pipeline_version_reference")
+
+    def create_run(self, body: dict[str, Any], *, recurring_run_id: str | None = None) -> dict[str, Any]:
         display_name = (body.get("display_name") or "").strip()
         if not display_name:
             raise invalid_argument("the run display_name is empty")
@@ -207,6 +240,7 @@ class KfpServer:
         else:
             experiment = self.default_experiment("")
         run_id = new_id()
+        recurring = {"recurring_run_id": recurring_run_id} if recurring_run_id else {}
         now = now_rfc3339()
         run: dict[str, Any] = {
             "experiment_id": experiment["experiment_id"],
@@ -225,6 +259,7 @@ class KfpServer:
             "finished_at": "1970-01-01T00:00:00Z",
             "state": "PENDING",
             "state_history": [{"update_time": now, "state": "PENDING"}],
+            **recurring,
         }
         if body.get("pipeline_spec"):
             run["pipeline_spec"] = pipeline_spec
@@ -234,7 +269,7 @@ class KfpServer:
                 "pipeline_version_id": version_id,
             }
             run["pipeline_version_id"] = version_id
-        self.store.put("runs", run_id, run)
+        created = self.store.put("runs", run_id, run)
         self.store.update(
             "experiments",
             experiment["experiment_id"],
@@ -242,7 +277,7 @@ class KfpServer:
             label="Experiment",
         )
         self.executor.submit(run_id, spec, params)
-        return self.store.get("runs", run_id, label="Run")
+        return created  # as created (PENDING): the executor may already have moved the stored run on
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         run = self.store.get("runs", run_id, label="Run")
@@ -272,12 +307,158 @@ class KfpServer:
             }
         return run
 
-    def terminate_run(self, run_id: str) -> None:
+    # -- recurring runs ----------------------------------------------------------------------
+    def create_recurring_run(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Store a recurring run (validated as KFP 2.14's API server does) and schedule it."""
+        display_name = (body.get("display_name") or "").strip()
+        if not display_name:
+            raise invalid_argument("Recurring run's name cannot be empty")
+        try:
+            max_concurrency = int(body.get("max_concurrency") or 0)
+        except (TypeError, ValueError) as err:
+            raise invalid_argument(f"max_concurrency must be an integer: {body.get('max_concurrency')!r}") from err
+        if not 1 <= max_concurrency <= 10:
+            raise invalid_argument(
+                f"Max concurrency of a recurring run must be at least 1 and at most 10. Received {max_concurrency}"
+            )
+        schedule = parse_trigger(body.get("trigger"))
+        mode = body.get("mode") or "MODE_UNSPECIFIED"
+        if mode not in ("ENABLE", "DISABLE", "MODE_UNSPECIFIED"):
+            raise invalid_argument(f"Recurring run's mode is invalid: {mode}")
+        pipeline_spec, ref = self._pipeline_source(body)
+        spec, _platform = specs.unwrap_run_spec(pipeline_spec)
+        runtime_config = body.get("runtime_config") or {}
+        specs.coerce_parameters(spec, runtime_config.get("parameters"))  # bad parameters fail now, not at each firing
+        if body.get("experiment_id"):
+            experiment = self.store.get("experiments", body["experiment_id"], label="Experiment")
+        else:
+            experiment = self.default_experiment(body.get("namespace") or "")
+        job_id = new_id()
+        now = now_rfc3339()
+        enabled = mode == "ENABLE"
+        trigger = {k: dict(v) for k, v in body["trigger"].items() if v}
+        for part in trigger.values():  # int64 fields are JSON strings in the API, as grpc-gateway writes them
+            if "interval_second" in part:
+                part["interval_second"] = str(int(part["interval_second"]))
+        job: dict[str, Any] = {
+            "recurring_run_id": job_id,
+            "display_name": display_name,
+            "description": body.get("description") or "",
+            "service_account": body.get("service_account") or "",
+            "max_concurrency": str(max_concurrency),
+            "trigger": trigger,
+            "mode": "ENABLE" if enabled else "DISABLE",
+            "status": "ENABLED" if enabled else "DISABLED",
+            "created_at": now,
+            "updated_at": now,
+            "no_catchup": bool(body.get("no_catchup")),
+            "namespace": body.get("namespace") or "",
+            "experiment_id": experiment["experiment_id"],
+        }
+        if runtime_config.get("parameters") or runtime_config.get("pipeline_root"):
+            job["runtime_config"] = {k: v for k, v in runtime_config.items() if k in ("parameters", "pipeline_root")}
+        if ref is None:
+            job["pipeline_spec"] = pipeline_spec
+        else:
+            job["pipeline_version_reference"] = ref
+        self.store.put("recurring_runs", job_id, job)
+        with self._schedule_lock:
+            self._schedules[job_id] = (schedule, time.time(), None)
+        return self.store.get("recurring_runs", job_id, label="RecurringRun")
+
+    def set_recurring_mode(self, job_id: str, *, enabled: bool) -> None:
+        def change(job: dict[str, Any]) -> None:
+            job.update(mode="ENABLE" if enabled else "DISABLE", status="ENABLED" if enabled else "DISABLED",
+                       updated_at=now_rfc3339())
+
+        self.store.update("recurring_runs", job_id, change, label="RecurringRun")
+        with self._schedule_lock:
+            if enabled and job_id in self._schedules:  # times missed while disabled are not made up
+                schedule, _, fired = self._schedules[job_id]
+                self._schedules[job_id] = (schedule, time.time(), fired)
+
+    def delete_recurring_run(self, job_id: str) -> None:
+        self.store.delete("recurring_runs", job_id, label="RecurringRun")
+        with self._schedule_lock:
+            self._schedules.pop(job_id, None)
+
+    def fire_due_recurring_runs(self, now: float) -> list[str]:
+        """Create a run for every enabled recurring run that is due at ``now``; return the new run ids.
+
+        A recurring run with ``max_concurrency`` runs still active skips the firing time (as the
+        real controller does with ``no_catchup``). A run that cannot be created (its pipeline
+        version deleted, ...) is logged and skipped.
+        """
+        created = []
+        for job in self.store.find("recurring_runs", lambda j: j.get("status") == "ENABLED"):
+            job_id = job["recurring_run_id"]
+            with self._schedule_lock:
+                if job_id not in self._schedules:
+                    continue
+                schedule, since, fired = self._schedules[job_id]
+                self._schedules[job_id] = (schedule, now, fired)
+            created_s = _epoch(job["created_at"])
+            if not due(schedule, since=since, now=now, last_fired=fired, created=created_s):
+                continue
+            active = self.store.find(
+                "runs", lambda r, i=job_id: r.get("recurring_run_id") == i and r.get("state") in ACTIVE_STATES
+            )
+            if len(active) >= int(job["max_concurrency"]):
+                continue
+            with self._schedule_lock:
+                if job_id in self._schedules:
+                    self._schedules[job_id] = (schedule, now, now)
+            stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime(now))
+            body = {k: job[k] for k in ("experiment_id", "description", "service_account", "pipeline_spec",
+                                         "pipeline_version_reference", "runtime_config") if k in job}
+            try:
+                run = self.create_run({**body, "display_name": f"{job['display_name']}-{stamp}"},
+                                      recurring_run_id=job_id)
+            except ApiError as err:
+                log.warning("recurring run %s could not start a run: %s", job_id, err.message)
+                continue
+            created.append(run["run_id"])
+        return created
+
+    def start_scheduler(self, interval_s: float = 0.5) -> None:
+        def loop() -> None:
+            while not self._scheduler_stop.wait(interval_s):
+                try:
+                    self.fire_due_recurring_runs(time.time())
+                except Exception:  # the scheduler must outlive one bad recurring run
+                    log.exception("recurring-run scheduler")
+
+        self._scheduler = threading.Thread(target=loop, name="kfp-recurring-runs", daemon=True)
+        self._scheduler.start()
+
+    def stop_scheduler(self) -> None:
+        self._scheduler_stop.set()
+        if self._scheduler is not None:
+            self._scheduler.join(timeout=5)
+
+    def terminate_run(self, run_id: str, *, strict: bool = True) -> None:
+        """Stop an active run (CANCELING, then CANCELED).
+
+        Raises:
+            ApiError: INVALID_ARGUMENT when the run is not PENDING, RUNNING or PAUSED (finished, or
+                already CANCELING) and ``strict``: KFP 2.14's ``TerminateRun`` updates only runs in
+                those states and answers "Row not found" otherwise.
+        """
         run = self.store.get("runs", run_id, label="Run")
         if run["state"] not in ACTIVE_STATES or run["state"] == "CANCELING":
-            return  # already finished or stopping: terminate is idempotent
+            if strict:
+                raise invalid_argument(
+                    f"Failed to terminate a run {run_id}: it is {run['state']}, not PENDING, RUNNING or PAUSED"
+                )
+            return
         self.store.update("runs", run_id, lambda r: set_state(r, "CANCELING"), label="Run")
         self.executor.terminate(run_id)
+
+
+def _epoch(rfc3339: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
 def _int(value: str | None, name: str) -> int | None:
@@ -310,13 +491,25 @@ def _page(
     return {items_key: items, "total_size": total, "next_page_token": token}
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
+@functools.cache
+def _model_fields(model: str) -> frozenset[str]:
+    """The JSON field names of a ``kfp-server-api`` model (the API's generated client; kfp needs it)."""
+    import kfp_server_api
+
+    return frozenset(getattr(kfp_server_api, model).attribute_map.values())
+
+
+async def _json_body(request: Request, model: str) -> dict[str, Any]:
+    """The request's JSON object, refused (INVALID_ARGUMENT) with a field the message ``model`` lacks:
+    the real API server's JSON parser does not discard unknown fields."""
     try:
         body = await request.json()
     except ValueError as err:
         raise invalid_argument(f"the request body is not valid JSON: {err}") from err
     if not isinstance(body, dict):
         raise invalid_argument("the request body must be a JSON object")
+    if unknown := sorted(set(body) - _model_fields(model)):
+        raise invalid_argument(f"unknown field {unknown[0]!r} in the request body ({model})")
     return body
 
 
@@ -367,7 +560,9 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        server.start_scheduler()
         yield
+        server.stop_scheduler()
         server.executor.shutdown()
 
     app = FastAPI(title="trainflow local KFP API server", version="v2beta1", lifespan=lifespan)
@@ -375,6 +570,9 @@ def create_app(
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, err: ApiError) -> JSONResponse:
+        if request.url.path in UPLOAD_PATHS:  # KFP's upload handler is plain HTTP, not grpc-gateway
+            return JSONResponse({"error_message": err.message, "error_details": err.message},
+                                status_code=err.http_status)
         return JSONResponse(err.body(), status_code=err.http_status)
 
     @app.middleware("http")
@@ -398,7 +596,7 @@ def create_app(
     # -- experiments -----------------------------------------------------------------------
     @app.post(f"{API}/experiments")
     async def create_experiment(request: Request) -> dict[str, Any]:
-        return server.create_experiment(await _json_body(request))
+        return server.create_experiment(await _json_body(request, "V2beta1Experiment"))
 
     @app.get(f"{API}/experiments")
     def list_experiments(
@@ -483,7 +681,7 @@ def create_app(
 
     @app.post(f"{API}/pipelines")
     async def create_pipeline(request: Request) -> dict[str, Any]:
-        body = await _json_body(request)
+        body = await _json_body(request, "V2beta1Pipeline")
         name = body.get("name") or body.get("display_name") or ""
         return server.create_pipeline(
             name=name,
@@ -530,7 +728,7 @@ def create_app(
 
     @app.post(f"{API}/pipelines/{{pipeline_id}}/versions")
     async def create_pipeline_version(pipeline_id: str, request: Request) -> dict[str, Any]:
-        body = await _json_body(request)
+        body = await _json_body(request, "V2beta1PipelineVersion")
         if not body.get("pipeline_spec"):
             raise invalid_argument(
                 "this local server cannot fetch package_url; send pipeline_spec or use upload_version"
@@ -573,7 +771,7 @@ def create_app(
     # -- runs ------------------------------------------------------------------------------
     @app.post(f"{API}/runs")
     async def create_run(request: Request) -> dict[str, Any]:
-        return server.create_run(await _json_body(request))
+        return server.create_run(await _json_body(request, "V2beta1Run"))
 
     @app.get(f"{API}/runs")
     def list_runs(
@@ -601,7 +799,7 @@ def create_app(
 
     @app.delete(f"{API}/runs/{{run_id}}")
     def delete_run(run_id: str) -> dict[str, Any]:
-        server.terminate_run(run_id)
+        server.terminate_run(run_id, strict=False)
         server.executor.wait(run_id, server.executor.terminate_grace_s + 5)
         server.store.delete("runs", run_id, label="Run")
         return {}
@@ -627,6 +825,43 @@ def create_app(
         raise ApiError(
             GrpcCode.UNIMPLEMENTED, "retry is not implemented by the local server; create a new run"
         )
+
+    # -- recurring runs --------------------------------------------------------------------
+    @app.post(f"{API}/recurringruns")
+    async def create_recurring_run(request: Request) -> dict[str, Any]:
+        return server.create_recurring_run(await _json_body(request, "V2beta1RecurringRun"))
+
+    @app.get(f"{API}/recurringruns")
+    def list_recurring_runs(
+        namespace: str | None = None,
+        experiment_id: str | None = None,
+        page_token: str | None = None,
+        page_size: str | None = None,
+        sort_by: str | None = None,
+        filter: str | None = None,
+    ) -> dict[str, Any]:
+        return _page(server.store, "recurring_runs", "recurringRuns", id_field="recurring_run_id",
+                     filter_text=filter, where={"experiment_id": experiment_id, "namespace": namespace},
+                     sort_by=sort_by, page_size=page_size, page_token=page_token)
+
+    @app.get(f"{API}/recurringruns/{{recurring_run_id}}")
+    def get_recurring_run(recurring_run_id: str) -> dict[str, Any]:
+        return server.store.get("recurring_runs", recurring_run_id, label="RecurringRun")
+
+    @app.delete(f"{API}/recurringruns/{{recurring_run_id}}")
+    def delete_recurring_run(recurring_run_id: str) -> dict[str, Any]:
+        server.delete_recurring_run(recurring_run_id)
+        return {}
+
+    @app.post(f"{API}/recurringruns/{{recurring_run_id}}:enable")
+    def enable_recurring_run(recurring_run_id: str) -> dict[str, Any]:
+        server.set_recurring_mode(recurring_run_id, enabled=True)
+        return {}
+
+    @app.post(f"{API}/recurringruns/{{recurring_run_id}}:disable")
+    def disable_recurring_run(recurring_run_id: str) -> dict[str, Any]:
+        server.set_recurring_mode(recurring_run_id, enabled=False)
+        return {}
 
     # -- local additions -------------------------------------------------------------------
     @app.get("/local/runs/{run_id}/log", response_class=PlainTextResponse)

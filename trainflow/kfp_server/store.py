@@ -22,7 +22,7 @@ from typing import Any
 from trainflow.kfp_server.errors import invalid_argument, not_found
 from trainflow.kfp_server.filters import matches, parse_filter
 
-KINDS = ("experiments", "pipelines", "versions", "runs")
+KINDS = ("experiments", "pipelines", "versions", "runs", "recurring_runs")
 
 #: Filterable keys per kind: filter key -> field (the real server also accepts ``name`` and ``id``).
 FILTER_KEYS: dict[str, dict[str, str]] = {
@@ -62,9 +62,20 @@ FILTER_KEYS: dict[str, dict[str, str]] = {
         "experiment_id": "experiment_id",
         "created_at": "created_at",
         "finished_at": "finished_at",
+        "scheduled_at": "scheduled_at",
         "storage_state": "storage_state",
         "description": "description",
         "pipeline_version_id": "pipeline_version_id",
+        "recurring_run_id": "recurring_run_id",
+    },
+    "recurring_runs": {
+        "display_name": "display_name",
+        "name": "display_name",
+        "recurring_run_id": "recurring_run_id",
+        "id": "recurring_run_id",
+        "created_at": "created_at",
+        "updated_at": "updated_at",
+        "description": "description",
     },
 }
 
