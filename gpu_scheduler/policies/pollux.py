@@ -304,17 +304,25 @@ class _Problem:
         distributed = np.count_nonzero(states, axis=2) > 1
         on = (states * distributed[:, :, None]) > 0
         states[np.cumsum(on, axis=1) > 1] = 0
-        # at most max_replicas per job, trimmed on randomly ordered nodes; at most max_nodes nodes
-        shuffle = np.argsort(rng.random(states.shape), axis=2)
-        states = np.take_along_axis(states, shuffle, axis=2)
-        states = np.diff(np.minimum(np.cumsum(states, axis=2), self.max_replicas[None, :, None]), axis=2, prepend=0)
-        used_nodes = np.diff(np.minimum(np.cumsum(states > 0, axis=2), self.max_nodes), axis=2, prepend=0)
-        states[used_nodes == 0] = 0
-        states = np.take_along_axis(states, np.argsort(shuffle, axis=2), axis=2)
-        # node capacity, in job order
-        gpus = states * self.gpw[None, :, None]
-        gpus = np.diff(np.minimum(np.cumsum(gpus, axis=1), self.node_gpus[None, None, :]), axis=1, prepend=0)
-        states = gpus // self.gpw[None, :, None]
+        # at most max_replicas per job, trimmed on randomly ordered nodes; at most max_nodes nodes.
+        # Only (member, job) rows over a limit are trimmed: on the others the trim is the identity
+        # (the random draw is made for every row all the same, so the stream is unchanged).
+        noise = rng.random(states.shape)
+        over = (states.sum(axis=2) > self.max_replicas[None, :]) | (np.count_nonzero(states, axis=2) > self.max_nodes)
+        if over.any():
+            p, j = np.nonzero(over)
+            shuffle = np.argsort(noise[p, j], axis=1)
+            rows = np.take_along_axis(states[p, j], shuffle, axis=1)
+            rows = np.diff(np.minimum(np.cumsum(rows, axis=1), self.max_replicas[j][:, None]), axis=1, prepend=0)
+            used_nodes = np.diff(np.minimum(np.cumsum(rows > 0, axis=1), self.max_nodes), axis=1, prepend=0)
+            rows[used_nodes == 0] = 0
+            states[p, j] = np.take_along_axis(rows, np.argsort(shuffle, axis=1), axis=1)
+        # node capacity, in job order (members within every node's capacity are unchanged)
+        full = np.flatnonzero(((states * self.gpw[None, :, None]).sum(axis=1) > self.node_gpus[None, :]).any(axis=1))
+        if full.size:
+            gpus = states[full] * self.gpw[None, :, None]
+            gpus = np.diff(np.minimum(np.cumsum(gpus, axis=1), self.node_gpus[None, None, :]), axis=1, prepend=0)
+            states[full] = gpus // self.gpw[None, :, None]
         # at least min_replicas or nothing
         states[states.sum(axis=2) < self.min_replicas[None, :]] = 0
         return states.astype(np.int16)
