@@ -38,6 +38,7 @@ one decision.
 
 from __future__ import annotations
 
+import bisect
 import math
 import zlib
 from dataclasses import dataclass
@@ -344,18 +345,39 @@ def _dominates(fa: np.ndarray, fb: np.ndarray) -> np.ndarray:
 
 
 def _fronts(f: np.ndarray, stop: int | None = None) -> list[np.ndarray]:
-    """Non-dominated sorting (minimisation), stopping once ``stop`` individuals are ranked."""
+    """Non-dominated sorting (two objectives, minimised), stopping once ``stop`` individuals are
+    ranked; every front in ascending index order.
+
+    Sweep over the distinct objective vectors in lexicographic order: a point's dominators all
+    come before it, and it belongs to the first front none of whose members so far has a second
+    objective at or below its own (the fronts' minima are kept sorted, so a bisection finds it).
+    The same fronts as pairwise dominance counting (pymoo's), without the n × n matrix.
+    """
     n = len(f)
-    dom = _dominates(f[:, None, :], f[None, :, :])                       # dom[i, j]: i dominates j
-    count = dom.sum(axis=0)
-    remaining = np.ones(n, dtype=bool)
+    if n == 0:
+        return []
+    order = np.lexsort((f[:, 1], f[:, 0]))
+    sf = f[order]
+    new = np.ones(n, dtype=bool)
+    new[1:] = (sf[1:, 0] != sf[:-1, 0]) | (sf[1:, 1] != sf[:-1, 1])
+    distinct = np.empty(n, dtype=np.int64)
+    distinct[order] = np.cumsum(new) - 1
+    minima: list[float] = []
+    ranks = []
+    for v in sf[new, 1].tolist():
+        k = bisect.bisect_right(minima, v)
+        if k == len(minima):
+            minima.append(v)
+        else:
+            minima[k] = v
+        ranks.append(k)
+    rank = np.array(ranks, dtype=np.int64)[distinct]
+    by_rank = np.argsort(rank, kind="stable")
+    bounds = np.searchsorted(rank[by_rank], np.arange(len(minima) + 1))
     fronts, ranked = [], 0
-    while remaining.any():
-        front = np.flatnonzero(remaining & (count == 0))
-        fronts.append(front)
-        ranked += len(front)
-        remaining[front] = False
-        count = count - dom[front].sum(axis=0)
+    for k in range(len(minima)):
+        fronts.append(by_rank[bounds[k]:bounds[k + 1]])
+        ranked += bounds[k + 1] - bounds[k]
         if stop is not None and ranked >= stop:
             break
     return fronts

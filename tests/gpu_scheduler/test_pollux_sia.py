@@ -228,3 +228,41 @@ def test_pollux_repair_trims_only_rows_over_a_limit_with_the_same_result_and_str
         got = problem.repair(states.copy(), got_rng)
         assert got.dtype == want.dtype and np.array_equal(got, want)
         assert got_rng.random() == want_rng.random()
+
+
+def test_pollux_fronts_are_those_of_pairwise_dominance_counting() -> None:
+    """The sweep's non-dominated sorting gives pymoo's fronts (pairwise dominance counting), in
+    ascending index order, with ties, duplicates, signed zeros and early stops."""
+    from gpu_scheduler.policies.pollux import _dominates, _fronts
+
+    def reference(f: np.ndarray, stop: int | None) -> list[np.ndarray]:
+        dom = _dominates(f[:, None, :], f[None, :, :])
+        count, remaining, fronts, ranked = dom.sum(axis=0), np.ones(len(f), dtype=bool), [], 0
+        while remaining.any():
+            front = np.flatnonzero(remaining & (count == 0))
+            fronts.append(front)
+            ranked += len(front)
+            remaining[front] = False
+            count = count - dom[front].sum(axis=0)
+            if stop is not None and ranked >= stop:
+                break
+        return fronts
+
+    rng = np.random.default_rng(3)
+    for k in range(800):
+        n = int(rng.integers(1, 120))
+        if k % 4 == 0:
+            f = rng.integers(0, 6, (n, 2)).astype(float) * rng.choice([1.0, -0.37])
+        elif k % 4 == 1:
+            f = rng.random((n, 2))
+        elif k % 4 == 2:
+            base = rng.random((int(rng.integers(1, 20)), 2))
+            f = base[rng.integers(0, len(base), n)]
+        else:
+            f = -rng.random((n, 2))
+            f[rng.random(n) < 0.3] = 0.0
+            f[rng.random(n) < 0.1, 0] = -0.0
+        stop = None if k % 3 == 0 else int(rng.integers(1, n + 1))
+        want, got = reference(f, stop), _fronts(f, stop)
+        assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    assert _fronts(np.zeros((0, 2))) == []
