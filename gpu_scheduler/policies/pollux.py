@@ -38,6 +38,7 @@ one decision.
 
 from __future__ import annotations
 
+import bisect
 import math
 import zlib
 from dataclasses import dataclass
@@ -304,17 +305,25 @@ class _Problem:
         distributed = np.count_nonzero(states, axis=2) > 1
         on = (states * distributed[:, :, None]) > 0
         states[np.cumsum(on, axis=1) > 1] = 0
-        # at most max_replicas per job, trimmed on randomly ordered nodes; at most max_nodes nodes
-        shuffle = np.argsort(rng.random(states.shape), axis=2)
-        states = np.take_along_axis(states, shuffle, axis=2)
-        states = np.diff(np.minimum(np.cumsum(states, axis=2), self.max_replicas[None, :, None]), axis=2, prepend=0)
-        used_nodes = np.diff(np.minimum(np.cumsum(states > 0, axis=2), self.max_nodes), axis=2, prepend=0)
-        states[used_nodes == 0] = 0
-        states = np.take_along_axis(states, np.argsort(shuffle, axis=2), axis=2)
-        # node capacity, in job order
-        gpus = states * self.gpw[None, :, None]
-        gpus = np.diff(np.minimum(np.cumsum(gpus, axis=1), self.node_gpus[None, None, :]), axis=1, prepend=0)
-        states = gpus // self.gpw[None, :, None]
+        # at most max_replicas per job, trimmed on randomly ordered nodes; at most max_nodes nodes.
+        # Only (member, job) rows over a limit are trimmed: on the others the trim is the identity
+        # (the random draw is made for every row all the same, so the stream is unchanged).
+        noise = rng.random(states.shape)
+        over = (states.sum(axis=2) > self.max_replicas[None, :]) | (np.count_nonzero(states, axis=2) > self.max_nodes)
+        if over.any():
+            p, j = np.nonzero(over)
+            shuffle = np.argsort(noise[p, j], axis=1)
+            rows = np.take_along_axis(states[p, j], shuffle, axis=1)
+            rows = np.diff(np.minimum(np.cumsum(rows, axis=1), self.max_replicas[j][:, None]), axis=1, prepend=0)
+            used_nodes = np.diff(np.minimum(np.cumsum(rows > 0, axis=1), self.max_nodes), axis=1, prepend=0)
+            rows[used_nodes == 0] = 0
+            states[p, j] = np.take_along_axis(rows, np.argsort(shuffle, axis=1), axis=1)
+        # node capacity, in job order (members within every node's capacity are unchanged)
+        full = np.flatnonzero(((states * self.gpw[None, :, None]).sum(axis=1) > self.node_gpus[None, :]).any(axis=1))
+        if full.size:
+            gpus = states[full] * self.gpw[None, :, None]
+            gpus = np.diff(np.minimum(np.cumsum(gpus, axis=1), self.node_gpus[None, None, :]), axis=1, prepend=0)
+            states[full] = gpus // self.gpw[None, :, None]
         # at least min_replicas or nothing
         states[states.sum(axis=2) < self.min_replicas[None, :]] = 0
         return states.astype(np.int16)
@@ -336,18 +345,39 @@ def _dominates(fa: np.ndarray, fb: np.ndarray) -> np.ndarray:
 
 
 def _fronts(f: np.ndarray, stop: int | None = None) -> list[np.ndarray]:
-    """Non-dominated sorting (minimisation), stopping once ``stop`` individuals are ranked."""
+    """Non-dominated sorting (two objectives, minimised), stopping once ``stop`` individuals are
+    ranked; every front in ascending index order.
+
+    Sweep over the distinct objective vectors in lexicographic order: a point's dominators all
+    come before it, and it belongs to the first front none of whose members so far has a second
+    objective at or below its own (the fronts' minima are kept sorted, so a bisection finds it).
+    The same fronts as pairwise dominance counting (pymoo's), without the n × n matrix.
+    """
     n = len(f)
-    dom = _dominates(f[:, None, :], f[None, :, :])                       # dom[i, j]: i dominates j
-    count = dom.sum(axis=0)
-    remaining = np.ones(n, dtype=bool)
+    if n == 0:
+        return []
+    order = np.lexsort((f[:, 1], f[:, 0]))
+    sf = f[order]
+    new = np.ones(n, dtype=bool)
+    new[1:] = (sf[1:, 0] != sf[:-1, 0]) | (sf[1:, 1] != sf[:-1, 1])
+    distinct = np.empty(n, dtype=np.int64)
+    distinct[order] = np.cumsum(new) - 1
+    minima: list[float] = []
+    ranks = []
+    for v in sf[new, 1].tolist():
+        k = bisect.bisect_right(minima, v)
+        if k == len(minima):
+            minima.append(v)
+        else:
+            minima[k] = v
+        ranks.append(k)
+    rank = np.array(ranks, dtype=np.int64)[distinct]
+    by_rank = np.argsort(rank, kind="stable")
+    bounds = np.searchsorted(rank[by_rank], np.arange(len(minima) + 1))
     fronts, ranked = [], 0
-    while remaining.any():
-        front = np.flatnonzero(remaining & (count == 0))
-        fronts.append(front)
-        ranked += len(front)
-        remaining[front] = False
-        count = count - dom[front].sum(axis=0)
+    for k in range(len(minima)):
+        fronts.append(by_rank[bounds[k]:bounds[k + 1]])
+        ranked += bounds[k + 1] - bounds[k]
         if stop is not None and ranked >= stop:
             break
     return fronts

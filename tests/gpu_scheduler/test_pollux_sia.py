@@ -186,3 +186,83 @@ def test_pollux_crowding_distance_of_all_fronts_at_once_is_pymoos_per_front() ->
         got = _crowding_grouped(f, rank)
         assert np.array_equal(np.isinf(want), np.isinf(got))
         assert np.allclose(want[~np.isinf(want)], got[~np.isinf(got)])
+
+
+def _repair_reference(problem, states: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The repair as first written (every row shuffled, trimmed and unshuffled)."""
+    states = states.astype(np.int64)
+    distributed = np.count_nonzero(states, axis=2) > 1
+    on = (states * distributed[:, :, None]) > 0
+    states[np.cumsum(on, axis=1) > 1] = 0
+    shuffle = np.argsort(rng.random(states.shape), axis=2)
+    states = np.take_along_axis(states, shuffle, axis=2)
+    states = np.diff(np.minimum(np.cumsum(states, axis=2), problem.max_replicas[None, :, None]), axis=2, prepend=0)
+    used_nodes = np.diff(np.minimum(np.cumsum(states > 0, axis=2), problem.max_nodes), axis=2, prepend=0)
+    states[used_nodes == 0] = 0
+    states = np.take_along_axis(states, np.argsort(shuffle, axis=2), axis=2)
+    gpus = states * problem.gpw[None, :, None]
+    gpus = np.diff(np.minimum(np.cumsum(gpus, axis=1), problem.node_gpus[None, None, :]), axis=1, prepend=0)
+    states = gpus // problem.gpw[None, :, None]
+    states[states.sum(axis=2) < problem.min_replicas[None, :]] = 0
+    return states.astype(np.int16)
+
+
+def test_pollux_repair_trims_only_rows_over_a_limit_with_the_same_result_and_stream() -> None:
+    """The repair trims only the (member, job) rows over a limit and only the members over a
+    node's capacity; on the others the trim is the identity. Same states, same random stream
+    as trimming everything."""
+    from gpu_scheduler.policies.pollux import _Problem
+
+    jobs = [_job("a", on={"n0": 4}, model=_model(profiled=4), since=0.0),
+            _job("b", 100.0, model=_model(profiled=2)),
+            _job("c", 200.0),
+            _job("d", 300.0, on={"n1": 1}, model=_model(profiled=1, fixed=True, batch=256), since=300.0, max_w=1)]
+    problem = _Problem(_snapshot(jobs), 3600.0, PolluxPolicy(max_nodes_per_job=3))
+    gen = np.random.default_rng(7)
+    for k in range(200):
+        high = int(gen.integers(1, 5))
+        states = gen.integers(0, high + 1, size=(int(gen.integers(1, 40)), *problem.shape)).astype(np.int16)
+        states[gen.random(states.shape) < gen.random()] = 0
+        want_rng, got_rng = np.random.default_rng(k), np.random.default_rng(k)
+        want = _repair_reference(problem, states.copy(), want_rng)
+        got = problem.repair(states.copy(), got_rng)
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+        assert got_rng.random() == want_rng.random()
+
+
+def test_pollux_fronts_are_those_of_pairwise_dominance_counting() -> None:
+    """The sweep's non-dominated sorting gives pymoo's fronts (pairwise dominance counting), in
+    ascending index order, with ties, duplicates, signed zeros and early stops."""
+    from gpu_scheduler.policies.pollux import _dominates, _fronts
+
+    def reference(f: np.ndarray, stop: int | None) -> list[np.ndarray]:
+        dom = _dominates(f[:, None, :], f[None, :, :])
+        count, remaining, fronts, ranked = dom.sum(axis=0), np.ones(len(f), dtype=bool), [], 0
+        while remaining.any():
+            front = np.flatnonzero(remaining & (count == 0))
+            fronts.append(front)
+            ranked += len(front)
+            remaining[front] = False
+            count = count - dom[front].sum(axis=0)
+            if stop is not None and ranked >= stop:
+                break
+        return fronts
+
+    rng = np.random.default_rng(3)
+    for k in range(800):
+        n = int(rng.integers(1, 120))
+        if k % 4 == 0:
+            f = rng.integers(0, 6, (n, 2)).astype(float) * rng.choice([1.0, -0.37])
+        elif k % 4 == 1:
+            f = rng.random((n, 2))
+        elif k % 4 == 2:
+            base = rng.random((int(rng.integers(1, 20)), 2))
+            f = base[rng.integers(0, len(base), n)]
+        else:
+            f = -rng.random((n, 2))
+            f[rng.random(n) < 0.3] = 0.0
+            f[rng.random(n) < 0.1, 0] = -0.0
+        stop = None if k % 3 == 0 else int(rng.integers(1, n + 1))
+        want, got = reference(f, stop), _fronts(f, stop)
+        assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    assert _fronts(np.zeros((0, 2))) == []
