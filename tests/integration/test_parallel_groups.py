@@ -55,7 +55,10 @@ def _run(tmp_path: Path, *args: str) -> list[tuple[str, str]]:
     for name in ("test_a.py", "test_b.py", "test_c.py"):
         (project / name).write_text(MODULE)
     record = tmp_path / f"record-{len(list(tmp_path.glob('record-*')))}.jsonl"
-    env = {**os.environ, "RECORD": str(record), "PYTHONPATH": str(REPO)}
+    # Not the xdist worker this test may itself run in: its PYTEST_XDIST_* variables would leak into
+    # the inner run (it passed alone and failed under make test's -n 2).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+    env.update(RECORD=str(record), PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
                           cwd=project, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -60,7 +60,9 @@ def test_a_permanent_worker_failure_stays_permanent_through_torchrun(tmp_path) -
                             "--max-restarts", "1", "--monitor-interval", "0.2", "-m", "components.training", *args],
                            capture_output=True, text=True, timeout=240)
     assert plain.returncode == 1  # what torchrun itself makes of it
-    assert _failed_ranks(plain.stderr) == 2 * 2  # 2 ranks, started twice (1 restart)
+    # torchrun restarted the group: more failures than ranks (the restarted group's second rank may
+    # be stopped before it prints, once the first has failed).
+    assert _failed_ranks(plain.stderr) > 2, plain.stderr[-3000:]
     wrapped = subprocess.run([sys.executable, "-m", "components.training.torchrun", "--standalone",
                               "--nproc-per-node", "2", "--max-restarts", "3", "--monitor-interval", "0.2",
                               "-m", "components.training", *args], capture_output=True, text=True, timeout=240)
