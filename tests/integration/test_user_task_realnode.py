@@ -3,7 +3,7 @@
 The task lives in a package outside the repository (``my_pkg``, written into ``tmp_path``), built
 into a wheel with ``uv build`` and into the user's image with ``scripts/image/build.py --add-wheel``
 (the trainflow image plus one layer, what ``examples/task-image/Dockerfile`` builds with a Docker
-engine). ``trainflow run --backend pytorchjob --task my_pkg.tasks:SlowRegression --image <that
+engine). ``trainflow run --backend pytorchjob --task my_pkg.tasks:NoisyRegression --image <that
 image>`` trains it: kfp.local runs the four steps here (the evaluate step imports the task through
 ``PYTHONPATH``, as a user's machine would), the worker pods import it from their image. Worker 1's
 pod is deleted mid-training: the same PyTorchJob resumes from the newest committed checkpoint and
@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.components.training.test_user_task import TASK_CODE
 from tests.integration.test_cluster_path_realnode import placement_settings
 from tests.integration.test_e2e_realnode import JobWatch, _wait_for, committed_steps, run_env
 from tests.support.realnode import RealNode
@@ -30,7 +31,7 @@ from tests.support.s3 import S3Server
 pytestmark = [pytest.mark.realnode, pytest.mark.k8s, pytest.mark.s3, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-TASK = "my_pkg.tasks:SlowRegression"
+TASK = "my_pkg.tasks:NoisyRegression"  # the local tests' task (TASK_CODE), slowed down per step
 IMAGE = "localhost/my-task:e2e"
 INTERVAL_STEPS = 20
 EPOCHS = 3
@@ -38,63 +39,6 @@ GLOBAL_BATCH = 16
 #: 1,024 samples, 7/8 of them for training: 896 = 56 global batches of 16 per epoch.
 TASK_ARGS = {"num_samples": 1024, "seed": 5, "step_delay_s": 0.05}
 STEPS_PER_EPOCH = 56
-
-TASK_CODE = '''
-import time
-
-import torch
-from torch import nn
-from torch.utils.data import Dataset
-
-from trainflow.task import Task
-
-
-class Rows(Dataset):
-    def __init__(self, x, y):
-        self.x, self.y = x, y
-
-    def __len__(self):
-        return len(self.y)
-
-    def __getitem__(self, i):
-        return {"x": self.x[i], "y": self.y[i]}
-
-
-class SlowRegression(Task):
-    """An MLP fitting y = x @ w + noise; ``step_delay_s`` per loss call keeps it training long
-    enough for a pod to be deleted mid-way."""
-
-    def __init__(self, num_samples=256, num_features=6, hidden=16, seed=0, step_delay_s=0.0):
-        g = torch.Generator().manual_seed(seed)
-        x = torch.randn(num_samples, num_features, generator=g)
-        y = x @ torch.randn(num_features, generator=g) + 0.1 * torch.randn(num_samples, generator=g)
-        n_train = num_samples * 7 // 8
-        self.train, self.held_out = Rows(x[:n_train], y[:n_train]), Rows(x[n_train:], y[n_train:])
-        self.num_features, self.hidden, self.step_delay_s = num_features, hidden, step_delay_s
-
-    def build_model(self):
-        return nn.Sequential(nn.Linear(self.num_features, self.hidden), nn.ReLU(), nn.Linear(self.hidden, 1))
-
-    def train_dataset(self):
-        return self.train
-
-    def eval_dataset(self):
-        return self.held_out
-
-    def loss(self, model, batch):
-        time.sleep(self.step_delay_s)
-        return nn.functional.mse_loss(model(batch["x"]).squeeze(1), batch["y"])
-
-    def evaluate(self, model, loader):
-        se, n = 0.0, 0
-        for batch in loader:
-            se += float(((model(batch["x"]).squeeze(1) - batch["y"]) ** 2).sum())
-            n += len(batch["y"])
-        return {"mse": se / n}
-
-    def data_fingerprint(self):
-        return f"slow-regression-{len(self.train)}"
-'''
 
 PYPROJECT = """[project]
 name = "my-pkg"
@@ -230,7 +174,7 @@ def test_a_user_task_missing_from_the_image_fails_the_train_step_with_one_line_n
     print(f"FIGURE user task missing from the image: the run failed after {elapsed:.0f} s")
     # The cause, in the run's own output (the summary's error row), not only in pipeline.log.
     said = " ".join(proc.stdout.replace("│", " ").split())
-    assert "failed permanently, not retried: trainflow: task 'my_pkg.tasks:SlowRegression': cannot import module " \
+    assert "failed permanently, not retried: trainflow: task 'my_pkg.tasks:NoisyRegression': cannot import module " \
            "'my_pkg.tasks': No module named 'my_pkg' (the package must be installed where the task runs: in a " \
            "cluster, in the workers' image" in said, proc.stdout[-3000:] + pipeline_log[-4000:]  # fmt: skip
     # Each attempt of the train step (KFP retries it: it cannot tell this from a crash) started each
@@ -241,7 +185,7 @@ def test_a_user_task_missing_from_the_image_fails_the_train_step_with_one_line_n
     assert 1 <= attempts <= TRAIN_RETRIES + 1, attempts
     for worker in ("worker-0", "worker-1"):
         failures = [line for line in pipeline_log.splitlines()
-                    if f"-{worker}] trainflow: task 'my_pkg.tasks:SlowRegression': cannot import" in line]  # fmt: skip
+                    if f"-{worker}] trainflow: task 'my_pkg.tasks:NoisyRegression': cannot import" in line]  # fmt: skip
         assert len(failures) <= attempts, (worker, failures)
     # Nothing left behind: the train step deleted its PyTorchJob.
     from components.launcher.runner import pytorchjob_resource

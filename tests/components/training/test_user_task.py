@@ -39,6 +39,8 @@ TASK = "my_pkg.tasks:NoisyRegression"
 N_TRAIN = 225  # 14 global batches of 16, then one of a single sample
 
 TASK_CODE = '''
+import time
+
 import torch
 from torch import nn
 from torch.utils.data import Dataset
@@ -59,9 +61,10 @@ class Rows(Dataset):
 
 class NoisyRegression(Task):
     """An MLP with dropout (the harness's RNG restore matters) fitting y = x @ w + noise; counts
-    its loss calls as its own checkpointed state."""
+    its loss calls as its own checkpointed state. ``step_delay_s`` per loss call keeps a job training
+    long enough for a fault to land mid-way (tests/integration/test_user_task_realnode.py)."""
 
-    def __init__(self, num_samples=256, num_features=6, hidden=16, seed=0):
+    def __init__(self, num_samples=256, num_features=6, hidden=16, seed=0, step_delay_s=0.0):
         g = torch.Generator().manual_seed(seed)
         x = torch.randn(num_samples, num_features, generator=g)
         y = x @ torch.randn(num_features, generator=g) + 0.1 * torch.randn(num_samples, generator=g)
@@ -69,6 +72,7 @@ class NoisyRegression(Task):
         self.train, self.held_out = Rows(x[:n_train], y[:n_train]), Rows(x[n_train:], y[n_train:])
         self.num_features, self.hidden = num_features, hidden
         self.loss_calls = 0
+        self.step_delay_s = step_delay_s
 
     def build_model(self):
         return nn.Sequential(nn.Linear(self.num_features, self.hidden), nn.ReLU(), nn.Dropout(0.1),
@@ -81,6 +85,8 @@ class NoisyRegression(Task):
         return self.held_out
 
     def loss(self, model, batch):
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
         self.loss_calls += 1
         return nn.functional.mse_loss(model(batch["x"]).squeeze(1), batch["y"])
 
