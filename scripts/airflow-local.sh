@@ -48,8 +48,10 @@ pid_of() {  # the PID in the daemon's pid file, if that process still runs and i
   [[ -f "$file" ]] || return 1
   pid="$(<"$file")"
   [[ "$1" == kfp-server ]] && word=kfp-server
-  # After a reboot the PID may belong to another program: never signal that one.
-  [[ "$(ps -o command= -p "$pid" 2>/dev/null)" == *"$word"* ]] && echo "$pid"
+  # After a reboot the PID may belong to another program: never signal that one. -ww: the whole
+  # command line; with COLUMNS set, ps cuts it to that width, and a venv under a long path puts
+  # the daemon's name past it (the interpreter's and the script's paths come first).
+  [[ "$(ps -ww -o command= -p "$pid" 2>/dev/null)" == *"$word"* ]] && echo "$pid"
 }
 
 http_ok() { python3 -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=3)" "$1" 2>/dev/null; }

@@ -30,15 +30,18 @@ def test_stop_signals_its_daemons_and_leaves_a_reused_pid_alone(tmp_path: Path) 
     home = tmp_path / "airflow"
     (home / "pids").mkdir(parents=True)
     # "scheduler": a process whose command names airflow, leading its own group as start makes it.
+    # Its command line is long, as under a venv in a deep folder: the name comes after 200 characters.
+    long_path = "/" + "/".join(["deep-folder"] * 17) + "/.venv/bin/python3"
     daemon = subprocess.Popen(
-        ["bash", "-c", "exec -a 'airflow scheduler' sleep 300"], start_new_session=True
+        ["bash", "-c", f"exec -a '{long_path} {long_path[:-7]}airflow scheduler' sleep 300"],
+        start_new_session=True,
     )
     # "triggerer": its PID file survived a reboot and the PID now belongs to another program.
     stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
         (home / "pids" / "scheduler.pid").write_text(f"{daemon.pid}\n")
         (home / "pids" / "triggerer.pid").write_text(f"{stranger.pid}\n")
-        env = {**os.environ, "AIRFLOW_HOME": str(home)}
+        env = {**os.environ, "AIRFLOW_HOME": str(home), "COLUMNS": "80"}  # ps cuts to COLUMNS without -ww
         threading.Thread(target=daemon.wait, daemon=True).start()  # reaped at once, as init would
         done = subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
