@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import pytest
 
@@ -19,3 +20,38 @@ def test_leadership_changes_are_logged_with_the_time_since_the_last_renewal(capl
     won, lost = [r for r in caplog.records if r.msg == "leadership changed"]
     assert (won.leader, lost.leader) == (True, False)
     assert lost.since_renewal_s == 10.5 and lost.renew_deadline_s == 10.0 and lost.thread_name == "MainThread"
+
+
+def test_a_renewal_during_a_leadership_check_leaves_the_candidate_leader() -> None:
+    # The controller's thread checks leadership while the election thread renews. The check reads
+    # the last renewal (10.5 s old), the renewal lands, then the check must not store its stale
+    # "not leader" over it: the CLI controller once reported leader 0 just after winning.
+    now = [100.0]
+    in_check, renewed = threading.Event(), threading.Event()
+
+    def clock() -> float:
+        if threading.current_thread() is threading.main_thread() and checking:
+            in_check.set()
+            renewed.wait(0.5)  # with the state lock held, the renewal waits for the check instead
+        return now[0]
+
+    changes: list[bool] = []
+    checking = False
+    elector = LeaderElector(object(), namespace="ns", name="lease", identity="me", clock=clock,  # type: ignore[arg-type]
+                            on_change=changes.append)
+    elector._won()
+    now[0] += 10.5
+
+    def renew() -> None:
+        in_check.wait(5)
+        elector._won()
+        renewed.set()
+
+    renewer = threading.Thread(target=renew)
+    renewer.start()
+    checking = True
+    elector.is_leader()
+    checking = False
+    renewer.join(5)
+    assert changes[-1] is True, f"leadership changes {changes}: the renewal was overwritten"
+    assert elector.is_leader() and changes[-1] is True

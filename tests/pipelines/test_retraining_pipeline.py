@@ -51,6 +51,8 @@ def test_retraining_pipeline_decides_trains_and_registers(tmp_path, monkeypatch)
     registry_uri = str(tmp_path / "models")
     monkeypatch.setenv("TRAINFLOW_LOG_DIR", str(tmp_path / "logs"))
     (tmp_path / "logs").mkdir()
+    (tmp_path / "tmp").mkdir()  # each component's command writes its code to a `mktemp -d` it never removes
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     warnings.filterwarnings("ignore", module=r"kfp\.local.*")
     (tmp_path / "workspace").mkdir()
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"),
