@@ -57,12 +57,13 @@ run: venv
 # make test runs the suite on $(TEST_WORKERS) pytest-xdist workers (TEST_WORKERS=0: in one process).
 # Each test gets an xdist group (tests/support/parallel.py): all tests of the Kubernetes test bed on
 # one worker, the Airflow cluster's on one, every other module on one; longest groups first.
+# Every test's outcome and time: build/test-artifacts/junit.xml.
 # docs/testbed.md, "Parallel runs".
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 test: venv system-deps testbed
-	$(BIN)/python -m pytest -p no:cacheprovider $(XDIST) --durations=15 tests
+	$(BIN)/python -m pytest -p no:cacheprovider $(XDIST) --durations=15 --junitxml=build/test-artifacts/junit.xml tests
 
 N ?= 3
 test-repeat: venv system-deps testbed
