@@ -35,7 +35,7 @@ pytestmark = [
     ),
 ]
 
-_SUMMARY: list[str] = []
+SYNC_DAG = Path(__file__).with_name("dags") / "realkfp_sync_training.py"
 
 
 @pytest.fixture(scope="module")
@@ -271,7 +271,8 @@ def test_a_recurring_run_fires_on_its_cron_schedule(kfp_backend: KfpBackend, com
 def realkfp_airflow(
     kfp_backend: KfpBackend, kfp_ui: Any, compiled_pipeline: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Any]:
-    """Airflow 3 (tests/support/airflow.py) with only the example DAG ``trainflow_training``, its
+    """Airflow 3 (tests/support/airflow.py) with the example DAG ``trainflow_training`` and its
+    sync-mode twin ``trainflow_training_sync`` (tests/integration/dags/), the
     ``kubeflow_pipelines_default`` connection on the real API server and the package compiled for
     it; the ops Variable ``trainflow_s3_endpoint_url`` names KFP's MinIO Service, as an operator
     would set it for runs that use KFP's own Secret."""
@@ -279,7 +280,7 @@ def realkfp_airflow(
 
     cluster = start_airflow(
         tmp_path_factory.mktemp("airflow_home"), kfp_backend.api_url, {"training_pipeline": compiled_pipeline},
-        compiled_pipeline, dag_files=[EXAMPLE_DAG],
+        compiled_pipeline, dag_files=[EXAMPLE_DAG, SYNC_DAG],
         extra_env={
             "AIRFLOW_VAR_TRAINFLOW_S3_ENDPOINT_URL": f"http://minio-service.{KFP_NAMESPACE}:9000",
             # the connection as a platform team sets it: API server and the KFP UI its links open
@@ -336,6 +337,51 @@ def test_the_airflow_example_dag_runs_the_pipeline_on_the_real_backend(
     params = kfp_run["runtime_config"]["parameters"]
     assert params["s3_endpoint_url"] == f"http://minio-service.{KFP_NAMESPACE}:9000"  # the ops Variable
     assert params["epochs"] == 1 and params["dataset_source"] == "digits"
+
+
+@pytest.mark.realnode
+@pytest.mark.slow
+@pytest.mark.airflow
+def test_killing_the_worker_and_retrying_leaves_one_run_on_the_real_backend(
+    kfp_backend: KfpBackend, realkfp_airflow: Any
+) -> None:
+    """Issue 10, 3b: while the real run trains, the LocalExecutor worker holding the sync-mode task
+    and the task process are SIGKILLed (a lost machine); Airflow's heartbeat check fails the try,
+    the retry finds the run by its job key and waits on it (or finds it SUCCEEDED): the backend
+    holds exactly one run for the task, SUCCEEDED, and the task succeeds on try 2."""
+    import signal
+
+    import psutil
+
+    airflow, dag_id = realkfp_airflow, "trainflow_training_sync"
+    run_id = airflow.trigger(dag_id, conf={"epochs": 8})
+    airflow.wait_task(dag_id, run_id, "train", {"running"}, timeout_s=300)
+    deadline = time.monotonic() + 300
+    while not (runs := _runs_of(kfp_backend, dag_id, run_id)) or runs[0]["state"] != "RUNNING":
+        assert time.monotonic() < deadline, (runs, airflow.explain_task(dag_id, run_id, "train"))
+        time.sleep(1)
+    first = runs[0]["run_id"]
+    ti = airflow.task_instance(dag_id, run_id, "train")
+    assert ti["state"] == "running" and ti["try_number"] == 1 and ti["pid"], ti
+    worker = psutil.Process(ti["pid"]).parent()  # the LocalExecutor worker supervising the task process
+    assert worker.pid in airflow.pids(), worker.cmdline()
+    killed = time.monotonic()
+    os.kill(worker.pid, signal.SIGKILL)  # first the supervisor, so nothing reports the death
+    os.kill(ti["pid"], signal.SIGKILL)
+
+    ti = airflow.wait_task(dag_id, run_id, "train", {"success", "failed"}, timeout_s=1200)
+    took_s = time.monotonic() - killed
+    assert ti["state"] == "success", airflow.explain_task(dag_id, run_id, "train")
+    assert ti["try_number"] == 2, ti
+    runs = _runs_of(kfp_backend, dag_id, run_id)
+    assert [r["run_id"] for r in runs] == [first], f"the retry submitted another run: {runs}"
+    assert runs[0]["state"] == "SUCCEEDED", _diagnose(kfp_backend, first)
+    log = airflow.wait_task_log(dag_id, run_id, "train", 2, "reattaching to", "already succeeded")
+    reattached = f"reattaching to KFP run {first}" in log or f"reattaching to active KFP run {first}" in log
+    assert reattached or f"KFP run {first} of an earlier try already succeeded" in log, log[-3000:]
+    assert airflow.xcom(dag_id, run_id, "train", "return_value")["run_id"] == first
+    print(f"3b kill: the retry {'reattached to' if reattached else 'found SUCCEEDED'} run {first}; "
+          f"the task succeeded {took_s:.0f} s after the kill")
 
 
 @pytest.mark.realnode
