@@ -81,7 +81,7 @@ class LeaderElector:
         self._leader = False
         # Guards _renewed_at and _leader together: is_leader() runs in the controller's thread while
         # the election thread renews; without it a check that read the renewal time just before a
-        # renewal stored its stale "not leader" just after it (a loss 0.28 s after winning, in a test).
+        # renewal could store its stale "not leader" just after it (tests/gpu_scheduler/test_leader_log.py).
         self._state_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

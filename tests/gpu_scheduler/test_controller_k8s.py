@@ -482,7 +482,9 @@ def test_command_line_runs_the_controller_until_sigterm(live: Live, kwok_gpu_nod
             metrics = wait_until(lambda: _scrape(port, scrapes), timeout_s=20, what="/metrics")
         except TimeoutError as exc:
             raise AssertionError(f"{exc}; last scrape: {scrapes[-1:] or 'none'}; {controller_said()}") from exc
-        assert "trainflow_scheduler_ticks_total" in metrics and 'trainflow_scheduler_leader 1.0' in metrics
+        assert "trainflow_scheduler_ticks_total" in metrics and 'trainflow_scheduler_leader 1.0' in metrics, (
+            f"{[x for x in metrics.splitlines() if x.startswith(('trainflow_scheduler_leader', 'trainflow_scheduler_ticks'))]}"
+            f"; {controller_said()}")
         holder = live.client.get(_lease(), "trainflow-gpu-scheduler", namespace=live.namespace).spec.holderIdentity
         assert holder
     finally:

@@ -477,3 +477,25 @@ def test_managed_gc_pauses_the_automatic_collections_during_a_tick_only() -> Non
         gc.enable()
         gc.unfreeze()
         ctl.close()
+
+
+def test_a_scrape_that_sees_a_tick_counted_sees_that_ticks_leader_gauge() -> None:
+    # /metrics is served from another thread while a tick records its metrics one by one: the
+    # tick counter goes last, so "ticks_total >= 1" implies the rest of that tick is recorded
+    # (a scrape once read ticks_total 1 with trainflow_scheduler_leader still 0).
+    cluster = two_nodes()
+    cluster.add_job("a", ["n0", "n0"])
+    ctl, _, _, _, _, metrics = make(cluster, leader=Leader(True))
+    seen_at_count: list[bytes] = []
+    ok = metrics.ticks.labels(result="ok")
+    count = ok.inc
+
+    def inc(amount: float = 1) -> None:
+        seen_at_count.append(generate_latest(metrics.registry))  # what a scrape at that moment reads
+        count(amount)
+
+    ok.inc = inc  # type: ignore[method-assign]
+    ctl.tick()
+    (scrape,) = seen_at_count
+    assert b"trainflow_scheduler_leader 1.0" in scrape
+    assert b'trainflow_scheduler_jobs{state="managed"} 1.0' in scrape
