@@ -1,10 +1,10 @@
 """trainflow's compiled pipeline against the real KFP backend (KFP 2.14.3) on the test bed.
 
-Issue 10's tests 3a (both train-step backends), 3b (the Airflow example DAG; mark failed), 3c (the
-KFP UI in Chromium) and 3d (a recurring run); 3e is tests/integration/test_kfp_api_contract.py.
-Opt-in until 3b's worker kill exists and the tier's cold build fits CI (docs/testbed.md): they run
-only with ``TRAINFLOW_REALKFP=1`` (``make
-test-realkfp``); without it they are skipped with that reason. The backend and the UI are built by
+Issue 10's tests 3a (both train-step backends), 3b (the Airflow example DAG; mark failed; the
+worker killed and the task retried), 3c (the KFP UI in Chromium) and 3d (a recurring run); 3e is
+tests/integration/test_kfp_api_contract.py. Opt-in until the tier's cold build fits CI
+(docs/testbed.md): they run only with ``TRAINFLOW_REALKFP=1`` (``make test-realkfp``); without it
+they are skipped with that reason. The backend and the UI are built by
 ``tests/testbed/build.sh kfp kfp-ui`` (cold: ~35 min on 2 cores; cached under
 ``~/.cache/trainflow/``) and started by :mod:`tests.support.kfp_backend` and
 :mod:`tests.support.kfp_ui`.
