@@ -55,7 +55,10 @@ def _setup_logging(env: DistEnv) -> None:
 
 def _permanent(message: str) -> int:
     """Print the one-line reason, record it in torchelastic's error file, return exit code 2."""
-    print(f"trainflow: {message}", file=sys.stderr)
+    # One write of the whole line: the ranks share the pod's stderr, and print() writes the text and
+    # its newline apart, so two ranks' lines could run together.
+    sys.stderr.write(f"trainflow: {message}\n")
+    sys.stderr.flush()
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if path:
         data = {"message": {"message": f"trainflow: {message}",

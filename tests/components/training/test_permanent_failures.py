@@ -5,9 +5,11 @@ Real processes: lone ``python -m components.training`` and ``python -m component
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,8 @@ from components.training.sources import prepare
 from tests.support.processes import free_port
 from trainflow.storage import write_bytes
 from trainflow.storage.local import LocalStorage
+
+REPO = Path(__file__).resolve().parents[3]
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +51,9 @@ def test_resume_refuses_a_checkpoint_of_another_dataset_or_model(digits_dataset,
 
 
 def _failed_ranks(stderr: str) -> int:
-    """Workers that printed their permanent failure (one line each, ``trainflow: ...``)."""
+    """Workers that printed their permanent failure (one line each, ``trainflow: ...``). The ranks
+    share stderr: each line must be written whole (print() wrote text and newline apart, and two
+    ranks' lines once ran together into one, counted 1 here)."""
     return sum(line.startswith("trainflow: dataset") for line in stderr.splitlines())
 
 
@@ -147,3 +153,24 @@ def test_the_pod_command_keeps_exit_codes_the_operator_can_act_on(tmp_path) -> N
     text = said.read_text()
     assert text.startswith("permanent failure, not retried: trainflow: ") and "no-such-dataset" in text
     assert "\n" not in text.strip()
+
+
+def test_ranks_sharing_stderr_write_their_permanent_failure_lines_whole(tmp_path) -> None:
+    """Two ranks failing at once share the pod's stderr: each ``trainflow: ...`` line arrives whole."""
+    start_at = time.time() + 3  # both ranks write at once, as after one rendezvous
+    code = ("import sys, time; from components.training.__main__ import _permanent\n"
+            f"time.sleep(max(0, {start_at} - time.time()))\n"
+            "for i in range(2000): _permanent(sys.argv[1] * 60)\n")
+    # Unbuffered, as in a container with PYTHONUNBUFFERED=1 (our image, KFP's task pods, the tests).
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    env.pop("TORCHELASTIC_ERROR_FILE", None)
+    read, write = os.pipe()
+    procs = [subprocess.Popen([sys.executable, "-c", code, letter], stderr=write, env=env, cwd=REPO)
+             for letter in "ab"]
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        lines = pipe.read().splitlines()
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    assert sorted(set(lines)) == ["trainflow: " + "a" * 60, "trainflow: " + "b" * 60], (
+        [x for x in lines if x not in ("trainflow: " + "a" * 60, "trainflow: " + "b" * 60)][:3])
+    assert len(lines) == 4000
