@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -35,6 +34,7 @@ import httpx
 import pytest
 from kfp_server_api.exceptions import ApiException
 
+from tests.support.kfp_backend import requires_realkfp
 from tests.support.kfp_server import assert_shape, start_kfp_server
 
 API = "/apis/v2beta1"
@@ -52,10 +52,7 @@ REAL_MARKS = [
     pytest.mark.k8s,
     pytest.mark.s3,
     pytest.mark.realnode,
-    pytest.mark.skipif(
-        os.environ.get("TRAINFLOW_REALKFP") != "1",
-        reason="real-KFP tier is opt-in until the stack passes (issue 10): TRAINFLOW_REALKFP=1 / make test-realkfp",
-    ),
+    requires_realkfp,
 ]
 
 #: Documented differences (docs/airflow.md, "Local server vs real KFP"; the key is the row's first

@@ -22,17 +22,14 @@ from typing import Any
 import pytest
 
 from tests.support.k8s import KubeTestBed
-from tests.support.kfp_backend import KFP_NAMESPACE, KFP_VERSION, KfpBackend
+from tests.support.kfp_backend import KFP_NAMESPACE, KFP_VERSION, KfpBackend, requires_realkfp
 from tests.support.kfp_ui import KfpUi, kfp_ui_dir
 
 pytestmark = [
     pytest.mark.realkfp,
     pytest.mark.k8s,
     pytest.mark.s3,
-    pytest.mark.skipif(
-        os.environ.get("TRAINFLOW_REALKFP") != "1",
-        reason="real-KFP tier is opt-in until the stack passes (issue 10): TRAINFLOW_REALKFP=1 / make test-realkfp",
-    ),
+    requires_realkfp,
 ]
 
 SYNC_DAG = Path(__file__).with_name("dags") / "realkfp_sync_training.py"
