@@ -89,8 +89,9 @@ testbed: venv system-deps
 image: venv
 	$(BIN)/python scripts/image/build.py
 
-# The real KFP 2.14.3 backend tier (issue 10; not in `make test`: see tests/support/kfp_backend.py requires_realkfp): builds the backend, Argo
-# Workflows and the ML Metadata venv on first use (tests/testbed/build.sh kfp), then runs the tier.
+# The real KFP 2.14.3 backend tier (issue 10; left out of `make test`: tests/support/kfp_backend.py,
+# requires_realkfp): builds the backend, Argo Workflows and the ML Metadata venv on first use
+# (tests/testbed/build.sh kfp), then runs the tier.
 test-realkfp: venv system-deps testbed
 	scripts/install-system-deps.sh kfp-ui
 	tests/testbed/build.sh kfp kfp-ui >/dev/null

@@ -25,7 +25,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,14 +110,19 @@ class KfpApi:
     def expected(self, difference: str) -> Any:
         return DIFFERENCES[difference][self.name]
 
-    def wait_run(self, run_id: str, states: set[str], timeout_s: float | None = None) -> dict[str, Any]:
-        deadline = time.monotonic() + (timeout_s or RUN_TIMEOUT_S[self.name])
+    def poll_run(self, run_id: str, done: Callable[[dict[str, Any]], bool], timeout_s: float) -> dict[str, Any]:
+        """GET the run each second until ``done(run)`` or ``timeout_s`` (at least one read); the last read."""
+        deadline = time.monotonic() + timeout_s
         while True:
             run = self.call("GET", f"/runs/{run_id}").raise_for_status().json()
-            if run["state"] in states:
+            if done(run) or time.monotonic() >= deadline:
                 return run
-            assert time.monotonic() < deadline, f"run {run_id} still {run['state']}: {json.dumps(run)[:2000]}"
             time.sleep(1)
+
+    def wait_run(self, run_id: str, states: set[str], timeout_s: float | None = None) -> dict[str, Any]:
+        run = self.poll_run(run_id, lambda r: r["state"] in states, timeout_s or RUN_TIMEOUT_S[self.name])
+        assert run["state"] in states, f"run {run_id} still {run['state']}: {json.dumps(run)[:2000]}"
+        return run
 
 
 def _compile(image: str, out_dir: Path) -> dict[str, Path]:
@@ -324,18 +329,15 @@ def test_runs_succeed_and_list_with_filter_sort_and_page_tokens(kfp_api: KfpApi)
     listed = client.list_runs(experiment_id=experiment.experiment_id, sort_by="display_name desc", page_size=10)
     assert [r.run_id for r in listed.runs] == [inline.run_id, by_version.run_id]
     # the step's state, as the Airflow bridge logs it (run_details.task_details)
+    def task_states(run: dict[str, Any]) -> dict[str, Any]:
+        return {t.get("display_name"): t.get("state") for t in run.get("run_details", {}).get("task_details", [])}
+
     lag_s, waited_s = api.expected("task states lag the run's end"), api.note("task_states_waited_s", {})
-    for run_id, run in runs.items():
-        started = deadline = time.monotonic()
-        deadline += lag_s
-        while True:
-            tasks = {t.get("display_name"): t.get("state") for t in run.get("run_details", {}).get("task_details", [])}
-            if tasks.get("add") == "SUCCEEDED" or time.monotonic() >= deadline:
-                break
-            time.sleep(1)
-            run = api.call("GET", f"/runs/{run_id}").raise_for_status().json()
+    for run_id in runs:
+        started = time.monotonic()
+        run = api.poll_run(run_id, lambda r: task_states(r).get("add") == "SUCCEEDED", lag_s)
         waited_s[run_id] = round(time.monotonic() - started, 1)
-        assert tasks.get("add") == "SUCCEEDED", tasks
+        assert task_states(run).get("add") == "SUCCEEDED", task_states(run)
 
 
 def test_terminate_stops_a_running_run(kfp_api: KfpApi) -> None:
