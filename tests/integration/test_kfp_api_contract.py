@@ -470,3 +470,12 @@ def _spec(package: Path) -> dict[str, Any]:
     import yaml
 
     return yaml.safe_load(package.read_text())
+
+
+def test_every_documented_difference_is_a_row_of_the_docs_table() -> None:
+    """Pure: each key of :data:`DIFFERENCES` begins a row of docs/airflow.md's "Local server vs real KFP"."""
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "airflow.md").read_text()
+    table = docs.split("### Local server vs real KFP", 1)[1].split("\n## ", 1)[0]
+    first_columns = [line.split("|")[1].strip() for line in table.splitlines() if line.startswith("| ")]
+    missing = [key for key in DIFFERENCES if not any(col.startswith(key) for col in first_columns)]
+    assert not missing, f"DIFFERENCES keys with no row in docs/airflow.md: {missing}"
