@@ -46,6 +46,10 @@ CLASSPATH = "airflow_bridge.triggers.kfp.KfpRunTrigger"
 DEFER_SETTLE_S = 5.0
 
 
+#: on_kill's terminate requests still in flight (see KfpRunTrigger.on_kill).
+_TERMINATIONS: set[asyncio.Future[None]] = set()
+
+
 class KfpRunTrigger(BaseTrigger):
     """Wait for a KFP run to reach a terminal state.
 
@@ -142,10 +146,22 @@ class KfpRunTrigger(BaseTrigger):
         yield TriggerEvent(dict(payload))
 
     async def on_kill(self) -> None:
-        """Terminate the KFP run when the user kills the deferred task (best effort, never raises)."""
+        """Terminate the KFP run when the user kills the deferred task (best effort, never raises).
+
+        The request is shielded from cancellation: Airflow's triggerer may cancel ``on_kill`` itself
+        (a second cancellation of the trigger's task); KFP 2.14 then aborts the Workflow patch with
+        "context canceled" and the run keeps running (seen on the real backend, 2026-11-27). The
+        request finishes in the triggerer's loop and logs its outcome.
+        """
         if not self.cancel_on_kill:
             self.log.info("task killed; leaving KFP run %s running (cancel_on_kill=False)", self.run_id)
             return
+        task = asyncio.ensure_future(self._terminate())
+        _TERMINATIONS.add(task)  # a strong reference until it ends (asyncio keeps only weak ones)
+        task.add_done_callback(_TERMINATIONS.discard)
+        await asyncio.shield(task)
+
+    async def _terminate(self) -> None:
         try:
             await self.hook().terminate_run(self.run_id)
             self.log.info("task killed; terminated KFP run %s", self.run_id)

@@ -227,3 +227,25 @@ async def test_the_trigger_logs_task_states_and_training_steps_as_they_change(
     steps = re.findall(r"training: step (\d)/4, epoch \d, loss [\d.]+, 100 samples/s, world size 1", log)
     assert steps and steps == sorted(set(steps)), log  # each new step once, in order
     assert steps[-1] == "4"
+
+
+async def test_on_kill_finishes_terminating_when_airflow_cancels_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pure: the triggerer may cancel on_kill while its request is in flight; the request still
+    completes (a cancelled request made KFP abort the termination and the run kept running)."""
+    done: list[str] = []
+
+    class SlowHook:
+        async def terminate_run(self, run_id: str) -> None:
+            await asyncio.sleep(0.3)
+            done.append(run_id)
+
+    trigger = KfpRunTrigger(run_id="run-1")
+    monkeypatch.setattr(trigger, "hook", lambda: SlowHook())
+    task = asyncio.ensure_future(trigger.on_kill())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert done == []
+    await asyncio.sleep(0.5)
+    assert done == ["run-1"]
