@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import enum
+import faulthandler
 import os
+import signal
 from typing import Annotated
 
 import typer
@@ -99,6 +101,8 @@ def run_command(
         configure_logging(log_format.value, log_level)
     except ValueError as exc:
         raise _fail(str(exc)) from None
+    # `kill -USR1 <pid>` writes every thread's stack to stderr: what a stuck loop is doing.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         for module in plugin or ():
             importlib.import_module(module)

@@ -753,10 +753,12 @@ def run(settings: ControllerSettings, *, stop: threading.Event | None = None, sy
     runtime.controller.manage_gc = True  # a long-running process: see Controller._settle_heap
     try:
         runtime.observer.start()
+        sync_started = time.monotonic()
         if not runtime.observer.wait_synced(sync_timeout_s):
             log.error("Kubernetes caches did not sync", extra={"unsynced": runtime.observer.unsynced(),
                                                                 "timeout_s": sync_timeout_s})
             return 1
+        log.info("Kubernetes caches synced", extra={"sync_s": round(time.monotonic() - sync_started, 3)})
         if runtime.leader is not None:
             runtime.leader.start()
         while not stop.is_set():

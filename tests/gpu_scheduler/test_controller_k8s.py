@@ -487,11 +487,23 @@ def test_command_line_runs_the_controller_until_sigterm(live: Live, kwok_gpu_nod
             f"; {controller_said()}")
         holder = live.client.get(_lease(), "trainflow-gpu-scheduler", namespace=live.namespace).spec.holderIdentity
         assert holder
+        # SIGUSR1: every thread's stack to the log (faulthandler), and the loop goes on ticking.
+        proc.send_signal(signal.SIGUSR1)
+        wait_until(lambda: "Current thread 0x" in log_path.read_text(errors="replace"), timeout_s=10,
+                   what="the stack dump SIGUSR1 asks for")
+        dumped_at = len(log_path.read_text(errors="replace"))
+        wait_until(lambda: '"msg":"tick"' in log_path.read_text(errors="replace")[dumped_at:], timeout_s=10,
+                   what="a tick after the stack dump")
+        assert proc.poll() is None, controller_said()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         code = proc.wait(timeout=30)
     assert code == 0
-    lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    text = log_path.read_text()
+    assert 'File "' in text and "gpu_scheduler/controller.py" in text  # the dump shows the control loop
+    lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    messages = [rec["msg"] for rec in lines]
+    assert messages.index("Kubernetes caches synced") < messages.index("tick")
     assert any(rec["msg"] == "action applied" and rec["action"] == "ScaledUp" and rec["job"].endswith(name)
                for rec in lines)
     assert all({"ts", "level", "logger", "msg"} <= rec.keys() for rec in lines)

@@ -140,6 +140,7 @@ class World:
     namespace: str
     prometheus: Any
     controller_log: Path
+    controller: subprocess.Popen[bytes]
     tmp_path: Path
     digits: Path
     steps: list[TrainStep] = field(default_factory=list)
@@ -302,8 +303,32 @@ class World:
         return "\n".join(out)
 
     def controller_tail(self) -> str:
+        """The controller's last log lines; a controller still running is first asked for every
+        thread's stack (SIGUSR1, ``faulthandler``), so a loop that stopped coming round shows where."""
+        if self.controller.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.controller.send_signal(signal.SIGUSR1)
+            time.sleep(1.0)
+            state = "running (its threads' stacks follow the log lines)"
+        else:
+            state = f"exited with rc {self.controller.returncode}"
         lines = self.controller_log.read_text(errors="replace").splitlines()
-        return "the controller's last log lines:\n" + "\n".join(lines[-15:])
+        stacks = next((i for i, line in enumerate(lines) if line.startswith(("Thread 0x", "Current thread 0x"))),
+                      len(lines))
+        return (f"the controller, {state}; its last log lines:\n" + "\n".join(lines[:stacks][-15:])
+                + ("\n" + "\n".join(lines[stacks:]) if stacks < len(lines) else ""))
+
+    def wait_controller_ticking(self, timeout_s: float = 90) -> None:
+        """Until the controller has logged a tick (its caches synced and its loop came round)."""
+        def ticked() -> bool:
+            if self.controller.poll() is not None:
+                raise AssertionError(f"the controller exited before its first tick\n{self.controller_tail()}")
+            return '"msg":"tick"' in self.controller_log.read_text(errors="replace")  # a line may be half-written
+
+        try:
+            wait_until(ticked, timeout_s=timeout_s, what="the controller's first tick")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{self.controller_tail()}") from None
 
     def events(self, name: str) -> list[Any]:
         from lightkube.resources.core_v1 import Event
@@ -383,9 +408,10 @@ def world(k8s_testbed: KubeTestBed, real_node: RealNode, real_node_env: S3Server
         controller = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
                                       start_new_session=True)
     world = World(bed=k8s_testbed, node=real_node, s3=real_node_env, namespace=s3_namespace, prometheus=prometheus,
-                  controller_log=log_path, tmp_path=tmp_path, digits=digits_dataset)
+                  controller_log=log_path, controller=controller, tmp_path=tmp_path, digits=digits_dataset)
     try:
         with trainers:
+            world.wait_controller_ticking()
             yield world
     finally:
         world.stop_train_steps()
