@@ -226,13 +226,20 @@ def progress_lines(run_id: str, previous: RunProgress | None, current: RunProgre
     Returns:
         ``"KFP run <id> is <STATE>"`` when the run's state changed, ``"KFP task <name>: <STATE>"``
         per task that appeared or changed state, and ``"training: step N/M, epoch E, loss L, ..."``
-        when the trainer reported a new step.
+        when the trainer reported a new step. The read where the run became terminal adds one line
+        naming the tasks KFP still lists as unfinished: a real KFP backend can update task states
+        after the run's (up to a minute, docs/airflow.md), so the run's state is the one to trust.
     """
     lines = []
+    ended = current.state.is_terminal and (previous is None or not previous.state.is_terminal)
     if previous is None or previous.state is not current.state:
         lines.append(f"KFP run {run_id} is {current.state.value}")
     seen = dict(previous.tasks) if previous is not None else {}
     lines += [f"KFP task {name}: {state}" for name, state in current.tasks if seen.get(name) != state]
+    unfinished = [f"{name} ({state})" for name, state in current.tasks if not RunState.parse(state).is_terminal]
+    if ended and unfinished:
+        lines.append(f"KFP run {run_id} ended {current.state.value} while KFP still lists these tasks as "
+                     f"unfinished (its task states can lag the run's): {', '.join(unfinished)}")
     training = dict(current.training)
     before = dict(previous.training) if previous is not None else {}
     if training.get("step") is not None and training.get("step") != before.get("step"):

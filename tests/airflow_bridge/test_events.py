@@ -109,6 +109,23 @@ def test_progress_lines_report_what_changed() -> None:
     ]
 
 
+def test_the_read_where_the_run_ends_names_the_tasks_kfp_still_lists_unfinished() -> None:
+    """Real KFP can report a run SUCCEEDED while a task still reads RUNNING (docs/airflow.md, "task
+    states lag the run's end"): the log says so once, instead of leaving RUNNING as the last word."""
+    running = RunProgress.of(_run("RUNNING", {"prepare": "SUCCEEDED", "add": "RUNNING"}))
+    ended = RunProgress.of(_run("SUCCEEDED", {"prepare": "SUCCEEDED", "add": "RUNNING", "skip": "PENDING"}))
+    assert progress_lines("r1", running, ended) == [
+        "KFP run r1 is SUCCEEDED",
+        "KFP task skip: PENDING",
+        "KFP run r1 ended SUCCEEDED while KFP still lists these tasks as unfinished (its task states can "
+        "lag the run's): add (RUNNING), skip (PENDING)",
+    ]
+    assert progress_lines("r1", ended, ended) == []  # said once
+    assert progress_lines("r1", None, ended)[-1].startswith("KFP run r1 ended SUCCEEDED")
+    settled = RunProgress.of(_run("SUCCEEDED", {"prepare": "SUCCEEDED", "add": "SUCCEEDED"}))
+    assert progress_lines("r1", running, settled) == ["KFP run r1 is SUCCEEDED", "KFP task add: SUCCEEDED"]
+
+
 def test_a_run_without_details_or_plugin_has_only_its_state() -> None:
     progress = RunProgress.of({"run_id": "r", "state": "PENDING"})
     assert progress == RunProgress(RunState.PENDING)
