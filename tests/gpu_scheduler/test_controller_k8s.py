@@ -41,6 +41,7 @@ from gpu_scheduler.kube import ANNOTATION_PREFIX, FIELD_MANAGER
 from gpu_scheduler.leader import LeaderElector
 from gpu_scheduler.observe.kubernetes import KubeConnector
 from gpu_scheduler.settings import ControllerSettings
+from tests.support.controller_log import log_records, ticks
 from tests.support.k8s import KubeTestBed, pytorchjob_resource, wait_until
 from tests.support.processes import free_port
 
@@ -491,9 +492,8 @@ def test_command_line_runs_the_controller_until_sigterm(live: Live, kwok_gpu_nod
         proc.send_signal(signal.SIGUSR1)
         wait_until(lambda: "Current thread 0x" in log_path.read_text(errors="replace"), timeout_s=10,
                    what="the stack dump SIGUSR1 asks for")
-        dumped_at = len(log_path.read_text(errors="replace"))
-        wait_until(lambda: '"msg":"tick"' in log_path.read_text(errors="replace")[dumped_at:], timeout_s=10,
-                   what="a tick after the stack dump")
+        ticked = ticks(log_path)
+        wait_until(lambda: ticks(log_path) > ticked, timeout_s=10, what="a tick after the stack dump")
         assert proc.poll() is None, controller_said()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -501,7 +501,7 @@ def test_command_line_runs_the_controller_until_sigterm(live: Live, kwok_gpu_nod
     assert code == 0
     text = log_path.read_text()
     assert 'File "' in text and "gpu_scheduler/controller.py" in text  # the dump shows the control loop
-    lines = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    lines = log_records(log_path)
     messages = [rec["msg"] for rec in lines]
     assert messages.index("Kubernetes caches synced") < messages.index("tick")
     assert any(rec["msg"] == "action applied" and rec["action"] == "ScaledUp" and rec["job"].endswith(name)

@@ -36,6 +36,7 @@ import pytest
 
 from tests.integration.test_cluster_path_realnode import placement_settings
 from tests.integration.test_e2e_realnode import JobWatch, committed_steps
+from tests.support.controller_log import log_records, ticks
 from tests.support.k8s import BackgroundPoll, KubeTestBed, pytorchjob_resource, wait_until
 from tests.support.processes import free_port
 from tests.support.realnode import RealNode
@@ -263,14 +264,9 @@ class World:
 
     def controller_actions(self, name: str, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
         """The controller's ``action applied`` log records of ``kinds`` for job ``name``, in order."""
-        out = []
-        for line in self.controller_log.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                rec = json.loads(line)
-                if (rec.get("msg") == "action applied" and rec.get("action") in kinds
-                        and str(rec.get("job", "")).endswith(f"/{name}")):
-                    out.append(rec)
-        return out
+        return [rec for rec in log_records(self.controller_log)
+                if rec.get("msg") == "action applied" and rec.get("action") in kinds
+                and str(rec.get("job", "")).endswith(f"/{name}")]
 
     def describe(self, step: TrainStep) -> str:
         """What a failure message needs from the cluster: the namespace's PyTorchJobs (replicas,
@@ -308,7 +304,9 @@ class World:
         if self.controller.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.controller.send_signal(signal.SIGUSR1)
-            time.sleep(1.0)
+            with contextlib.suppress(TimeoutError):
+                wait_until(lambda: "Current thread 0x" in self.controller_log.read_text(errors="replace"),
+                           timeout_s=5, what="the controller's stack dump")
             state = "running (its threads' stacks follow the log lines)"
         else:
             state = f"exited with rc {self.controller.returncode}"
@@ -323,7 +321,7 @@ class World:
         def ticked() -> bool:
             if self.controller.poll() is not None:
                 raise AssertionError(f"the controller exited before its first tick\n{self.controller_tail()}")
-            return '"msg":"tick"' in self.controller_log.read_text(errors="replace")  # a line may be half-written
+            return ticks(self.controller_log) > 0
 
         try:
             wait_until(ticked, timeout_s=timeout_s, what="the controller's first tick")
