@@ -1,6 +1,8 @@
 """make test's xdist groups (tests/support/parallel.py) hold: the users of a shared fixture run on
-one worker, every module's tests on one worker, an ``xdist_group`` mark is honoured, and without
-``-n`` nothing is reordered. A small project in a temp folder, run by pytest in a subprocess."""
+one worker, every module's tests on one worker, an ``xdist_group`` mark is honoured, the test bed's
+users are split into the real node's group and a KWOK-only group whose worker starts a bed without a
+node, and without ``-n`` nothing is reordered. A small project in a temp folder, run by pytest in a
+subprocess."""
 
 from __future__ import annotations
 
@@ -23,11 +25,18 @@ pytest_plugins = ["tests.support.parallel"]
 def airflow_cluster():  # the name of a fixture whose users share one worker
     return "cluster"
 
+@pytest.fixture(scope="session")
+def k8s_testbed(request):  # names the bed the real fixture would start
+    from tests.support.k8s import bed_needs_real_node
+
+    return "real node" if bed_needs_real_node(request.session) else "kwok only"
+
 @pytest.fixture(autouse=True)
 def _record(request):
     yield
+    bed = request.getfixturevalue("k8s_testbed") if "k8s_testbed" in request.fixturenames else None
     with open(os.environ["RECORD"], "a") as fh:
-        fh.write(json.dumps([request.node.nodeid, os.environ.get("PYTEST_XDIST_WORKER", "main")]) + "\\n")
+        fh.write(json.dumps([request.node.nodeid, os.environ.get("PYTEST_XDIST_WORKER", "main"), bed]) + "\\n")
 '''
 
 MODULE = '''
@@ -48,6 +57,20 @@ def test_marked():
 '''
 
 
+K8S_MODULE = '''
+import pytest
+
+@pytest.mark.realnode
+@pytest.mark.parametrize("i", range(3))
+def test_real(k8s_testbed, i):
+    pass
+
+@pytest.mark.parametrize("i", range(3))
+def test_kwok(k8s_testbed, i):
+    pass
+'''
+
+
 def _run(tmp_path: Path, *args: str) -> list[tuple[str, str]]:
     project = tmp_path / "project"
     project.mkdir(exist_ok=True)
@@ -62,6 +85,16 @@ def _run(tmp_path: Path, *args: str) -> list[tuple[str, str]]:
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
                           cwd=project, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+    return [tuple(json.loads(line))[:2] for line in record.read_text().splitlines()]
+
+
+def _run_bed(tmp_path: Path, *args: str) -> list[tuple[str, str, str | None]]:
+    """The project plus a module of test-bed users; (node id, worker, bed) of each test."""
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    (project / "test_k8s.py").write_text(K8S_MODULE)
+    _run(tmp_path, *args)
+    record = sorted(tmp_path.glob("record-*.jsonl"))[-1]
     return [tuple(json.loads(line)) for line in record.read_text().splitlines()]
 
 
@@ -89,3 +122,20 @@ def test_without_xdist_the_order_is_pytests(tmp_path: Path) -> None:
         "test_a.py::test_marked",
     ]
     assert {worker for _, worker in ran} == {"main"}
+
+
+def test_the_beds_users_split_into_the_real_nodes_group_and_a_kwok_only_one(tmp_path: Path) -> None:
+    ran = [r for r in _run_bed(tmp_path, "-n", "2", "--dist", "loadgroup") if "test_k8s.py" in r[0]]
+    real = {(worker, bed) for nodeid, worker, bed in ran if "test_real" in nodeid}
+    kwok = {(worker, bed) for nodeid, worker, bed in ran if "test_kwok" in nodeid}
+    assert len(ran) == 6
+    assert len(real) == 1 and next(iter(real))[1] == "real node", real  # one worker, its bed has the node
+    assert len(kwok) == 1, kwok
+    # The KWOK-only group comes right after the real node's in the order, so the other worker takes it
+    # and starts a bed without a node.
+    assert next(iter(kwok)) == ("gw1" if next(iter(real))[0] == "gw0" else "gw0", "kwok only"), (real, kwok)
+
+
+def test_a_serial_run_starts_one_bed_with_the_real_node_for_all(tmp_path: Path) -> None:
+    ran = [r for r in _run_bed(tmp_path) if "test_k8s.py" in r[0]]
+    assert {(worker, bed) for _, worker, bed in ran} == {("main", "real node")}

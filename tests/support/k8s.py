@@ -18,7 +18,9 @@ Every server listens on 127.0.0.1 only (``tests/integration/test_loopback_only.p
 
 A session with tests marked ``realnode`` gets a bed with a real node (:mod:`tests.support.realnode`:
 kubelet, containerd, CoreDNS, kube-proxy in a network namespace) and kube-controller-manager; its
-API server then listens on :attr:`KubeTestBed.node_host_ip` instead of 127.0.0.1. Fixture
+API server then listens on :attr:`KubeTestBed.node_host_ip` instead of 127.0.0.1. Under ``make
+test``'s xdist workers, the worker that runs the real-node group starts that bed and the worker that
+runs the bed's KWOK-only tests starts one without a node (:func:`bed_needs_real_node`). Fixture
 ``real_node`` (session) returns the :class:`~tests.support.realnode.RealNode`.
 
 Without a real node there is no kube-controller-manager: no garbage collector, namespace
@@ -67,7 +69,14 @@ import pytest
 import yaml
 
 from tests.support.lifetime import die_with_parent
-from tests.support.parallel import summary_lines
+from tests.support.parallel import (
+    REAL_NODE_GROUP,
+    current_item,
+    group_of,
+    in_worker,
+    needs_real_node,
+    summary_lines,
+)
 from tests.support.processes import ManagedProcess, free_port
 from tests.support.realnode import RealNode, SlotLease, cleanup_slot
 from tests.support.testbed_build import build_parts
@@ -1215,18 +1224,28 @@ def _http_ok(url: str, *, verify: bool = True) -> bool:
 _SUMMARY = summary_lines()
 
 
-#: Marker of the tests that need the real node (``real_node`` fixture).
-REAL_NODE_MARKER = "realnode"
+def bed_needs_real_node(session: pytest.Session) -> bool:
+    """Whether this session's test bed gets a real node.
+
+    A serial run: when any of its tests needs one (:func:`~tests.support.parallel.needs_real_node`).
+    An xdist worker collects every test but runs only the groups it is handed, in the plan's order
+    (``k8s`` before ``k8s-kwok``, tests/support/parallel.py): when the test that first asks for the
+    bed is in the real-node group. So the worker of the KWOK-only group starts a bed without a node.
+    """
+    if in_worker(session.config):
+        item = current_item()
+        return item is not None and group_of(item) == REAL_NODE_GROUP
+    return any(needs_real_node(item) for item in session.items)
 
 
 @pytest.fixture(scope="session")
 def k8s_testbed(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[KubeTestBed]:
     """The Kubernetes test bed, started once per session and stopped by PID at the end.
 
-    It has a real node (:mod:`tests.support.realnode`) when the session has a test marked
-    ``realnode``: one API server for the session, whose address is then the node's host address.
+    It has a real node (:mod:`tests.support.realnode`) when :func:`bed_needs_real_node`: one API
+    server for the session, whose address is then the node's host address.
     """
-    real_node = any(item.get_closest_marker(REAL_NODE_MARKER) for item in request.session.items)
+    real_node = bed_needs_real_node(request.session)
     bed = KubeTestBed(root=tmp_path_factory.mktemp("k8s"), binaries=testbed_binaries(), real_node=real_node)
     bed.start()
     _SUMMARY.append(f"k8s test bed started in {bed.startup_s:.1f} s {bed.startup_steps_s}")
@@ -1251,7 +1270,8 @@ def real_node(k8s_testbed: KubeTestBed) -> RealNode:
     on ``real_node.host_ip``.
     """
     if k8s_testbed.node is None:
-        pytest.fail("the test bed has no real node: mark the test with @pytest.mark.realnode")
+        pytest.fail("the test bed has no real node: mark the test with @pytest.mark.realnode "
+                    "(under xdist: this worker's bed was started for a test of the KWOK-only group first)")
     return k8s_testbed.node
 
 

@@ -5,9 +5,15 @@ with its own session fixtures (MinIO, the local KFP server, datasets) on free po
 folders. A *group* is the unit a worker takes; this plugin gives every test one (:func:`group_of`):
 
 * every test that uses the Kubernetes test bed (``k8s_testbed``, also through ``real_node``,
-  ``real_node_s3``, ``k8s_namespace``, ...) is in the group ``k8s``: one worker starts the bed (with
-  its real node when the session has ``realnode`` tests) once, as a serial run does, and the
-  real-node tests never train side by side on the two cores;
+  ``real_node_s3``, ``k8s_namespace``, ...) and needs its real node (:func:`needs_real_node`: marked
+  ``realnode`` or ``realkfp``, or ``xdist_group("k8s")``) is in the group ``k8s``: one worker starts
+  the bed with its real node once, as a serial run does, and the real-node tests never train side by
+  side on the two cores;
+* the bed's other users (KWOK nodes only) are in the group ``k8s-kwok``: the worker that takes it
+  starts a bed of its own without a real node (11 s), so these tests no longer queue behind the
+  real-node ones. The ``k8s`` group always comes first in the order, so a worker whose bed has no
+  real node is never handed a test that needs one (a worker with the real node may still take the
+  ``k8s-kwok`` tests: they run on any bed);
 * every test that uses the Airflow cluster of ``tests/airflow_bridge`` (``airflow_cluster``, package
   scope) is in the group ``airflow``: one cluster, started once;
 * a test with an ``xdist_group`` mark is in that group;
@@ -39,8 +45,16 @@ from typing import Any
 import pytest
 
 #: Fixtures whose users share one worker: the fixture is costly to start and holds state for the
-#: whole session (package), so one instance serves them all, as in a serial run.
+#: whole session (package), so one instance serves them all, as in a serial run. The test bed's
+#: users are split further by :func:`needs_real_node` (:func:`group_of`).
 SHARED_FIXTURE_GROUPS = (("k8s_testbed", "k8s"), ("airflow_cluster", "airflow"))
+
+#: The group of the test bed's users that need its real node, and of the others (KWOK only).
+REAL_NODE_GROUP, KWOK_GROUP = "k8s", "k8s-kwok"
+
+#: Marks of the tests that need the bed's real node: ``realnode``, and the real-KFP tier's
+#: ``realkfp`` (its module shares one backend, which runs pods on the node when the bed has one).
+REAL_NODE_MARKS = ("realnode", "realkfp")
 
 #: Rough seconds a test takes on 2 cores, by mark (the largest that applies); unmarked tests: 1 s.
 MARK_WEIGHTS = {"realnode": 60.0, "airflow": 30.0, "slow": 30.0, "browser": 20.0, "k8s": 5.0, "s3": 3.0,
@@ -51,15 +65,33 @@ _GROUPS_DIR = "trainflow_xdist_groups_dir"  # workerinput key: where workers wri
 _groups_dir_key = pytest.StashKey[str]()
 
 
+def _xdist_group_mark(item: pytest.Item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
+        return None
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+
+
+def needs_real_node(item: pytest.Item) -> bool:
+    """Whether ``item`` needs the test bed's real node: a mark of :data:`REAL_NODE_MARKS`, or
+    ``xdist_group("k8s")`` (a test that asks for the bed lazily, or checks the node when there is one)."""
+    if any(item.get_closest_marker(name) for name in REAL_NODE_MARKS):
+        return True
+    return _xdist_group_mark(item) == REAL_NODE_GROUP
+
+
 def group_of(item: pytest.Item) -> str:
-    """The xdist group of ``item``: a shared fixture's group, its ``xdist_group`` mark, or its module."""
+    """The xdist group of ``item``: a shared fixture's group (the test bed's: :data:`REAL_NODE_GROUP`
+    or :data:`KWOK_GROUP`), its ``xdist_group`` mark, or its module."""
     fixtures = set(getattr(item, "fixturenames", ()))
     for fixture, group in SHARED_FIXTURE_GROUPS:
         if fixture in fixtures:
+            if group == REAL_NODE_GROUP and not needs_real_node(item):
+                return KWOK_GROUP
             return group
-    mark = item.get_closest_marker("xdist_group")
+    mark = _xdist_group_mark(item)
     if mark is not None:
-        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+        return mark
     return item.nodeid.split("::", 1)[0]
 
 
@@ -75,6 +107,9 @@ def plan(items: list[pytest.Item]) -> tuple[list[pytest.Item], dict[str, str]]:
     for item in items:
         groups[group_of(item)].append(item)
     order = sorted(groups, key=lambda g: (-sum(weight(i) for i in groups[g]), g))
+    if REAL_NODE_GROUP in groups and KWOK_GROUP in groups:  # the real node's group first (module doc)
+        order.remove(KWOK_GROUP)
+        order.insert(order.index(REAL_NODE_GROUP) + 1, KWOK_GROUP)
     ordered = [item for g in order for item in groups[g]]
     return ordered, {item.nodeid: g for g in order for item in groups[g]}
 
@@ -154,6 +189,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(groups))
     os.replace(tmp, out)
+
+
+_current_item: list[pytest.Item] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Remember the test whose fixtures are being set up (:func:`current_item`)."""
+    _current_item[:] = [item]
+
+
+def current_item() -> pytest.Item | None:
+    """The test being set up or run in this process, or None before the first."""
+    return _current_item[0] if _current_item else None
+
+
+def in_worker(config: pytest.Config) -> bool:
+    """Whether this process is an xdist worker (it runs only the groups it is handed)."""
+    return hasattr(config, "workerinput")
 
 
 # The Kubernetes test bed reports its start-up time in the terminal summary
