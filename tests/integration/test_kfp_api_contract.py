@@ -43,12 +43,11 @@ TERMINAL = {"SUCCEEDED", "FAILED", "CANCELED", "SKIPPED"}
 pytestmark = pytest.mark.slow
 
 #: The marks of the ``real`` side: test_realkfp.py's gate and markers, plus ``realnode`` (runs
-#: execute on the bed's real node, so the session's bed must have one) and the xdist group of the
-#: test bed's users (``make test -n 2``, tests/support/parallel.py on main): the fixture asks for
-#: ``kfp_backend`` lazily, so the group cannot be seen from the test's fixtures.
+#: execute on the bed's real node, so the session's bed must have one). ``realkfp`` also puts it in
+#: the real-KFP tier's xdist group (tests/support/parallel.py), which the fixtures cannot show: the
+#: fixture asks for ``kfp_backend`` lazily.
 REAL_MARKS = [
     pytest.mark.realkfp,
-    pytest.mark.xdist_group("k8s"),
     pytest.mark.k8s,
     pytest.mark.s3,
     pytest.mark.realnode,

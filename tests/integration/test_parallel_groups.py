@@ -68,6 +68,12 @@ def test_real(k8s_testbed, i):
 @pytest.mark.parametrize("i", range(3))
 def test_kwok(k8s_testbed, i):
     pass
+
+@pytest.mark.realkfp
+@pytest.mark.realnode  # as the tier's runs are: the group weighs as much as the real node's
+@pytest.mark.parametrize("i", range(3))
+def test_kfp(k8s_testbed, i):
+    pass
 '''
 
 
@@ -124,16 +130,19 @@ def test_without_xdist_the_order_is_pytests(tmp_path: Path) -> None:
     assert {worker for _, worker in ran} == {"main"}
 
 
-def test_the_beds_users_split_into_the_real_nodes_group_and_a_kwok_only_one(tmp_path: Path) -> None:
-    ran = [r for r in _run_bed(tmp_path, "-n", "2", "--dist", "loadgroup") if "test_k8s.py" in r[0]]
-    real = {(worker, bed) for nodeid, worker, bed in ran if "test_real" in nodeid}
-    kwok = {(worker, bed) for nodeid, worker, bed in ran if "test_kwok" in nodeid}
-    assert len(ran) == 6
-    assert len(real) == 1 and next(iter(real))[1] == "real node", real  # one worker, its bed has the node
-    assert len(kwok) == 1, kwok
-    # The KWOK-only group comes right after the real node's in the order, so the other worker takes it
-    # and starts a bed without a node.
-    assert next(iter(kwok)) == ("gw1" if next(iter(real))[0] == "gw0" else "gw0", "kwok only"), (real, kwok)
+def test_the_beds_users_split_into_two_groups_with_a_real_node_and_a_kwok_only_one(tmp_path: Path) -> None:
+    ran = [r for r in _run_bed(tmp_path, "-n", "3", "--dist", "loadgroup") if "test_k8s.py" in r[0]]
+    by_test = collections.defaultdict(set)
+    for nodeid, worker, bed in ran:
+        by_test[nodeid.split("::")[1].split("[")[0]].add((worker, bed))
+    assert len(ran) == 9
+    # Each group on one worker; the real node's and the real-KFP tier's each start a bed with a real
+    # node; the KWOK-only group, right after them in the order, goes to the third worker, which
+    # starts a bed without one.
+    assert all(len(runs) == 1 for runs in by_test.values()), dict(by_test)
+    (real,), (kfp,), (kwok,) = by_test["test_real"], by_test["test_kfp"], by_test["test_kwok"]
+    assert real[1] == kfp[1] == "real node" and kwok[1] == "kwok only", dict(by_test)
+    assert len({real[0], kfp[0], kwok[0]}) == 3, dict(by_test)
 
 
 def test_a_serial_run_starts_one_bed_with_the_real_node_for_all(tmp_path: Path) -> None:

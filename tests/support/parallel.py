@@ -4,15 +4,20 @@
 with its own session fixtures (MinIO, the local KFP server, datasets) on free ports and its own temp
 folders. A *group* is the unit a worker takes; this plugin gives every test one (:func:`group_of`):
 
-* every test that uses the Kubernetes test bed (``k8s_testbed``, also through ``real_node``,
-  ``real_node_s3``, ``k8s_namespace``, ...) and needs its real node (:func:`needs_real_node`: marked
-  ``realnode`` or ``realkfp``, or ``xdist_group("k8s")``) is in the group ``k8s``: one worker starts
-  the bed with its real node once, as a serial run does, and the real-node tests never train side by
-  side on the two cores;
-* the bed's other users (KWOK nodes only) are in the group ``k8s-kwok``: the worker that takes it
-  starts a bed of its own without a real node (11 s), so these tests no longer queue behind the
-  real-node ones. The ``k8s`` group always comes first in the order, so a worker whose bed has no
-  real node is never handed a test that needs one (a worker with the real node may still take the
+* the tests of the Kubernetes test bed (``k8s_testbed``, also through ``real_node``,
+  ``real_node_s3``, ``k8s_namespace``, ...) are split in three groups (:func:`bed_group`), each
+  worker that takes one starts a bed of its own (tests/support/k8s.py, ``bed_needs_real_node``):
+
+  - ``k8s``: the tests that need the real node (marked ``realnode``, or ``xdist_group("k8s")``):
+    one bed with its real node, started once, as a serial run does; these tests never train side by
+    side with each other;
+  - ``k8s-kfp``: the real-KFP tier (marked ``realkfp``, also the API-contract tests' ``real`` side,
+    which ask for the bed lazily): a second bed with a real node of its own, so that the tier runs
+    beside the other real-node tests rather than after them;
+  - ``k8s-kwok``: the bed's other users (KWOK nodes only): a bed without a real node (~10 s).
+
+  The real-node groups always come before ``k8s-kwok`` in the order, so a worker whose bed has no
+  real node is never handed a test that needs one (a worker with a real node may still take the
   ``k8s-kwok`` tests: they run on any bed);
 * every test that uses the Airflow cluster of ``tests/airflow_bridge`` (``airflow_cluster``, package
   scope) is in the group ``airflow``: one cluster, started once;
@@ -46,15 +51,14 @@ import pytest
 
 #: Fixtures whose users share one worker: the fixture is costly to start and holds state for the
 #: whole session (package), so one instance serves them all, as in a serial run. The test bed's
-#: users are split further by :func:`needs_real_node` (:func:`group_of`).
+#: users are split further (:func:`bed_group`).
 SHARED_FIXTURE_GROUPS = (("k8s_testbed", "k8s"), ("airflow_cluster", "airflow"))
 
-#: The group of the test bed's users that need its real node, and of the others (KWOK only).
-REAL_NODE_GROUP, KWOK_GROUP = "k8s", "k8s-kwok"
+#: The test bed's groups (module doc): the real node's, the real-KFP tier's, the KWOK-only one.
+REAL_NODE_GROUP, REALKFP_GROUP, KWOK_GROUP = "k8s", "k8s-kfp", "k8s-kwok"
 
-#: Marks of the tests that need the bed's real node: ``realnode``, and the real-KFP tier's
-#: ``realkfp`` (its module shares one backend, which runs pods on the node when the bed has one).
-REAL_NODE_MARKS = ("realnode", "realkfp")
+#: The groups whose bed has a real node.
+REAL_NODE_GROUPS = (REAL_NODE_GROUP, REALKFP_GROUP)
 
 #: Rough seconds a test takes on 2 cores, by mark (the largest that applies); unmarked tests: 1 s.
 MARK_WEIGHTS = {"realnode": 60.0, "airflow": 30.0, "slow": 30.0, "browser": 20.0, "k8s": 5.0, "s3": 3.0,
@@ -72,23 +76,31 @@ def _xdist_group_mark(item: pytest.Item) -> str | None:
     return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
 
 
+def bed_group(item: pytest.Item) -> str:
+    """The test bed group of ``item`` (module doc): :data:`REALKFP_GROUP` when marked ``realkfp``,
+    :data:`REAL_NODE_GROUP` when marked ``realnode`` or ``xdist_group("k8s")`` (a test that checks
+    the node when there is one), else :data:`KWOK_GROUP`."""
+    if item.get_closest_marker("realkfp"):
+        return REALKFP_GROUP
+    if item.get_closest_marker("realnode") or _xdist_group_mark(item) == REAL_NODE_GROUP:
+        return REAL_NODE_GROUP
+    return KWOK_GROUP
+
+
 def needs_real_node(item: pytest.Item) -> bool:
-    """Whether ``item`` needs the test bed's real node: a mark of :data:`REAL_NODE_MARKS`, or
-    ``xdist_group("k8s")`` (a test that asks for the bed lazily, or checks the node when there is one)."""
-    if any(item.get_closest_marker(name) for name in REAL_NODE_MARKS):
-        return True
-    return _xdist_group_mark(item) == REAL_NODE_GROUP
+    """Whether ``item`` needs a test bed with a real node (:func:`bed_group`)."""
+    return bed_group(item) in REAL_NODE_GROUPS
 
 
 def group_of(item: pytest.Item) -> str:
-    """The xdist group of ``item``: a shared fixture's group (the test bed's: :data:`REAL_NODE_GROUP`
-    or :data:`KWOK_GROUP`), its ``xdist_group`` mark, or its module."""
+    """The xdist group of ``item``: a shared fixture's group (the test bed's: :func:`bed_group`; a
+    ``realkfp`` test's also when it asks for the bed lazily), its ``xdist_group`` mark, or its module."""
+    if item.get_closest_marker("realkfp"):
+        return REALKFP_GROUP
     fixtures = set(getattr(item, "fixturenames", ()))
     for fixture, group in SHARED_FIXTURE_GROUPS:
         if fixture in fixtures:
-            if group == REAL_NODE_GROUP and not needs_real_node(item):
-                return KWOK_GROUP
-            return group
+            return bed_group(item) if group == REAL_NODE_GROUP else group
     mark = _xdist_group_mark(item)
     if mark is not None:
         return mark
@@ -107,9 +119,9 @@ def plan(items: list[pytest.Item]) -> tuple[list[pytest.Item], dict[str, str]]:
     for item in items:
         groups[group_of(item)].append(item)
     order = sorted(groups, key=lambda g: (-sum(weight(i) for i in groups[g]), g))
-    if REAL_NODE_GROUP in groups and KWOK_GROUP in groups:  # the real node's group first (module doc)
+    if any(g in groups for g in REAL_NODE_GROUPS) and KWOK_GROUP in groups:  # after the groups with a real node (module doc)
         order.remove(KWOK_GROUP)
-        order.insert(order.index(REAL_NODE_GROUP) + 1, KWOK_GROUP)
+        order.insert(max(order.index(g) for g in REAL_NODE_GROUPS if g in groups) + 1, KWOK_GROUP)
     ordered = [item for g in order for item in groups[g]]
     return ordered, {item.nodeid: g for g in order for item in groups[g]}
 
