@@ -517,15 +517,28 @@ def _lease() -> Any:
     return Lease
 
 
+def _ticks_counted(text: str) -> float:
+    """The sum of ``trainflow_scheduler_ticks_total``'s samples in a scrape (0 before the first tick:
+    the labelled counter's HELP and TYPE lines come before any sample)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "trainflow_scheduler_ticks_total"
+    )
+
+
 def _scrape(port: int, seen: list[str] | None = None) -> str | None:
-    """The text of ``/metrics`` once it has the tick counter, else None (what came back goes to ``seen``)."""
+    """The text of ``/metrics`` once it has counted a tick, else None (what came back goes to ``seen``)."""
     try:
         response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
     except httpx.HTTPError as exc:
         if seen is not None:
             seen.append(f"{type(exc).__name__}: {exc}")
         return None
-    if response.status_code == 200 and "trainflow_scheduler_ticks_total" in response.text:
+    if response.status_code == 200 and _ticks_counted(response.text) >= 1:
         return response.text
     if seen is not None:
         seen.append(f"HTTP {response.status_code}: {response.text[:200]!r}")
