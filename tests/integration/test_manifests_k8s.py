@@ -36,6 +36,19 @@ def manifests(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield root
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _leave_no_workloads(k8s_testbed: KubeTestBed) -> Iterator[None]:
+    """After the module, the overlays' Deployments (and their ReplicaSets) and the PyTorchJobs and
+    pods these tests made are deleted: left pending, they would land on the next test's KWOK GPU
+    node. Seen on a bed with a controller manager (a real node's): the ``held`` job's workers and the
+    scheduler's and MinIO's pods took the GPUs of test_testbed_k8s's node, whose 8-GPU pod then
+    never ran (2026-11-27, when the KWOK-only tests first ran right after this module)."""
+    yield
+    for namespace in ("trainflow", "kubeflow"):
+        k8s_testbed.kubectl("delete", "deployment,replicaset", "--all", "-n", namespace, "--wait=false", check=False)
+        k8s_testbed.cleanup_namespace(namespace)
+
+
 def build(bed: KubeTestBed, manifests: Path, overlay: str) -> list[dict]:
     return list(yaml.safe_load_all(bed.kubectl("kustomize", str(manifests / "overlays" / overlay)).stdout))
 
