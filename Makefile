@@ -55,8 +55,9 @@ run: venv
 	$(BIN)/trainflow run
 
 # make test runs the suite on $(TEST_WORKERS) pytest-xdist workers (TEST_WORKERS=0: in one process).
-# Each test gets an xdist group (tests/support/parallel.py): all tests of the Kubernetes test bed on
-# one worker, the Airflow cluster's on one, every other module on one; longest groups first.
+# Each test gets an xdist group (tests/support/parallel.py): the Kubernetes test bed's tests in three
+# (real-node tests, the real-KFP tier, KWOK-only), each on one worker with a bed of its own; the
+# Airflow cluster's on one; every other module on one; longest groups first.
 # Every test's outcome and time: build/test-artifacts/junit.xml.
 # docs/testbed.md, "Parallel runs".
 TEST_WORKERS ?= 2
