@@ -1,7 +1,7 @@
 """make test's xdist groups (tests/support/parallel.py) hold: the users of a shared fixture run on
 one worker, every module's tests on one worker, an ``xdist_group`` mark is honoured, the test bed's
-users are split into the real node's group and a KWOK-only group whose worker starts a bed without a
-node, and without ``-n`` nothing is reordered. A small project in a temp folder, run by pytest in a
+users are split into the real node's group and the real-KFP tier's, whose worker starts a bed of its
+own, and without ``-n`` nothing is reordered. A small project in a temp folder, run by pytest in a
 subprocess."""
 
 from __future__ import annotations
@@ -130,19 +130,18 @@ def test_without_xdist_the_order_is_pytests(tmp_path: Path) -> None:
     assert {worker for _, worker in ran} == {"main"}
 
 
-def test_the_beds_users_split_into_two_groups_with_a_real_node_and_a_kwok_only_one(tmp_path: Path) -> None:
+def test_the_real_kfp_tier_gets_a_worker_and_a_real_node_bed_of_its_own(tmp_path: Path) -> None:
     ran = [r for r in _run_bed(tmp_path, "-n", "3", "--dist", "loadgroup") if "test_k8s.py" in r[0]]
     by_test = collections.defaultdict(set)
     for nodeid, worker, bed in ran:
         by_test[nodeid.split("::")[1].split("[")[0]].add((worker, bed))
     assert len(ran) == 9
-    # Each group on one worker; the real node's and the real-KFP tier's each start a bed with a real
-    # node; the KWOK-only group, right after them in the order, goes to the third worker, which
-    # starts a bed without one.
+    # The bed's tests on one worker, with the real node; the tier's on another, which starts a bed
+    # with a real node of its own.
     assert all(len(runs) == 1 for runs in by_test.values()), dict(by_test)
     (real,), (kfp,), (kwok,) = by_test["test_real"], by_test["test_kfp"], by_test["test_kwok"]
-    assert real[1] == kfp[1] == "real node" and kwok[1] == "kwok only", dict(by_test)
-    assert len({real[0], kfp[0], kwok[0]}) == 3, dict(by_test)
+    assert real == kwok and real[1] == "real node", dict(by_test)
+    assert kfp[1] == "real node" and kfp[0] != real[0], dict(by_test)
 
 
 def test_a_serial_run_starts_one_bed_with_the_real_node_for_all(tmp_path: Path) -> None:

@@ -19,8 +19,8 @@ Every server listens on 127.0.0.1 only (``tests/integration/test_loopback_only.p
 A session with tests marked ``realnode`` gets a bed with a real node (:mod:`tests.support.realnode`:
 kubelet, containerd, CoreDNS, kube-proxy in a network namespace) and kube-controller-manager; its
 API server then listens on :attr:`KubeTestBed.node_host_ip` instead of 127.0.0.1. Under ``make
-test``'s xdist workers, the workers of the real-node tests and of the real-KFP tier each start
-such a bed and the worker of the KWOK-only tests one without a node (:func:`bed_needs_real_node`). Fixture
+test``'s xdist workers, the worker of the bed's tests and the one of the real-KFP tier each start
+such a bed (:func:`bed_needs_real_node`). Fixture
 ``real_node`` (session) returns the :class:`~tests.support.realnode.RealNode`.
 
 Without a real node there is no kube-controller-manager: no garbage collector, namespace
@@ -1228,14 +1228,16 @@ def bed_needs_real_node(session: pytest.Session) -> bool:
     """Whether this session's test bed gets a real node.
 
     A serial run: when any of its tests needs one (:func:`~tests.support.parallel.needs_real_node`).
-    An xdist worker collects every test but runs only the groups it is handed, in the plan's order
-    (``k8s`` and ``k8s-kfp`` before ``k8s-kwok``, tests/support/parallel.py): when the test that first
-    asks for the bed is in a group with a real node. So the worker of the KWOK-only group starts a
-    bed without a node, and the real-KFP tier's worker a bed with a real node of its own.
+    An xdist worker collects every test but runs only the groups it is handed: when the test that
+    first asks for the bed is in a group whose bed has a real node (both of the bed's groups,
+    tests/support/parallel.py; so the real-KFP tier's worker gets a real node of its own).
     """
     if in_worker(session.config):
         item = current_item()
-        return item is not None and group_of(item) in REAL_NODE_GROUPS
+        if item is None or group_of(item) not in REAL_NODE_GROUPS:
+            return False
+        group = group_of(item)
+        return any(needs_real_node(i) for i in session.items if group_of(i) == group)
     return any(needs_real_node(item) for item in session.items)
 
 
