@@ -1273,8 +1273,7 @@ def real_node(k8s_testbed: KubeTestBed) -> RealNode:
     on ``real_node.host_ip``.
     """
     if k8s_testbed.node is None:
-        pytest.fail("the test bed has no real node: mark the test with @pytest.mark.realnode "
-                    "(under xdist: this worker's bed was started for a test of the KWOK-only group first)")
+        pytest.fail("the test bed has no real node: mark the test with @pytest.mark.realnode")
     return k8s_testbed.node
 
 
