@@ -34,7 +34,6 @@ REAL_NODE_SERVERS = {"kube-controller-manager", "containerd", "kubelet", "coredn
 
 @pytest.mark.k8s
 @pytest.mark.s3
-@pytest.mark.xdist_group("k8s")  # under make test: the real node's bed, so the node's programs are checked too
 def test_every_testbed_and_s3_server_listens_on_loopback_only(
     k8s_testbed: KubeTestBed, s3_server: S3Server
 ) -> None:

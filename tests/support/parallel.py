@@ -14,9 +14,8 @@ folders. A *group* is the unit a worker takes; this plugin gives every test one 
     which ask for the bed lazily; skipped unless ``TRAINFLOW_REALKFP=1``): a second bed with a real
     node, so that the tier runs beside the ``k8s`` group rather than after it.
 
-  (A third group with a bed without a node for the KWOK-only tests was tried and dropped: run 26,
-  ``make test`` without the tier, took 27 min 43 s against 24 min 21 s before: the second bed and
-  the KWOK tests running beside the real-node ones cost more than the queueing they saved.)
+  (A third group, the KWOK-only tests on a bed without a node, was tried in runs 23-26 and dropped;
+  it did not bring the run under 30 min: docs/testbed.md, "Beds of their own".)
 * every test that uses the Airflow cluster of ``tests/airflow_bridge`` (``airflow_cluster``, package
   scope) is in the group ``airflow``: one cluster, started once;
 * a test with an ``xdist_group`` mark is in that group;
@@ -80,11 +79,8 @@ def bed_group(item: pytest.Item) -> str:
 
 
 def needs_real_node(item: pytest.Item) -> bool:
-    """Whether ``item`` needs a test bed with a real node: marked ``realnode`` or ``realkfp``, or
-    ``xdist_group("k8s")`` (a test that checks the node when there is one)."""
-    if item.get_closest_marker("realnode") or item.get_closest_marker("realkfp"):
-        return True
-    return _xdist_group_mark(item) == REAL_NODE_GROUP
+    """Whether ``item`` needs a test bed with a real node: marked ``realnode`` or ``realkfp``."""
+    return bool(item.get_closest_marker("realnode") or item.get_closest_marker("realkfp"))
 
 
 def group_of(item: pytest.Item) -> str:
