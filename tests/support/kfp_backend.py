@@ -703,6 +703,10 @@ class KfpBackend:
                 f"--executor-image={ARGOEXEC_IMAGE}",
                 f"--healthz-address=127.0.0.1:{self.ports['argo_healthz']}",
             ],
+            # Argo re-queues a workflow it waits on (a pod's task result, the next step) after
+            # DEFAULT_REQUEUE_TIME, 10 s by default; Argo's own test set-up uses 1 s (v3.6.7
+            # Makefile: "by keeping this short we speed up tests"). 3a's run: 122 s -> 86-91 s.
+            env={"DEFAULT_REQUEUE_TIME": "1s"},
         )
 
         def healthy() -> bool:
