@@ -25,3 +25,10 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"trainflow tests (CI={IN_CI})"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Name the servers that ignored SIGTERM (each cost its teardown ``stop_timeout_s``)."""
+    from tests.support.processes import write_stops
+
+    write_stops(os.environ.get("PYTEST_XDIST_WORKER", ""))

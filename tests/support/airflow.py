@@ -42,7 +42,7 @@ import psutil
 import pytest
 
 from tests.support.kfp_server import KfpServer
-from tests.support.processes import ManagedProcess, free_port, http_ok
+from tests.support.processes import ManagedProcess, artifacts_root, free_port, http_ok
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_DAG = REPO / "airflow_bridge" / "example_dags" / "trainflow_training.py"
@@ -391,8 +391,7 @@ def artifacts_dir(name: str) -> Path:
     """A folder for files a test keeps after it ends (screenshots): ``$TRAINFLOW_TEST_ARTIFACTS/<name>``,
     by default ``build/test-artifacts/<name>`` in the checkout (git-ignored; CI archives
     ``build/test-artifacts/``). Emptied first, so it shows the last run only."""
-    root = Path(os.environ.get("TRAINFLOW_TEST_ARTIFACTS") or REPO / "build" / "test-artifacts")
-    folder = root / name
+    folder = artifacts_root() / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     return folder

@@ -1,0 +1,33 @@
+"""tests/support/processes.py: a server that ignores SIGTERM is SIGKILLed after its stop timeout
+and named in ``build/test-artifacts/sigkilled-processes*.tsv``; one that exits is not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support import processes
+from tests.support.processes import ManagedProcess, write_stops
+
+
+def test_a_process_ignoring_sigterm_is_killed_and_named_one_that_exits_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(processes, "STOPS", [])
+    monkeypatch.setenv("TRAINFLOW_TEST_ARTIFACTS", str(tmp_path / "artifacts"))
+    polite = ManagedProcess("polite", ["sleep", "30"], log_dir=tmp_path, stop_timeout_s=5.0).start()
+    stubborn = ManagedProcess(
+        "stubborn", ["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"], log_dir=tmp_path, stop_timeout_s=0.5
+    ).start()
+    assert write_stops("gw9") is None  # nothing stopped yet
+
+    polite.stop()
+    stubborn.stop()
+
+    assert [(name, killed) for name, _, killed in processes.STOPS] == [("polite", False), ("stubborn", True)]
+    assert processes.STOPS[1][1] >= 0.5
+    path = write_stops("gw9")
+    assert path == tmp_path / "artifacts" / "sigkilled-processes-gw9.tsv"
+    name, seconds = path.read_text().strip().split("\t")
+    assert name == "stubborn" and 0.5 <= float(seconds) < 10
