@@ -27,6 +27,15 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"trainflow tests (CI={IN_CI})"
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The controller (or a serial run) clears the last run's lists of SIGKILLed servers."""
+    from tests.support.processes import artifacts_root
+
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        for stale in artifacts_root().glob("sigkilled-processes*.tsv"):
+            stale.unlink(missing_ok=True)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Name the servers that ignored SIGTERM (each cost its teardown ``stop_timeout_s``)."""
     from tests.support.processes import write_stops

@@ -20,7 +20,10 @@ def test_a_process_ignoring_sigterm_is_killed_and_named_one_that_exits_is_not(
     stubborn = ManagedProcess(
         "stubborn", ["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"], log_dir=tmp_path, stop_timeout_s=0.5
     ).start()
-    assert write_stops("gw9") is None  # nothing stopped yet
+    stale = tmp_path / "artifacts" / "sigkilled-processes-gw9.tsv"
+    stale.parent.mkdir()
+    stale.write_text("an earlier run's\t15.0\n")
+    assert write_stops("gw9") is None and not stale.exists()  # nothing killed yet: no stale file either
 
     polite.stop()
     stubborn.stop()

@@ -33,29 +33,31 @@ PORT_RANGE = (20000, 32767)
 _PORT_LOCK_DIR = Path(os.environ.get("TRAINFLOW_PORT_LOCK_DIR", "/tmp/trainflow-ports"))
 _reserved: dict[int, int] = {}  # port -> fd of its held lock file (released when the process exits)
 
+#: ``(name, seconds, sigkilled)`` of every :meth:`ManagedProcess.stop` in this test process: the
+#: session writes those that were SIGKILLed to ``build/test-artifacts/`` (tests/conftest.py), so a
+#: server that ignores SIGTERM shows up as time its teardown waited for nothing.
+STOPS: list[tuple[str, float, bool]] = []
+
+
 def artifacts_root() -> Path:
     """Where tests keep files after they end: ``$TRAINFLOW_TEST_ARTIFACTS``, by default
     ``build/test-artifacts`` in the checkout (git-ignored; CI archives it)."""
-    return Path(os.environ.get("TRAINFLOW_TEST_ARTIFACTS") or Path(__file__).resolve().parents[2] / "build" / "test-artifacts")
+    default = Path(__file__).resolve().parents[2] / "build" / "test-artifacts"
+    return Path(os.environ.get("TRAINFLOW_TEST_ARTIFACTS") or default)
 
 
 def write_stops(worker: str = "") -> Path | None:
     """Write the SIGKILLed :data:`STOPS` of this test process to
     ``<artifacts>/sigkilled-processes[-<worker>].tsv`` (name, seconds from SIGTERM to exit); return
-    the path, or None when every process exited on SIGTERM."""
+    the path, or None (and remove an earlier run's file) when every process exited on SIGTERM."""
+    path = artifacts_root() / f"sigkilled-processes{'-' + worker if worker else ''}.tsv"
     killed = [(name, s) for name, s, was_killed in STOPS if was_killed]
     if not killed:
+        path.unlink(missing_ok=True)
         return None
-    path = artifacts_root() / f"sigkilled-processes{'-' + worker if worker else ''}.tsv"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(f"{name}\t{s:.1f}\n" for name, s in killed))
     return path
-
-
-#: ``(name, seconds, sigkilled)`` of every :meth:`ManagedProcess.stop` in this test process: the
-#: session writes those that were SIGKILLed to ``build/test-artifacts/`` (tests/conftest.py), so a
-#: server that ignores SIGTERM shows up as time its teardown waited for nothing.
-STOPS: list[tuple[str, float, bool]] = []
 
 
 def _ephemeral_range() -> tuple[int, int]:
