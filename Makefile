@@ -55,10 +55,11 @@ run: venv
 	$(BIN)/trainflow run
 
 # make test runs the suite on $(TEST_WORKERS) pytest-xdist workers (TEST_WORKERS=0: in one process).
-# Each test gets an xdist group (tests/support/parallel.py): the Kubernetes test bed's tests in three
-# (real-node tests, the real-KFP tier, KWOK-only), each on one worker with a bed of its own; the
+# Each test gets an xdist group (tests/support/parallel.py): the Kubernetes test bed's tests in two
+# (the real-node and KWOK tests; the real-KFP tier), each on one worker with a bed of its own; the
 # Airflow cluster's on one; every other module on one; longest groups first.
-# Every test's outcome and time: build/test-artifacts/junit.xml.
+# Every test's outcome and time: build/test-artifacts/junit.xml; servers that ignored SIGTERM (their
+# teardown waited out the stop timeout): build/test-artifacts/sigkilled-processes-<worker>.tsv.
 # docs/testbed.md, "Parallel runs".
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
