@@ -17,9 +17,11 @@ def test_a_process_ignoring_sigterm_is_killed_and_named_one_that_exits_is_not(
     monkeypatch.setattr(processes, "STOPS", [])
     monkeypatch.setenv("TRAINFLOW_TEST_ARTIFACTS", str(tmp_path / "artifacts"))
     polite = ManagedProcess("polite", ["sleep", "30"], log_dir=tmp_path, stop_timeout_s=5.0).start()
+    trapped = tmp_path / "trapped"  # written once the shell ignores SIGTERM: stop() must not come before
     stubborn = ManagedProcess(
-        "stubborn", ["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"], log_dir=tmp_path, stop_timeout_s=0.5
-    ).start()
+        "stubborn", ["sh", "-c", f"trap '' TERM; touch {trapped}; while :; do sleep 0.1; done"],
+        log_dir=tmp_path, ready=trapped.exists, stop_timeout_s=0.5,
+    ).start()  # fmt: skip
     stale = tmp_path / "artifacts" / "sigkilled-processes-gw9.tsv"
     stale.parent.mkdir()
     stale.write_text("an earlier run's\t15.0\n")
