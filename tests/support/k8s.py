@@ -1234,9 +1234,9 @@ def bed_needs_real_node(session: pytest.Session) -> bool:
     """
     if in_worker(session.config):
         item = current_item()
-        if item is None or group_of(item) not in REAL_NODE_GROUPS:
+        group = None if item is None else group_of(item)
+        if group not in REAL_NODE_GROUPS:
             return False
-        group = group_of(item)
         return any(needs_real_node(i) for i in session.items if group_of(i) == group)
     return any(needs_real_node(item) for item in session.items)
 
