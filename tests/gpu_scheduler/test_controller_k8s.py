@@ -43,6 +43,7 @@ from gpu_scheduler.observe.kubernetes import KubeConnector
 from gpu_scheduler.settings import ControllerSettings
 from tests.support.controller_log import log_records, ticks
 from tests.support.k8s import KubeTestBed, pytorchjob_resource, wait_until
+from tests.support.lifetime import die_with_parent
 from tests.support.processes import free_port
 
 pytestmark = [pytest.mark.k8s, pytest.mark.prometheus]
@@ -469,7 +470,7 @@ def test_command_line_runs_the_controller_until_sigterm(live: Live, kwok_gpu_nod
             "--plugin=tests.gpu_scheduler.policies_for_tests", "--policy=test-grow", "--interval-s=1",
             "--metrics-window-s=3", "--metrics-addr=127.0.0.1", f"--metrics-port={port}"]
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+        proc = subprocess.Popen([*die_with_parent(), *argv], stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
                                 start_new_session=True)
     scrapes: list[str] = []
 

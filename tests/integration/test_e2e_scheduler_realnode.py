@@ -38,6 +38,7 @@ from tests.integration.test_cluster_path_realnode import placement_settings
 from tests.integration.test_e2e_realnode import JobWatch, committed_steps
 from tests.support.controller_log import log_records, ticks
 from tests.support.k8s import BackgroundPoll, KubeTestBed, pytorchjob_resource, wait_until
+from tests.support.lifetime import die_with_parent
 from tests.support.processes import free_port
 from tests.support.realnode import RealNode
 from tests.support.realnode_s3 import S3_SECRET_NAME
@@ -189,7 +190,7 @@ class World:
         code = ("import sys; from tests.integration.test_e2e_scheduler_realnode import train_step_main; "
                 "sys.exit(train_step_main(sys.argv[1]))")
         with (out / "step.log").open("w") as log:
-            proc = subprocess.Popen([sys.executable, "-c", code, str(args)], stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen([*die_with_parent(), sys.executable, "-c", code, str(args)], stdout=log, stderr=subprocess.STDOUT,
                                     text=True, cwd=REPO, env=env, start_new_session=True)
         self.steps.append(TrainStep(proc=proc, job_key=job_key, bucket=bucket, out=out))
         return self.steps[-1]
@@ -403,7 +404,7 @@ def world(k8s_testbed: KubeTestBed, real_node: RealNode, real_node_env: S3Server
             "--metrics-addr=127.0.0.1", f"--metrics-port={free_port()}"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "POD_NAMESPACE": s3_namespace}
     with log_path.open("wb") as log:
-        controller = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+        controller = subprocess.Popen([*die_with_parent(), *argv], stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
                                       start_new_session=True)
     world = World(bed=k8s_testbed, node=real_node, s3=real_node_env, namespace=s3_namespace, prometheus=prometheus,
                   controller_log=log_path, controller=controller, tmp_path=tmp_path, digits=digits_dataset)

@@ -1,5 +1,6 @@
 """tests/support/processes.py: a server that ignores SIGTERM is SIGKILLed after its stop timeout
-and named in ``build/test-artifacts/sigkilled-processes*.tsv``; one that exits is not."""
+and named in ``build/test-artifacts/sigkilled-processes*.tsv``, one that exits is not; and a server
+dies with the test process that started it, even one killed without teardown."""
 
 from __future__ import annotations
 
@@ -36,3 +37,37 @@ def test_a_process_ignoring_sigterm_is_killed_and_named_one_that_exits_is_not(
     assert path == tmp_path / "artifacts" / "sigkilled-processes-gw9.tsv"
     name, seconds = path.read_text().strip().split("\t")
     assert name == "stubborn" and 0.5 <= float(seconds) < 10
+
+
+def test_a_server_dies_with_the_test_process_that_started_it(tmp_path: Path) -> None:
+    """A test process killed outright (no teardown runs) takes the servers it started with it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import sys, time; from pathlib import Path; from tests.support.processes import ManagedProcess; "
+        "p = ManagedProcess('orphan-candidate', ['sleep', '300'], log_dir=Path(sys.argv[1])).start(); "
+        "print(p.pid, flush=True); time.sleep(300)"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    test_process = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                                    cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)})  # fmt: skip
+    try:
+        server_pid = int(test_process.stdout.readline())  # type: ignore[union-attr]
+        cmdline = Path(f"/proc/{server_pid}/cmdline")
+        deadline = time.monotonic() + 10  # setpriv execs the server: same PID, new command line
+        while cmdline.read_bytes().split(b"\0")[:2] != [b"sleep", b"300"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cmdline.read_bytes().split(b"\0")[:2] == [b"sleep", b"300"]
+        test_process.send_signal(signal.SIGKILL)
+        test_process.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{server_pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{server_pid}").exists(), "the server outlived the killed test process"
+    finally:
+        test_process.kill()
+        test_process.wait()

@@ -68,7 +68,6 @@ import httpx
 import pytest
 import yaml
 
-from tests.support.lifetime import die_with_parent
 from tests.support.parallel import (
     REAL_NODE_GROUPS,
     current_item,
@@ -650,7 +649,6 @@ class KubeTestBed:
     def _spawn(
         self, name: str, argv: Sequence[str | Path], *, env: dict[str, str] | None = None
     ) -> ManagedProcess:
-        argv = [*die_with_parent(), *argv]
         proc = ManagedProcess(name, argv, log_dir=self.log_dir, env=env, cwd=self.root, ready=None).start()
         self._processes.append(proc)
         return proc

@@ -47,7 +47,6 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from tests.support.lifetime import die_with_parent
 from tests.support.processes import ManagedProcess, free_port, port_open
 from tests.support.testbed_build import build_parts, pinned_versions
 
@@ -326,7 +325,7 @@ class KfpBackend:
     ) -> ManagedProcess:
         proc = ManagedProcess(
             name,
-            [*die_with_parent(), *map(str, argv)],
+            list(map(str, argv)),
             log_dir=self.log_dir,
             cwd=self.root,
             ready=None,

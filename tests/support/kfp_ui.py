@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tests.support.kfp_backend import PROXY_VARIABLES
-from tests.support.lifetime import die_with_parent
 from tests.support.processes import ManagedProcess, free_port, http_ok
 from tests.support.testbed_build import build_parts
 
@@ -172,7 +171,7 @@ class KfpUi:
     ) -> ManagedProcess:
         proc = ManagedProcess(
             name,
-            [*die_with_parent(), *map(str, argv)],
+            list(map(str, argv)),
             log_dir=self.log_dir,
             cwd=self.root,
             ready=ready,

@@ -6,7 +6,9 @@ it through :class:`ManagedProcess` so that:
 * it binds to 127.0.0.1 on a port chosen at run time (:func:`free_port`);
 * it runs in its own process group, so stopping it also stops the children it forked;
 * its output goes to a log file that is printed when readiness times out;
-* it is stopped by PID (SIGTERM, then SIGKILL after ``stop_timeout_s``) even when the test fails.
+* it is stopped by PID (SIGTERM, then SIGKILL after ``stop_timeout_s``) even when the test fails;
+* it gets SIGKILL when the thread that started it dies (:func:`~tests.support.lifetime.die_with_parent`),
+  so a crashed or killed test process leaves no server behind.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tests.support.lifetime import die_with_parent
 
 # Ports handed out by free_port: below the kernel's ephemeral range (ip_local_port_range, 32768-60999
 # by default), so an outgoing connection of any process can never take a port between our check and
@@ -133,6 +137,9 @@ class ManagedProcess:
         ready: callable polled until it returns True; ``None`` means "started is ready".
         ready_timeout_s: seconds to wait for ``ready`` before raising ``TimeoutError``.
         stop_timeout_s: seconds between SIGTERM and SIGKILL when stopping.
+        dies_with_parent: run ``argv`` under ``setpriv --pdeathsig KILL`` (the default), so the
+            server is killed when the thread calling :meth:`start` ends; start it from a thread that
+            lives as long as the server should (pytest's main thread).
 
     Raises:
         TimeoutError: from :meth:`start` if the process does not become ready in time.
@@ -150,6 +157,7 @@ class ManagedProcess:
         ready: Callable[[], bool] | None = None,
         ready_timeout_s: float = 60.0,
         stop_timeout_s: float = 15.0,
+        dies_with_parent: bool = True,
     ) -> None:
         self.name = name
         self.argv = [str(a) for a in argv]
@@ -159,6 +167,7 @@ class ManagedProcess:
         self.ready = ready
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
+        self.dies_with_parent = dies_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -171,7 +180,7 @@ class ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            self.argv,
+            [*(die_with_parent() if self.dies_with_parent else []), *self.argv],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self.env,

@@ -65,7 +65,6 @@ from typing import IO, TYPE_CHECKING, Any
 import httpx
 import yaml
 
-from tests.support.lifetime import die_with_parent
 from tests.support.processes import ManagedProcess
 
 if TYPE_CHECKING:
@@ -670,7 +669,7 @@ def prepare_template(images: dict[str, str], pause_layout: Path) -> Path:
         (run / "config.toml").write_text(containerd_config(
             root=tmp / "containerd", state=run / "state", socket=socket, runc_root=run / "runc",
             cni_conf_dir=run / "cni"))  # fmt: skip
-        proc = ManagedProcess("containerd-template", [*die_with_parent(), "containerd", "--config", run / "config.toml"],
+        proc = ManagedProcess("containerd-template", ["containerd", "--config", run / "config.toml"],
                               log_dir=run, ready=None).start()  # fmt: skip
         try:
             _wait(lambda: _ctr_ok(socket), timeout_s=60, what="the template's containerd", proc=proc)
@@ -882,7 +881,7 @@ class RealNode:
     def _spawn(self, name: str, argv: Sequence[str | Path], *, netns: bool = True,
                env: dict[str, str] | None = None) -> ManagedProcess:  # fmt: skip
         prefix = ["nsenter", f"--net={self.slot.netns_path}", "--"] if netns else []
-        proc = ManagedProcess(name, [*die_with_parent(), *prefix, *argv], log_dir=self.log_dir, env=env,
+        proc = ManagedProcess(name, [*prefix, *argv], log_dir=self.log_dir, env=env,
                               cwd=self.slot.run_dir, ready=None, stop_timeout_s=20.0).start()  # fmt: skip
         self._processes.append(proc)
         return proc

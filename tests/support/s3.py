@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 
-from tests.support.lifetime import die_with_parent
 from tests.support.processes import ManagedProcess, free_port, http_ok
 from tests.support.testbed_build import build_parts
 
@@ -126,7 +125,6 @@ class S3Server:
         self._process = ManagedProcess(
             "minio",
             [
-                *die_with_parent(),
                 self.binary,
                 "server",
                 self.data_dir,
