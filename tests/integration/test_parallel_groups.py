@@ -147,3 +147,26 @@ def test_the_real_kfp_tier_gets_a_worker_and_a_real_node_bed_of_its_own(tmp_path
 def test_a_serial_run_starts_one_bed_with_the_real_node_for_all(tmp_path: Path) -> None:
     ran = [r for r in _run_bed(tmp_path) if "test_k8s.py" in r[0]]
     assert {(worker, bed) for _, worker, bed in ran} == {("main", "real node")}
+
+
+def test_a_test_skipped_at_collection_weighs_nothing() -> None:
+    """The real-KFP tier, skipped without TRAINFLOW_REALKFP=1, must not make its group look longest."""
+    import pytest
+
+    from tests.support.parallel import weight
+
+    class Item:  # the one method weight() reads
+        def __init__(self, *marks: pytest.Mark) -> None:
+            self.marks = marks
+
+        def iter_markers(self, name: str | None = None):
+            return (m for m in self.marks if name is None or m.name == name)
+
+    realnode = pytest.mark.realnode.mark
+    assert weight(Item(realnode)) == 60.0
+    assert weight(Item(realnode, pytest.mark.skipif(False, reason="x").mark)) == 60.0
+    assert weight(Item(realnode, pytest.mark.skipif(True, reason="x").mark)) == 0.0
+    assert weight(Item(realnode, pytest.mark.skipif(condition=True, reason="x").mark)) == 0.0
+    assert weight(Item(realnode, pytest.mark.skip(reason="x").mark)) == 0.0
+    assert weight(Item(pytest.mark.skipif("sys.platform == 'win32'", reason="x").mark)) == 1.0
+    assert weight(Item()) == 1.0
