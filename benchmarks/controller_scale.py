@@ -7,7 +7,10 @@ DCGM exporter, which follows every worker pod; and the controller wired as
 ``python -m gpu_scheduler run`` wires it. At each step, once every created worker pod runs (or the
 step's wait runs out), the script first runs warm-up ticks until the policy has nothing left to
 change (at most ``--warmup-ticks``; the burst of actions that new jobs cause is reported on its
-own), then times ``--ticks`` ticks and counts the Kubernetes API requests each tick sends, split
+own), waits until the test bed, Prometheus and the exporter are quiet (``--quiet-below-cores``: the
+training operator and the API server reconcile thousands of new jobs for minutes, and a tick timed
+meanwhile waits for their CPU; their cores before and during the ticks are reported), then times
+``--ticks`` ticks and counts the Kubernetes API requests each tick sends, split
 into reads (GET/LIST/WATCH) and writes (PATCH/POST/PUT; Events are sent by a background thread
 and counted in the tick during which they go out).
 
@@ -24,7 +27,7 @@ not), so the controller reads what it reads from real trainers.
     .venv/bin/python benchmarks/controller_scale.py                       # 256 x 8 GPUs, 100 then 1000 jobs
     .venv/bin/python benchmarks/controller_scale.py --nodes 1024 --jobs 100,1000,5000 --workers 1 \
         --max-workers 2 --warmup-ticks 60 --recorded --raw-ticks 10       # issue 16 (make bench-controller-5000)
-    .venv/bin/python benchmarks/controller_scale.py --nodes 16 --jobs 20,80 --ticks 10   # quick look
+    .venv/bin/python benchmarks/controller_scale.py --nodes 16 --workers 1 --jobs 20,60 --ticks 10   # quick look
 
 The machine is shared: expect noisy absolute figures (the 1-minute load average before and after
 each measurement is printed beside them); CPU seconds per tick are less sensitive to other work than
@@ -73,6 +76,40 @@ def running_workers(bed: KubeTestBed, namespace: str) -> tuple[int, int]:
     return running, len(pods)
 
 
+_CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) used so far by the processes ``pids`` (those gone count 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
+    return total / _CLOCK_TICKS_PER_S
+
+
+def wait_quiet(pids: list[int], *, below_cores: float, window_s: float, timeout_s: float) -> dict[str, float]:
+    """Wait until the background processes ``pids`` (the test bed, Prometheus, the exporter) use
+    fewer than ``below_cores`` CPU cores over ``window_s``, or ``timeout_s`` passes: after a step's
+    jobs are created the training operator and the API server reconcile them for minutes, and a tick
+    measured meanwhile measures the machine's backlog, not the controller. Returns the seconds
+    waited and the background's cores in the last window."""
+    started = time.monotonic()
+    while True:
+        before = cpu_s(pids)
+        time.sleep(window_s)
+        cores = (cpu_s(pids) - before) / window_s
+        waited = time.monotonic() - started
+        if cores < below_cores or waited >= timeout_s:
+            print(f"  background {cores:.2f} cores after {waited:.0f} s"
+                  f"{'' if cores < below_cores else ' (not quiet; measuring anyway)'}", file=sys.stderr)
+            return {"quiet_wait_s": round(waited, 1), "background_cores_before": round(cores, 3)}
+        print(f"  background {cores:.2f} cores (waiting for < {below_cores:g})", file=sys.stderr)
+
+
 def warm_up(runtime: Any, max_ticks: int, pause_s: float) -> dict[str, Any]:
     """Tick until a tick that decided plans no action (or ``max_ticks``); report the burst. A skipped
     tick (e.g. Prometheus timed out) decided nothing, so it does not end the warm-up."""
@@ -107,7 +144,9 @@ def spread(values: list[float]) -> dict[str, float]:
             "mean": statistics.fmean(values)}
 
 
-def measure(runtime: Any, ticks: int, pause_s: float) -> dict[str, Any]:
+def measure(runtime: Any, ticks: int, pause_s: float, background: list[int]) -> dict[str, Any]:
+    """Time ``ticks`` ticks (``pause_s`` apart); ``background`` are the PIDs whose CPU use during
+    the ticks is reported beside them (``background_cores``)."""
     counts = runtime.connector.counts
     durations: list[float] = []
     cpu: list[float] = []
@@ -129,6 +168,7 @@ def measure(runtime: Any, ticks: int, pause_s: float) -> dict[str, Any]:
     load_before = os.getloadavg()
     skipped = 0
     started = time.monotonic()
+    background_before_s = cpu_s(background)
     for _ in range(ticks):
         before = (dict(counts.by_method), counts.watches)
         report = runtime.controller.tick()
@@ -161,6 +201,7 @@ def measure(runtime: Any, ticks: int, pause_s: float) -> dict[str, Any]:
     elapsed = time.monotonic() - started
     return {
         "load_average_before": load_before,
+        "background_cores": round((cpu_s(background) - background_before_s) / elapsed, 3),
         "watch_events_per_s": {i.name: round((i.events - events_before[i.name]) / elapsed, 1)
                                for i in (observer.nodes, observer.pods, observer.jobs)},
         "jobs_observed": jobs,
@@ -196,7 +237,8 @@ def print_results(results: list[dict[str, Any]]) -> None:
     print()
     print(f"{'jobs':>6} {'queries':>8} {'GPUs':>6} {'tick p50/p99/max s':>22} {'CPU/tick p50/p99/max s':>24} {'RSS MiB':>8} "
           f"{'answers KiB/tick':>17} {'Prometheus s (sum, slowest)':>28} {'obs req/tick':>13} {'reads/tick':>11} "
-          f"{'writes/tick mean/max':>21} {'warm-up ticks/actions/max s':>28} {'load before-after':>18}")
+          f"{'writes/tick mean/max':>21} {'warm-up ticks/actions/max s':>28} {'load before-after':>18} "
+          f"{'background cores before/during':>31}")
     for r in results:
         t, c, p = r["tick_s"], r["cpu_per_tick_s"], r["prometheus_own_time_s"]
         print(f"{r['jobs']:>6} {r['queries']:>8} {r['gpus']:>6} {t['p50']:>8.3f}/{t['p99']:.3f}/{t['max']:.3f} "
@@ -205,7 +247,8 @@ def print_results(results: list[dict[str, Any]]) -> None:
               f"{r['observe_requests_per_tick_max']:>13} {r['reads_per_tick_max']:>11} "
               f"{r['writes_per_tick_mean']:>14.1f}/{r['writes_per_tick_max']:<6} "
               f"{r['warmup_ticks']:>12}/{r['warmup_actions']}/{r['warmup_tick_max_s']:.2f} "
-              f"{r['load_average_before'][0]:>5.1f}-{r['load_average'][0]:.1f}")
+              f"{r['load_average_before'][0]:>5.1f}-{r['load_average'][0]:.1f} "
+              f"{r.get('background_cores_before', float('nan')):>21.2f}/{r.get('background_cores', float('nan')):.2f}")
     for r in results:
         print(f"\n{r['jobs']} jobs ({r['queries']} queries), per phase: wall p50/p99/max s | CPU p50/p99/max s")
         for name in sorted(set(r["phase_s"]) | set(r["phase_cpu_s"])):
@@ -295,6 +338,12 @@ def main() -> int:
                              "themselves (rows marked 'raw'), to compare both in one run")
     parser.add_argument("--prometheus-timeout-s", type=float, default=None,
                         help="the controller's per-query timeout (default: the controller's own)")
+    parser.add_argument("--quiet-below-cores", type=float, default=1.0,
+                        help="before measuring a step, wait until the test bed, Prometheus and the exporter use "
+                             "fewer CPU cores than this over 10 s (0: do not wait; 1,024 idle KWOK nodes' "
+                             "heartbeats alone keep the API server and etcd at about 0.65 cores)")
+    parser.add_argument("--quiet-timeout-s", type=float, default=900.0,
+                        help="measure anyway after this long (the row reports the background's cores)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--report", type=Path, help="only print the tables of a run saved with --out")
     args = parser.parse_args()
@@ -380,9 +429,13 @@ def main() -> int:
                                             timeout_s=max(300.0, 10 * args.scrape_interval_s))
                     except TimeoutError as exc:
                         print(f"  {exc}; targets: {prometheus.query('up')}; measuring anyway", file=sys.stderr)
+                    background = [p.pid for p in bed.processes().values() if p.alive()] + [exporter.pid, prometheus.pid]
                     base = {"jobs": created, "nodes": args.nodes, "gpus": args.nodes * args.gpus_per_node,
                             "policy": args.policy, "settle_s": round(settle_s, 1),
                             **warm_up(runtime, args.warmup_ticks, args.pause_s)}
+                    if args.quiet_below_cores > 0:
+                        base.update(wait_quiet(background, below_cores=args.quiet_below_cores, window_s=10.0,
+                                               timeout_s=args.quiet_timeout_s))
                     modes = [("recorded" if args.recorded else "raw", args.ticks)]
                     if args.recorded and args.raw_ticks:
                         modes.append(("raw", args.raw_ticks))
@@ -390,7 +443,7 @@ def main() -> int:
                         # The observer reads the rules' series, or evaluates the queries themselves.
                         runtime.prometheus.recorded = mode == "recorded"
                         runtime.prometheus.window_s = recorded_window_s if mode == "recorded" else args.metrics_window_s
-                        row = {**base, "queries": mode, **measure(runtime, ticks, args.pause_s)}
+                        row = {**base, "queries": mode, **measure(runtime, ticks, args.pause_s, background)}
                         results.append(row)
                         print(json.dumps(row), file=sys.stderr)
             finally:

@@ -125,6 +125,13 @@ class PrometheusServer:
     def running(self) -> bool:
         return self._process is not None and self._process.alive()
 
+    @property
+    def pid(self) -> int:
+        """The server's PID (RuntimeError when it is not started)."""
+        if self._process is None:
+            raise RuntimeError("Prometheus is not started")
+        return self._process.pid
+
     def set_targets(self, targets: Sequence[str], timeout_s: float = 30.0) -> None:
         """Replace the scrape targets (config rewritten, ``POST /-/reload``) and wait until they are up."""
         self.targets = list(targets)
