@@ -136,8 +136,8 @@ scheduler-bench: venv
 bench-controller: venv
 	$(BIN)/python benchmarks/controller_scale.py
 
-# Issue 16: 100, 1,000 and 5,000 PyTorchJobs on 1,024 KWOK nodes x 8 GPUs in one run (an hour or
-# more on 2 cores: creating 5,000 jobs dominates).
+# Issue 16: 100, 1,000 and 5,000 PyTorchJobs on 1,024 KWOK nodes x 8 GPUs in one run (8-11 min
+# on 2 cores when nothing else runs; creating the 5,000 jobs and their reconcile take most of it).
 bench-controller-5000: venv
 	$(BIN)/python benchmarks/controller_scale.py --nodes 1024 --jobs 100,1000,5000 --workers 1 --recorded --raw-ticks 10 \
 	  --max-workers 2 --warmup-ticks 60 --settle-timeout-s 3600
