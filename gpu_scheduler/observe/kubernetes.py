@@ -331,7 +331,8 @@ class Informer(Generic[T]):
     """LIST + WATCH of one resource kind into a local store of converted values.
 
     Args:
-        connector: builds this informer's own client (closed by :meth:`stop`).
+        connector: builds this informer's own client (closed by the informer's thread when it
+            ends, after :meth:`stop`).
         resource: lightkube resource class.
         convert: API object -> stored value, or None to skip the object.
         name: label for logs.
@@ -393,11 +394,16 @@ class Informer(Generic[T]):
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask the loop to end and wait at most ``timeout_s`` for it. The loop ends at its watch's
+        next event or server-side timeout (``watch_timeout_s``) and closes its own client then.
+
+        The client is not closed from here. On Linux, closing a socket does not wake a thread
+        blocked reading it, but it frees the descriptor number. Another connection of this process
+        can then get that number, and when the blocked TLS read wakes it reads that connection's
+        bytes. The other request then fails with ``[SSL: WRONG_VERSION_NUMBER]`` (seen once in a
+        launcher's GET right after a test stopped a controller in the same process).
+        """
         self._stop.set()
-        client = self._client
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()  # breaks a blocking watch read
         if self._thread is not None:
             self._thread.join(timeout_s)
 

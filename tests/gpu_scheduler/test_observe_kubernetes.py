@@ -36,3 +36,46 @@ def test_unreachable_api_server_means_unsynced_caches_with_the_reason(tmp_path: 
 def test_bad_kubeconfig_is_a_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(KubernetesUnavailable, match="cannot load Kubernetes configuration"):
         KubeConnector(tmp_path / "missing.kubeconfig")
+
+
+def test_stop_leaves_the_client_to_the_informers_own_thread() -> None:
+    """Closing a socket another thread is blocked reading frees its descriptor for the next
+    connection, which that read would then steal bytes from: ``stop`` only asks the loop to end,
+    and the informer's thread closes its own client once its watch returns."""
+    import threading
+
+    from lightkube.resources.core_v1 import Node
+
+    from gpu_scheduler.observe.kubernetes import Informer
+
+    release = threading.Event()
+    watching = threading.Event()
+    closed_by: list[str] = []
+
+    class Listed(list):
+        resourceVersion = "7"
+
+    class Client:  # the three calls the informer makes
+        def list(self, *args: object, **kwargs: object) -> Listed:
+            return Listed()
+
+        def watch(self, *args: object, **kwargs: object):
+            watching.set()
+            release.wait(10)  # a watch blocked on a read until the server's timeout
+            return iter(())
+
+        def close(self) -> None:
+            closed_by.append(threading.current_thread().name)
+
+    class Connector:
+        def client(self) -> Client:
+            return Client()
+
+    informer = Informer(Connector(), Node, lambda obj: obj, name="nodes").start()  # type: ignore[arg-type]
+    assert watching.wait(5)
+    informer.stop(timeout_s=0.2)
+    assert closed_by == []  # not closed under the blocked read
+    release.set()
+    informer._thread.join(5)  # type: ignore[union-attr]
+    assert not informer._thread.is_alive()  # type: ignore[union-attr]
+    assert closed_by == ["informer-nodes"]
