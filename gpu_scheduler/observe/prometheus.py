@@ -389,7 +389,11 @@ class PrometheusObserver:
         self._pool = ThreadPoolExecutor(max_workers=len(QUERIES), thread_name_prefix="promql")
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Close the client once no query is in flight (queued ones are cancelled; a running one
+        ends within ``timeout_s``): a socket closed under a thread still reading it frees its
+        descriptor for the next connection of the process, whose bytes that read would then take
+        (docs/scheduler.md, "Stopping the informers")."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
         self._client.close()
 
     def _send(self, promql: str, at_s: float) -> tuple[list[tuple[Any, float]], Mapping[str, Any], int]:

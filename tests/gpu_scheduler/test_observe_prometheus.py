@@ -194,3 +194,38 @@ def test_recorded_series_read_what_the_queries_read(prometheus_server, dcgm_expo
     assert recorded.work == direct.work and recorded.goodput == direct.goodput
     assert recorded.pods[("team-a", "bert-worker-0")].busy == pytest.approx(0.8)
     assert recorded.work["team-a/bert"].remaining_samples == (900 - 100) * 256
+
+
+def test_close_waits_for_a_query_in_flight_before_closing_the_client() -> None:
+    """Closing the client under a query thread still reading would free its socket's descriptor
+    for another connection (docs/scheduler.md, "Stopping the informers")."""
+    import threading
+
+    import httpx
+
+    from gpu_scheduler.observe.prometheus import QUERIES, PrometheusObserver
+
+    answering = threading.Event()
+    release = threading.Event()
+    asked: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request)
+        if len(asked) == len(QUERIES):
+            answering.set()  # every query of the observation is in flight
+        release.wait(10)  # Prometheus still evaluating
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": []}})
+
+    client = httpx.Client(transport=httpx.MockTransport(answer))
+    observer = PrometheusObserver("http://prometheus.invalid", client=client)
+    in_flight = threading.Thread(target=lambda: observer.observe(0.0))  # its queries run in the pool
+    in_flight.start()
+    assert answering.wait(5)
+    closing = threading.Thread(target=observer.close)
+    closing.start()
+    closing.join(0.3)
+    assert closing.is_alive() and not client.is_closed  # waits for the query
+    release.set()
+    closing.join(5)
+    in_flight.join(5)
+    assert not closing.is_alive() and client.is_closed
