@@ -726,6 +726,7 @@ class KubeTestBed:
                 # No node-lifecycle controller removes the not-ready taint this plugin puts on new nodes.
                 "--disable-admission-plugins=TaintNodesByCondition",
                 "--profiling=false",
+                "--shutdown-watch-termination-grace-period=2s",
                 "--v=1",
             ],
         )
