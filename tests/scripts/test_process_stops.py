@@ -52,9 +52,16 @@ def test_a_server_dies_with_the_test_process_that_started_it(tmp_path: Path) -> 
         "p = ManagedProcess('orphan-candidate', ['sleep', '300'], log_dir=Path(sys.argv[1])).start(); "
         "print(p.pid, flush=True); time.sleep(300)"
     )
+    def running(pid: int) -> bool:  # a zombie counts as gone: whoever adopted it may reap it late
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
     repo = Path(__file__).resolve().parents[2]
     test_process = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
                                     cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)})  # fmt: skip
+    server_pid = 0
     try:
         server_pid = int(test_process.stdout.readline())  # type: ignore[union-attr]
         cmdline = Path(f"/proc/{server_pid}/cmdline")
@@ -65,9 +72,11 @@ def test_a_server_dies_with_the_test_process_that_started_it(tmp_path: Path) -> 
         test_process.send_signal(signal.SIGKILL)
         test_process.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while Path(f"/proc/{server_pid}").exists() and time.monotonic() < deadline:
+        while running(server_pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not Path(f"/proc/{server_pid}").exists(), "the server outlived the killed test process"
+        assert not running(server_pid), "the server outlived the killed test process"
     finally:
         test_process.kill()
         test_process.wait()
+        if server_pid and running(server_pid):
+            os.kill(server_pid, signal.SIGKILL)  # a failed run leaves no server behind either
