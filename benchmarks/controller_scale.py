@@ -76,19 +76,18 @@ def running_workers(bed: KubeTestBed, namespace: str) -> tuple[int, int]:
     return running, len(pods)
 
 
-_CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
-
-
 def cpu_s(pids: list[int]) -> float:
     """CPU seconds (user + system) used so far by the processes ``pids`` (those gone count 0)."""
-    total = 0
+    import psutil
+
+    total = 0.0
     for pid in pids:
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
+            times = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
             continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
-    return total / _CLOCK_TICKS_PER_S
+        total += times.user + times.system
+    return total
 
 
 def wait_quiet(pids: list[int], *, below_cores: float, window_s: float, timeout_s: float) -> dict[str, float]:

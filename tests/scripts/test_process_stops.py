@@ -52,10 +52,12 @@ def test_a_server_dies_with_the_test_process_that_started_it(tmp_path: Path) -> 
         "p = ManagedProcess('orphan-candidate', ['sleep', '300'], log_dir=Path(sys.argv[1])).start(); "
         "print(p.pid, flush=True); time.sleep(300)"
     )
+    import psutil
+
     def running(pid: int) -> bool:  # a zombie counts as gone: whoever adopted it may reap it late
         try:
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except FileNotFoundError:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
             return False
 
     repo = Path(__file__).resolve().parents[2]
@@ -64,11 +66,11 @@ def test_a_server_dies_with_the_test_process_that_started_it(tmp_path: Path) -> 
     server_pid = 0
     try:
         server_pid = int(test_process.stdout.readline())  # type: ignore[union-attr]
-        cmdline = Path(f"/proc/{server_pid}/cmdline")
+        server = psutil.Process(server_pid)
         deadline = time.monotonic() + 10  # setpriv execs the server: same PID, new command line
-        while cmdline.read_bytes().split(b"\0")[:2] != [b"sleep", b"300"] and time.monotonic() < deadline:
+        while server.cmdline() != ["sleep", "300"] and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert cmdline.read_bytes().split(b"\0")[:2] == [b"sleep", b"300"]
+        assert server.cmdline() == ["sleep", "300"]
         test_process.send_signal(signal.SIGKILL)
         test_process.wait(timeout=10)
         deadline = time.monotonic() + 10

@@ -325,7 +325,7 @@ class KfpBackend:
     ) -> ManagedProcess:
         proc = ManagedProcess(
             name,
-            list(map(str, argv)),
+            argv,
             log_dir=self.log_dir,
             cwd=self.root,
             ready=None,

@@ -171,7 +171,7 @@ class KfpUi:
     ) -> ManagedProcess:
         proc = ManagedProcess(
             name,
-            list(map(str, argv)),
+            argv,
             log_dir=self.log_dir,
             cwd=self.root,
             ready=ready,

@@ -101,7 +101,7 @@ def group_of(item: pytest.Item) -> str:
 def skipped_at_collection(item: pytest.Item) -> bool:
     """Whether ``item`` carries a ``skip`` mark or a ``skipif`` mark with a true boolean condition
     (string conditions are not evaluated here: such a test counts as run)."""
-    if any(True for _ in item.iter_markers("skip")):
+    if next(item.iter_markers("skip"), None) is not None:
         return True
     return any(
         any(isinstance(c, bool) and c for c in mark.args) or mark.kwargs.get("condition") is True

@@ -8,7 +8,8 @@ it through :class:`ManagedProcess` so that:
 * its output goes to a log file that is printed when readiness times out;
 * it is stopped by PID (SIGTERM, then SIGKILL after ``stop_timeout_s``) even when the test fails;
 * it gets SIGKILL when the thread that started it dies (:func:`~tests.support.lifetime.die_with_parent`),
-  so a crashed or killed test process leaves no server behind.
+  so a crashed or killed test process leaves no server behind: start it from a thread that lives as
+  long as the server should (pytest's main thread).
 """
 
 from __future__ import annotations
@@ -137,9 +138,6 @@ class ManagedProcess:
         ready: callable polled until it returns True; ``None`` means "started is ready".
         ready_timeout_s: seconds to wait for ``ready`` before raising ``TimeoutError``.
         stop_timeout_s: seconds between SIGTERM and SIGKILL when stopping.
-        dies_with_parent: run ``argv`` under ``setpriv --pdeathsig KILL`` (the default), so the
-            server is killed when the thread calling :meth:`start` ends; start it from a thread that
-            lives as long as the server should (pytest's main thread).
 
     Raises:
         TimeoutError: from :meth:`start` if the process does not become ready in time.
@@ -157,7 +155,6 @@ class ManagedProcess:
         ready: Callable[[], bool] | None = None,
         ready_timeout_s: float = 60.0,
         stop_timeout_s: float = 15.0,
-        dies_with_parent: bool = True,
     ) -> None:
         self.name = name
         self.argv = [str(a) for a in argv]
@@ -167,7 +164,6 @@ class ManagedProcess:
         self.ready = ready
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
-        self.dies_with_parent = dies_with_parent
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -180,7 +176,7 @@ class ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            [*(die_with_parent() if self.dies_with_parent else []), *self.argv],
+            [*die_with_parent(), *self.argv],  # start servers from a thread as long-lived as they are
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self.env,
