@@ -50,6 +50,7 @@ from gpu_scheduler.kube import (
 from gpu_scheduler.model import SchedulerError
 
 __all__ = [
+    "ClientStopped",
     "ClusterChanges",
     "ClusterState",
     "CountingTransport",
@@ -76,6 +77,15 @@ class KubernetesUnavailable(SchedulerError):
     """The Kubernetes caches are not synced (API unreachable, RBAC missing, CRD absent)."""
 
 
+class ClientStopped(RuntimeError):
+    """A request through a stopped client (:class:`CountingTransport`'s ``stopped``).
+
+    lightkube's ``Client.watch`` is endless: at each server-side timeout it opens the next watch
+    request itself (``lightkube/core/generic_client.py``, ``GenericSyncClient.watch``), so a loop
+    that only checks a stop flag between events never ends while nothing changes. Refusing that
+    next request is where a stopped informer's watch ends."""
+
+
 # ------------------------------------------------------------------------------------ transport
 
 
@@ -86,15 +96,23 @@ class CountingTransport(httpx2.BaseTransport):
         inner: the transport doing the work (TLS settings live there).
         on_request: optional callback ``(method) -> None`` (e.g. a Prometheus counter).
 
+        stopped: once this event is set, the transport sends no request and raises
+            :class:`ClientStopped` instead (an informer's client after :meth:`Informer.stop`).
+
     The counts are shared by every client built by one :class:`KubeConnector`; a watch counts
     once per connection it opens, not per event.
     """
 
-    def __init__(self, inner: httpx2.BaseTransport, counts: RequestCounts) -> None:
+    def __init__(
+        self, inner: httpx2.BaseTransport, counts: RequestCounts, stopped: threading.Event | None = None
+    ) -> None:
         self._inner = inner
         self._counts = counts
+        self._stopped = stopped
 
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        if self._stopped is not None and self._stopped.is_set():
+            raise ClientStopped(f"client stopped; not sending {request.method} {request.url.path}")
         self._counts.add(request.method, request.url.params.get("watch") == "true")
         return self._inner.handle_request(request)
 
@@ -159,10 +177,11 @@ class KubeConnector:
         """The configuration's default namespace."""
         return self.config.namespace or "default"
 
-    def client(self) -> Client:
-        """A new lightkube client (its own connection pool) whose requests are counted."""
+    def client(self, stopped: threading.Event | None = None) -> Client:
+        """A new lightkube client (its own connection pool) whose requests are counted; once
+        ``stopped`` is set it sends none (:class:`ClientStopped`)."""
         verify = verify_cluster(self.config.cluster, self.config.user, self.config.abs_file)
-        transport = CountingTransport(httpx2.HTTPTransport(verify=verify), self.counts)
+        transport = CountingTransport(httpx2.HTTPTransport(verify=verify), self.counts, stopped)
         return Client(self.config, timeout=httpx2.Timeout(self.timeout_s), transport=transport)
 
 
@@ -395,7 +414,8 @@ class Informer(Generic[T]):
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Ask the loop to end and wait at most ``timeout_s`` for it. The loop ends at its watch's
-        next event or server-side timeout (``watch_timeout_s``) and closes its own client then.
+        next event or server-side timeout (``watch_timeout_s``), whichever comes first, and closes
+        its own client then: the client refuses the next watch request (:class:`ClientStopped`).
 
         The client is not closed from here. On Linux, closing a socket does not wake a thread
         blocked reading it, but it frees the descriptor number. Another connection of this process
@@ -406,6 +426,11 @@ class Informer(Generic[T]):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+
+    @property
+    def running(self) -> bool:
+        """Whether the informer's thread is still alive (after :meth:`stop`: until its watch ends)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def wait_synced(self, timeout_s: float) -> bool:
         return self.synced.wait(timeout_s)
@@ -520,7 +545,7 @@ class Informer(Generic[T]):
         backoff_s = 0.2
         while not self._stop.is_set():
             try:
-                self._client = client = self._connector.client()
+                self._client = client = self._connector.client(stopped=self._stop)
                 rv = self._list(client)
                 self.synced.set()
                 self.healthy = True

@@ -149,7 +149,7 @@ def own_client(bed: KubeTestBed) -> Any:
 @pytest.fixture
 def live(k8s_testbed, k8s_namespace, prometheus_server, dcgm_exporter) -> Iterator[Live]:
     exporter = dcgm_exporter()
-    exporter.follow(own_client(k8s_testbed), k8s_namespace)
+    exporter.follow(k8s_testbed.kubeconfig, k8s_namespace)
     prom = prometheus_server([exporter.target], scrape_interval_s=0.5)
     world = Live(bed=k8s_testbed, namespace=k8s_namespace, exporter=exporter, prometheus=prom)
     yield world
@@ -272,7 +272,7 @@ def test_exporter_without_pod_labels_means_no_change_for_running_jobs(
 ) -> None:
     kwok_gpu_nodes(1, gpus_per_node=8)
     unlabelled = dcgm_exporter(pod_labels=False)
-    unlabelled.follow(own_client(live.bed), live.namespace)
+    unlabelled.follow(live.bed.kubeconfig, live.namespace)
     live.exporter.stop_following()
     live.prometheus.set_targets([unlabelled.target])
     live.exporter = unlabelled
@@ -774,3 +774,26 @@ def test_watching_named_namespaces_needs_only_rolebindings_there(live: Live, kwo
                 client.delete(type(obj), obj.metadata.name)
         for ns in (second, third):
             live.bed.cleanup_namespace(ns)
+
+
+def test_a_stopped_informer_opens_no_further_watch(k8s_testbed: KubeTestBed, k8s_namespace: str) -> None:
+    """lightkube's watch opens the next request itself at each server-side timeout, so an informer
+    that only checked its stop flag between events watched on, one request per timeout, until the
+    next event in its namespace (seen as a pod watch re-opened in a finished test's namespace)."""
+    from gpu_scheduler.observe.kubernetes import Informer
+
+    k8s_testbed.client().create(ConfigMap(metadata=ObjectMeta(name="watched", namespace=k8s_namespace)))
+    connector = KubeConnector(k8s_testbed.kubeconfig)
+    informer = Informer(connector, ConfigMap, lambda obj: obj.metadata.name, name="configmaps",
+                        namespace=k8s_namespace, watch_timeout_s=1).start()
+    try:
+        assert informer.wait_synced(30)
+        wait_until(lambda: connector.counts.watches >= 2, timeout_s=30, what="the watch re-opened after its 1 s window")
+        assert informer.healthy and "watched" in informer.items()
+    finally:
+        informer.stop(timeout_s=0)
+    wait_until(lambda: not informer.running, timeout_s=10, what="the stopped informer's thread to end")
+    opened = connector.counts.watches
+    time.sleep(2.5)  # two more windows: no request may follow
+    assert connector.counts.watches == opened
+    assert not informer.running

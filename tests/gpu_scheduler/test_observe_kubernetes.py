@@ -68,7 +68,7 @@ def test_stop_leaves_the_client_to_the_informers_own_thread() -> None:
             closed_by.append(threading.current_thread().name)
 
     class Connector:
-        def client(self) -> Client:
+        def client(self, stopped: object = None) -> Client:
             return Client()
 
     informer = Informer(Connector(), Node, lambda obj: obj, name="nodes").start()  # type: ignore[arg-type]
@@ -79,3 +79,21 @@ def test_stop_leaves_the_client_to_the_informers_own_thread() -> None:
     informer._thread.join(5)  # type: ignore[union-attr]
     assert not informer._thread.is_alive()  # type: ignore[union-attr]
     assert closed_by == ["informer-nodes"]
+
+
+def test_a_stopped_transport_sends_nothing_and_counts_nothing() -> None:
+    import threading
+
+    import httpx2
+
+    from gpu_scheduler.observe.kubernetes import ClientStopped, CountingTransport, RequestCounts
+
+    sent: list[str] = []
+    inner = httpx2.MockTransport(lambda request: sent.append(request.url.path) or httpx2.Response(200, json={}))
+    counts, stopped = RequestCounts(), threading.Event()
+    client = httpx2.Client(transport=CountingTransport(inner, counts, stopped), base_url="https://api")
+    assert client.get("/api/v1/pods", params={"watch": "true"}).status_code == 200
+    stopped.set()
+    with pytest.raises(ClientStopped, match=r"^client stopped; not sending GET /api/v1/pods$"):
+        client.get("/api/v1/pods", params={"watch": "true"})
+    assert sent == ["/api/v1/pods"] and (counts.total, counts.watches) == (1, 1)

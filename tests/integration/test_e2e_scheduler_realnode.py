@@ -390,7 +390,7 @@ def world(k8s_testbed: KubeTestBed, real_node: RealNode, real_node_env: S3Server
 
     exporter = dcgm_exporter()
     # GPU activity only: the trainers' own metrics come from their pods.
-    exporter.follow(own_client(k8s_testbed), s3_namespace, trainer_metrics=False)
+    exporter.follow(k8s_testbed.kubeconfig, s3_namespace, trainer_metrics=False)
     trainers = TrainerPodTargets(own_client(k8s_testbed), s3_namespace, tmp_path / "trainer-targets.json")
     prometheus = prometheus_server([exporter.target], scrape_interval_s=1.0, scrape_configs=[trainers.scrape_config()])
     k8s_testbed.client().create(ConfigMap(metadata=ObjectMeta(name=POLICY_CONFIGMAP, namespace=s3_namespace),

@@ -14,7 +14,7 @@ pod and per job by the test.
 dcgm-exporter does without ``--kubernetes`` — to test the "missing metrics" path.
 
 :meth:`DcgmExporter.follow` keeps the series in step with a namespace's PyTorchJob worker pods on
-a real API server (polled through lightkube): a pod gets series while it is Running on a node, and
+a real API server (watched with the scheduler's own informer): a pod gets series while it is Running on a node, and
 each job's throughput is ``speedup(workers)``.
 """
 
@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,8 +58,7 @@ class DcgmExporter(Collector):
         self._adaptive: dict[str, tuple[float, dict[int, float]]] = {}
         self._lock = threading.Lock()
         self._server: Any = None
-        self._follow_stop = threading.Event()
-        self._follow_thread: threading.Thread | None = None
+        self._following: tuple[threading.Event, threading.Thread, Any] | None = None
         self.port = 0
 
     # -- values ---------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ class DcgmExporter(Collector):
 
     def follow(
         self,
-        client: Any,
+        kubeconfig: str | Path,
         namespace: str,
         *,
         speedup: Callable[[str, int], float] = lambda job, workers: 100.0 * workers**0.9,
@@ -176,19 +176,18 @@ class DcgmExporter(Collector):
         progress: bool = False,
         interval_s: float = 0.25,
     ) -> None:
-        """Follow the namespace's pods (LIST + WATCH); every ``interval_s`` serve DCGM series for the
-        Running PyTorchJob worker pods with GPUs and, per job,
-        ``trainflow_samples_per_second = speedup(job, workers)`` with
+        """Follow the namespace's pods (the scheduler's own :class:`Informer`: LIST + WATCH); every
+        ``interval_s`` serve DCGM series for the Running PyTorchJob worker pods with GPUs and, per
+        job, ``trainflow_samples_per_second = speedup(job, workers)`` with
         ``trainflow_world_size = workers x GPUs per worker`` (``job_key`` = ``namespace/job``); with
         ``progress``, also the trainer's step gauges (a step a second from when the job was first
-        seen, of 10**6 steps at a global batch of 256)."""
+        seen, of 10**6 steps at a global batch of 256). :meth:`stop_following` stops the watch too
+        (within its 10 s server-side window; it opens no further one)."""
         from lightkube.resources.core_v1 import Pod
 
-        running: dict[str, tuple[str, int, str]] = {}  # pod -> (job, gpus, node)
-        first_seen: dict[str, float] = {}
-        seen_lock = threading.Lock()
+        from gpu_scheduler.observe.kubernetes import Informer, KubeConnector
 
-        def info(pod: Any) -> tuple[str, int, str] | None:
+        def info(pod: Any) -> tuple[str, str, int, str] | None:
             labels = pod.metadata.labels or {}
             job = labels.get("training.kubeflow.org/job-name")
             if not job or pod.metadata.deletionTimestamp is not None:
@@ -199,33 +198,15 @@ class DcgmExporter(Collector):
             for c in pod.spec.containers:
                 limits = (c.resources.limits if c.resources else None) or {}
                 gpus += int(limits.get("nvidia.com/gpu", 0))
-            return (job, gpus, pod.spec.nodeName) if gpus else None
+            return (pod.metadata.name, job, gpus, pod.spec.nodeName) if gpus else None
 
-        def watch() -> None:
-            while not self._follow_stop.is_set():
-                try:
-                    listed = client.list(Pod, namespace=namespace)
-                    fresh = {p.metadata.name: i for p in listed if (i := info(p)) is not None}
-                    with seen_lock:
-                        running.clear()
-                        running.update(fresh)
-                    synced.set()
-                    for kind, pod in client.watch(Pod, namespace=namespace, server_timeout=30,
-                                                  resource_version=listed.resourceVersion):
-                        if self._follow_stop.is_set():
-                            return
-                        i = None if kind == "DELETED" else info(pod)
-                        with seen_lock:
-                            if i is None:
-                                running.pop(pod.metadata.name, None)
-                            else:
-                                running[pod.metadata.name] = i
-                except Exception:
-                    self._follow_stop.wait(0.5)
+        first_seen: dict[str, float] = {}
+        stop = threading.Event()
+        informer = Informer(KubeConnector(kubeconfig), Pod, info, name=f"dcgm-{namespace}", namespace=namespace,
+                            watch_timeout_s=10)
 
         def publish() -> None:
-            with seen_lock:
-                seen = dict(running)
+            seen = {name: (job, gpus, node) for name, job, gpus, node in informer.items()}
             workers: dict[str, list[int]] = {}
             for job, gpus, _node in seen.values():
                 workers.setdefault(job, []).append(gpus)
@@ -248,25 +229,27 @@ class DcgmExporter(Collector):
                                       global_batch_size=256)
 
         def loop() -> None:
-            while not self._follow_stop.is_set():
+            while not stop.is_set():
                 with contextlib.suppress(Exception):
                     publish()
-                self._follow_stop.wait(interval_s)
+                stop.wait(interval_s)
 
-        synced = threading.Event()
-        self._follow_stop.clear()
-        watcher = threading.Thread(target=watch, name="dcgm-watch", daemon=True)
-        watcher.start()
-        synced.wait(30)
+        self.stop_following()
+        informer.start()
+        informer.wait_synced(30)
         publish()
-        self._follow_thread = threading.Thread(target=loop, name="dcgm-follow", daemon=True)
-        self._follow_thread.start()
+        thread = threading.Thread(target=loop, name="dcgm-follow", daemon=True)
+        thread.start()
+        self._following = (stop, thread, informer)
 
     def stop_following(self) -> None:
-        self._follow_stop.set()
-        if self._follow_thread is not None:
-            self._follow_thread.join(timeout=5)
-            self._follow_thread = None
+        """Stop publishing and the pod watch (idempotent)."""
+        following, self._following = self._following, None
+        if following is not None:
+            stop, thread, informer = following
+            stop.set()
+            thread.join(timeout=5)
+            informer.stop(timeout_s=0)
 
 
 @pytest.fixture
@@ -291,9 +274,6 @@ def main() -> None:
     import argparse
     import signal
 
-    from lightkube import Client
-    from lightkube.config.kubeconfig import KubeConfig
-
     parser = argparse.ArgumentParser(description="Simulated dcgm-exporter following a namespace's worker pods.")
     parser.add_argument("--kubeconfig", required=True)
     parser.add_argument("--namespace", required=True)
@@ -306,7 +286,7 @@ def main() -> None:
     registry.register(exporter)
     exporter.port = args.port
     exporter._server, _ = start_http_server(args.port, addr="127.0.0.1", registry=registry)
-    exporter.follow(Client(KubeConfig.from_file(args.kubeconfig)), args.namespace, interval_s=args.interval_s,
+    exporter.follow(args.kubeconfig, args.namespace, interval_s=args.interval_s,
                     progress=args.progress)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
