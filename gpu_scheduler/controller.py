@@ -235,7 +235,8 @@ class TickReport:
             come from watch caches, so ``observe_kubernetes`` is 0 unless a watch reconnects).
         cpu_s: CPU seconds the process used during the tick (every thread).
         phases_cpu_s: CPU seconds of the tick's own thread per phase, plus ``prometheus_query``:
-            the background thread's CPU sending the queries and decoding the answers.
+            the CPU of reading Prometheus in the background (the query threads sending the queries
+            and decoding the answers, and the thread turning them into readings).
     """
 
     at_s: float
@@ -399,7 +400,7 @@ class Controller:
         if not self._leading():
             raise _NoChange("not the leader", logging.DEBUG)
         policy = self._policy_in_force(report)
-        readings = self._background.submit(_timed, self._prometheus.observe, now_s)  # overlaps the Kubernetes read
+        readings = self._background.submit(_timed, self._prometheus, now_s)  # overlaps the Kubernetes read
         phase = _Phases(report, self._api_requests)
         actions: list[Action] = []
         try:
@@ -600,11 +601,12 @@ class _Phases:
             report.requests_by_phase[name] = report.requests_by_phase.get(name, 0) + self._api_requests() - before
 
 
-def _timed(observe: Callable[[float], MetricsSample], now_s: float) -> tuple[MetricsSample, float]:
-    """``observe(now_s)`` and the CPU seconds this thread spent on it."""
+def _timed(prometheus: MetricsPort, now_s: float) -> tuple[MetricsSample, float]:
+    """``prometheus.observe(now_s)`` and the CPU seconds it took: this thread's, plus its query
+    threads' where the port reports them (:attr:`PrometheusObserver.last_query_cpu_s`)."""
     cpu = time.thread_time()
-    sample = observe(now_s)
-    return sample, time.thread_time() - cpu
+    sample = prometheus.observe(now_s)
+    return sample, time.thread_time() - cpu + getattr(prometheus, "last_query_cpu_s", 0.0)
 
 
 class _LazyMemos(Mapping[str, Any]):

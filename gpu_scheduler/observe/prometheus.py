@@ -49,17 +49,20 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import msgspec
 
 from gpu_scheduler.model import SchedulerError
 from gpu_scheduler.observe.readings import JobThroughput, JobWork, MetricsSample, PodGpu
+
+T = TypeVar("T")
 
 __all__ = [
     "QUERIES",
@@ -345,6 +348,8 @@ class PrometheusObserver:
     Attributes:
         requests: queries sent so far.
         last_bytes: bytes of the answers of the last :meth:`observe`.
+        last_query_cpu_s: CPU seconds the query threads spent on the last :meth:`observe` (sending
+            the queries, reading and decoding the answers; summed over the threads).
         last_query_s: Prometheus' own time per query of the last :meth:`observe` (with
             ``query_stats``; else empty).
 
@@ -384,6 +389,7 @@ class PrometheusObserver:
             self.window_s = float(RULES_WINDOW.rstrip("m")) * 60
         self.requests = 0
         self.last_bytes = 0
+        self.last_query_cpu_s = 0.0
         self.last_query_s: dict[str, float] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=len(QUERIES), thread_name_prefix="promql")
@@ -397,6 +403,7 @@ class PrometheusObserver:
         self._client.close()
 
     def _send(self, promql: str, at_s: float) -> tuple[list[tuple[Any, float]], Mapping[str, Any], int]:
+        """One query: ``(samples, stats, answer bytes)``."""
         with self._lock:
             self.requests += 1
         form = {"query": promql, "time": f"{at_s:.3f}"}
@@ -437,13 +444,21 @@ class PrometheusObserver:
         """
         window = _window(self.window_s)
         queries = RECORDED if self.recorded else {key: q.format(window=window) for key, q in QUERIES.items()}
-        futures = {key: self._pool.submit(self._send, q, now_s) for key, q in queries.items()}
-        answers = {key: f.result() for key, f in futures.items()}
+        futures = {key: self._pool.submit(_cpu_timed, self._send, q, now_s) for key, q in queries.items()}
+        timed = {key: f.result() for key, f in futures.items()}
+        answers = {key: answer for key, (answer, _) in timed.items()}
+        self.last_query_cpu_s = sum(cpu_s for _, cpu_s in timed.values())
         self.last_bytes = sum(size for _, _, size in answers.values())
         self.last_query_s = {key: float((stats.get("timings") or {}).get("execTotalTime", 0.0))
                              for key, (_, stats, _) in answers.items() if stats}
         return metrics_from_results({key: samples for key, (samples, _, _) in answers.items()},
                                     taken_at_s=now_s, window_s=self.window_s)
+
+
+def _cpu_timed(call: Callable[..., T], *args: Any) -> tuple[T, float]:
+    """``call(*args)`` and the CPU seconds this thread spent on it."""
+    cpu = time.thread_time()
+    return call(*args), time.thread_time() - cpu
 
 
 class _TokenFile:

@@ -196,6 +196,7 @@ def test_recorded_series_read_what_the_queries_read(prometheus_server, dcgm_expo
     assert recorded.work["team-a/bert"].remaining_samples == (900 - 100) * 256
 
 
+
 def test_close_waits_for_a_query_in_flight_before_closing_the_client() -> None:
     """Closing the client under a query thread still reading would free its socket's descriptor
     for another connection (docs/scheduler.md, "Stopping the informers")."""
@@ -229,3 +230,29 @@ def test_close_waits_for_a_query_in_flight_before_closing_the_client() -> None:
     closing.join(5)
     in_flight.join(5)
     assert not closing.is_alive() and client.is_closed
+
+
+def test_the_query_threads_cpu_is_counted_in_the_readings_cpu() -> None:
+    """The five queries are sent and decoded in the observer's pool threads; their CPU belongs to
+    the tick's ``prometheus_query`` figure (it used to hold only the thread waiting for them)."""
+    import time
+
+    import httpx
+
+    from gpu_scheduler.controller import _timed
+    from gpu_scheduler.observe.prometheus import PrometheusObserver
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        burn_until = time.thread_time() + 0.02  # 20 ms of this query thread's CPU
+        while time.thread_time() < burn_until:
+            pass
+        return httpx.Response(200, json={"status": "success", "data": {"resultType": "vector", "result": []}})
+
+    observer = PrometheusObserver("http://prometheus.invalid", client=httpx.Client(transport=httpx.MockTransport(answer)))
+    try:
+        sample, cpu_s = _timed(observer, 0.0)
+        assert observer.last_query_cpu_s >= 5 * 0.02
+        assert cpu_s >= observer.last_query_cpu_s
+        assert sample.pods == {} and sample.jobs == {}
+    finally:
+        observer.close()
