@@ -94,8 +94,7 @@ class CountingTransport(httpx2.BaseTransport):
 
     Args:
         inner: the transport doing the work (TLS settings live there).
-        on_request: optional callback ``(method) -> None`` (e.g. a Prometheus counter).
-
+        counts: where the requests are counted (its optional callback can feed a Prometheus counter).
         stopped: once this event is set, the transport sends no request and raises
             :class:`ClientStopped` instead (an informer's client after :meth:`Informer.stop`).
 
