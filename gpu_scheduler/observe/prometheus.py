@@ -72,7 +72,6 @@ __all__ = [
     "QUERY_STABLE_WORLD_SIZE_BY_JOB",
     "QUERY_WORK_BY_JOB",
     "RECORDED",
-    "RECORDED_QUERIES",
     "RULES_WINDOW",
     "JobThroughput",
     "JobWork",
@@ -150,11 +149,6 @@ RULES_WINDOW = "5m"
 #: (instant selectors: Prometheus looks the values up instead of evaluating the windows at every
 #: tick, so its time drops out of the tick; the readings are then up to one rule interval old).
 RECORDED: Mapping[str, str] = MappingProxyType({key: f"trainflow_scheduler:{key}:{RULES_WINDOW}" for key in QUERIES})
-#: What the observer sends with ``recorded=True``: each recorded series times 1. An arithmetic
-#: operation drops the metric name, which the controller does not read and which made the recorded
-#: answers 1.4x the raw queries' (4.3 vs 3.0 MB per tick at 5,000 jobs: ``"__name__":
-#: "trainflow_scheduler:gpu_busy:5m"`` on each of ~25,000 samples).
-RECORDED_QUERIES: Mapping[str, str] = MappingProxyType({key: f"{series} * 1" for key, series in RECORDED.items()})
 
 
 class PrometheusUnavailable(SchedulerError):
@@ -347,7 +341,7 @@ class PrometheusObserver:
         ca_file: PEM bundle that verifies an ``https://`` Prometheus (default: the system's).
         query_stats: ask Prometheus for its own timings (``stats=all``); :attr:`last_query_s`
             then holds Prometheus' ``execTotalTime`` of each query of the last observation.
-        recorded: read the series of the recording rules (:data:`RECORDED_QUERIES`; the monitoring
+        recorded: read the series of the recording rules (:data:`RECORDED`; the monitoring
             component ships the rules) instead of evaluating :data:`QUERIES`; ``window_s`` is then
             the rules' :data:`RULES_WINDOW`.
 
@@ -449,7 +443,7 @@ class PrometheusObserver:
             PrometheusUnavailable: if any query fails (partial readings are never used).
         """
         window = _window(self.window_s)
-        queries = RECORDED_QUERIES if self.recorded else {key: q.format(window=window) for key, q in QUERIES.items()}
+        queries = RECORDED if self.recorded else {key: q.format(window=window) for key, q in QUERIES.items()}
         futures = {key: self._pool.submit(_cpu_timed, self._send, q, now_s) for key, q in queries.items()}
         timed = {key: f.result() for key, f in futures.items()}
         answers = {key: answer for key, (answer, _) in timed.items()}

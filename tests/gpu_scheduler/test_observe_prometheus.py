@@ -194,17 +194,7 @@ def test_recorded_series_read_what_the_queries_read(prometheus_server, dcgm_expo
     assert recorded.work == direct.work and recorded.goodput == direct.goodput
     assert recorded.pods[("team-a", "bert-worker-0")].busy == pytest.approx(0.8)
     assert recorded.work["team-a/bert"].remaining_samples == (900 - 100) * 256
-    # What is sent: the recorded series without their name (a third of the answers' bytes at scale).
-    import httpx
 
-    from gpu_scheduler.observe.prometheus import RECORDED, RECORDED_QUERIES
-
-    for key, promql in RECORDED_QUERIES.items():
-        sent = httpx.post(f"{prom.url}/api/v1/query", data={"query": promql}).json()["data"]["result"]
-        stored = httpx.post(f"{prom.url}/api/v1/query", data={"query": RECORDED[key]}).json()["data"]["result"]
-        assert sent and all("__name__" not in s["metric"] for s in sent), key
-        assert {tuple(sorted(s["metric"].items())): s["value"][1] for s in sent} == {
-            tuple(sorted((k, v) for k, v in s["metric"].items() if k != "__name__")): s["value"][1] for s in stored}, key
 
 
 def test_close_waits_for_a_query_in_flight_before_closing_the_client() -> None:
