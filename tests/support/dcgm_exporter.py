@@ -185,11 +185,12 @@ class DcgmExporter(Collector):
         (within its 10 s server-side window; it opens no further one)."""
         from lightkube.resources.core_v1 import Pod
 
+        from gpu_scheduler.kube import JOB_NAME_LABEL
         from gpu_scheduler.observe.kubernetes import Informer, KubeConnector
 
         def info(pod: Any) -> tuple[str, str, int, str] | None:
             labels = pod.metadata.labels or {}
-            job = labels.get("training.kubeflow.org/job-name")
+            job = labels.get(JOB_NAME_LABEL)
             if not job or pod.metadata.deletionTimestamp is not None:
                 return None
             if not pod.spec.nodeName or (pod.status.phase if pod.status else None) != "Running":
