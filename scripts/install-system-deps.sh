@@ -5,8 +5,8 @@
 #                                               the test bed's real node (tests/support/realnode.py)
 #   debootstrap, zstd                           the trainflow image without Docker (scripts/image/build.py)
 #   mariadb-server, mariadb-client              the real KFP backend's database (tests/support/kfp_backend.py)
-#   nodejs, npm (only with the argument kfp-ui)  the real KFP UI's build and server (tests/testbed/build.sh
-#                                               kfp-ui; make test-realkfp; tested with Node.js 20.20.2, npm 11.19.1)
+#   nodejs, npm                                 the real KFP UI's build and server (tests/testbed/build.sh
+#                                               kfp-ui; the real-KFP tier; tested with Node.js 20.20.2, npm 11.19.1)
 set -euo pipefail
 need=()
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
@@ -21,10 +21,8 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v zstd >/dev/null 2>&1 || need+=(zstd)
 command -v mariadbd >/dev/null 2>&1 || need+=(mariadb-server mariadb-client)
-if [ "${1:-}" = kfp-ui ]; then  # not needed by make test: only the opt-in real-KFP tier builds the UI
-  command -v node >/dev/null 2>&1 || need+=(nodejs)
-  command -v npm >/dev/null 2>&1 || need+=(npm)
-fi
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   echo "installing Debian packages: ${need[*]}"
