@@ -4,8 +4,8 @@ Issue 10, 3e. Every test runs on the ``kfp_api`` fixture's two servers:
 
 * ``local``: trainflow's own ``trainflow kfp-server`` (always; part of ``make test``);
 * ``real``: KFP 2.14.3's backend on the test bed's real node (``kfp_backend``,
-  tests/support/kfp_backend.py), only in the opt-in real-KFP tier (``TRAINFLOW_REALKFP=1``,
-  ``make test-realkfp``), the same gate as tests/integration/test_realkfp.py.
+  tests/support/kfp_backend.py), in the real-KFP tier (``TRAINFLOW_REALKFP=1``, which ``make test``
+  sets; alone: ``make test-realkfp``), the same gate as tests/integration/test_realkfp.py.
 
 The contract is what the Airflow bridge's hook and ``kfp.Client`` use: healthz; pipelines and
 versions (upload, list, by name); experiments (create, conflict, get, list); runs (create from a

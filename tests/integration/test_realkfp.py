@@ -2,10 +2,11 @@
 
 Issue 10's tests 3a (both train-step backends), 3b (the Airflow example DAG; mark failed; the
 worker killed and the task retried), 3c (the KFP UI in Chromium) and 3d (a recurring run); 3e is
-tests/integration/test_kfp_api_contract.py. Opt-in until the tier's cold build fits CI
-(docs/testbed.md): they run only with ``TRAINFLOW_REALKFP=1`` (``make test-realkfp``); without it
-they are skipped with that reason. The backend and the UI are built by
-``tests/testbed/build.sh kfp kfp-ui`` (cold: ~35 min on 2 cores; cached under
+tests/integration/test_kfp_api_contract.py. Part of ``make test``, which sets
+``TRAINFLOW_REALKFP=1`` (``TRAINFLOW_REALKFP=0 make test`` leaves them out; alone: ``make
+test-realkfp``); without the variable they are skipped saying so (docs/testbed.md, "The tier in
+``make test``"). The backend and the UI are built on first use by ``tests/testbed/build.sh kfp
+kfp-ui`` (cold: ~7 min on the 2-core machine of runs 40-48, ~30 min on a slower one; cached under
 ``~/.cache/trainflow/``) and started by :mod:`tests.support.kfp_backend` and
 :mod:`tests.support.kfp_ui`.
 """
