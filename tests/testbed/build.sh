@@ -171,7 +171,7 @@ build_mlmd() {
 
 need_npm() {
   command -v node >/dev/null && command -v npm >/dev/null ||
-    { log "'node' and 'npm' not found: Node.js >= 20 and npm are needed to build the KFP UI"; exit 2; }
+    { log "'node' and 'npm' not found: Node.js >= 20 and npm are needed to build the KFP UI (scripts/install-system-deps.sh installs them)"; exit 2; }
 }
 
 build_kfp_ui() {
