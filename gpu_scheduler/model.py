@@ -276,7 +276,9 @@ class Job:
         attained_service_gpu_s: GPU-seconds held since submission (Tiresias' 2D attained
             service), restart time included.
         throughput: Measured samples/s by worker count, for the counts the job has run at
-            (most recent measurement per count). Empty until the first measurement. In the
+            (most recent measurement per count). Empty until the first measurement. For a
+            trainer that adapts its global batch, its goodput curve (samples/s at its initial
+            batch): the counts it has run at plus its predictions at 2x and 3x the widest. In the
             simulator's oracle mode (policies with ``uses_oracle = True``) it holds the true
             throughput for every count in ``[1, max_workers]`` at a compact placement.
         restarts: Re-allocations so far, not counting the first start (each one paused training

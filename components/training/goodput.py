@@ -46,6 +46,14 @@ GNS_EMA_DECAY = 0.9
 EXPLORE_FACTOR = 2.0
 """A step-time model is trusted up to this multiple of the largest local batch observed at a width."""
 
+PREDICTED_WIDTH_MULTIPLES = (2, 3)
+"""The exported goodput curve also rates these multiples of the widest world size run: predictions
+from the borrowed model (:meth:`ThroughputObservations.choice_model`), which a scheduler that grows
+a job only to widths with a rate (trainflow's ``default``) needs to try a wider one. Our rule, in
+the spirit of Pollux's (a job may grow to twice the most replicas it has profiled; Qiao et al.,
+OSDI'21 §4.1): chosen on the Pollux workloads in the simulator, whose job model mirrors it
+(docs/scheduler.md, "Predicted widths")."""
+
 
 # ------------------------------------------------------------------------ gradient noise scale
 def gns_sample(local_sqnorm: float, inv_local_batch: float, global_sqnorm: float,
@@ -367,13 +375,18 @@ class AdaptiveBatch:
 
     def goodput_by_world(self) -> dict[int, float]:
         """Predicted goodput (B0-equivalent samples/s) at every width with timings, each at its best
-        batch, under the current ``phi`` (re-evaluated, never a stale one-off measurement). A width
-        timed at one local batch only is rated with the constant model the choice uses there (the
-        proportional one would rate it as if a larger batch could never pay)."""
+        batch, under the current ``phi`` (re-evaluated, never a stale one-off measurement), and at
+        :data:`PREDICTED_WIDTH_MULTIPLES` of the widest of them. A width is rated with the model the
+        choice uses there: a width timed at one local batch only with the constant model (the
+        proportional one would rate it as if a larger batch could never pay), an unseen width with
+        the nearest observed width's (same local batch, same step time: no added communication,
+        an optimistic guess that the job corrects once it has run there). Empty before any timing."""
+        timed = sorted(w for w, pts in self.observations.by_world.items() if pts)
+        widths = timed + [k * timed[-1] for k in PREDICTED_WIDTH_MULTIPLES] if timed else []
         out = {}
-        for w in sorted(self.observations.by_world):
+        for w in widths:
             model = self.observations.choice_model(w)  # as the choice sees it
-            if model is not None:
+            if model is not None and w not in out:
                 out[w] = best_batch(w, model, self.phi, base_batch=self.base_batch,
                                     max_global_batch=self.max_global_batch, max_local_batch=self.max_local_batch)[1]
         return out

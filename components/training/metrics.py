@@ -32,7 +32,8 @@ Adaptive batch only (``--adaptive-batch``; absent otherwise): step records also 
 ``adascale_gain``, ``progress_samples`` and ``remaining_samples`` (B0-equivalent samples) and
 ``goodput_samples_per_second`` (``{"<world size>": B0-equivalent samples/s}``); the endpoint adds
 ``trainflow_goodput_samples_per_second{job_key, world_size}`` (predicted goodput at every width the
-job has run at, each at its best batch under the current phi), ``trainflow_remaining_samples`` and
+job has run at and at 2x and 3x the widest of them -- ``goodput.PREDICTED_WIDTH_MULTIPLES`` --, each
+at its best batch under the current phi), ``trainflow_remaining_samples`` and
 ``trainflow_gradient_noise_scale``, and ``trainflow_global_batch_size`` follows the current batch.
 """
 

@@ -35,8 +35,8 @@ Five instant queries per tick, sent concurrently:
   query.
 * Adaptive-batch trainers' goodput curves: ``trainflow_goodput_samples_per_second`` labelled
   ``job_key`` and ``world_size`` (predicted samples/s at the initial batch size, re-evaluated by
-  the trainer with its current gradient noise scale at every world size it has run at), the
-  latest value per world size. For such a job this curve *is* ``Job.throughput``.
+  the trainer with its current gradient noise scale at every world size it has run at, and
+  predicted at 2x and 3x the widest), the latest value per world size. For such a job this curve *is* ``Job.throughput``.
 
 Every value is averaged over ``window_s`` (``avg_over_time``), evaluated at the controller's clock.
 Any failure (connection refused, timeout, HTTP error, ``status: error``, malformed JSON) raises

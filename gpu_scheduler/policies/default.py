@@ -26,7 +26,9 @@ One decision, in five steps:
    without knowing durations. Widths step by one worker up to a node, then by whole nodes. A job
    never grows beyond ``max(requested, largest measured)`` here: the request is the user's tuned
    size and growing past it was measured to cost more (restarts, node-crossing slowdowns) than it
-   gains.
+   gains. A trainer that adapts its batch reports predictions at 2× and 3× the widest width it has
+   run at beside its measured rates, so such a job may grow to those (docs/scheduler.md,
+   "Predicted widths").
 3. **Hysteresis.** A running job keeps its width while in cooldown (``cooldown_s``, or
    ``cooldown_age_fraction`` of its running age if longer) or when the ideal width is within a
    factor ``1 + tolerance`` of it; if that over-commits the cluster, the lowest-priority kept jobs

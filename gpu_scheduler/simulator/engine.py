@@ -27,8 +27,8 @@ from types import MappingProxyType
 from gpu_scheduler.model import ClusterSnapshot, GoodputModel, Job, Node, Outcome, Placement, SchedulerError
 from gpu_scheduler.policies.base import Policy
 from gpu_scheduler.policies.goodput import GoodputFunction, PerfParams, fit_perf_params
-from gpu_scheduler.simulator.jobmodel import Application, StepConfig
-from gpu_scheduler.simulator.stepfit import StepTimeObservations
+from gpu_scheduler.simulator.jobmodel import Application, JobModelError, StepConfig
+from gpu_scheduler.simulator.stepfit import PREDICTED_WIDTH_MULTIPLES, StepTimeObservations
 from gpu_scheduler.simulator.workload import WorkloadJob
 
 __all__ = ["ADAPTIVE_THROUGHPUT", "JobRecord", "SimConfig", "SimResult", "SimulationError", "Simulator"]
@@ -89,7 +89,9 @@ class SimConfig:
             whose local batch is at most ``EXPLORE_FACTOR`` (2) times the largest observed at
             that width (an unseen width borrows the nearest observed width's model) and reports
             the goodput curve of the models its choice uses (a width timed at one local batch:
-            the constant model), as the trainer exports it (:mod:`gpu_scheduler.simulator.stepfit`).
+            the constant model) at the widths it has run at and at 2x and 3x the widest
+            (``PREDICTED_WIDTH_MULTIPLES``, up to its largest width), as the trainer exports it
+            (:mod:`gpu_scheduler.simulator.stepfit`).
             ``"oracle"``: the true measured step time at every batch and width (an upper bound).
             ``"pollux"``: the AdaptDL job agent of Pollux's published runs (the artifact's
             ``simulator.py`` ``Job``): it keeps the first measured (step, sync) time per
@@ -201,6 +203,7 @@ class _SimJob:
         "epoch",
         "first_start",
         "fitted",
+        "gpus_per_node",
         "grad_params",
         "max_workers",
         "measured_at",
@@ -229,8 +232,10 @@ class _SimJob:
     )
 
     def __init__(self, spec: WorkloadJob, app: Application, cluster_gpus: int, adaptive_batch: bool = False,
-                 adaptive_throughput: str = "fitted", adaptive_retune_s: float | None = None) -> None:
+                 adaptive_throughput: str = "fitted", adaptive_retune_s: float | None = None, *,
+                 gpus_per_node: int) -> None:
         self.spec = spec
+        self.gpus_per_node = gpus_per_node
         self.app = app
         self.retune_s = adaptive_retune_s
         self.picked_at_s = 0.0
@@ -413,6 +418,7 @@ class _SimJob:
             self.measured_version = self.observations.version
             self.throughput = {n: app.best_fitted_step_config(pn, self.epoch, self.observations.choice_model(n))[1]
                                * app.init_batch_size for n, pn in self.measured_at.items()}
+            self._predict_wider()
             self.throughput_view = MappingProxyType(dict(self.throughput))
             return
         if self.measured_at.get(workers) == self.per_node and self.measured_epoch == self.epoch:
@@ -431,6 +437,23 @@ class _SimJob:
         self.throughput = {n: app.goodput(pn, app.best_step_config(pn, self.epoch), self.epoch) * app.init_batch_size
                            for n, pn in self.measured_at.items()}
         self.throughput_view = MappingProxyType(dict(self.throughput))
+
+    def _predict_wider(self) -> None:
+        """Add the trainer's predicted widths to the fitted goodput curve: each multiple in
+        :data:`PREDICTED_WIDTH_MULTIPLES` of the widest width run, on a compact placement, rated
+        with the borrowed model; widths past the job's limit or with no valid batch are left out."""
+        app, gpn = self.app, self.gpus_per_node
+        widest = max(self.measured_at)
+        for k in PREDICTED_WIDTH_MULTIPLES:
+            n = k * widest
+            if n > self.max_workers or n in self.throughput:
+                continue
+            per_node = (gpn,) * (n // gpn) + ((n % gpn,) if n % gpn else ())
+            try:
+                rate = app.best_fitted_step_config(per_node, self.epoch, self.observations.choice_model(n))[1]
+            except JobModelError:
+                continue
+            self.throughput[n] = rate * app.init_batch_size
 
     def _configure(self, now_s: float) -> None:
         """Step configuration for the current placement (and epoch, if the batch adapts)."""
@@ -545,7 +568,8 @@ class Simulator:
             raise SimulationError(f"no measured model for application(s) {', '.join(missing)}")
         gpus = self.config.total_gpus
         self.jobs = [_SimJob(spec, applications[spec.application], gpus, self.config.adaptive_batch,
-                             self.config.adaptive_throughput, self.config.adaptive_retune_s)
+                             self.config.adaptive_throughput, self.config.adaptive_retune_s,
+                             gpus_per_node=self.config.gpus_per_node)
                      for spec in workload]
         self.nodes = tuple(Node(name=f"node-{i}", gpus=self.config.gpus_per_node) for i in range(self.config.nodes))
         self.now_s = 0.0

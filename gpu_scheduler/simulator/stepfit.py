@@ -21,6 +21,8 @@ The simulator's counterpart of what trainflow's trainer does with ``--adaptive-b
 * **Unseen width**: the model of the observed width nearest in ratio (``|log(w / W)|``, ties to the
   smaller width) stands in, in the local batch: the same local batch is assumed to cost the
   same time (the trainer's rule; it ignores the extra communication of a wider job).
+* **Predicted widths**: the reported goodput curve also rates :data:`PREDICTED_WIDTH_MULTIPLES`
+  of the widest width run, with that borrowed model, as the trainer's exported curve does.
 
 Pure Python, no side effects.
 """
@@ -31,11 +33,15 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["EXPLORE_FACTOR", "LinearStepTime", "StepTimeObservations", "fit_linear_step_time"]
+__all__ = ["EXPLORE_FACTOR", "PREDICTED_WIDTH_MULTIPLES", "LinearStepTime", "StepTimeObservations", "fit_linear_step_time"]
 
 EXPLORE_FACTOR = 2.0
 """A fitted model is trusted up to this multiple of the largest local batch observed at a width
 (the trainer's ``EXPLORE_FACTOR``, ``components/training/goodput.py``)."""
+
+PREDICTED_WIDTH_MULTIPLES = (2, 3)
+"""Multiples of the widest width run at which the reported goodput curve is predicted too (the
+trainer's ``PREDICTED_WIDTH_MULTIPLES``; a test keeps the two equal)."""
 
 
 def _nearest(widths: Iterable[int], world_size: int) -> int | None:

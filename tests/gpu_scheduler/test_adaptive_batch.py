@@ -17,6 +17,7 @@ from gpu_scheduler.simulator.engine import SimConfig, SimulationError, Simulator
 from gpu_scheduler.simulator.jobmodel import Application, JobModelError, load_applications
 from gpu_scheduler.simulator.stepfit import (
     EXPLORE_FACTOR,
+    PREDICTED_WIDTH_MULTIPLES,
     LinearStepTime,
     StepTimeObservations,
     fit_linear_step_time,
@@ -69,7 +70,7 @@ def test_candidates_respect_the_per_gpu_minimum_and_no_fit_is_an_error(toy_apps)
 def test_progress_is_accounted_across_a_batch_change(toy_apps) -> None:
     app = toy_apps["toy"]
     spec = WorkloadJob(name="a", submit_time_s=0.0, application="toy", requested_workers=1, batch_size=64)
-    job = _SimJob(spec, app, cluster_gpus=16, adaptive_batch=True)
+    job = _SimJob(spec, app, cluster_gpus=16, adaptive_batch=True, gpus_per_node=4)
     assert job.max_workers == 8  # max batch 64 / per-GPU minimum 8, not the workload's batch alone
     job.reallocate(Placement.of({"node-0": 1}), 0.0, 30)
     # One GPU: batch 32 (0.32 s per step, gain 1) beats 64 (two passes, 0.64 s, gain 1.5).
@@ -205,7 +206,7 @@ def test_fitted_choice_never_exceeds_twice_the_largest_observed_local_batch(poll
 def test_fitted_job_learns_the_toy_step_time_and_stays_in_its_trust_region(toy_apps) -> None:
     app = toy_apps["toy"]  # step time on one node: 0.005 s + 0.01 s per local sample
     spec = WorkloadJob(name="a", submit_time_s=0.0, application="toy", requested_workers=4, batch_size=32)
-    job = _SimJob(spec, app, cluster_gpus=16, adaptive_batch=True, adaptive_throughput="fitted")
+    job = _SimJob(spec, app, cluster_gpus=16, adaptive_batch=True, adaptive_throughput="fitted", gpus_per_node=4)
     job.reallocate(Placement.of({"node-0": 4}), 0.0, 30)
     assert job.cfg.batch_size == 32  # nothing observed yet: the smallest batch
     job.advance(0.0, 39.0)  # 30 s restart; epoch 1 ends after 8 s at local 8; re-pick; 1 s more
@@ -221,6 +222,19 @@ def test_fitted_job_learns_the_toy_step_time_and_stays_in_its_trust_region(toy_a
     assert job.cfg.batch_size == 32
     # The reported curve is the fitted goodput in samples/s at the initial batch.
     assert job.throughput[4] == pytest.approx(app.goodput((4,), job.cfg, job.epoch) * 32)
+    # ... and, as the trainer exports it, a prediction at 2x and 3x the widest width run: a compact
+    # placement (4 GPUs per node) rated with width 4's model; 12 is past the job's limit (the toy's
+    # max batch over its smallest local batch: 8 workers), so it is left out.
+    assert job.max_workers == 8 and sorted(job.throughput) == [4, 8]
+    rate = app.best_fitted_step_config((4, 4), job.epoch, job.observations.choice_model(8))[1]
+    assert job.throughput[8] == pytest.approx(rate * 32) and job.throughput[8] > job.throughput[4]
+
+
+def test_the_simulated_job_mirrors_the_trainers_constants() -> None:
+    from components.training import goodput as trainer
+
+    assert trainer.EXPLORE_FACTOR == EXPLORE_FACTOR
+    assert trainer.PREDICTED_WIDTH_MULTIPLES == PREDICTED_WIDTH_MULTIPLES
 
 
 def test_fitted_simulation_respects_the_trust_region(pollux_apps, monkeypatch) -> None:

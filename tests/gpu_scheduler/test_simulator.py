@@ -160,7 +160,7 @@ def test_goodput_model_is_what_an_adaptdl_agent_reports(toy_apps) -> None:
     plain = Simulator([spec], toy_apps, create("fifo"), SimConfig(nodes=1))
     plain.now_s = 60.0
     assert plain.snapshot()[0].jobs[0].goodput_model is None
-    agent = _SimJob(spec, toy_apps["toy"], cluster_gpus=4, adaptive_batch=True, adaptive_throughput="pollux")
+    agent = _SimJob(spec, toy_apps["toy"], cluster_gpus=4, adaptive_batch=True, adaptive_throughput="pollux", gpus_per_node=4)
     agent.reallocate(Placement((("node-0", 4),)), 0.0, 0.0)
     assert agent.cfg.batch_size == max(32, 4 * 8)  # before any measurement: max(B0, replicas x min per-GPU batch)
     agent.advance(0.0, 60.0)

@@ -136,9 +136,16 @@ def test_adaptive_state_progress_goodput_and_round_trip() -> None:
     a.observations.add(2, 32, 0.3)
     a.observations.add(1, 32, 0.25)
     rates = a.goodput_by_world()
-    assert set(rates) == {1, 2}
+    assert gp.PREDICTED_WIDTH_MULTIPLES == (2, 3)
+    assert list(rates) == [1, 2, 4, 6]  # the widths run, then 2x and 3x the widest (predicted)
     model2 = gp.StepTimeModel(0.1, 0.2 / 32 * 1, 32)  # t(b) = 0.1 + b / 160
     assert rates[2] == pytest.approx(max(gp.goodput(b, 2, model2, 100.0, 32) for b in range(32, 129, 2)))
+    # Unseen widths borrow width 2's model (nearest in ratio), local batch trusted up to 2 x 32.
+    assert rates[4] == pytest.approx(max(gp.goodput(b, 4, model2, 100.0, 32) for b in range(32, 257, 4)))
+    assert rates[6] == pytest.approx(max(gp.goodput(b, 6, model2, 100.0, 32) for b in range(36, 257, 6)))
+    assert rates[6] > rates[4] > rates[2]  # no added communication: an optimistic guess
+    assert gp.AdaptiveBatch(base_batch=32, max_global_batch=256, max_local_batch=None,
+                            target_samples=1.0).goodput_by_world() == {}  # nothing timed, nothing predicted
     a.batch_size = 64
     again = gp.AdaptiveBatch(base_batch=32, max_global_batch=256, max_local_batch=None, target_samples=100.0)
     again.load_state_dict(json.loads(json.dumps(a.state_dict())))  # survives JSON too
