@@ -31,8 +31,8 @@ def simulate_command(
     gpus_per_node: Annotated[int, typer.Option(help="GPUs per node (1-4).")] = 4,
     interval_s: Annotated[int, typer.Option(help="Seconds between scheduling rounds.")] = 60,
     restart_cost_s: Annotated[float, typer.Option(
-        help="Seconds without progress per re-allocation (30: the Pollux artifact's; the measured trainflow "
-             "restart is 4.4, see docs/benchmarks.md).")] = 30.0,
+        help="Seconds without progress per re-allocation (30: the Pollux artifact's; a trainflow resize "
+             "measured on the real node: gpu_scheduler.simulator.engine.MEASURED_RESTART_COST_S).")] = 30.0,
     param: Annotated[list[str] | None, typer.Option(help="key=value policy parameter (repeatable).")] = None,
     traces: Annotated[Path | None, typer.Option(
         help="Folder of measured job models (default: ../traces beside the workload folder, else the "

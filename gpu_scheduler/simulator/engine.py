@@ -43,12 +43,17 @@ ARTIFACT_RESTART_COST_S = 30
 30``): the published Tiresias, Optimus+Oracle and Pollux results were taken with it, so the fidelity
 checks use it."""
 
-MEASURED_RESTART_COST_S = 4.4
-"""Seconds a trainflow job loses per restart, measured: ``trainflow run --fault-at-step 250`` on
-the 2-core development machine (docs/benchmarks.md, "Main job": SIGKILL to the first step of the
-resumed workers = torchrun noticing, re-rendezvous, two fresh processes, checkpoint load, one
-step). A local, 2-rank, CPU figure: the pod-level figure (scheduling, image, NCCL init) will
-replace it when the real-node work measures it."""
+MEASURED_RESTART_COST_S = 9.9
+"""Seconds a trainflow job loses per resize, measured on the real node: the controller's scale
+decision to the first training step at the new world size (the PyTorchJob patched, the operator
+replacing pods, containers started, torchrun's re-rendezvous, checkpoint load), median of 9
+resizes (2 -> 1, 1 -> 2, 2 -> 1 in three runs: 7.2-11.0 s) of
+``tests/integration/test_e2e_scheduler_realnode.py``,
+``test_controller_resizes_a_training_job_from_prometheus_and_every_sample_is_trained_once_per_epoch``
+(docs/benchmarks.md, "Scale decision -> first step"). A CPU-only pod with a small model, no image
+pull, gloo: a GPU job adds NCCL initialisation and a larger checkpoint. It replaced the local
+figure (4.4 s: ``trainflow run --fault-at-step 250``, a SIGKILL to the first step of the resumed
+processes, no pods)."""
 
 _PERF_FITS: dict[tuple, PerfParams] = {}  # (application, profile items) -> fitted PerfParams
 

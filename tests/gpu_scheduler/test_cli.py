@@ -117,6 +117,8 @@ def test_policies_lists_the_registry(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_report_runs_a_reduced_matrix(tmp_path: Path, data: Path) -> None:
+    from gpu_scheduler.simulator.engine import MEASURED_RESTART_COST_S
+
     out = tmp_path / "docs" / "report.md"
     proc = cli("report", "--out", str(out), "--data", str(data), "--policy", "tiresias", "--policy", "fifo",
                "--load", "1.0", "--workloads", "1", "--processes", "1", cwd=tmp_path)
@@ -124,15 +126,16 @@ def test_report_runs_a_reduced_matrix(tmp_path: Path, data: Path) -> None:
     text = out.read_text()
     # fidelity runs use the artifact's 30 s restarts: published 2473.65 s on workload 1
     assert "| 1 | 2,474 | 2,474 | +0.0 % |" in text and "## Fidelity" in text
-    assert "Restart cost: **4.4 s per (re)allocation**" in text
+    assert f"Restart cost: **{MEASURED_RESTART_COST_S} s per (re)allocation** in the side-by-side runs — a " in text
+    assert "Policies: `tiresias`, `fifo`; loads 1.0x; job models fixed, adaptive; 0 jittered runs" in text
     assert "## Fixed global batch" in text and "## Adaptive batch" in text
     for suffix in ("", "-adaptive"):
         assert (tmp_path / "docs" / "scheduler" / f"jct-cdf-and-usage-1.0x{suffix}.png").is_file()
     summary = json.loads(out.with_suffix(".json").read_text())
-    assert summary["restart_cost_s"] == 4.4
+    assert summary["restart_cost_s"] == MEASURED_RESTART_COST_S
     fidelity = [r for r in summary["runs"] if r["restart_cost_s"] == 30 and r["job_model"] == "fixed"]
     assert fidelity[0]["summary"]["avg_jct_s"] == pytest.approx(2473.65, abs=0.01)
-    assert 2000 < summary["mean"]["1.0"]["tiresias"]["avg_jct_s"] < 3000  # side by side, 4.4 s restarts
+    assert 2000 < summary["mean"]["1.0"]["tiresias"]["avg_jct_s"] < 3000  # side by side, measured restarts
     adaptive = summary["means"]["adaptive"]["1.0"]["tiresias"]["avg_jct_s"]
     assert adaptive != pytest.approx(summary["mean"]["1.0"]["tiresias"]["avg_jct_s"])  # another job model ran
     bad = cli("report", "--out", str(out), "--data", str(data), "--job-model", "elastic", cwd=tmp_path)

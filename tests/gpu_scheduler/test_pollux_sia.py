@@ -162,7 +162,7 @@ def test_report_runs_pollux_sia_and_default_with_the_harness_restart_cost() -> N
     from gpu_scheduler.simulator.engine import MEASURED_RESTART_COST_S
     from gpu_scheduler.simulator.report import report_params
 
-    assert report_params("pollux", MEASURED_RESTART_COST_S) == {"mating_attempts": 1, "restart_penalty_s": 4.4}
+    assert report_params("pollux", MEASURED_RESTART_COST_S) == {"mating_attempts": 1, "restart_penalty_s": MEASURED_RESTART_COST_S}
     assert report_params("sia", 30) == {"restart_penalty_s": 30.0}
     assert report_params("default", MEASURED_RESTART_COST_S) == dict(FAST_RESTART_PARAMS)
     assert report_params("default", 30) == {} and report_params("tiresias", 4.4) == {}
