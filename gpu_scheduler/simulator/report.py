@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +125,19 @@ def _run_one(task: tuple) -> dict[str, Any]:
         "jcts": [j["jct_s"] for j in doc["jobs"]],
         "gpus_in_use": doc["gpus_in_use"] if keep_usage else None,
     }
+
+
+_PEER_TITLES = {"pollux": "Pollux", "sia": "Sia"}
+
+
+def _peer_names(measured: Mapping[str, float], conj: str = "or") -> str:
+    """The peers a check compares with, as run: "Pollux or Sia", or only the one the run had."""
+    return f" {conj} ".join(_PEER_TITLES[p] for p in PEERS if p in measured)
+
+
+def _not_run(measured: Mapping[str, float]) -> str:
+    """"; pollux not run" for each peer missing from a comparison (a report run with a subset)."""
+    return "".join(f"; {p} not run" for p in PEERS if p not in measured)
 
 
 def _fmt(v: float | None, unit: str = "") -> str:
@@ -496,16 +509,19 @@ def _done_when(spec: ReportSpec, means: dict, by_model: dict, fid: dict | None =
             peers = {p: avg(p, load, model="adaptive") for p in PEERS}
             peers = {p: v for p, v in peers.items() if v is not None}
             if dl is not None and peers:
-                check(f"adaptive jobs, {load}x: default not worse than Pollux or Sia", all(dl <= v for v in peers.values()),
-                      f"default {dl:,.0f} s; " + "; ".join(f"{p} {v:,.0f} s" for p, v in peers.items()))
+                check(f"adaptive jobs, {load}x: default not worse than {_peer_names(peers)}",
+                      all(dl <= v for v in peers.values()),
+                      f"default {dl:,.0f} s; " + "; ".join(f"{p} {v:,.0f} s" for p, v in peers.items()) + _not_run(peers))
     for model in spec.job_models:
         rs = {p: jit.get((p, model)) for p in JITTER_POLICIES}
         if rs.get("default") and (rs.get("pollux") or rs.get("sia")):
             dj = _jit_mean(rs["default"], "avg_jct_s")
             others = {p: _jit_mean(v, "avg_jct_s") for p, v in rs.items() if v and p != "default"}
-            check(f"jittered 1.0x, {model} jobs: default ahead of Pollux and Sia", all(dj < v for v in others.values()),
+            check(f"jittered 1.0x, {model} jobs: default ahead of {_peer_names(others, 'and')}",
+                  all(dj < v for v in others.values()),
                   f"default {dj:,.0f} s ({_jit_spread(rs['default'], 'avg_jct_s')}); "
-                  + "; ".join(f"{p} {v:,.0f} s ({_jit_spread(rs[p], 'avg_jct_s')})" for p, v in others.items()))
+                  + "; ".join(f"{p} {v:,.0f} s ({_jit_spread(rs[p], 'avg_jct_s')})" for p, v in others.items())
+                  + _not_run(others))
     for model in spec.job_models:
         d = avg("default", model=model)
         if d is None:

@@ -170,6 +170,14 @@ def test_report_runs_pollux_sia_and_default_with_the_harness_restart_cost() -> N
         create(name, **report_params(name, MEASURED_RESTART_COST_S))  # valid parameters
 
 
+def test_report_checks_name_only_the_peers_the_run_had() -> None:
+    from gpu_scheduler.simulator.report import _not_run, _peer_names
+
+    assert _peer_names({"sia": 1.0, "pollux": 2.0}) == "Pollux or Sia"
+    assert _peer_names({"sia": 1.0}, "and") == "Sia" and _not_run({"sia": 1.0}) == "; pollux not run"
+    assert _not_run({"pollux": 1.0, "sia": 2.0}) == ""
+
+
 def test_pollux_crowding_distance_of_all_fronts_at_once_is_pymoos_per_front() -> None:
     """The vectorised crowding distance equals pymoo 0.4's per-front one (duplicates 0, extremes inf)."""
     from gpu_scheduler.policies.pollux import _crowding, _crowding_grouped, _fronts
