@@ -137,17 +137,21 @@ def test_ncf_keeps_its_batch_and_the_policy_sees_goodput(pollux_apps) -> None:
 
 @pytest.mark.parametrize("policy", ["default", "tiresias"])
 def test_flag_off_reproduces_the_committed_report(policy) -> None:
-    """With ``adaptive_batch`` off (the default) the simulator gives the committed report's numbers."""
+    """With ``adaptive_batch`` off (the default) the simulator gives the committed report's numbers
+    (its side-by-side run: the report's restart cost and parameters, no jitter)."""
+    from gpu_scheduler.simulator.report import report_params
+
     committed = json.loads((REPO / "docs" / "scheduler-report.json").read_text())
+    restart = committed["restart_cost_s"]
     want = next(r["summary"] for r in committed["runs"]
                 if r["policy"] == policy and r["load"] == "1.0" and r["workload"] == 6
-                and r.get("job_model", "fixed") == "fixed")
-    got = simulate_file(find_pollux_dir() / "workloads" / "workload-6.csv", policy, config=SimConfig())["summary"]
+                and r.get("job_model", "fixed") == "fixed" and r["restart_cost_s"] == restart and r["seed"] is None)
+    path, params = find_pollux_dir() / "workloads" / "workload-6.csv", report_params(policy, restart)
+    got = simulate_file(path, policy, params=params, config=SimConfig(restart_cost_s=restart))["summary"]
     for metric in ("avg_jct_s", "p99_jct_s", "makespan_s", "restarts_per_job", "gpu_allocation"):
         assert got[metric] == pytest.approx(want[metric], rel=1e-9), metric
-    on = simulate_file(find_pollux_dir() / "workloads" / "workload-6.csv", policy,
-                       config=SimConfig(adaptive_batch=True))["summary"]
-    assert on["avg_jct_s"] != got["avg_jct_s"]
+    on = simulate_file(path, policy, params=params, config=SimConfig(adaptive_batch=True, restart_cost_s=restart))
+    assert on["summary"]["avg_jct_s"] != got["avg_jct_s"]
 
 
 # ------------------------------------------------------------------ fitted step times (default)
