@@ -50,9 +50,10 @@ PREDICTED_WIDTH_MULTIPLES = (2, 3)
 """The exported goodput curve also rates these multiples of the widest world size run: predictions
 from the borrowed model (:meth:`ThroughputObservations.choice_model`), which a scheduler that grows
 a job only to widths with a rate (trainflow's ``default``) needs to try a wider one. Our rule, in
-the spirit of Pollux's (a job may grow to twice the most replicas it has profiled; Qiao et al.,
-OSDI'21 §4.1): chosen on the Pollux workloads in the simulator, whose job model mirrors it
-(docs/scheduler.md, "Predicted widths")."""
+the spirit of Pollux's (a job may grow to twice the most replicas it has profiled:
+petuum/adaptdl@osdi21-artifact ``simulator/pollux.py``; ``gpu_scheduler/policies/pollux.py``),
+chosen on the Pollux workloads in the simulator, whose job model mirrors it (docs/scheduler.md,
+"Predicted widths")."""
 
 
 # ------------------------------------------------------------------------ gradient noise scale
