@@ -58,6 +58,12 @@ processes, no pods)."""
 _PERF_FITS: dict[tuple, PerfParams] = {}  # (application, profile items) -> fitted PerfParams
 
 
+def _compact(workers: int, gpus_per_node: int) -> tuple[int, ...]:
+    """Workers per node of the most compact placement of ``workers``: full nodes, then the rest."""
+    full, rest = divmod(workers, gpus_per_node)
+    return (gpus_per_node,) * full + ((rest,) if rest else ())
+
+
 class SimulationError(SchedulerError):
     """The simulation cannot continue (unknown application, a policy that never finishes jobs)."""
 
@@ -453,7 +459,7 @@ class _SimJob:
             n = k * widest
             if n > self.max_workers or n in self.throughput:
                 continue
-            per_node = (gpn,) * (n // gpn) + ((n % gpn,) if n % gpn else ())
+            per_node = _compact(n, gpn)
             try:
                 rate = app.best_fitted_step_config(per_node, self.epoch, self.observations.choice_model(n))[1]
             except JobModelError:
@@ -504,7 +510,7 @@ class _SimJob:
             curve = {}
             app = self.app
             for n in range(1, self.max_workers + 1):
-                per_node = (gpus_per_node,) * (n // gpus_per_node) + ((n % gpus_per_node,) if n % gpus_per_node else ())
+                per_node = _compact(n, gpus_per_node)
                 if self.adaptive:
                     best = app.best_step_config(per_node, self.epoch)
                     curve[n] = app.goodput(per_node, best, self.epoch) * app.init_batch_size
