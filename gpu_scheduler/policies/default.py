@@ -23,12 +23,13 @@ One decision, in five steps:
    per job), so no job is starved and GPUs flow to jobs that speed up. ``w_j =
    (1 + attained_j / service_base_gpu_s)^(−priority_exponent)`` favours jobs with little
    attained service (least-attained-service, Tiresias NSDI'19), so short jobs finish first
-   without knowing durations. Widths step by one worker up to a node, then by whole nodes. A job
-   never grows beyond ``max(requested, largest measured)`` here: the request is the user's tuned
-   size and growing past it was measured to cost more (restarts, node-crossing slowdowns) than it
-   gains. A trainer that adapts its batch reports predictions at 2× and 3× the widest width it has
-   run at beside its measured rates, so such a job may grow to those (docs/scheduler.md,
-   "Predicted widths").
+   without knowing durations (with ``remaining_replaces_attained``, only jobs that do not report
+   their remaining work are weighted so; see 6). Widths step by one worker up to a node, then by
+   whole nodes. A job never grows beyond ``max(requested, largest measured)`` here: the request
+   is the user's tuned size and growing past it was measured to cost more (restarts,
+   node-crossing slowdowns) than it gains. A trainer that adapts its batch reports predictions
+   at 2× and 3× the widest width it has run at beside its measured rates, so such a job may grow
+   to those (docs/scheduler.md, "Predicted widths").
 3. **Hysteresis.** A running job keeps its width while in cooldown (``cooldown_s``, or
    ``cooldown_age_fraction`` of its running age if longer) or when the ideal width is within a
    factor ``1 + tolerance`` of it; if that over-commits the cluster, the lowest-priority kept jobs
@@ -46,14 +47,18 @@ One decision, in five steps:
    The weight ``w_j`` is multiplied by ``(1 + min(left_j, 10 GPU-h) / 1 GPU-h)^(−0.5)``, ``left_j``
    the one-worker seconds of work left: among jobs of similar attained service, the one closer to
    its end goes first (shortest-remaining-processing-time, capped so that the long jobs still
-   progress while the cluster is busy). When only long jobs are left (every active job running,
-   ≥ 40 GPU-h attained) the policy **drains**: it gives the jobs widths (any worker count) that
-   minimise the expected finish of the last one — greedy min-max on ``left_j / S_j(n)`` — so they
-   end together instead of the last one running alone on the whole cluster at poor efficiency,
-   and changes placements only if that end comes ≥ 5 % earlier.
+   progress while the cluster is busy). With ``remaining_replaces_attained`` a job that reports
+   its work left is weighted by this factor alone, not by its attained service as well:
+   least-attained-service stands in for a remaining time nobody knows (Tiresias), and
+   shortest-remaining-processing-time is what it stands in for. When only long jobs are left
+   (every active job running, ≥ 40 GPU-h attained) the policy **drains**: it gives the jobs
+   widths (any worker count) that minimise the expected finish of the last one — greedy min-max
+   on ``left_j / S_j(n)`` — so they end together instead of the last one running alone on the
+   whole cluster at poor efficiency, and changes placements only if that end comes ≥ 5 % earlier.
 
 Parameters were chosen on the 8 Pollux workloads at 1.0x load (docs/scheduler.md records the
-search); the same values are used at every load.
+search); the same values are used at every load. The other loads' workloads (0.5x, 1.5x, 2.0x:
+other jobs and arrivals) and jittered submit times check a choice.
 """
 
 from __future__ import annotations
@@ -78,9 +83,13 @@ __all__ = ["FAST_RESTART_PARAMS", "DefaultPolicy", "JobSpeedup", "SpeedupModel",
 #: the 8 Pollux workloads at 1.0x with 4.4 s restarts (a local trainflow restart, docs/scheduler.md,
 #: "Pollux and Sia"); the report uses it below the artifact's 30 s, so with the resize measured on
 #: the real node (9.9 s, ``MEASURED_RESTART_COST_S``) too. The class defaults stay tuned for 30 s.
-FAST_RESTART_PARAMS: Mapping[str, float] = {
+#: Where the trainer reports its work left, that work alone weights a job, uncapped (chosen on
+#: 2026-11-28 at 9.9 s restarts: lower mean JCT at every load and with both job models, makespan
+#: and p99 JCT 1-2 % higher; docs/scheduler.md, "Remaining work instead of attained service").
+FAST_RESTART_PARAMS: Mapping[str, float | bool] = {
     "cooldown_s": 120.0, "cooldown_age_fraction": 0.05, "tolerance": 0.3, "cooling_grow_gain": 0.2,
     "grow_gain": 0.05,
+    "remaining_replaces_attained": True, "remaining_exponent": 0.75, "remaining_cap_gpu_s": math.inf,
 }
 
 
@@ -239,6 +248,9 @@ class DefaultPolicy:
         remaining_base_gpu_s: Work left (one-worker seconds) at which that factor is 2^−exponent.
         remaining_cap_gpu_s: Work left beyond this counts as this much (long jobs are not pushed
             further back than a 10-hour job, so their work is not all left for the end).
+        remaining_replaces_attained: A job that reports its work left is weighted by the
+            remaining-work factor alone (shortest remaining processing time); the
+            least-attained-service factor then weights only the jobs that do not report it.
         drain_attained_gpu_s: The drain starts when every active job is running, reports its
             remaining work and has attained at least this much service (no short job is left).
         drain_gain: In the drain, the placements change only if the expected end of the last job
@@ -266,6 +278,7 @@ class DefaultPolicy:
     remaining_exponent: float = 0.5
     remaining_base_gpu_s: float = 3600.0
     remaining_cap_gpu_s: float = 36000.0
+    remaining_replaces_attained: bool = False
     drain_attained_gpu_s: float = 144000.0
     drain_gain: float = 0.05
     drain_any_width: bool = True
@@ -374,11 +387,15 @@ class DefaultPolicy:
         for j in jobs:
             name, t = j.name, terms[j.name]
             model[name], per_node[name], cap[name], fill_cap[name] = t.model, t.per_node, t.cap, t.fill_cap
-            w = (1.0 + j.attained_service_gpu_s / base) ** exponent * t.fair_term  # priority(j) × fair term
+            w = t.fair_term
             if use_left and j.remaining_samples is not None and t.one_worker_s is not None:
                 left = j.remaining_samples * t.one_worker_s  # one-worker seconds of work left
                 w *= (1.0 + min(left, self.remaining_cap_gpu_s) / self.remaining_base_gpu_s) ** (
                     -self.remaining_exponent)
+                if not self.remaining_replaces_attained:
+                    w *= (1.0 + j.attained_service_gpu_s / base) ** exponent  # priority(j)
+            else:
+                w *= (1.0 + j.attained_service_gpu_s / base) ** exponent  # priority(j)
             weight[name] = w
             if j.placement and j.placement_since_s is not None and self._cooling(j, now_s):
                 cooling.add(name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -276,6 +277,24 @@ def test_default_remaining_work_lets_a_nearly_finished_job_go_first() -> None:
     assert d["near"].workers > d["far"].workers >= 1
     off = DefaultPolicy(use_remaining_work=False).decide(snap, 5000.0)
     assert workers(off) == {"near": 4, "far": 4}
+
+
+def test_default_weights_by_remaining_work_alone_where_it_replaces_attained_service() -> None:
+    # "old" has run 20 GPU-hours and is nearly done; "young" has just started, with 100x more left.
+    curve = {n: 100.0 * n / (1 + 0.05 * (n - 1)) for n in range(1, 9)}
+    old = job("old", 0, req=8, max_w=8, attained=20 * 3600.0, tp=curve, remaining_samples=2.0e5)
+    young = job("young", 0, req=8, max_w=8, attained=0.0, tp=curve, remaining_samples=2.0e7)
+    snap = ClusterSnapshot(nodes=cluster(1, 8), jobs=(old, young), taken_at_s=5000.0)
+    both = DefaultPolicy().decide(snap, 5000.0)  # attained service outweighs the capped work left
+    assert both["young"].workers > both["old"].workers >= 1
+    srpt = DefaultPolicy(remaining_replaces_attained=True, remaining_cap_gpu_s=math.inf).decide(snap, 5000.0)
+    assert srpt["old"].workers > srpt["young"].workers >= 1
+    # A job that reports no work left is still weighted by its attained service.
+    blind = ClusterSnapshot(nodes=snap.nodes, jobs=tuple(Job(**{**_fields(j), "remaining_samples": None})
+                                                          for j in snap.jobs), taken_at_s=5000.0)
+    unknown = DefaultPolicy(remaining_replaces_attained=True).decide(blind, 5000.0)
+    assert workers(unknown) == workers(DefaultPolicy(use_remaining_work=False).decide(snap, 5000.0))
+    assert unknown["young"].workers > unknown["old"].workers
 
 
 def test_default_validates_its_parameters() -> None:
