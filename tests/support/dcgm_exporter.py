@@ -185,21 +185,15 @@ class DcgmExporter(Collector):
         (within its 10 s server-side window; it opens no further one)."""
         from lightkube.resources.core_v1 import Pod
 
-        from gpu_scheduler.kube import JOB_NAME_LABEL
-        from gpu_scheduler.observe.kubernetes import Informer, KubeConnector
+        from gpu_scheduler.observe.kubernetes import Informer, KubeConnector, pod_state
 
         def info(pod: Any) -> tuple[str, str, int, str] | None:
-            labels = pod.metadata.labels or {}
-            job = labels.get(JOB_NAME_LABEL)
-            if not job or pod.metadata.deletionTimestamp is not None:
+            """The scheduler's own reduction of the pod (:func:`pod_state`), kept while it is a
+            Running, bound, not terminating PyTorchJob pod with GPUs."""
+            state = pod_state(pod)
+            if not state.job_name or state.terminating or state.phase != "Running" or not state.node:
                 return None
-            if not pod.spec.nodeName or (pod.status.phase if pod.status else None) != "Running":
-                return None
-            gpus = 0
-            for c in pod.spec.containers:
-                limits = (c.resources.limits if c.resources else None) or {}
-                gpus += int(limits.get("nvidia.com/gpu", 0))
-            return (pod.metadata.name, job, gpus, pod.spec.nodeName) if gpus else None
+            return (state.name, state.job_name, state.gpus, state.node) if state.gpus else None
 
         first_seen: dict[str, float] = {}
         stop = threading.Event()
