@@ -388,13 +388,12 @@ class DefaultPolicy:
             name, t = j.name, terms[j.name]
             model[name], per_node[name], cap[name], fill_cap[name] = t.model, t.per_node, t.cap, t.fill_cap
             w = t.fair_term
-            if use_left and j.remaining_samples is not None and t.one_worker_s is not None:
+            knows_left = use_left and j.remaining_samples is not None and t.one_worker_s is not None
+            if knows_left:
                 left = j.remaining_samples * t.one_worker_s  # one-worker seconds of work left
                 w *= (1.0 + min(left, self.remaining_cap_gpu_s) / self.remaining_base_gpu_s) ** (
                     -self.remaining_exponent)
-                if not self.remaining_replaces_attained:
-                    w *= (1.0 + j.attained_service_gpu_s / base) ** exponent  # priority(j)
-            else:
+            if not (knows_left and self.remaining_replaces_attained):
                 w *= (1.0 + j.attained_service_gpu_s / base) ** exponent  # priority(j)
             weight[name] = w
             if j.placement and j.placement_since_s is not None and self._cooling(j, now_s):
