@@ -491,10 +491,12 @@ def test_command_line_runs_the_controller_until_sigterm(live: Live, kwok_gpu_nod
         assert holder
         # SIGUSR1: every thread's stack to the log (faulthandler), and the loop goes on ticking.
         proc.send_signal(signal.SIGUSR1)
-        wait_until(lambda: "Current thread 0x" in log_path.read_text(errors="replace"), timeout_s=10,
+        # The waits below return as soon as the log shows it; 30 s leaves room for a CI machine whose
+        # cores are saturated (10 s ran out once with two simulations holding both cores).
+        wait_until(lambda: "Current thread 0x" in log_path.read_text(errors="replace"), timeout_s=30,
                    what="the stack dump SIGUSR1 asks for")
         ticked = ticks(log_path)
-        wait_until(lambda: ticks(log_path) > ticked, timeout_s=10, what="a tick after the stack dump")
+        wait_until(lambda: ticks(log_path) > ticked, timeout_s=30, what="a tick after the stack dump")
         assert proc.poll() is None, controller_said()
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
