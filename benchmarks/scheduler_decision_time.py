@@ -6,7 +6,9 @@ a few worker counts from an Amdahl-style curve, about half of them running on co
 that fill the cluster), then times ``decide`` for every registered non-oracle policy and for
 Optimus+Oracle with full throughput curves. Jobs that have run also carry a goodput model
 (Pollux's throughput model + gradient statistics, as an AdaptDL agent reports it) for Pollux and
-Sia. Prints the median and worst of ``--repeat`` runs and the ratio to the target, side by side
+Sia. ``default`` is timed twice: with its class defaults (the live controller's) and as
+``default+preset``, with the parameters the report runs it with at the measured restart cost
+(``report_params``: heSRPT weights and lighter hysteresis). Prints the median and worst of ``--repeat`` runs and the ratio to the target, side by side
 in one run; the targets are trainflow's (Pollux and Sia are measured beside them, not held to
 them). Pollux is not run at 5,000 jobs / 1,024 nodes: its GA keeps populations of
 jobs × nodes matrices (100 × 5,000 × 1,024 entries, ~1 GB each).
@@ -28,6 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpu_scheduler.model import ClusterSnapshot, GoodputModel, Job, Node, Placement
 from gpu_scheduler.policies import create, names
 from gpu_scheduler.policies.placement import FreeGpus
+from gpu_scheduler.simulator.engine import MEASURED_RESTART_COST_S
+from gpu_scheduler.simulator.report import report_params
+
+PRESET = "default+preset"  # default with the report's parameters at the measured restart cost
 
 PEERS = ("pollux", "sia")  # measured beside trainflow's policies, not held to the targets
 GA_CELLS_MAX = 10_000_000  # pop_size x jobs x nodes beyond which Pollux's GA is not run
@@ -84,12 +90,15 @@ def main() -> int:
     parser.add_argument("--policy", action="append", help="only these policies (repeatable)")
     args = parser.parse_args()
     policies = args.policy or list(names())
+    if "default" in policies:
+        policies.insert(policies.index("default") + 1, PRESET)
     print(f"{'policy':14s} {'jobs':>5s} {'GPUs':>5s} {'median ms':>10s} {'max ms':>9s} {'target ms':>9s} {'ratio':>6s}")
     failed = False
     for n_jobs, n_nodes, gpn, target in CASES:
         snaps = {}
         for name in policies:
-            policy = create(name)
+            policy = (create("default", **report_params("default", MEASURED_RESTART_COST_S)) if name == PRESET
+                      else create(name))
             if name == "pollux" and 100 * n_jobs * n_nodes > GA_CELLS_MAX:
                 print(f"{name:14s} {n_jobs:5d} {n_nodes * gpn:5d} {'not run: GA state 100 x jobs x nodes':>40s}")
                 continue

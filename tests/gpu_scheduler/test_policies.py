@@ -297,6 +297,39 @@ def test_default_weights_by_remaining_work_alone_where_it_replaces_attained_serv
     assert unknown["young"].workers > unknown["old"].workers
 
 
+def test_default_hesrpt_weights_split_the_cluster_as_hesrpt_does() -> None:
+    # Two jobs with speedup k^0.5 (measured at every width), linear utility (fairness 0): heSRPT
+    # with p = 0.5 gives the job with less work left 1 − (1/2)^2 = 3/4 of the cluster
+    # (Berg et al., arXiv:1903.09346), here 12 of 16 GPUs, whatever the sizes of the work left.
+    curve = {n: 100.0 * n ** 0.5 for n in range(1, 17)}
+    small = job("small", 0, req=16, max_w=16, tp=curve, remaining_samples=1.0e5)
+    large = job("large", 0, req=16, max_w=16, tp=curve, remaining_samples=3.0e5)
+    snap = ClusterSnapshot(nodes=cluster(4, 4), jobs=(large, small), taken_at_s=5000.0)
+    policy = DefaultPolicy(hesrpt_speedup_exponent=0.5, fairness=0.0)
+    assert workers(policy.decide(snap, 5000.0)) == {"small": 12, "large": 4}
+    # Only the order of the work left counts: 1,000x more left for the large job changes nothing.
+    far = ClusterSnapshot(nodes=snap.nodes, jobs=(Job(**{**_fields(large), "remaining_samples": 3.0e8}), small),
+                          taken_at_s=5000.0)
+    assert workers(policy.decide(far, 5000.0)) == {"small": 12, "large": 4}
+    # Off (p = 0), the remaining-work factor weights them: a different split.
+    assert workers(DefaultPolicy(fairness=0.0).decide(snap, 5000.0)) != {"small": 12, "large": 4}
+
+
+def test_default_hesrpt_rank_weights_follow_the_closed_form() -> None:
+    p = 0.7
+    policy = DefaultPolicy(hesrpt_speedup_exponent=p)
+    left = {"a": 50.0, "b": 10.0, "c": 30.0}  # ranks by work left: a 1, c 2, b 3
+    weight = {name: 2.0 for name in left}
+    policy._rank_weights(left, weight)
+    q, m = 1 / (1 - p), 3
+    theta = {name: (i / m) ** q - ((i - 1) / m) ** q for i, name in enumerate(("a", "c", "b"), start=1)}
+    assert sum(theta.values()) == pytest.approx(1.0)
+    assert weight == pytest.approx({name: 2.0 * (m * theta[name]) ** (1 - p) for name in left})
+    assert weight["b"] > weight["c"] > weight["a"]
+    with pytest.raises(ValueError, match="hesrpt_speedup_exponent"):
+        DefaultPolicy(hesrpt_speedup_exponent=1.0)
+
+
 def test_default_validates_its_parameters() -> None:
     with pytest.raises(UnknownPolicy, match="prior_efficiency must be in"):
         create("default", prior_efficiency=1.5)

@@ -44,4 +44,5 @@ def test_controller_tick_profile_runs() -> None:
 def test_scheduler_decision_time_runs() -> None:
     said = _run("scheduler_decision_time.py", "--repeat", "1", "--policy", "default")
     assert [line.split()[:3] for line in said.splitlines() if line.startswith("default")] == [
-        ["default", "160", "64"], ["default", "5000", "4096"]]
+        ["default", "160", "64"], ["default+preset", "160", "64"],
+        ["default", "5000", "4096"], ["default+preset", "5000", "4096"]]
