@@ -413,16 +413,15 @@ class DefaultPolicy:
                 cooling.add(name)
             w = t.fair_term
             knows_left = use_left and j.remaining_samples is not None and t.one_worker_s is not None
-            if knows_left:
-                left = j.remaining_samples * t.one_worker_s  # one-worker seconds of work left
-                if hesrpt:
-                    left_of[name] = left
-                    weight[name] = w  # × its rank weight, below
-                    continue
-                w *= (1.0 + min(left, self.remaining_cap_gpu_s) / self.remaining_base_gpu_s) ** (
-                    -self.remaining_exponent)
-            if not (knows_left and self.remaining_replaces_attained):
-                w *= (1.0 + j.attained_service_gpu_s / base) ** exponent  # priority(j)
+            left = j.remaining_samples * t.one_worker_s if knows_left else 0.0  # one-worker seconds
+            if knows_left and hesrpt:
+                left_of[name] = left  # w × its rank weight, below
+            else:
+                if knows_left:
+                    w *= (1.0 + min(left, self.remaining_cap_gpu_s) / self.remaining_base_gpu_s) ** (
+                        -self.remaining_exponent)
+                if not (knows_left and self.remaining_replaces_attained):
+                    w *= (1.0 + j.attained_service_gpu_s / base) ** exponent  # priority(j)
             weight[name] = w
         if left_of:
             self._rank_weights(left_of, weight)
