@@ -89,8 +89,8 @@ def report_params(policy: str, restart_cost_s: float) -> dict[str, Any]:
     """Parameters the report runs ``policy`` with: Pollux and Sia charge the harness's restart
     cost in their restart factor (as their artifacts do); Pollux's GA mates once per generation
     (``mating_attempts=1``, docs/scheduler.md "Pollux"); ``default`` uses
-    :data:`~gpu_scheduler.policies.default.FAST_RESTART_PARAMS` (lighter hysteresis, and the work
-    left alone as a job's weight) when restarts are cheaper than the artifact's 30 s."""
+    :data:`~gpu_scheduler.policies.default.FAST_RESTART_PARAMS` (lighter hysteresis, heSRPT rank
+    weights by the work left) when restarts are cheaper than the artifact's 30 s."""
     if policy == "pollux":
         return {"mating_attempts": 1, "restart_penalty_s": float(restart_cost_s)}
     if policy == "sia":
