@@ -56,7 +56,7 @@ One decision, in five steps:
    on ``left_j / S_j(n)`` — so they end together instead of the last one running alone on the
    whole cluster at poor efficiency, and changes placements only if that end comes ≥ 5 % earlier.
 
-7. **heSRPT weights** (``hesrpt_speedup_exponent`` = p > 0; off in the class defaults). Instead of
+7. **heSRPT weights** (``hesrpt_speedup_exponent`` = p > 0; 0.7 in the class defaults, 0 = off). Instead of
    the factors of 2 and 6, a job that reports its work left is weighted by its *rank* by work
    left among such jobs: with ``m`` of them, ranked ``i = 1`` (most work left) to ``m`` (least),
    heSRPT gives job ``i`` the share ``θ_i = (i/m)^(1/(1−p)) − ((i−1)/m)^(1/(1−p))`` of the
@@ -96,14 +96,14 @@ __all__ = ["FAST_RESTART_PARAMS", "DefaultPolicy", "JobSpeedup", "SpeedupModel",
 #: the 8 Pollux workloads at 1.0x with 4.4 s restarts (a local trainflow restart, docs/scheduler.md,
 #: "Pollux and Sia"); the report uses it below the artifact's 30 s, so with the resize measured on
 #: the real node (9.9 s, ``MEASURED_RESTART_COST_S``) too. The class defaults stay tuned for 30 s.
-#: Where the trainer reports its work left, a job is weighted by its heSRPT rank by that work
-#: (p = 0.7, step 7 of the module docstring), with fairness β = 1.5, and the drain starts at 60
-#: GPU-hours attained instead of 40 (chosen on 2026-11-28 at 9.9 s restarts, replacing the
-#: work-left factor with exponent 0.75: lower mean JCT at every load with adaptive jobs and at
-#: three of four with fixed batches; docs/scheduler.md, "heSRPT weights").
+#: Both weight a job that reports its work left by its heSRPT rank by that work (the class
+#: default p = 0.7, step 7 of the module docstring); the preset adds fairness β = 1.5 and starts
+#: the drain at 60 GPU-hours attained instead of 40 (chosen on 2026-11-28 at 9.9 s restarts,
+#: replacing the work-left factor with exponent 0.75: lower mean JCT at every load with adaptive
+#: jobs and at three of four with fixed batches; docs/scheduler.md, "heSRPT weights").
 FAST_RESTART_PARAMS: Mapping[str, float | bool] = {
     "cooldown_s": 120.0, "cooldown_age_fraction": 0.05, "tolerance": 0.3, "cooling_grow_gain": 0.2,
-    "grow_gain": 0.05, "hesrpt_speedup_exponent": 0.7, "fairness": 1.5, "drain_attained_gpu_s": 216_000.0,
+    "grow_gain": 0.05, "fairness": 1.5, "drain_attained_gpu_s": 216_000.0,
 }
 
 
@@ -259,6 +259,7 @@ class DefaultPolicy:
         remaining_exponent: Steepness of the remaining-work factor ``(1 + min(left, cap) /
             remaining_base_gpu_s)^(−remaining_exponent)`` on a job's weight; ``left`` = one-worker
             seconds of work left (remaining samples × the fitted one-worker seconds per sample).
+            This and the next three apply only with ``hesrpt_speedup_exponent=0``.
         remaining_base_gpu_s: Work left (one-worker seconds) at which that factor is 2^−exponent.
         remaining_cap_gpu_s: Work left beyond this counts as this much (long jobs are not pushed
             further back than a 10-hour job, so their work is not all left for the end).
@@ -276,7 +277,10 @@ class DefaultPolicy:
             measured speedup keeps rising past the request; measured worse for fixed-batch jobs.
         hesrpt_speedup_exponent: p of heSRPT's speedup ``k^p`` (0 ≤ p < 1; 0 = off): a job that
             reports its work left is weighted by its rank by work left (step 7) instead of by
-            the remaining-work and attained-service factors.
+            the remaining-work and attained-service factors. 0.7 since 2026-11-28: at 30 s
+            restarts, lower mean JCT than p = 0 at 7 of 8 loads and job models and 6-17 % fewer
+            restarts, for 0.05-0.8 % more makespan (docs/scheduler.md, "heSRPT in the class
+            defaults").
     """
 
     service_base_gpu_s: float = 3600.0
@@ -300,7 +304,7 @@ class DefaultPolicy:
     drain_gain: float = 0.05
     drain_any_width: bool = True
     cap_at_request: bool = True
-    hesrpt_speedup_exponent: float = 0.0
+    hesrpt_speedup_exponent: float = 0.7
     # What the last decision derived per job (:meth:`_terms`); not a parameter.
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 

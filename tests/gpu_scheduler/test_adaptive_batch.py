@@ -261,9 +261,11 @@ def test_fitted_simulation_respects_the_trust_region(pollux_apps, monkeypatch) -
 
 def test_oracle_throughput_reproduces_the_previous_adaptive_figures() -> None:
     """``adaptive_throughput="oracle"`` is the adaptive job model before fitted step times
-    (docs/scheduler-report.json as of 2026-11-22: default, workload 6, 1.0x)."""
+    (docs/scheduler-report.json as of 2026-11-22: default, workload 6, 1.0x; the policy as it was
+    then, without heSRPT weights)."""
     path = find_pollux_dir() / "workloads" / "workload-6.csv"
-    got = simulate_file(path, "default", config=SimConfig(adaptive_batch=True, adaptive_throughput="oracle"))
+    got = simulate_file(path, "default", params={"hesrpt_speedup_exponent": 0.0},
+                        config=SimConfig(adaptive_batch=True, adaptive_throughput="oracle"))
     s = got["summary"]
     assert s["avg_jct_s"] == pytest.approx(2393.85, rel=1e-9)
     assert s["makespan_s"] == pytest.approx(57715.0, rel=1e-9)

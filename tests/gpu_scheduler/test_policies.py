@@ -285,15 +285,20 @@ def test_default_weights_by_remaining_work_alone_where_it_replaces_attained_serv
     old = job("old", 0, req=8, max_w=8, attained=20 * 3600.0, tp=curve, remaining_samples=2.0e5)
     young = job("young", 0, req=8, max_w=8, attained=0.0, tp=curve, remaining_samples=2.0e7)
     snap = ClusterSnapshot(nodes=cluster(1, 8), jobs=(old, young), taken_at_s=5000.0)
-    both = DefaultPolicy().decide(snap, 5000.0)  # attained service outweighs the capped work left
+    factor = {"hesrpt_speedup_exponent": 0.0}  # the work-left factor of step 6, not heSRPT's rank (step 7)
+    both = DefaultPolicy(**factor).decide(snap, 5000.0)  # attained service outweighs the capped work left
     assert both["young"].workers > both["old"].workers >= 1
-    srpt = DefaultPolicy(remaining_replaces_attained=True, remaining_cap_gpu_s=math.inf).decide(snap, 5000.0)
+    srpt = DefaultPolicy(remaining_replaces_attained=True, remaining_cap_gpu_s=math.inf, **factor).decide(snap, 5000.0)
     assert srpt["old"].workers > srpt["young"].workers >= 1
+    # The class defaults weight by heSRPT's rank by work left: attained service does not count.
+    ranked = DefaultPolicy().decide(snap, 5000.0)
+    assert ranked["old"].workers > ranked["young"].workers >= 1
     # A job that reports no work left is still weighted by its attained service.
     blind = ClusterSnapshot(nodes=snap.nodes, jobs=tuple(Job(**{**_fields(j), "remaining_samples": None})
                                                           for j in snap.jobs), taken_at_s=5000.0)
-    unknown = DefaultPolicy(remaining_replaces_attained=True).decide(blind, 5000.0)
+    unknown = DefaultPolicy(remaining_replaces_attained=True, **factor).decide(blind, 5000.0)
     assert workers(unknown) == workers(DefaultPolicy(use_remaining_work=False).decide(snap, 5000.0))
+    assert workers(DefaultPolicy().decide(blind, 5000.0)) == workers(unknown)
     assert unknown["young"].workers > unknown["old"].workers
 
 
@@ -312,7 +317,8 @@ def test_default_hesrpt_weights_split_the_cluster_as_hesrpt_does() -> None:
                           taken_at_s=5000.0)
     assert workers(policy.decide(far, 5000.0)) == {"small": 12, "large": 4}
     # Off (p = 0), the remaining-work factor weights them: a different split.
-    assert workers(DefaultPolicy(fairness=0.0).decide(snap, 5000.0)) != {"small": 12, "large": 4}
+    assert workers(DefaultPolicy(fairness=0.0, hesrpt_speedup_exponent=0.0).decide(snap, 5000.0)) != {
+        "small": 12, "large": 4}
 
 
 def test_default_hesrpt_rank_weights_follow_the_closed_form() -> None:
