@@ -25,6 +25,7 @@ help:
 	@echo "make image      build or reuse the trainflow image without Docker (OCI layout; docker users: see Dockerfile)"
 	@echo "make lock       re-resolve requirements.lock from pyproject.toml"
 	@echo "make scheduler-report  rerun every scheduler policy on the Pollux workloads, rewrite docs/scheduler-report.md"
+	@echo "                (hours: Pollux's 136 simulations take 2-7 CPU-minutes each; one progress line per simulation)"
 	@echo "make scheduler-bench   time one scheduling decision per policy (160 jobs/64 GPUs, 5,000 jobs/4,096 GPUs)"
 	@echo "make bench-controller  controller scale benchmark on the test bed (256 nodes x 8 GPUs, 100 then 1000 PyTorchJobs)"
 	@echo "make bench-controller-5000  the same at 100, 1000 and 5000 PyTorchJobs on 1024 nodes x 8 GPUs"

@@ -51,7 +51,8 @@ def plot_jct_and_usage(
     ax_cdf.set_ylabel("fraction of jobs")
     ax_cdf.set_title("JCT CDF")
     ax_cdf.grid(True, which="both", alpha=0.3)
-    ax_cdf.legend(fontsize=8, loc="lower right")
+    if ax_cdf.lines:
+        ax_cdf.legend(fontsize=8, loc="lower right")
     for name, samples in usage_by_policy.items():
         if not samples:
             continue
@@ -63,7 +64,10 @@ def plot_jct_and_usage(
     ax_use.set_ylabel("GPUs in use")
     ax_use.set_title("GPUs in use over time")
     ax_use.grid(True, alpha=0.3)
-    ax_use.legend(fontsize=8, loc="upper right")
+    if any(not line.get_label().startswith("_") for line in ax_use.lines):
+        ax_use.legend(fontsize=8, loc="upper right")
+    else:  # usage is kept for one workload only (the report's plotted one), which did not run
+        ax_use.text(0.5, 0.5, "no usage samples", transform=ax_use.transAxes, ha="center", va="center")
     if title:
         fig.suptitle(title)
     fig.tight_layout()

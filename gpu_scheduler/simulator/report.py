@@ -20,7 +20,7 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +127,29 @@ def _run_one(task: tuple) -> dict[str, Any]:
     }
 
 
+def _run_all(tasks: list[tuple], processes: int, log, started: float) -> list[dict[str, Any]]:
+    """Every task's :func:`_run_one` result, in task order; one progress line per finished
+    simulation (a full report with Pollux runs for hours)."""
+    runs: list[dict[str, Any] | None] = [None] * len(tasks)
+
+    def done(i: int, run: dict[str, Any], count: int) -> None:
+        runs[i] = run
+        seed = "" if run["seed"] is None else f", seed {run['seed']}"
+        log(f"[{count}/{len(tasks)}, {time.perf_counter() - started:.0f} s] {run['policy']} {run['load']}x "
+            f"workload {run['workload']} {run['job_model']} ({run['restart_cost_s']} s restarts{seed}): "
+            f"mean JCT {run['summary']['avg_jct_s']:,.0f} s")
+
+    if processes == 1:
+        for i, task in enumerate(tasks):
+            done(i, _run_one(task), i + 1)
+    else:
+        with ProcessPoolExecutor(max_workers=processes) as pool:
+            futures = {pool.submit(_run_one, task): i for i, task in enumerate(tasks)}
+            for count, future in enumerate(as_completed(futures), start=1):
+                done(futures[future], future.result(), count)
+    return [r for r in runs if r is not None]
+
+
 _PEER_TITLES = {"pollux": "Pollux", "sia": "Sia"}
 
 
@@ -178,11 +201,7 @@ def run_report(spec: ReportSpec, log=print) -> dict[str, Any]:
     started = time.perf_counter()
     processes = spec.processes or os.cpu_count() or 1
     log(f"running {len(tasks)} simulations on {processes} process(es)")
-    if processes == 1:
-        runs = [_run_one(t) for t in tasks]
-    else:
-        with ProcessPoolExecutor(max_workers=processes) as pool:
-            runs = list(pool.map(_run_one, tasks, chunksize=1))
+    runs = _run_all(tasks, processes, log, started)
     wall = time.perf_counter() - started
     log(f"done in {wall:.0f} s")
 

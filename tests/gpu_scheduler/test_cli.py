@@ -123,6 +123,9 @@ def test_report_runs_a_reduced_matrix(tmp_path: Path, data: Path) -> None:
     proc = cli("report", "--out", str(out), "--data", str(data), "--policy", "tiresias", "--policy", "fifo",
                "--load", "1.0", "--workloads", "1", "--processes", "1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
+    # one progress line per simulation: 2 policies × 2 job models, and tiresias' fidelity run
+    assert "running 5 simulations on 1 process(es)" in proc.stdout
+    assert "[5/5, " in proc.stdout and "tiresias 1.0x workload 1 fixed (30 s restarts): mean JCT 2,474 s" in proc.stdout
     text = out.read_text()
     # fidelity runs use the artifact's 30 s restarts: published 2473.65 s on workload 1
     assert "| 1 | 2,474 | 2,474 | +0.0 % |" in text and "## Fidelity" in text
