@@ -46,3 +46,16 @@ def test_scheduler_decision_time_runs() -> None:
     assert [line.split()[:3] for line in said.splitlines() if line.startswith("default")] == [
         ["default", "160", "64"], ["default+preset", "160", "64"],
         ["default", "5000", "4096"], ["default+preset", "5000", "4096"]]
+
+
+@pytest.mark.slow
+def test_gpu_training_check_runs_on_the_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    _run("gpu_training_check.py", "--data", str(tmp_path / "data"), "--quick", "--case", "mnist",
+         "--case", "mnist-fault", "--json", str(out))  # fmt: skip
+    plain, fault = json.loads(out.read_text())
+    assert plain["case"] == "mnist" and plain["steps"] == 40 and plain["resumes"] == [] and plain["backend"] == "gloo"
+    assert 0.0 <= plain["test_accuracy"] <= 1.0 and plain["samples_per_step_s"] > 0
+    ((resume,),) = [fault["resumes"]]
+    assert fault["steps"] == 300 and resume["killed_at_step"] == 250 and resume["lost_steps"] == 10
+    assert resume["restart_s"] > 0
