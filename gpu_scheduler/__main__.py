@@ -4,9 +4,19 @@ Subcommands: ``simulate``, ``report``, ``policies`` (:mod:`gpu_scheduler.cli_sim
 the live controller, and ``release``, which hands the jobs back before an uninstall
 (:mod:`gpu_scheduler.cli_run`). Bad input ends with a one-line error and exit
 code 2.
+
+OpenBLAS runs one thread here unless ``OPENBLAS_NUM_THREADS`` says otherwise: the scheduler's
+numpy and scipy calls are tiny (throughput fits, per-job arrays), and OpenBLAS's threads spin on
+them. On a busy 2-core machine that made one throughput fit 17× slower (docs/scheduler.md) and a
+three-simulation ``report`` 21-121 s instead of 2.5 s; a controller pod under a CPU limit pays the
+same spinning.
 """
 
 from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy is first imported
 
 import typer
 

@@ -145,8 +145,12 @@ def _run_all(tasks: list[tuple], processes: int, log, started: float) -> list[di
     else:
         with ProcessPoolExecutor(max_workers=processes) as pool:
             futures = {pool.submit(_run_one, task): i for i, task in enumerate(tasks)}
-            for count, future in enumerate(as_completed(futures), start=1):
-                done(futures[future], future.result(), count)
+            try:
+                for count, future in enumerate(as_completed(futures), start=1):
+                    done(futures[future], future.result(), count)
+            except BaseException:  # a failed run (or Ctrl-C) ends the report now, not after the queue
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
     return [r for r in runs if r is not None]
 
 

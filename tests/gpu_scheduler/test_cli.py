@@ -143,3 +143,18 @@ def test_report_runs_a_reduced_matrix(tmp_path: Path, data: Path) -> None:
     assert adaptive != pytest.approx(summary["mean"]["1.0"]["tiresias"]["avg_jct_s"])  # another job model ran
     bad = cli("report", "--out", str(out), "--data", str(data), "--job-model", "elastic", cwd=tmp_path)
     assert bad.returncode != 0 and "unknown job model 'elastic'" in bad.stderr
+
+
+def test_the_command_line_runs_openblas_on_one_thread_unless_told_otherwise() -> None:
+    # OpenBLAS's threads spin on the scheduler's tiny matrix calls (a busy 2-core machine ran one
+    # throughput fit 17x slower): `python -m gpu_scheduler` sets one thread before numpy loads.
+    probe = ("import gpu_scheduler.__main__, numpy, threadpoolctl; "
+             "print([i['num_threads'] for i in threadpoolctl.threadpool_info() if i['internal_api'] == 'openblas'])")
+    for given, expected in ((None, "[1]"), ("2", "[2]")):
+        env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+        if given:
+            env["OPENBLAS_NUM_THREADS"] = given
+        proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                              env={**env, "PYTHONPATH": str(REPO)}, check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == expected
