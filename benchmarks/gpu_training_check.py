@@ -8,6 +8,9 @@ unless the case says otherwise, then evaluates the exported model on the test sp
 * ``mnist-adaptive`` — the same with ``--adaptive-batch`` (the batch re-picked by goodput);
 * ``mnist-fault`` — the same as ``mnist`` with ``--fault-at-step 250``: the worker SIGKILLs itself
   once and torchrun restarts it from the last checkpoint (restart seconds: kill → first step);
+* ``mnist-fp16`` / ``mnist-fp16-adaptive`` — the main job in fp16 autocast with the gradient scaler
+  (the adaptive mode un-scales its noise-scale norms by the scaler's scale);
+* ``resnet18-bf16-adaptive`` — ResNet-18 at 32×32 as below, bf16 autocast, adaptive;
 * ``resnet18`` / ``resnet18-adaptive`` — ResNet-18 on synthetic CIFAR-shaped data (32×32), global
   batch 128, 3 epochs, fixed and adaptive;
 * ``resnet18-imagenet`` / ``resnet18-imagenet-adaptive`` — the same on synthetic ImageNet-shaped
@@ -47,6 +50,10 @@ CASES = {
     "resnet18": ("synthetic-cifar", ["--model-name", "resnet18", "--global-batch-size", "128", "--epochs", "3"]),
     "resnet18-adaptive": ("synthetic-cifar", ["--model-name", "resnet18", "--global-batch-size", "128", "--epochs", "3",
                                               "--adaptive-batch"]),
+    "mnist-fp16": ("mnist", ["--amp", "fp16"]),
+    "mnist-fp16-adaptive": ("mnist", ["--amp", "fp16", "--adaptive-batch"]),
+    "resnet18-bf16-adaptive": ("synthetic-cifar", ["--model-name", "resnet18", "--global-batch-size", "128",
+                                                   "--epochs", "3", "--amp", "bf16", "--adaptive-batch"]),
     "resnet18-imagenet": ("synthetic-imagenet:6400", ["--model-name", "resnet18", "--global-batch-size", "128",
                                                       "--epochs", "2"]),
     "resnet18-imagenet-adaptive": ("synthetic-imagenet:6400", ["--model-name", "resnet18", "--global-batch-size",
