@@ -134,7 +134,7 @@ clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
 
 scheduler-report: venv
-	OPENBLAS_NUM_THREADS=1 nice -n 10 $(BIN)/python -m gpu_scheduler report --out docs/scheduler-report.md
+	nice -n 10 $(BIN)/python -m gpu_scheduler report --out docs/scheduler-report.md  # one OpenBLAS thread: gpu_scheduler/__main__.py
 
 scheduler-bench: venv
 	OPENBLAS_NUM_THREADS=1 $(BIN)/python benchmarks/scheduler_decision_time.py

@@ -76,6 +76,7 @@ def prepare_data(data: Path) -> None:
 def run_case(name: str, data: Path, tmp: Path, quick: bool) -> dict:
     import torch
 
+    from components.training.distributed import process_group_backend
     from components.training.evaluation import evaluate
     from components.training.faults import fired_faults
     from components.training.metrics import read_jsonl
@@ -105,7 +106,7 @@ def run_case(name: str, data: Path, tmp: Path, quick: bool) -> dict:
     out = {
         "case": name, "rc": proc.returncode, "wall_s": round(wall, 1),
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-        "backend": "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo",
+        "backend": process_group_backend(),
         "steps": s.steps, "total_steps": s.total_steps, "final_loss": s.final_loss,
         "first_to_last_step_s": None if span_s is None else round(span_s, 2), "step_time_s": round(step_s, 2),
         "samples_per_step_s": round(samples / step_s, 1) if step_s else None,

@@ -8,9 +8,9 @@ Optimus+Oracle with full throughput curves. Jobs that have run also carry a good
 (Pollux's throughput model + gradient statistics, as an AdaptDL agent reports it) for Pollux and
 Sia. ``default`` is timed twice: with its class defaults (the live controller's) and as
 ``default+preset``, with the parameters the report runs it with at the measured restart cost
-(``report_params``: heSRPT weights and lighter hysteresis). Prints the median and worst of
-``--repeat`` runs and the ratio to the target, side by side in one run; the targets are trainflow's (Pollux and Sia are measured beside them, not held to
-them). Pollux is not run at 5,000 jobs / 1,024 nodes: its GA keeps populations of
+(``report_params``: lighter hysteresis, fairness 1.5, a later drain). Prints the median and
+worst of ``--repeat`` runs and the ratio to the target, side by side in one run; the targets are
+trainflow's (Pollux and Sia are measured beside them, not held to them). Pollux is not run at 5,000 jobs / 1,024 nodes: its GA keeps populations of
 jobs × nodes matrices (100 × 5,000 × 1,024 entries, ~1 GB each).
 
 Usage: ``python benchmarks/scheduler_decision_time.py [--repeat 5] [--seed 1]``

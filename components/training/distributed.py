@@ -155,6 +155,12 @@ def incarnation_store(store: dist.Store, rank: int, world_size: int, *, timeout_
     return dist.PrefixStore(f"trainflow/{token}", store)
 
 
+def process_group_backend() -> str:
+    """The process group's backend on this machine: ``cpu:gloo,cuda:nccl`` with a GPU (gloo for
+    the CPU-side collectives such as the RNG gather, nccl for gradients), else ``gloo``."""
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
 def init_process_group(env: DistEnv, *, timeout_s: float = 120.0) -> bool:
     """Join the job's process group (nccl on GPU, gloo on CPU). Returns False for a lone process.
 
@@ -166,9 +172,7 @@ def init_process_group(env: DistEnv, *, timeout_s: float = 120.0) -> bool:
         return False
     if torch.cuda.is_available():
         torch.cuda.set_device(env.device())
-        backend = "cpu:gloo,cuda:nccl"  # gloo for CPU-side collectives (RNG gather), nccl for gradients
-    else:
-        backend = "gloo"
+    backend = process_group_backend()
     timeout = timedelta(seconds=timeout_s)
     addr, port = os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT", "0"))
     store: dist.Store | None = None

@@ -56,8 +56,8 @@ One decision, in five steps:
    on ``left_j / S_j(n)`` — so they end together instead of the last one running alone on the
    whole cluster at poor efficiency, and changes placements only if that end comes ≥ 5 % earlier.
 
-7. **heSRPT weights** (``hesrpt_speedup_exponent`` = p > 0; 0.7 in the class defaults, 0 = off). Instead of
-   the factors of 2 and 6, a job that reports its work left is weighted by its *rank* by work
+7. **heSRPT weights** (``hesrpt_speedup_exponent`` = p > 0; 0.7 in the class defaults, 0 = off).
+   Instead of the factors of 2 and 6, a job that reports its work left is weighted by its *rank* by work
    left among such jobs: with ``m`` of them, ranked ``i = 1`` (most work left) to ``m`` (least),
    heSRPT gives job ``i`` the share ``θ_i = (i/m)^(1/(1−p)) − ((i−1)/m)^(1/(1−p))`` of the
    cluster, the allocation that minimises the total flow time of jobs with speedup ``k^p`` all

@@ -130,7 +130,7 @@ def _run_one(task: tuple) -> dict[str, Any]:
 def _run_all(tasks: list[tuple], processes: int, log, started: float) -> list[dict[str, Any]]:
     """Every task's :func:`_run_one` result, in task order; one progress line per finished
     simulation (a full report with Pollux runs for hours)."""
-    runs: list[dict[str, Any] | None] = [None] * len(tasks)
+    runs: list[Any] = [None] * len(tasks)  # every slot is filled before the return (or it raised)
 
     def done(i: int, run: dict[str, Any], count: int) -> None:
         runs[i] = run
@@ -151,7 +151,7 @@ def _run_all(tasks: list[tuple], processes: int, log, started: float) -> list[di
             except BaseException:  # a failed run (or Ctrl-C) ends the report now, not after the queue
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
-    return [r for r in runs if r is not None]
+    return runs
 
 
 _PEER_TITLES = {"pollux": "Pollux", "sia": "Sia"}
