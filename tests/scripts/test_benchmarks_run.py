@@ -53,9 +53,12 @@ def test_gpu_training_check_runs_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     _run("gpu_training_check.py", "--data", str(tmp_path / "data"), "--quick", "--case", "mnist",
          "--case", "mnist-fault", "--json", str(out))  # fmt: skip
+    from components.training.distributed import process_group_backend
+
     plain, fault = json.loads(out.read_text())
-    assert plain["case"] == "mnist" and plain["steps"] == 40 and plain["resumes"] == [] and plain["backend"] == "gloo"
+    assert plain["case"] == "mnist" and plain["steps"] == 40 and plain["resumes"] == []
+    assert plain["backend"] == process_group_backend()  # gloo on a machine without a GPU
     assert 0.0 <= plain["test_accuracy"] <= 1.0 and plain["samples_per_step_s"] > 0
-    ((resume,),) = [fault["resumes"]]
+    (resume,) = fault["resumes"]
     assert fault["steps"] == 300 and resume["killed_at_step"] == 250 and resume["lost_steps"] == 10
     assert resume["restart_s"] > 0
