@@ -150,6 +150,12 @@ def payload_for_problem(
     )
 
 
+def lost_track_message(payload: TriggerEventPayload) -> str:
+    """One line for an ``error`` event: the run, its last state read (if any), why and its page."""
+    seen = f" (last seen {payload['state']})" if payload["state"] else ""
+    return f"lost track of KFP run {payload['run_id']}{seen}: {payload['message']} ({payload['url']})"
+
+
 def parse_payload(event: Any) -> TriggerEventPayload:
     """Validate an event received by ``execute_complete``.
 

@@ -31,6 +31,7 @@ from airflow.sdk.configuration import conf  # noqa: E402
 from airflow.sdk.exceptions import (  # noqa: E402
     AirflowFailException,
     AirflowNotFoundException,
+    AirflowSensorTimeout,
     AirflowSkipException,
 )
 from airflow.sdk.execution_time.xcom import XCom  # noqa: E402
@@ -47,6 +48,7 @@ __all__ = [
     "AIRFLOW_V_3_3_PLUS",
     "AirflowFailException",
     "AirflowNotFoundException",
+    "AirflowSensorTimeout",
     "AirflowSkipException",
     "Asset",
     "BaseHook",

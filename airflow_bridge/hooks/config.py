@@ -25,6 +25,8 @@ extra.verify_ssl   verify TLS certificates (default true)
 extra.ca_bundle_path CA bundle for TLS verification
 extra.request_timeout_s per-request timeout in seconds (default 30)
 extra.max_attempts attempts per request on 5xx/429/connection errors (default 5)
+extra.outage_tolerance_s how long a wait for a run keeps reading through an unreachable or
+                   failing (5xx/429) KFP API before the task gives up, seconds (default 600)
 extra.default_experiment experiment for runs that name none (default ``Default``)
 =================  =====================================================================
 """
@@ -100,6 +102,9 @@ class KfpConnectionConfig:
         max_attempts: attempts per request on retryable failures (>= 1).
         retry_initial_s: first backoff delay, seconds (doubles up to ``retry_max_s``, with jitter).
         retry_max_s: largest backoff delay and largest ``Retry-After`` honoured, seconds.
+        outage_tolerance_s: how long a wait for a run (operator, sensor, trigger) keeps polling
+            while every read fails with a retryable error (the API pod restarting, a node drained),
+            seconds from the first failed read (>= 0; 0: give up after one read's retries).
         default_experiment: experiment for runs that name none.
 
     Raises:
@@ -119,6 +124,7 @@ class KfpConnectionConfig:
     max_attempts: int = 5
     retry_initial_s: float = 1.0
     retry_max_s: float = 30.0
+    outage_tolerance_s: float = 600.0
     default_experiment: str = "Default"
 
     def __post_init__(self) -> None:
@@ -146,6 +152,8 @@ class KfpConnectionConfig:
             raise KfpConfigError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
         if self.max_attempts < 1:
             raise KfpConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.outage_tolerance_s < 0:
+            raise KfpConfigError(f"outage_tolerance_s must be >= 0, got {self.outage_tolerance_s}")
         if self.retry_initial_s < 0 or self.retry_max_s < self.retry_initial_s:
             raise KfpConfigError("retry delays must satisfy 0 <= retry_initial_s <= retry_max_s")
         if self.ca_bundle_path and not Path(self.ca_bundle_path).is_file():
@@ -205,7 +213,7 @@ class KfpConnectionConfig:
         }
         if extra.get("verify_ssl") not in (None, ""):
             kwargs["verify_ssl"] = _as_bool("verify_ssl", extra["verify_ssl"])
-        for name in ("request_timeout_s", "retry_initial_s", "retry_max_s"):
+        for name in ("request_timeout_s", "retry_initial_s", "retry_max_s", "outage_tolerance_s"):
             if extra.get(name) not in (None, ""):
                 kwargs[name] = _as_float(name, extra[name])
         if extra.get("max_attempts") not in (None, ""):
@@ -258,11 +266,15 @@ class KfpConnectionConfig:
             return ssl.create_default_context(cafile=self.ca_bundle_path)
         return True
 
-    def run_url(self, run_id: str) -> str:
-        """The run's page in the KFP UI (``{ui}/#/runs/details/{run_id}`` unless ui_url is a pattern)."""
+    def run_url(self, run_id: str, namespace: str | None = None) -> str:
+        """The run's page in the KFP UI (``{ui}/#/runs/details/{run_id}`` unless ui_url is a pattern).
+
+        ``namespace`` fills a pattern's ``{namespace}`` (default: the connection's), so an operator
+        that runs in another profile links to it."""
         base = self.ui_url or self.api_url
         if "{run_id}" in base:
-            return base.format(run_id=quote(run_id, safe=""), namespace=quote(self.namespace, safe=""))
+            ns = self.namespace if namespace is None else namespace
+            return base.format(run_id=quote(run_id, safe=""), namespace=quote(ns, safe=""))
         return f"{base.rstrip('/')}/#/runs/details/{quote(run_id, safe='')}"
 
 

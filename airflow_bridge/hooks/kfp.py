@@ -14,9 +14,10 @@ plain ``http://`` beyond loopback is warned about once per hook
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -45,7 +46,7 @@ class KfpRunsApi(Protocol):
         self, *, display_name_contains: str, namespace: str | None = None
     ) -> list[dict[str, Any]]: ...
     def terminate_run(self, run_id: str) -> None: ...
-    def run_url(self, run_id: str) -> str: ...
+    def run_url(self, run_id: str, namespace: str | None = None) -> str: ...
 
 
 def poll_delay_s(
@@ -78,6 +79,58 @@ def poll_delay_s(
             )
         return max(0.0, min(poll_interval_s, deadline_s - now_s))
     return poll_interval_s
+
+
+def outage_delay_s(
+    err: KfpApiError,
+    *,
+    call: api.ApiCall,
+    failing_since_s: float,
+    now_s: float,
+    tolerance_s: float,
+    deadline_s: float | None,
+    poll_interval_s: float,
+) -> float:
+    """Decide a wait loop's next step after a read of the run failed despite the request's retries (pure).
+
+    A wait outlives many API restarts (an upgrade of KFP, a drained node): a read that got no answer
+    (refused, timed out) or a retryable one (:func:`api.is_retryable`: HTTP 5xx or 429) does not end
+    it, the loop reads again after ``poll_interval_s`` until the API has failed for
+    ``tolerance_s`` seconds in a row or the deadline passes.
+
+    Args:
+        err: the failed read's error.
+        call: the read (``api.get_run``), for :func:`api.is_retryable`.
+        failing_since_s: when the first read of this run of failures started, epoch seconds.
+        now_s: current time, epoch seconds.
+        tolerance_s: seconds of failures in a row that are tolerated.
+        deadline_s: the wait's deadline, epoch seconds (``None``: none).
+        poll_interval_s: seconds between reads.
+
+    Returns:
+        Seconds to sleep before the next read (at most ``poll_interval_s``, ending no later than
+        the tolerance or the deadline).
+
+    Raises:
+        KfpApiError: ``err`` itself when it is not retryable (401/403/404, a bad request), or one
+            naming the outage's length when the tolerance or the deadline has passed.
+    """
+    no_answer = err.status_code is None  # refused, timed out, dropped: api.transport_error's errors
+    if not (no_answer or api.is_retryable(err, call)):
+        raise err
+    tolerated_until_s = failing_since_s + tolerance_s
+    by_deadline = deadline_s is not None and deadline_s <= tolerated_until_s
+    end_s = deadline_s if by_deadline else tolerated_until_s
+    if now_s >= end_s:
+        failing_s = now_s - failing_since_s
+        limit = "the wait's deadline passed" if by_deadline else f"outage_tolerance_s is {tolerance_s:g}"
+        raise KfpApiError(
+            f"{err} (the KFP API has failed for {failing_s:.0f} s; {limit})",
+            status_code=err.status_code,
+            method=err.method,
+            url=err.url,
+        ) from err
+    return max(0.0, min(poll_interval_s, end_s - now_s))
 
 
 #: Airflow config section of the provider's own settings (``get_provider_info()["config"]``).
@@ -484,9 +537,26 @@ class KfpHook(_HookBase):
 
         Raises:
             KfpRunTimeoutError: the deadline passed first.
+            KfpApiError: a read failed with an error that is not transient, or reads failed for
+                longer than the connection's ``outage_tolerance_s`` (:func:`outage_delay_s`).
         """
+        call = api.get_run(run_id)
+        failing_since_s: float | None = None
         while True:
-            run = self.get_run(run_id)
+            read_s = self._clock()
+            try:
+                run = self.call(call)
+            except KfpApiError as err:
+                failing_since_s = read_s if failing_since_s is None else failing_since_s
+                delay = outage_delay_s(
+                    err, call=call, failing_since_s=failing_since_s, now_s=self._clock(),
+                    tolerance_s=self.config.outage_tolerance_s, deadline_s=deadline_s,
+                    poll_interval_s=poll_interval_s,
+                )
+                self.log.warning("cannot read KFP run %s, reading again in %.0f s: %s", run_id, delay, err)
+                self._sleep(delay)
+                continue
+            failing_since_s = None
             if on_poll is not None:
                 on_poll(run)
             delay = poll_delay_s(
@@ -496,8 +566,9 @@ class KfpHook(_HookBase):
                 return run
             self._sleep(delay)
 
-    def run_url(self, run_id: str) -> str:
-        return self.config.run_url(run_id)
+    def run_url(self, run_id: str, namespace: str | None = None) -> str:
+        """The run's page in the KFP UI (:meth:`KfpConnectionConfig.run_url`)."""
+        return self.config.run_url(run_id, namespace)
 
 
 class KfpAsyncHook(_HookBase):
@@ -524,6 +595,7 @@ class KfpAsyncHook(_HookBase):
         self._transport = transport
         self._sleep = sleep
         self._clock = clock
+        self._client: httpx.AsyncClient | None = None  # set inside _session()
 
     async def get_config(self) -> KfpConnectionConfig:
         if self._config is None:
@@ -536,16 +608,37 @@ class KfpAsyncHook(_HookBase):
         self._warn_cleartext_token(self._config)
         return self._config
 
-    async def call(self, call: api.ApiCall) -> dict[str, Any]:
-        """Async twin of :meth:`KfpHook.call` (same retry policy and errors)."""
-        cfg = await self.get_config()
-        async with httpx.AsyncClient(
+    def _new_client(self, cfg: KfpConnectionConfig) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
             base_url=cfg.api_url,
             timeout=cfg.request_timeout_s,
             verify=cfg.ssl_verify(),
             transport=self._transport,
             headers={"Accept": "application/json"},
-        ) as client:
+        )
+
+    @contextlib.asynccontextmanager
+    async def _session(self) -> AsyncIterator[None]:
+        """One client (connection pool, TLS context) for every call made inside, instead of one per call.
+
+        Building a client loads the CA bundle, ~30 ms of blocking work in the triggerer's event loop
+        (Airflow warns when a trigger blocks it): a wait shares one across all its polls.
+        """
+        if self._client is not None:
+            yield
+            return
+        async with self._new_client(await self.get_config()) as client:
+            self._client = client
+            try:
+                yield
+            finally:
+                self._client = None
+
+    async def call(self, call: api.ApiCall) -> dict[str, Any]:
+        """Async twin of :meth:`KfpHook.call` (same retry policy and errors)."""
+        cfg = await self.get_config()
+        async with contextlib.AsyncExitStack() as stack:
+            client = self._client or await stack.enter_async_context(self._new_client(cfg))
 
             async def attempt() -> dict[str, Any]:
                 response = await client.request(
@@ -582,17 +675,35 @@ class KfpAsyncHook(_HookBase):
 
         Raises:
             KfpRunTimeoutError: the deadline passed first.
+            KfpApiError: as :meth:`KfpHook.wait_for_run`.
         """
-        while True:
-            run = await self.get_run(run_id)
-            if on_poll is not None:
-                on_poll(run)
-            delay = poll_delay_s(
-                run, now_s=self._clock(), deadline_s=deadline_s, poll_interval_s=poll_interval_s
-            )
-            if delay is None:
-                return run
-            await self._sleep(delay)
+        call = api.get_run(run_id)
+        failing_since_s: float | None = None
+        async with self._session():
+            while True:
+                read_s = self._clock()
+                try:
+                    run = await self.call(call)
+                except KfpApiError as err:
+                    failing_since_s = read_s if failing_since_s is None else failing_since_s
+                    cfg = await self.get_config()
+                    delay = outage_delay_s(
+                        err, call=call, failing_since_s=failing_since_s, now_s=self._clock(),
+                        tolerance_s=cfg.outage_tolerance_s, deadline_s=deadline_s,
+                        poll_interval_s=poll_interval_s,
+                    )
+                    self.log.warning("cannot read KFP run %s, reading again in %.0f s: %s", run_id, delay, err)
+                    await self._sleep(delay)
+                    continue
+                failing_since_s = None
+                if on_poll is not None:
+                    on_poll(run)
+                delay = poll_delay_s(
+                    run, now_s=self._clock(), deadline_s=deadline_s, poll_interval_s=poll_interval_s
+                )
+                if delay is None:
+                    return run
+                await self._sleep(delay)
 
-    async def run_url(self, run_id: str) -> str:
-        return (await self.get_config()).run_url(run_id)
+    async def run_url(self, run_id: str, namespace: str | None = None) -> str:
+        return (await self.get_config()).run_url(run_id, namespace)

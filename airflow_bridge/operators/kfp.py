@@ -9,16 +9,17 @@ KFP state     task outcome
 ============  =====================================================================
 SUCCEEDED     success; XCom return value ``{"run_id", "state", "url"}``
 FAILED        :class:`KfpRunFailedError` carrying the run's error message (retried if the task has retries)
-CANCELED      :class:`KfpRunCanceledError`
+CANCELED      ``AirflowFailException`` (no retry: someone stopped the run), cause :class:`KfpRunCanceledError`
 SKIPPED       ``AirflowSkipException``
 (deadline)    the run is terminated, then :class:`KfpRunTimeoutError`
 ============  =====================================================================
 
 Killing the task (marking it failed or success, clearing it; ``execution_timeout`` in sync mode)
 terminates the KFP run by its persisted id: ``on_kill`` in sync mode, the trigger's ``on_kill``
-(Airflow >= 3.3) when deferred. Airflow's trigger timeout does not call ``on_kill``; use
-``run_timeout_s`` for a deadline that stops the run in deferrable mode. Bad input (unknown parameter, unreadable package, refused credentials)
-fails the task at once without retries.
+(Airflow >= 3.3) when deferred. ``execution_timeout`` also bounds a deferral (it is the trigger's
+timeout), but Airflow's trigger timeout does not call ``on_kill``: use ``run_timeout_s`` for a
+deadline that stops the run in deferrable mode. Bad input (unknown parameter, unreadable package,
+refused credentials) and a canceled run fail the task at once without retries.
 
 No duplicate runs -- for one task instance ``(dag_id, run_id, task_id, map_index)``:
 
@@ -50,8 +51,9 @@ listing fingerprint). Airflow's Assets view and lineage show it. Without outlets
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from functools import cached_property
 from typing import Any, ClassVar
@@ -63,6 +65,7 @@ from airflow_bridge.events import (
     RunState,
     TriggerEventPayload,
     asset_event_extra,
+    lost_track_message,
     parse_payload,
     payload_for_run,
     progress_lines,
@@ -144,6 +147,27 @@ def pipeline_arguments(
         if (declared and not args.get(job_key_parameter)) or (package is None and given_empty):
             args[job_key_parameter] = job_key
     return package.prepare_arguments(args) if package is not None else args
+
+
+#: Errors a retry cannot mend: bad input (unknown parameter, unreadable package, refused
+#: credentials) and a run that someone canceled (a retry would submit a new run against their
+#: decision; clearing the task does that on purpose).
+_FINAL_ERRORS: tuple[type[Exception], ...] = (
+    KfpAuthError,
+    KfpConfigError,
+    KfpPackageError,
+    KfpRunCanceledError,
+)
+
+
+@contextlib.contextmanager
+def _no_retry_for(errors: tuple[type[Exception], ...]) -> Iterator[None]:
+    """Re-raise ``errors`` as ``AirflowFailException`` (Airflow fails the task without retries);
+    the original error, with its run id, state and URL where it has them, is the ``__cause__``."""
+    try:
+        yield
+    except errors as err:
+        raise AirflowFailException(str(err)) from err
 
 
 class KfpRunPipelineOperator(BaseOperator):
@@ -257,10 +281,8 @@ class KfpRunPipelineOperator(BaseOperator):
 
     # -- execute ---------------------------------------------------------------------------
     def execute(self, context: Context) -> dict[str, Any]:
-        try:
+        with _no_retry_for(_FINAL_ERRORS):
             return self._execute(context)
-        except (KfpAuthError, KfpConfigError, KfpPackageError) as err:
-            raise AirflowFailException(str(err)) from err  # retrying cannot fix bad input
 
     def _execute(self, context: Context) -> dict[str, Any]:
         identity = TaskIdentity.from_context(context)
@@ -268,7 +290,7 @@ class KfpRunPipelineOperator(BaseOperator):
         run = self._reattach_or_submit(identity, store)
         run_id = str(run["run_id"])
         self._run_id = run_id
-        url = self.hook.run_url(run_id)
+        url = self.hook.run_url(run_id, self.namespace or None)
         if store is not None:
             store.set(self.STATE_STORE_KEY, run_id)
         context["ti"].xcom_push(key=self.RUN_ID_XCOM_KEY, value=run_id)
@@ -289,6 +311,7 @@ class KfpRunPipelineOperator(BaseOperator):
                         cancel_on_kill=self.cancel_on_kill,
                     ),
                     method_name="execute_complete",
+                    timeout=self.execution_timeout,  # Airflow's own bound on the deferral
                 )
             run = self._wait(run_id, deadline_s, url)
         return self._finish(context, payload_for_run(run, url=url), run=run)
@@ -317,6 +340,10 @@ class KfpRunPipelineOperator(BaseOperator):
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """Resume after the trigger fired: map its single event to a result or an exception."""
+        with _no_retry_for(_FINAL_ERRORS):
+            return self._execute_complete(context, event)
+
+    def _execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         payload = parse_payload(event)
         self._run_id = payload["run_id"]
         status = EventStatus(payload["status"])
@@ -329,7 +356,7 @@ class KfpRunPipelineOperator(BaseOperator):
                 url=payload["url"],
             )
         if status is EventStatus.ERROR:
-            raise KfpApiError(f"lost track of KFP run {payload['run_id']}: {payload['message']}")
+            raise KfpApiError(lost_track_message(payload))
         return self._finish(context, payload)
 
     def _finish(

@@ -1,9 +1,13 @@
 """Wait for an existing KFP run: :class:`KfpRunSensor` (poke, reschedule or deferrable).
 
 The sensor does not own the run: it never terminates it (its trigger has ``cancel_on_kill=False``).
-Terminal states map like the operator's: SUCCEEDED -> success, FAILED -> :class:`KfpRunFailedError`,
-CANCELED -> :class:`KfpRunCanceledError`, SKIPPED -> skipped; the sensor's ``timeout`` becomes the
-trigger's deadline in deferrable mode.
+Outcomes follow Airflow's sensor rules (``airflow/sdk/bases/sensor.py``): SUCCEEDED -> success;
+SKIPPED -> skipped; FAILED or CANCELED -> :class:`AirflowFailException` (a finished run does not
+change, so a retry cannot help; the :class:`KfpRunFailedError` / :class:`KfpRunCanceledError` with the
+run's id, state and page is its ``__cause__``); the sensor's ``timeout`` -> ``AirflowSensorTimeout``
+(never retried), which is the trigger's deadline in deferrable mode. With ``soft_fail=True`` the
+last two skip the task, as for any Airflow sensor. Losing track of the run (the KFP API unreachable
+beyond the connection's ``outage_tolerance_s``) is a :class:`KfpApiError`, which Airflow retries.
 """
 
 from __future__ import annotations
@@ -13,13 +17,21 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
-from airflow_bridge.events import EventStatus, RunState, parse_payload, payload_for_run
-from airflow_bridge.exceptions import KfpApiError, KfpRunCanceledError, KfpRunFailedError, KfpRunTimeoutError
+from airflow_bridge.events import EventStatus, RunState, lost_track_message, parse_payload, payload_for_run
+from airflow_bridge.exceptions import (
+    KfpApiError,
+    KfpRunCanceledError,
+    KfpRunError,
+    KfpRunFailedError,
+    KfpRunTimeoutError,
+)
 from airflow_bridge.hooks.config import DEFAULT_CONN_ID
 from airflow_bridge.hooks.kfp import KfpHook
 from airflow_bridge.links.kfp import KfpRunLink
 from airflow_bridge.triggers.kfp import DEFER_SETTLE_S, KfpRunTrigger
 from airflow_bridge.version_compat import (
+    AirflowFailException,
+    AirflowSensorTimeout,
     AirflowSkipException,
     BaseSensorOperator,
     Context,
@@ -74,13 +86,19 @@ class KfpRunSensor(BaseSensorOperator):
             return
         if status is EventStatus.SKIPPED:
             raise AirflowSkipException(f"KFP run {self.run_id} was skipped")
-        if status is EventStatus.CANCELED:
-            raise KfpRunCanceledError(f"KFP run {self.run_id} was canceled", **kwargs)
-        if status is EventStatus.TIMEOUT:
-            raise KfpRunTimeoutError(payload["message"], **kwargs)
         if status is EventStatus.ERROR:
-            raise KfpApiError(f"lost track of KFP run {self.run_id}: {payload['message']}")
-        raise KfpRunFailedError(f"KFP run {self.run_id} failed: {payload['message']}", **kwargs)
+            raise KfpApiError(lost_track_message(payload))  # transient: Airflow's retries apply
+        err: KfpRunError
+        if status is EventStatus.TIMEOUT:
+            err = KfpRunTimeoutError(f"{payload['message']} ({payload['url']})", **kwargs)
+            raise AirflowSensorTimeout(str(err)) from err
+        if status is EventStatus.CANCELED:
+            err = KfpRunCanceledError(f"KFP run {self.run_id} was canceled ({payload['url']})", **kwargs)
+        else:
+            err = KfpRunFailedError(
+                f"KFP run {self.run_id} failed: {payload['message']} ({payload['url']})", **kwargs
+            )
+        raise AirflowFailException(str(err)) from err
 
     def poke(self, context: Context) -> bool:
         return self._check(context)
@@ -89,8 +107,14 @@ class KfpRunSensor(BaseSensorOperator):
         KfpRunLink.persist(context, self.hook.run_url(self.run_id))
         if not self.deferrable:
             return super().execute(context)
-        if self._check(context):
-            return None
+        try:
+            if self._check(context):
+                return None
+        except (AirflowFailException, AirflowSensorTimeout) as err:
+            # outside poke() and resume_execution(), where BaseSensorOperator applies these itself
+            if self.soft_fail or self.never_fail:
+                raise AirflowSkipException(f"skipping (soft_fail or never_fail): {err}") from err
+            raise
         timeout_s = (
             self.timeout.total_seconds() if hasattr(self.timeout, "total_seconds") else float(self.timeout)
         )

@@ -139,7 +139,11 @@ class KfpRunTrigger(BaseTrigger):
         except Exception as err:  # the trigger must not raise: report the problem to the task
             self.log.warning("cannot follow KFP run %s: %s", self.run_id, err)
             payload = payload_for_problem(
-                EventStatus.ERROR, run_id=self.run_id, message=f"{type(err).__name__}: {err}", url=url
+                EventStatus.ERROR,
+                run_id=self.run_id,
+                message=f"{type(err).__name__}: {err}",
+                url=url,
+                state=last[-1].state if last else None,  # the last state read, for the task's log
             )
         if self.not_before_s is not None and (wait_s := self.not_before_s - time.time()) > 0:
             await asyncio.sleep(wait_s)

@@ -55,6 +55,8 @@ def test_extras_plain_and_prefixed(tmp_path: Path) -> None:
     token.write_text("rotated")  # projected tokens rotate: read on every request
     assert cfg.auth_headers() == {"Authorization": "Bearer rotated"}
     assert cfg.run_url("r 1") == "https://kf.example.com/_/pipeline/?ns=team-a#/runs/details/r%201"
+    # an operator that runs in another profile links to that profile
+    assert cfg.run_url("r 1", "team-b") == "https://kf.example.com/_/pipeline/?ns=team-b#/runs/details/r%201"
 
 
 def test_default_run_url_is_the_kfp_ui_form() -> None:

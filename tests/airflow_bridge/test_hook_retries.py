@@ -148,3 +148,93 @@ async def test_async_hook_shares_the_policy() -> None:
     hook = KfpAsyncHook("kfp", config=CFG, transport=httpx.MockTransport(handler), sleep=sleep)
     assert (await hook.get_run("r"))["state"] == "RUNNING"
     assert len(seen) == 2 and len(sleeps) == 1
+
+
+class FakeTime:
+    """A wall clock that the hook's sleeps advance (the wait loop's time, without waiting)."""
+
+    def __init__(self) -> None:
+        self.now_s = 1_000.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now_s += seconds
+
+    async def asleep(self, seconds: float) -> None:
+        self.sleep(seconds)
+
+
+def running(state: str = "RUNNING") -> httpx.Response:
+    return httpx.Response(200, json={"run_id": "r", "state": state})
+
+
+OUTAGE_CFG = KfpConnectionConfig(api_url="http://kfp.test", max_attempts=1, outage_tolerance_s=25.0)
+
+
+def test_a_wait_reads_through_an_api_outage_shorter_than_its_tolerance() -> None:
+    seen, transport = scripted(
+        [running(), httpx.Response(503), httpx.ConnectError("refused"), httpx.Response(502), running("SUCCEEDED")]
+    )
+    t = FakeTime()
+    hook = KfpHook("kfp", config=OUTAGE_CFG, transport=transport, sleep=t.sleep, clock=t.clock)
+    assert hook.wait_for_run("r", poll_interval_s=10)["state"] == "SUCCEEDED"
+    # reads at 10, 20 and 30 s fail; the next one comes at 35 s, the end of the 25 s tolerated, and succeeds
+    assert len(seen) == 5 and t.sleeps == [10, 10, 10, 5]
+
+
+def test_an_outage_longer_than_the_tolerance_ends_the_wait_naming_its_length() -> None:
+    _, transport = scripted([running()] + [httpx.Response(503)] * 10)
+    t = FakeTime()
+    hook = KfpHook("kfp", config=OUTAGE_CFG, transport=transport, sleep=t.sleep, clock=t.clock)
+    with pytest.raises(KfpApiError, match=r"HTTP 503.*\(the KFP API has failed for 25 s; outage_tolerance_s is 25\)"):
+        hook.wait_for_run("r", poll_interval_s=10)
+    assert t.sleeps == [10, 10, 10, 5]  # reads at 10, 20, 30 and 35 s failed: the last one ends it
+
+
+def test_an_outage_ends_at_the_wait_deadline_when_that_comes_first() -> None:
+    _, transport = scripted([running()] + [httpx.Response(503)] * 10)
+    t = FakeTime()
+    hook = KfpHook("kfp", config=OUTAGE_CFG, transport=transport, sleep=t.sleep, clock=t.clock)
+    with pytest.raises(KfpApiError, match=r"failed for 5 s; the wait's deadline passed"):
+        hook.wait_for_run("r", poll_interval_s=10, deadline_s=t.now_s + 15)
+    assert t.sleeps == [10, 5]
+
+
+@pytest.mark.parametrize("status", [401, 404])
+def test_a_read_error_that_is_not_transient_ends_the_wait_at_once(status: int) -> None:
+    seen, transport = scripted([running(), httpx.Response(status), running("SUCCEEDED")])
+    t = FakeTime()
+    hook = KfpHook("kfp", config=OUTAGE_CFG, transport=transport, sleep=t.sleep, clock=t.clock)
+    with pytest.raises(KfpApiError) as info:
+        hook.wait_for_run("r", poll_interval_s=10)
+    assert info.value.status_code == status and len(seen) == 2
+
+
+async def test_the_async_wait_tolerates_outages_and_uses_one_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen, transport = scripted([running(), httpx.Response(503), httpx.Response(503), running("SUCCEEDED")])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return transport.handle_request(request)
+
+    t = FakeTime()
+    hook = KfpAsyncHook(
+        "kfp", config=OUTAGE_CFG, transport=httpx.MockTransport(handler), sleep=t.asleep, clock=t.clock
+    )
+    clients: list[httpx.AsyncClient] = []
+    new_client = hook._new_client
+    monkeypatch.setattr(hook, "_new_client", lambda cfg: clients.append(new_client(cfg)) or clients[-1])
+    assert (await hook.wait_for_run("r", poll_interval_s=10))["state"] == "SUCCEEDED"
+    assert len(seen) == 4 and t.sleeps == [10, 10, 10]
+    assert len(clients) == 1 and clients[0].is_closed  # one client for the whole wait, closed after it
+
+
+def test_outage_tolerance_is_read_from_the_connection_and_checked() -> None:
+    from airflow_bridge.exceptions import KfpConfigError
+
+    with pytest.raises(KfpConfigError, match="outage_tolerance_s must be >= 0"):
+        KfpConnectionConfig(api_url="http://kfp.test", outage_tolerance_s=-1)
+    assert KfpConnectionConfig(api_url="http://kfp.test").outage_tolerance_s == 600.0

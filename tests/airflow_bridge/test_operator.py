@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -229,12 +230,14 @@ def test_deferral_carries_every_knob(kfp_server, compiled_pipelines) -> None:
         run_timeout_s=600,
         cancel_on_kill=False,
         kfp_conn_id="kfp_knobs",
+        execution_timeout=timedelta(hours=2),
     )
     with pytest.raises(TaskDeferred) as deferred:
         op.execute(ctx)
     (run,) = runs_of(kfp_server, ctx)
     created = run_deadline_s(run, 0.000001, now_s=0) - 0.000001
     assert deferred.value.method_name == "execute_complete"
+    assert deferred.value.timeout == timedelta(hours=2)  # execution_timeout bounds the deferral too
     assert deferred.value.trigger.serialize()[1] == {
         "run_id": run["run_id"],
         "kfp_conn_id": "kfp_knobs",
@@ -259,12 +262,16 @@ def test_execute_complete_maps_every_event(kfp_server, compiled_pipelines) -> No
     }
     with pytest.raises(KfpRunFailedError, match="KFP run r failed: m"):
         op.execute_complete(ctx, {**base, "status": "failed", "state": "FAILED"})
-    with pytest.raises(KfpRunCanceledError):
+    # canceled by someone: fail without retries (a retry would submit a new run), the KFP error as cause
+    with pytest.raises(AirflowFailException, match="KFP run r was canceled: u") as canceled:
         op.execute_complete(ctx, {**base, "status": "canceled", "state": "CANCELED"})
+    assert isinstance(canceled.value.__cause__, KfpRunCanceledError) and canceled.value.__cause__.run_id == "r"
     with pytest.raises(AirflowSkipException):
         op.execute_complete(ctx, {**base, "status": "skipped", "state": "SKIPPED"})
-    with pytest.raises(KfpApiError, match="lost track of KFP run r: m"):
+    with pytest.raises(KfpApiError, match=r"^lost track of KFP run r: m \(u\)$"):
         op.execute_complete(ctx, {**base, "status": "error"})
+    with pytest.raises(KfpApiError, match=r"^lost track of KFP run r \(last seen RUNNING\): m \(u\)$"):
+        op.execute_complete(ctx, {**base, "status": "error", "state": "RUNNING"})
     # a timeout terminates the real run before failing the task
     run = op.hook.create_run(display_name="to time out", package_path=compiled_pipelines["slow"])
     event = payload_for_problem(EventStatus.TIMEOUT, run_id=run["run_id"], message="late", url="u")
@@ -309,7 +316,7 @@ def test_on_kill_in_sync_mode_terminates_the_persisted_run(kfp_server, compiled_
         time.sleep(0.1)
     op.on_kill()
     worker.join(60)
-    assert isinstance(outcome[0], KfpRunCanceledError)
+    assert isinstance(outcome[0], AirflowFailException) and isinstance(outcome[0].__cause__, KfpRunCanceledError)
     assert op.hook.get_run(ctx["task_state_store"].data["kfp_run_id"])["state"] == "CANCELED"
 
 

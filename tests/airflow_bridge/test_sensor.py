@@ -1,5 +1,7 @@
-"""KfpRunSensor against the real local KFP server: poke results for each terminal state, the
-deferral (poke_interval and timeout reach the trigger; it never cancels a run it does not own)."""
+"""KfpRunSensor against the real local KFP server: poke results for each terminal state (a finished
+run fails the task without retries, the KFP error as its cause; ``soft_fail`` skips instead, through
+Airflow's own sensor code), the deferral (poke_interval and timeout reach the trigger; it never
+cancels a run it does not own; its timeout is Airflow's sensor timeout)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,12 @@ import time
 from datetime import timedelta
 
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.exceptions import (
+    AirflowFailException,
+    AirflowSensorTimeout,
+    AirflowSkipException,
+    TaskDeferred,
+)
 
 from airflow_bridge.exceptions import KfpRunCanceledError, KfpRunFailedError, KfpRunTimeoutError
 from airflow_bridge.hooks import KfpConnectionConfig, KfpHook
@@ -50,15 +57,25 @@ def test_poke_raises_for_failed_and_canceled_runs(kfp_server: KfpServer, compile
         "run_id"
     ]
     hook.wait_for_run(failed, poll_interval_s=0.5)
-    with pytest.raises(KfpRunFailedError, match=FAILURE_MESSAGE):
+    with pytest.raises(AirflowFailException, match=FAILURE_MESSAGE) as raised:
         sensor(kfp_server, failed).poke({})
+    assert isinstance(raised.value.__cause__, KfpRunFailedError) and raised.value.__cause__.run_id == failed
+    # soft_fail: Airflow's BaseSensorOperator.execute turns the failure into a skip
+    with pytest.raises(AirflowSkipException):
+        sensor(kfp_server, failed, deferrable=False, soft_fail=True).execute({"ti": TI()})
+    # deferrable: the first check happens in execute itself, which applies soft_fail the same way
+    with pytest.raises(AirflowSkipException):
+        sensor(kfp_server, failed, deferrable=True, soft_fail=True).execute({"ti": TI()})
+    with pytest.raises(AirflowFailException):
+        sensor(kfp_server, failed, deferrable=True).execute({"ti": TI()})
     slow = hook.create_run(
         display_name="sensed slow", package_path=compiled_pipelines["slow"], parameters={"seconds": 300}
     )["run_id"]
     hook.terminate_run(slow)
     hook.wait_for_run(slow, poll_interval_s=0.3)
-    with pytest.raises(KfpRunCanceledError):
+    with pytest.raises(AirflowFailException, match="was canceled") as raised:
         sensor(kfp_server, slow).poke({})
+    assert isinstance(raised.value.__cause__, KfpRunCanceledError)
 
 
 def test_deferrable_sensor_hands_its_knobs_to_a_non_cancelling_trigger(
@@ -75,9 +92,15 @@ def test_deferrable_sensor_hands_its_knobs_to_a_non_cancelling_trigger(
     kwargs = deferred.value.trigger.serialize()[1]
     assert kwargs["poll_interval_s"] == 12.0 and kwargs["cancel_on_kill"] is False
     assert before + 300 <= kwargs["deadline_s"] <= time.time() + 300
-    with pytest.raises(KfpRunTimeoutError):
-        s.execute_complete(
-            {}, {"status": "timeout", "run_id": run_id, "state": "RUNNING", "message": "late", "url": ""}
-        )
+    timeout_event = {"status": "timeout", "run_id": run_id, "state": "RUNNING", "message": "late", "url": ""}
+    with pytest.raises(AirflowSensorTimeout, match="late") as raised:  # never retried by Airflow
+        s.execute_complete({}, timeout_event)
+    assert isinstance(raised.value.__cause__, KfpRunTimeoutError)
+    # resuming through Airflow's BaseSensorOperator.resume_execution: soft_fail skips
+    soft = sensor(kfp_server, run_id, deferrable=True, soft_fail=True)
+    with pytest.raises(AirflowSkipException):
+        soft.resume_execution("execute_complete", {"event": timeout_event}, {})
+    with pytest.raises(AirflowSkipException):
+        soft.resume_execution("execute_complete", {"event": {**timeout_event, "status": "failed"}}, {})
     assert hook.get_run(run_id)["state"] in ("PENDING", "RUNNING")  # the sensor does not own the run
     hook.terminate_run(run_id)

@@ -191,12 +191,30 @@ async def test_on_kill_leaves_the_run_alone_when_told_to(kfp_server, compiled_pi
 
 
 async def test_unreachable_api_is_an_error_event_not_an_exception() -> None:
-    cfg = KfpConnectionConfig(api_url=f"http://127.0.0.1:{free_port()}", max_attempts=2, retry_initial_s=0.01)
+    cfg = KfpConnectionConfig(
+        api_url=f"http://127.0.0.1:{free_port()}", max_attempts=2, retry_initial_s=0.01, outage_tolerance_s=0
+    )
     trigger = make(run_url="http://ui/x")
     trigger.hook = lambda: KfpAsyncHook("kfp_test", config=cfg)
     (event,) = await collect(trigger)
     assert event["status"] == "error" and event["state"] is None and event["url"] == "http://ui/x"
     assert event["message"].startswith("KfpApiError: cannot reach the KFP API")
+
+
+async def test_a_run_lost_mid_wait_is_an_error_event_with_its_last_state() -> None:
+    answers = [httpx.Response(200, json={"run_id": "run-1", "state": "RUNNING"}), httpx.Response(404)]
+
+    async def asleep(seconds: float) -> None:
+        return None
+
+    cfg = KfpConnectionConfig(api_url="http://kfp.test", max_attempts=1)
+    trigger = make(run_url="http://ui/x")
+    trigger.hook = lambda: KfpAsyncHook(
+        "kfp_test", config=cfg, transport=httpx.MockTransport(lambda _: answers.pop(0)), sleep=asleep
+    )
+    (event,) = await collect(trigger)
+    assert event["status"] == "error" and event["state"] == "RUNNING"  # deleted in KFP while running
+    assert "HTTP 404" in event["message"]
 
 
 @pytest.mark.slow
