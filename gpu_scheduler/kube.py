@@ -150,8 +150,15 @@ class PyTorchJobState:
         min_workers, max_workers: ``spec.elasticPolicy.minReplicas/maxReplicas`` (both default to
             ``spec_workers`` for a job without an elastic policy, which makes it rigid).
         gpus_per_worker: the Worker template's ``nvidia.com/gpu`` limit.
-        nproc_per_node: ``spec.nprocPerNode`` as an int, if numeric (ranks per worker).
+        nproc_per_node: ``spec.nprocPerNode`` as an int, if numeric (ranks per worker); where that
+            field is unset, the deprecated ``spec.elasticPolicy.nProcPerNode``.
+        nproc_in_elastic_policy: ``nproc_per_node`` was read from the deprecated
+            ``elasticPolicy.nProcPerNode``. training-operator v1's webhook refuses a job that sets
+            both fields, and the admission policy refuses any change of ``elasticPolicy``, so the
+            controller cannot change such a job's ranks per worker.
         suspended: ``spec.runPolicy.suspend``.
+        hpa_metrics: ``spec.elasticPolicy.metrics`` is set: training-operator v1 then creates a
+            HorizontalPodAutoscaler for the job that resizes it through the ``scale`` subresource.
         finished: a Succeeded or Failed condition is True.
         annotations: all annotations of the job.
         metrics_key: the ``job_key`` label value of the trainer's metrics for this job.
@@ -171,7 +178,9 @@ class PyTorchJobState:
     max_workers: int = 1
     gpus_per_worker: int = 0
     nproc_per_node: int | None = None
+    nproc_in_elastic_policy: bool = False
     suspended: bool = False
+    hpa_metrics: bool = False
     finished: bool = False
     annotations: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
     metrics_key: str = ""

@@ -10,8 +10,10 @@ How a PyTorchJob (``kubeflow.org/v1``, training-operator v1.9) is changed:
 * **Worker count**: ``spec.pytorchReplicaSpecs.Worker.replicas``, always within
   ``elasticPolicy.minReplicas..maxReplicas``, by a JSON merge patch of the job (together with the
   controller's annotations, in one atomic request) or, with ``replicas_via="scale"``, through the
-  ``scale`` subresource (the CRD declares ``specReplicasPath`` = that field). A strategic-merge
-  patch is never used: the API server rejects it on custom resources.
+  ``scale`` subresource (the CRD declares ``specReplicasPath`` = that field) — except when the job
+  is also resumed (``suspend: false``): the count then travels in that same merge patch, so the
+  operator never creates pods for the old count. A strategic-merge patch is never used: the API
+  server rejects it on custom resources.
 * **Optimistic concurrency**: merge patches carry the observed ``metadata.resourceVersion`` and a
   *guard*: the values of the fields the decision was made from (``Worker.replicas``,
   ``runPolicy.suspend``). On 409 Conflict the applier re-reads the job; if only other fields moved
@@ -28,7 +30,10 @@ How a PyTorchJob (``kubeflow.org/v1``, training-operator v1.9) is changed:
 * **GPUs per worker** cannot change under running pods: suspend (tick 1), wait until the pods are
   gone, then patch the Worker template's GPU limit (a JSON patch of that one container's
   ``resources``) and resume (tick n). Requested by annotating the job with
-  ``gpu-scheduler.trainflow.dev/gpus-per-worker: "<n>"``.
+  ``gpu-scheduler.trainflow.dev/gpus-per-worker: "<n>"``. Ranks per worker follow when they
+  equalled the GPUs per worker (``spec.nprocPerNode``); a job that sets them only in the deprecated
+  ``elasticPolicy.nProcPerNode`` cannot be changed that way, so its request is dropped with a
+  Warning Event (``ReshapeRefused``) and the job keeps running as it is.
 * **Pending rollback**: every scale-up or start is watched (an annotation); if the new workers are
   not all bound to nodes ``pending_timeout_s`` later (kubeflow/trainer#1751: scale-up pods that stay
   Pending leave the job waiting forever), the worker count goes back to what it was, or the job is
@@ -50,6 +55,7 @@ from gpu_scheduler.kube import (
     POLICY_ANNOTATION_PREFIX,
     JobMemo,
     JobView,
+    PyTorchJobState,
     ScaleUpWatch,
 )
 from gpu_scheduler.model import ClusterSnapshot, Decision, Outcome
@@ -85,6 +91,7 @@ class ActionKind(enum.StrEnum):
     ROLLBACK = "ScaleUpRolledBack"
     RESHAPE_SUSPEND = "ReshapeSuspended"
     RESHAPE_RESUME = "Reshaped"
+    RESHAPE_REFUSED = "ReshapeRefused"  # a GPUs-per-worker request the controller cannot carry out
     ANNOTATE = "PolicyState"       # only the policy's / controller's annotations change
 
     @property
@@ -202,7 +209,11 @@ def _merge_patch(
     spec: dict[str, Any] = {}
     scale: Patch | None = None
     if replicas is not None:
-        if settings.replicas_via == "scale":
+        # Resuming: the worker count goes in the same request as ``suspend: false`` whatever
+        # ``replicas_via`` says. Sent after it through the scale subresource, it would reach the
+        # operator after the resume, which may already be creating pods for the old count; sent
+        # before it, it would move the resourceVersion under the guarded merge patch (409).
+        if settings.replicas_via == "scale" and suspend is not False:
             scale = Patch(namespace=job.namespace, name=job.name, body={"spec": {"replicas": replicas}},
                           subresource="scale")
         else:
@@ -312,19 +323,27 @@ def plan_safety(
                 out.append(action)
             continue
         if requested_gpw is not None and requested_gpw != job.gpus_per_worker and not job.suspended:
-            out.append(_reshape_start(view, memo, requested_gpw, settings))
+            if _nproc_unchangeable(job):
+                out.append(_reshape_refuse(view, memo, requested_gpw, settings))
+            else:
+                out.append(_reshape_start(view, memo, requested_gpw, settings))
             continue
         if watch is None:
             continue
         bound = view.bound_workers
-        if job.spec_workers != watch.to_workers or (job.suspended and watch.from_workers > 0):
+        # Suspended since by someone else (a user, Kueue): the job is theirs now, whatever the watch
+        # started from. Rolling a start back would mark it suspended by the scheduler, which would
+        # later resume a job it did not suspend.
+        suspended_by_others = job.suspended and not memo.suspended_by_scheduler
+        if job.spec_workers != watch.to_workers or (job.suspended and watch.from_workers > 0) or suspended_by_others:
             # Someone else changed the job since: the watch no longer describes it.
             new = memo.but(scale_up=None)
+            now = ("suspended by someone else" if suspended_by_others else "suspended" if job.suspended
+                   else f"Worker.replicas is now {job.spec_workers}")
             out.append(Action(
                 job=key, uid=job.uid, kind=ActionKind.CONFIRM, from_workers=bound, to_workers=job.spec_workers,
                 patches=_merge_patch(view, annotations=new.changed_annotations(job.annotations), settings=settings),
-                reason=f"scale-up watch {watch.from_workers}->{watch.to_workers} superseded "
-                       f"(Worker.replicas is now {job.spec_workers})",
+                reason=f"scale-up watch {watch.from_workers}->{watch.to_workers} superseded ({now})",
             ))
         elif bound >= watch.to_workers and view.pending_workers == 0:
             new = memo.but(scale_up=None)
@@ -375,6 +394,39 @@ def _requested_gpus_per_worker(annotations: Mapping[str, str]) -> int | None:
     return value if value >= 1 else None
 
 
+def _nproc_follows_gpus(job: PyTorchJobState) -> bool:
+    """The job runs one rank per GPU, so a GPUs-per-worker change also changes its ranks per worker."""
+    return job.nproc_per_node is not None and job.nproc_per_node == job.gpus_per_worker
+
+
+def _nproc_unchangeable(job: PyTorchJobState) -> bool:
+    """A GPUs-per-worker change would have to change ranks per worker, which the job sets only in
+    the deprecated ``elasticPolicy.nProcPerNode``: ``/spec/nprocPerNode`` does not exist (a JSON
+    patch replacing it fails with 422), training-operator v1's webhook refuses a job that sets both
+    fields, and the admission policy refuses any change of ``elasticPolicy``."""
+    return job.nproc_in_elastic_policy and _nproc_follows_gpus(job)
+
+
+_NPROC_REFUSAL = ("its ranks per worker are set in the deprecated spec.elasticPolicy.nProcPerNode, which the "
+                  "scheduler may not change; set spec.nprocPerNode instead (and remove elasticPolicy.nProcPerNode) "
+                  "to allow it")
+
+
+def _reshape_refuse(view: JobView, memo: JobMemo, gpus_per_worker: int, settings: PlanSettings) -> Action:
+    """Drop a GPUs-per-worker request that cannot be carried out (a Warning Event says why); the
+    job keeps running as it is."""
+    job = view.job
+    annotations = memo.changed_annotations(job.annotations)
+    annotations[GPUS_PER_WORKER_REQUEST] = None
+    message = f"GPUs per worker {job.gpus_per_worker}->{gpus_per_worker} refused: {_NPROC_REFUSAL}"
+    return Action(
+        job=view.key, uid=job.uid, kind=ActionKind.RESHAPE_REFUSED, from_workers=view.bound_workers,
+        to_workers=view.bound_workers,
+        patches=_merge_patch(view, annotations=annotations, settings=settings),
+        event=_event(ActionKind.RESHAPE_REFUSED, message, warning=True), reason=message,
+    )
+
+
 def _reshape_start(view: JobView, memo: JobMemo, gpus_per_worker: int, settings: PlanSettings) -> Action:
     job = view.job
     total = view.placement.gpus(job.gpus_per_worker) or job.spec_workers * max(job.gpus_per_worker, 1)
@@ -414,6 +466,20 @@ def _reshape_step(view: JobView, memo: JobMemo, now_s: float, settings: PlanSett
         )
     if view.pods or view.terminating_workers:
         return None  # wait for the operator to delete the pods
+    if _nproc_unchangeable(job):
+        # Suspended for a change it cannot take (by a controller before this check): resume it
+        # as it was rather than leave it suspended for good.
+        new = memo.but(reshape=None, suspended_by_scheduler=False,
+                       scale_up=ScaleUpWatch(from_workers=0, to_workers=job.spec_workers, at_s=now_s),
+                       restarts=memo.restarts + 1)
+        message = f"GPUs per worker {job.gpus_per_worker}->{gpw} abandoned: {_NPROC_REFUSAL}; resumed as it was"
+        return Action(
+            job=view.key, uid=job.uid, kind=ActionKind.RESUME, from_workers=0, to_workers=job.spec_workers,
+            patches=_merge_patch(view, annotations=new.changed_annotations(job.annotations), suspend=False,
+                                 settings=settings),
+            event=EventSpec(type="Warning", reason=ActionKind.RESHAPE_REFUSED.value, message=message[:1000]),
+            reason=message,
+        )
     # Pods gone: patch the template (a JSON patch that first tests the job is still suspended),
     # then resume.
     resources = json.loads(json.dumps(dict(job.gpu_container_resources)))
@@ -425,7 +491,7 @@ def _reshape_step(view: JobView, memo: JobMemo, now_s: float, settings: PlanSett
     base = "/spec/pytorchReplicaSpecs/Worker/template/spec/containers"
     ops: list[dict[str, Any]] = [{"op": "test", "path": "/spec/runPolicy/suspend", "value": True}]
     ops.append({"op": "add", "path": f"{base}/{job.gpu_container}/resources", "value": resources})
-    if job.nproc_per_node is not None and job.nproc_per_node == job.gpus_per_worker:
+    if _nproc_follows_gpus(job):
         ops.append({"op": "replace", "path": "/spec/nprocPerNode", "value": str(gpw)})
     new = memo.but(reshape=None, suspended_by_scheduler=False,
                    scale_up=ScaleUpWatch(from_workers=0, to_workers=workers, at_s=now_s),

@@ -301,7 +301,8 @@ def pytorchjob_state(obj: Mapping[str, Any]) -> PyTorchJobState | None:
     min_workers = int(min_w) if isinstance(min_w, int) and min_w >= 1 else max(spec_workers, 1)
     max_workers = int(max_w) if isinstance(max_w, int) and max_w >= min_workers else max(min_workers, spec_workers)
     idx, gpus, resources = _gpu_container(_dig(worker, "template", "spec") or {})
-    nproc = spec.get("nprocPerNode", elastic.get("nProcPerNode"))
+    nproc_in_elastic_policy = spec.get("nprocPerNode") is None and elastic.get("nProcPerNode") is not None
+    nproc = elastic.get("nProcPerNode") if nproc_in_elastic_policy else spec.get("nprocPerNode")
     try:
         nproc_per_node = int(nproc) if nproc is not None else None
     except (TypeError, ValueError):
@@ -324,7 +325,9 @@ def pytorchjob_state(obj: Mapping[str, Any]) -> PyTorchJobState | None:
         max_workers=max_workers,
         gpus_per_worker=gpus,
         nproc_per_node=nproc_per_node,
+        nproc_in_elastic_policy=nproc_in_elastic_policy,
         suspended=bool(_dig(spec, "runPolicy", "suspend")),
+        hpa_metrics=elastic.get("metrics") is not None,  # even [] (a non-nil slice): the operator makes an HPA
         finished=finished,
         annotations=dict(meta.get("annotations") or {}),
         gpu_container=idx,

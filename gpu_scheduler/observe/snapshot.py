@@ -11,7 +11,8 @@ Three steps, each a function of its inputs only (the controller calls them once 
 3. :func:`build_snapshot` makes the policy's input. A job the controller must not touch this tick
    is *left out* of the snapshot and its GPUs are marked unavailable on their nodes, so the policy
    can neither change it nor hand its GPUs to someone else. Reasons to leave a job out: it asks for
-   no GPUs; someone other than the scheduler suspended it; a scale-up or GPUs-per-worker change is
+   no GPUs; the training operator's HPA resizes it (``elasticPolicy.metrics``); someone other than
+   the scheduler suspended it; a scale-up or GPUs-per-worker change is
    still in flight; a failed start is on hold; its workers are being deleted; or — the "missing
    metrics mean no change" rule — a running job has no DCGM series for some of its pods (e.g.
    dcgm-exporter without pod attribution).
@@ -276,6 +277,7 @@ class _JobLedger:
     attained_gpu_s: float
     at_s: float
     book: ThroughputBook
+    uid: str = ""  # the job's metadata.uid: a job recreated under the same name starts afresh
 
 
 class Ledger:
@@ -297,16 +299,18 @@ class Ledger:
             from_memo = memo.attained_service_gpu_s + view.placement.gpus(gpw) * max(0.0, now_s - memo.attained_at_s)
         unit = memo.throughput_unit if memo.throughput_unit in _UNITS else UNIT_SAMPLES_PER_S
         book = ThroughputBook(unit=unit, by_workers=memo.throughput)
-        return _JobLedger(attained_gpu_s=max(from_memo, from_pods), at_s=now_s, book=book)
+        return _JobLedger(attained_gpu_s=max(from_memo, from_pods), at_s=now_s, book=book, uid=view.job.uid)
 
     def advance(self, view: ClusterView, now_s: float) -> None:
         """Integrate attained service up to ``now_s`` (GPUs held x seconds since the last call);
-        seed new jobs; forget jobs that are gone."""
+        seed new jobs; forget jobs that are gone. A job deleted and created again under the same
+        name between two calls (another ``metadata.uid``) is a new job: seeded afresh, inheriting
+        neither the old one's attained service nor its throughput."""
         for key in self._jobs.keys() - view.jobs.keys():
             del self._jobs[key]
         for key, jv in view.jobs.items():
             entry = self._jobs.get(key)
-            if entry is None:
+            if entry is None or entry.uid != jv.job.uid:
                 self._jobs[key] = self._seed(jv, view.pods_by_job.get(key, ()), now_s)
                 continue
             dt_s = max(0.0, now_s - entry.at_s)
@@ -427,6 +431,9 @@ def _job_inputs(jv: JobView, pods: tuple[PodState, ...]) -> _JobInputs:
     early = None
     if job.gpus_per_worker < 1:
         early = "its workers request no nvidia.com/gpu"
+    elif job.hpa_metrics and not (job.suspended and memo.suspended_by_scheduler):
+        # One that the scheduler suspended (before this rule) stays the policy's to resume.
+        early = "resized by the training operator's HPA (elasticPolicy.metrics)"
     elif job.suspended and not memo.suspended_by_scheduler and memo.reshape is None:
         early = "suspended by someone other than the scheduler"
     elif memo.reshape is not None:

@@ -52,12 +52,20 @@ def pytorchjob(namespace: str, name: str, *, replicas: int = 2, min_replicas: in
                max_replicas: int | None = 4, gpus: int = 1, suspend: bool | None = None,
                annotations: dict[str, str] | None = None, rv: str = "100", created_at: float = T0,
                started_at: float | None = None, conditions: list[dict[str, str]] | None = None,
-               nproc: str | None = None) -> dict[str, Any]:
+               nproc: str | None = None, elastic_nproc: int | None = None,
+               elastic_metrics: list[dict[str, Any]] | None = None, uid: str | None = None) -> dict[str, Any]:
+    """``elastic_nproc``: ranks per worker in the deprecated ``elasticPolicy.nProcPerNode`` only
+    (``spec.nprocPerNode`` unset: the operator's webhook refuses both); ``elastic_metrics``:
+    ``elasticPolicy.metrics`` (the operator then creates an HPA for the job)."""
     elastic: dict[str, Any] = {"rdzvBackend": "c10d", "maxRestarts": 3}
     if min_replicas is not None:
         elastic["minReplicas"] = min_replicas
     if max_replicas is not None:
         elastic["maxReplicas"] = max_replicas
+    if elastic_nproc is not None:
+        elastic["nProcPerNode"] = elastic_nproc
+    if elastic_metrics is not None:
+        elastic["metrics"] = elastic_metrics
     resources = {"limits": {"nvidia.com/gpu": str(gpus), "memory": "4Gi"}, "requests": {"cpu": "1"}} if gpus else {}
     spec: dict[str, Any] = {
         "elasticPolicy": elastic,
@@ -71,6 +79,8 @@ def pytorchjob(namespace: str, name: str, *, replicas: int = 2, min_replicas: in
                              {"name": "pytorch", "image": "trainflow:test", "resources": resources}]}},
         }},
     }
+    if elastic_nproc is not None:
+        del spec["nprocPerNode"]
     if suspend is not None:
         spec["runPolicy"]["suspend"] = suspend
     status: dict[str, Any] = {"conditions": conditions or []}
@@ -78,7 +88,7 @@ def pytorchjob(namespace: str, name: str, *, replicas: int = 2, min_replicas: in
         status["startTime"] = rfc3339(started_at)
     return {
         "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "resourceVersion": rv,
+        "metadata": {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}", "resourceVersion": rv,
                      "creationTimestamp": rfc3339(created_at), "labels": {"trainflow.dev/managed": "true"},
                      "annotations": annotations or {}},
         "spec": spec,

@@ -78,6 +78,24 @@ def test_scale_subresource_variant_splits_replicas_from_annotations() -> None:
     assert scale.subresource == "scale" and scale.body == {"spec": {"replicas": 1}}
 
 
+def test_scale_subresource_variant_resumes_with_the_worker_count_in_the_same_patch() -> None:
+    """Review finding (scaleorder): with ``replicas_via="scale"`` a START/RESUME sent ``suspend:
+    false`` first and the worker count after it, so the operator could create pods for the old
+    count. The count now travels in the resume's merge patch (one atomic request)."""
+    queued = {"ns/a": jview(replicas=8, max_replicas=8, suspend=True, annotations={SUSPENDED_BY: FIELD_MANAGER})}
+    decision, snap = decide(queued, {"ns/a": {"n0": 2}})
+    a = only(plan_decision(decision, snap, queued, T0, PlanSettings(replicas_via="scale")), ActionKind.START)
+    (patch,) = a.patches
+    assert patch.subresource == "" and patch.patch_type == "merge"
+    assert patch.body["spec"] == {"runPolicy": {"suspend": False}, "pytorchReplicaSpecs": {"Worker": {"replicas": 2}}}
+    assert dict(patch.guard)[("spec", "runPolicy", "suspend")] is True
+    # Suspending leaves the worker count alone; a resize of a running job still uses the subresource.
+    running = {"ns/a": jview(bound={"n0": 2}, replicas=2)}
+    decision, snap = decide(running, {"ns/a": {"n0": 3}})
+    a = only(plan_decision(decision, snap, running, T0, PlanSettings(replicas_via="scale")), ActionKind.SCALE_UP)
+    assert [p.subresource for p in a.patches] == ["", "scale"]
+
+
 def test_wait_suspends_and_marks_a_job_that_never_ran_and_start_resumes_it() -> None:
     views = {"ns/a": jview(replicas=2, pending=2)}
     decision, snap = decide(views, {})
@@ -164,6 +182,26 @@ def test_watch_superseded_by_someone_elses_change_is_dropped() -> None:
     assert "superseded" in a.reason and "spec" not in a.patches[0].body
 
 
+def test_start_suspended_by_someone_else_while_pending_is_superseded_not_rolled_back() -> None:
+    """Review finding (usersuspend): the scheduler starts a job (watch from 0); a user or Kueue
+    suspends it while its pods are Pending. Rolling the start back would stamp ``suspended-by``
+    on a job the scheduler did not suspend, and a later tick could resume it."""
+    watch = json.dumps({"from": 0, "to": 2, "at": T0 - 500})
+    ann = {SCALE_UP: watch, ANNOTATION_PREFIX + "requested-workers": "2"}
+    views = {"ns/a": jview(replicas=2, suspend=True, annotations=ann)}
+    a = only(plan_safety(views, T0, SETTINGS), ActionKind.CONFIRM)
+    assert "superseded" in a.reason and "suspended by someone else" in a.reason
+    (patch,) = a.patches
+    assert "spec" not in patch.body and a.event is None
+    annotations = patch.body["metadata"]["annotations"]
+    assert annotations == {SCALE_UP: None}  # no suspended-by, no hold
+    after = {k: v for k, v in {**ann, **annotations}.items() if v is not None}
+    assert JobMemo.parse(after) == JobMemo(requested_workers=2)  # left to its owner, no hold
+    # A start the scheduler itself suspended again (its mark is on the job) still rolls back.
+    ours = {"ns/a": jview(replicas=2, suspend=True, annotations={**ann, SUSPENDED_BY: FIELD_MANAGER})}
+    only(plan_safety(ours, T0, SETTINGS), ActionKind.ROLLBACK)
+
+
 def test_gpus_per_worker_change_goes_suspend_then_patch_then_resume() -> None:
     start = {"ns/a": jview(bound={"n0": 4}, replicas=4, gpus=1, annotations={GPUS_PER_WORKER_REQUEST: "2"})}
     a = only(plan_safety(start, T0, SETTINGS), ActionKind.RESHAPE_SUSPEND)
@@ -188,6 +226,40 @@ def test_gpus_per_worker_change_goes_suspend_then_patch_then_resume() -> None:
     assert ops[2] == {"op": "replace", "path": "/spec/nprocPerNode", "value": "2"}
     assert resume.body["spec"] == {"runPolicy": {"suspend": False}, "pytorchReplicaSpecs": {"Worker": {"replicas": 2}}}
     assert resume.body["metadata"]["annotations"][ANNOTATION_PREFIX + "reshape"] is None
+
+
+def test_gpus_per_worker_change_is_refused_when_ranks_are_set_in_the_deprecated_field() -> None:
+    """Review finding (nproc): with ranks per worker only in ``elasticPolicy.nProcPerNode``, the
+    template patch's ``replace /spec/nprocPerNode`` fails (422: no such path) and the operator's
+    webhook refuses setting both fields, so the job would stay suspended for good. The request is
+    dropped with a Warning Event instead, and the running job is not suspended."""
+    running = {"ns/a": jview(bound={"n0": 2}, replicas=2, gpus=4, elastic_nproc=4,
+                             annotations={GPUS_PER_WORKER_REQUEST: "2"})}
+    a = only(plan_safety(running, T0, SETTINGS), ActionKind.RESHAPE_REFUSED)
+    (patch,) = a.patches
+    assert "spec" not in patch.body
+    assert patch.body["metadata"]["annotations"][GPUS_PER_WORKER_REQUEST] is None
+    assert ANNOTATION_PREFIX + "reshape" not in patch.body["metadata"]["annotations"]
+    assert a.event is not None and a.event.type == "Warning" and a.event.reason == "ReshapeRefused"
+    assert "elasticPolicy.nProcPerNode" in a.event.message and (a.from_workers, a.to_workers) == (2, 2)
+    assert not a.kind.releases_gpus and not a.kind.claims_gpus
+    # Ranks per worker that do not follow the GPUs (here 1 per worker) need no nprocPerNode patch:
+    # the change goes ahead.
+    one_rank = {"ns/a": jview(bound={"n0": 2}, replicas=2, gpus=4, elastic_nproc=1,
+                              annotations={GPUS_PER_WORKER_REQUEST: "2"})}
+    only(plan_safety(one_rank, T0, SETTINGS), ActionKind.RESHAPE_SUSPEND)
+    # A change already under way (suspended by an earlier controller) is abandoned once the pods
+    # are gone: the job is resumed as it was, never left suspended.
+    memo = {ANNOTATION_PREFIX + "reshape": '{"gpus_per_worker":2,"workers":4}', SUSPENDED_BY: FIELD_MANAGER,
+            ANNOTATION_PREFIX + "requested-workers": "2"}
+    stuck = {"ns/a": jview(replicas=2, gpus=4, elastic_nproc=4, suspend=True, annotations=memo)}
+    a = only(plan_safety(stuck, T0, SETTINGS), ActionKind.RESUME)
+    (patch,) = a.patches
+    assert patch.patch_type == "merge" and patch.body["spec"] == {"runPolicy": {"suspend": False}}
+    ann = patch.body["metadata"]["annotations"]
+    assert ann[ANNOTATION_PREFIX + "reshape"] is None and ann[SUSPENDED_BY] is None
+    assert json.loads(ann[SCALE_UP]) == {"from": 0, "to": 2, "at": T0}
+    assert a.event is not None and a.event.type == "Warning" and a.event.reason == "ReshapeRefused"
 
 
 def test_order_releases_before_claims() -> None:

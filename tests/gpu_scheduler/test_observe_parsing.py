@@ -53,6 +53,15 @@ def test_pytorchjob_state_reads_bounds_gpus_and_suspension() -> None:
     assert job.metrics_key == "ns/a"
 
 
+def test_pytorchjob_state_remembers_ranks_per_worker_from_the_deprecated_field() -> None:
+    """Review finding (nproc): ranks per worker set only in ``elasticPolicy.nProcPerNode`` are read,
+    and marked as coming from there (the planner cannot patch ``/spec/nprocPerNode`` for them)."""
+    old = pytorchjob_state(pytorchjob("ns", "a", gpus=4, elastic_nproc=4))
+    assert old is not None and (old.nproc_per_node, old.nproc_in_elastic_policy) == (4, True)
+    new = pytorchjob_state(pytorchjob("ns", "b", gpus=4))
+    assert new is not None and (new.nproc_per_node, new.nproc_in_elastic_policy) == (4, False)
+
+
 def test_pytorchjob_state_defaults_and_finished_jobs() -> None:
     rigid = pytorchjob_state(pytorchjob("ns", "r", replicas=3, min_replicas=None, max_replicas=None))
     assert rigid is not None and (rigid.min_workers, rigid.max_workers) == (3, 3)

@@ -167,6 +167,25 @@ def test_jobs_left_out_for_their_own_state() -> None:
     assert build.snapshot.node("n0").gpus_unavailable == 3
 
 
+def test_jobs_resized_by_the_training_operators_hpa_are_left_out() -> None:
+    """Review finding (HPA): with ``elasticPolicy.metrics`` training-operator v1 creates an HPA that
+    resizes the job through its scale subresource; the scheduler would fight it."""
+    hpa = [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization",
+                                                                         "averageUtilization": 80}}}]
+    job, pods = running_job("ns", "auto", ["n0", "n0"], elastic_metrics=hpa)
+    plain, plain_pods = running_job("ns", "plain", ["n1"])
+    # One the scheduler suspended itself stays the policy's to resume (never left suspended).
+    queued = pytorchjob("ns", "queued", suspend=True, elastic_metrics=hpa,
+                        annotations={ANNOTATION_PREFIX + "suspended-by": "trainflow-gpu-scheduler"})
+    view = view_of([node("n0", 4), node("n1", 4)], pods + plain_pods, [job, plain, queued])
+    ledger = Ledger()
+    ledger.advance(view, T0)
+    build = build_snapshot(view, metrics(dcgm_for(view)), ledger, T0)
+    assert build.excluded == {"ns/auto": "resized by the training operator's HPA (elasticPolicy.metrics)"}
+    assert [j.name for j in build.snapshot.jobs] == ["ns/plain", "ns/queued"]
+    assert build.snapshot.node("n0").gpus_unavailable == 2  # its GPUs are off limits to the policy
+
+
 def test_hold_caps_max_workers_until_it_expires() -> None:
     hold = {ANNOTATION_PREFIX + "hold": '{"until":%s,"max_workers":2}' % (T0 + 100),
             ANNOTATION_PREFIX + "requested-workers": "4"}
@@ -210,6 +229,26 @@ def test_ledger_seeds_from_annotations_after_a_restart() -> None:
     ledger.advance(view, T0)
     assert ledger.attained_gpu_s("ns/a") == pytest.approx(1010.0)
     assert ledger.book("ns/a").unit == UNIT_BUSY_GPUS and dict(ledger.book("ns/a").by_workers) == {1: 0.9}
+
+
+def test_ledger_starts_afresh_for_a_job_recreated_under_the_same_name() -> None:
+    """Review finding (ledger): a job deleted and created again between two ticks must not inherit
+    the old job's attained service and throughput book (the ledger is keyed by namespace/name)."""
+    job, pods = running_job("ns", "a", ["n0", "n0"], gpus=2, started=T0)
+    view = view_of([node("n0")], pods, [job])
+    ledger = Ledger()
+    ledger.advance(view, T0)
+    ledger.advance(view, T0 + 100)
+    ledger.record(view, metrics(dcgm_for(view), {"ns/a": JobThroughput(300.0, 4)}), T0 + 100)
+    assert ledger.attained_gpu_s("ns/a") == pytest.approx(400.0) and ledger.book("ns/a").by_workers
+    again, new_pods = running_job("ns", "a", ["n0"], gpus=2, started=T0 + 150, uid="uid-a-2",
+                                  created_at=T0 + 140)
+    view = view_of([node("n0")], new_pods, [again])
+    ledger.advance(view, T0 + 160)
+    assert ledger.attained_gpu_s("ns/a") == pytest.approx(2 * 10)  # its own pod's 10 s, nothing older
+    assert ledger.book("ns/a").by_workers == {}
+    ledger.advance(view, T0 + 170)  # the same job from now on: integrated as before
+    assert ledger.attained_gpu_s("ns/a") == pytest.approx(2 * 20)
 
 
 @pytest.mark.parametrize("seed", range(6))
