@@ -21,6 +21,7 @@ import collections
 import contextlib
 import datetime as dt
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -87,6 +88,20 @@ class ClientStopped(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------ transport
+
+
+#: TCP keepalive on every connection to the API server: a watch waits in a read with no timeout
+#: (lightkube sets none for watches), so a flow dropped without a reset (a load balancer's or NAT's
+#: idle timeout, the API server's host gone) would otherwise block the informer for good while it
+#: still reports healthy. Probes after 30 s idle, every 10 s, 6 unanswered: the read fails within
+#: ~90 s and the informer re-lists. client-go does the same with its dialer's 30 s ``KeepAlive``
+#: (k8s.io/client-go/transport/cache.go, ``net.Dialer{KeepAlive: 30 * time.Second}``).
+KEEPALIVE_SOCKET_OPTIONS: tuple[tuple[int, int, int], ...] = (
+    (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 30),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 10),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 6),
+)
 
 
 class CountingTransport(httpx2.BaseTransport):
@@ -180,7 +195,9 @@ class KubeConnector:
         """A new lightkube client (its own connection pool) whose requests are counted; once
         ``stopped`` is set it sends none (:class:`ClientStopped`)."""
         verify = verify_cluster(self.config.cluster, self.config.user, self.config.abs_file)
-        transport = CountingTransport(httpx2.HTTPTransport(verify=verify), self.counts, stopped)
+        transport = CountingTransport(
+            httpx2.HTTPTransport(verify=verify, socket_options=KEEPALIVE_SOCKET_OPTIONS), self.counts, stopped
+        )
         return Client(self.config, timeout=httpx2.Timeout(self.timeout_s), transport=transport)
 
 

@@ -1,11 +1,17 @@
-"""Kubernetes observation without a reachable API server: the caches report why they are not synced."""
+"""Kubernetes observation without a reachable API server: the caches report why they are not synced;
+the connections the controller opens carry TCP keepalives."""
 
 from __future__ import annotations
 
+import http.server
+import json
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
+from lightkube.resources.core_v1 import ConfigMap
 
 from gpu_scheduler.observe.kubernetes import KubeConnector, KubernetesObserver, KubernetesUnavailable
 from tests.support.processes import free_port
@@ -97,3 +103,47 @@ def test_a_stopped_transport_sends_nothing_and_counts_nothing() -> None:
     with pytest.raises(ClientStopped, match=r"^client stopped; not sending GET /api/v1/pods$"):
         client.get("/api/v1/pods", params={"watch": "true"})
     assert sent == ["/api/v1/pods"] and (counts.total, counts.watches) == (1, 1)
+
+
+def test_connections_to_the_api_server_send_tcp_keepalives(tmp_path: Path) -> None:
+    """A watch's read has no timeout: without keepalives a silently dropped flow would block it for
+    good. The kernel's own view (``ss -o``) of the controller's connection shows the keepalive timer."""
+
+    class Api(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep the connection open, as a watch does
+
+        def do_GET(self) -> None:
+            body = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "p", "namespace": "ns"}})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Api)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.server_address[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }))
+    client = KubeConnector(kubeconfig, timeout_s=5).client()
+    try:
+        assert client.get(ConfigMap, "p", namespace="ns").metadata.name == "p"
+        sockets = subprocess.run(["ss", "-tnoH", "state", "established", f"dport = :{port}"],
+                                 capture_output=True, text=True, check=True).stdout
+        assert sockets.strip(), "the client's connection is not open"
+        assert "timer:(keepalive," in sockets, sockets
+    finally:
+        client._client._client.close()  # lightkube's Client has no close(); its httpx client does
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
