@@ -8,8 +8,10 @@ import json
 import pytest
 
 from trainflow.kfp_server import execute, spec
+from trainflow.kfp_server.app import KfpServer
 from trainflow.kfp_server.errors import ApiError, GrpcCode
 from trainflow.kfp_server.filters import matches, parse_filter
+from trainflow.kfp_server.runner import set_state
 from trainflow.kfp_server.store import FILTER_KEYS, Store
 
 SPEC = {
@@ -274,3 +276,37 @@ def test_a_cron_fires_once_for_the_seconds_since_the_last_check_and_not_outside_
     assert not due(ended, since=at - 1, now=at, last_fired=None, created=0)
     later = parse_trigger({"cron_schedule": {"cron": "*/30 * * * * *", "start_time": "2026-01-01T00:01:00Z"}})
     assert not due(later, since=at - 1, now=at, last_fired=None, created=0)
+
+
+def test_a_terminate_racing_with_the_runs_end_never_overwrites_it(tmp_path) -> None:
+    """KFP's TerminateRun is one conditional UPDATE (run_store.go): a run that finishes between the
+    request and the write stays finished, and the terminate is refused as for any finished run."""
+    server = KfpServer(tmp_path, max_concurrent_runs=1, auth_token=None, terminate_grace_s=1)
+    try:
+        experiment = server.default_experiment("")
+        server.store.put("runs", "r1", {"run_id": "r1", "experiment_id": experiment["experiment_id"],
+                                        "display_name": "x", "state": "RUNNING", "state_history": [],
+                                        "created_at": "2026-01-01T00:00:00Z"})
+        update = server.store.update
+
+        def finishing_first(kind, object_id, change, **kwargs):
+            if kind == "runs":  # the run's supervisor writes its end just before the terminate's write
+                update(kind, object_id, lambda r: set_state(r, "SUCCEEDED"), **kwargs)
+            return update(kind, object_id, change, **kwargs)
+
+        server.store.update = finishing_first
+        with pytest.raises(ApiError, match="it is SUCCEEDED, not PENDING, RUNNING or PAUSED"):
+            server.terminate_run("r1")
+        server.terminate_run("r1", strict=False)  # quietly nothing
+        server.store.update = update
+        run = server.store.get("runs", "r1", label="Run")
+        assert run["state"] == "SUCCEEDED" and [h["state"] for h in run["state_history"]] == ["SUCCEEDED"]
+    finally:
+        server.executor.shutdown()
+
+
+def test_a_finished_run_is_never_moved_back() -> None:
+    run = {"run_id": "r", "state": "RUNNING"}
+    set_state(run, "FAILED", error_message="boom")
+    set_state(run, "CANCELED")  # e.g. the executor's cleanup after a terminate that came too late
+    assert run["state"] == "FAILED" and [h["state"] for h in run["state_history"]] == ["FAILED"]

@@ -444,15 +444,31 @@ class KfpServer:
                 already CANCELING) and ``strict``: KFP 2.14's ``TerminateRun`` updates only runs in
                 those states and answers "Row not found" otherwise.
         """
-        run = self.store.get("runs", run_id, label="Run")
-        if run["state"] not in ACTIVE_STATES or run["state"] == "CANCELING":
+
+        def to_canceling(run: dict[str, Any]) -> None:
+            # Checked and changed under the store's one lock, as KFP's conditional UPDATE does
+            # (run_store.go TerminateRun): a run finishing meanwhile is never overwritten.
+            if run["state"] not in ACTIVE_STATES or run["state"] == "CANCELING":
+                raise _NotTerminable(run["state"])
+            set_state(run, "CANCELING")
+
+        try:
+            self.store.update("runs", run_id, to_canceling, label="Run")
+        except _NotTerminable as err:
             if strict:
                 raise invalid_argument(
-                    f"Failed to terminate a run {run_id}: it is {run['state']}, not PENDING, RUNNING or PAUSED"
-                )
+                    f"Failed to terminate a run {run_id}: it is {err.state}, not PENDING, RUNNING or PAUSED"
+                ) from None
             return
-        self.store.update("runs", run_id, lambda r: set_state(r, "CANCELING"), label="Run")
         self.executor.terminate(run_id)
+
+
+class _NotTerminable(Exception):
+    """The run's state (under the store's lock) does not allow terminating it."""
+
+    def __init__(self, state: str) -> None:
+        super().__init__(state)
+        self.state = state
 
 
 def _epoch(rfc3339: str) -> float:

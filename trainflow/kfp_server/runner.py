@@ -44,6 +44,7 @@ from trainflow.kfp_server.store import Store, now_rfc3339
 log = logging.getLogger(__name__)
 
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "CANCELING", "PAUSED"})
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELED", "SKIPPED"})
 #: The trainer's per-step records, written by ``components.training.step`` into ``TRAINFLOW_LOG_DIR``.
 METRICS_FILE = "train-metrics.jsonl"
 #: Bytes read from the end of the metrics file for the last step (one record is ~300 bytes).
@@ -53,7 +54,12 @@ PROGRESS_FIELDS = ("step", "total_steps", "epoch", "loss", "samples_per_s", "wor
 
 
 def set_state(run: dict[str, Any], state: str, *, error_message: str | None = None) -> None:
-    """Move ``run`` to ``state`` and append to ``state_history`` (mutates ``run``)."""
+    """Move ``run`` to ``state`` and append to ``state_history`` (mutates ``run``).
+
+    A finished run (SUCCEEDED, FAILED, CANCELED, SKIPPED) stays as it is: a late writer (a
+    terminate racing with the run's end, the executor's cleanup) never moves it back."""
+    if run.get("state") in TERMINAL_STATES:
+        return
     now = now_rfc3339()
     run["state"] = state
     entry: dict[str, Any] = {"update_time": now, "state": state}
@@ -61,7 +67,7 @@ def set_state(run: dict[str, Any], state: str, *, error_message: str | None = No
         run["error"] = {"code": 2, "message": error_message, "details": []}  # 2 = UNKNOWN
         entry["error"] = run["error"]
     run.setdefault("state_history", []).append(entry)
-    if state in ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED"):
+    if state in TERMINAL_STATES:
         run["finished_at"] = now
 
 
