@@ -4,6 +4,7 @@ failure messages from kfp.local logs. No server, no kfp execution."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -302,7 +303,7 @@ def test_a_terminate_racing_with_the_runs_end_never_overwrites_it(tmp_path) -> N
         run = server.store.get("runs", "r1", label="Run")
         assert run["state"] == "SUCCEEDED" and [h["state"] for h in run["state_history"]] == ["SUCCEEDED"]
     finally:
-        server.executor.shutdown()
+        server.close()
 
 
 def test_a_finished_run_is_never_moved_back() -> None:
@@ -310,3 +311,36 @@ def test_a_finished_run_is_never_moved_back() -> None:
     set_state(run, "FAILED", error_message="boom")
     set_state(run, "CANCELED")  # e.g. the executor's cleanup after a terminate that came too late
     assert run["state"] == "FAILED" and [h["state"] for h in run["state_history"]] == ["FAILED"]
+
+
+def test_a_periodic_recurring_run_does_not_fire_again_because_the_server_restarted(tmp_path) -> None:
+    """The last firing survives a restart (the newest run of the recurring run), so a daily retraining
+    that ran an hour ago is not launched once more by every restart."""
+    now_s = 1_900_000_000.0
+    stamp = lambda t: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))  # noqa: E731
+    store = Store(tmp_path / "state.json")
+    store.put("recurring_runs", "daily", {
+        "recurring_run_id": "daily", "display_name": "retrain", "status": "ENABLED", "max_concurrency": "1",
+        "trigger": {"periodic_schedule": {"interval_second": "86400"}}, "created_at": stamp(now_s - 3 * 86400),
+    })
+    store.put("runs", "r-old", {"run_id": "r-old", "recurring_run_id": "daily", "state": "SUCCEEDED",
+                                "created_at": stamp(now_s - 3600)})
+    server = KfpServer(tmp_path, max_concurrent_runs=1, auth_token=None, terminate_grace_s=1)
+    fired: list[dict] = []
+    server.create_run = lambda body, recurring_run_id=None: fired.append(body) or {"run_id": f"r{len(fired)}"}
+    try:
+        assert server.fire_due_recurring_runs(now_s) == [] and not fired  # ran an hour ago
+        assert server.fire_due_recurring_runs(now_s + 86400 - 3600) == ["r1"]  # a day after that run
+    finally:
+        server.close()
+
+
+def test_a_second_server_on_the_same_data_dir_is_refused(tmp_path) -> None:
+    """It would fail the first one's live runs as orphans and overwrite its state file."""
+    first = KfpServer(tmp_path, max_concurrent_runs=1, auth_token=None, terminate_grace_s=1)
+    try:
+        with pytest.raises(ValueError, match=rf"^--data-dir {tmp_path} is in use by another kfp-server \(pid \d+\)"):
+            KfpServer(tmp_path, max_concurrent_runs=1, auth_token=None, terminate_grace_s=1)
+    finally:
+        first.close()
+    KfpServer(tmp_path, max_concurrent_runs=1, auth_token=None, terminate_grace_s=1).close()  # free again

@@ -27,8 +27,10 @@ header, same-origin and JSON bodies on mutating routes, and the bearer token whe
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -79,6 +81,7 @@ class KfpServer:
         self, data_dir: Path, *, max_concurrent_runs: int, auth_token: str | None, terminate_grace_s: float
     ) -> None:
         data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock_data_dir(data_dir)
         self.data_dir = data_dir
         self.store = Store(data_dir / "state.json")
         self.executor = RunExecutor(
@@ -86,13 +89,20 @@ class KfpServer:
         )
         self.auth_token = auth_token
         self._fail_orphaned_runs()
-        # recurring runs: id -> (parsed schedule, last time checked, last time fired), in memory
+        # recurring runs: id -> (parsed schedule, last time checked, last time fired), in memory;
+        # after a restart "last fired" is the newest run's creation, as the real controller keeps
+        # it in its ScheduledWorkflow's status: a period does not start over with every restart.
         self._schedules: dict[str, tuple[Schedule, float, float | None]] = {}
         self._schedule_lock = threading.Lock()
         self._scheduler_stop = threading.Event()
         self._scheduler: threading.Thread | None = None
+        fired: dict[str, float] = {}
+        for run in self.store.find("runs", lambda r: bool(r.get("recurring_run_id"))):
+            job_id, at_s = run["recurring_run_id"], _epoch(run["created_at"])
+            fired[job_id] = max(at_s, fired.get(job_id, at_s))
         for job in self.store.values("recurring_runs"):
-            self._schedules[job["recurring_run_id"]] = (parse_trigger(job["trigger"]), time.time(), None)
+            job_id = job["recurring_run_id"]
+            self._schedules[job_id] = (parse_trigger(job["trigger"]), time.time(), fired.get(job_id))
 
     def _fail_orphaned_runs(self) -> None:
         for run in self.store.find("runs", lambda r: r.get("state") in ACTIVE_STATES):
@@ -431,6 +441,14 @@ class KfpServer:
         self._scheduler = threading.Thread(target=loop, name="kfp-recurring-runs", daemon=True)
         self._scheduler.start()
 
+    def close(self) -> None:
+        """Stop the scheduler and every active run, then release the data folder."""
+        self.stop_scheduler()
+        self.executor.shutdown()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
     def stop_scheduler(self) -> None:
         self._scheduler_stop.set()
         if self._scheduler is not None:
@@ -461,6 +479,29 @@ class KfpServer:
                 ) from None
             return
         self.executor.terminate(run_id)
+
+
+def _lock_data_dir(data_dir: Path) -> int:
+    """Hold an exclusive ``flock`` on ``<data_dir>/.lock`` for the life of the server; return its fd.
+
+    A second server on the same folder would mark the first one's live runs FAILED as orphans and
+    then overwrite its state file with its own, so it is refused.
+
+    Raises:
+        ValueError: another process holds the folder (one line, naming its pid).
+    """
+    path = data_dir / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the runs' processes
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise ValueError(f"--data-dir {data_dir} is in use by another kfp-server (pid {holder}); "
+                         "stop it or give this one another folder") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 class _NotTerminable(Exception):
@@ -578,8 +619,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         server.start_scheduler()
         yield
-        server.stop_scheduler()
-        server.executor.shutdown()
+        server.close()
 
     app = FastAPI(title="trainflow local KFP API server", version="v2beta1", lifespan=lifespan)
     app.state.kfp = server
