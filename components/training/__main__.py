@@ -7,11 +7,13 @@ Flags are listed by ``--help``; ``--config FILE`` / ``--config-json`` give the w
 (flags override). ``--dataset``, ``--checkpoint-uri`` and ``--job-key`` are required: the job key names
 the checkpoints, and running the same command again resumes them.
 
-Exit codes: 0 done; 2 permanent — bad input (config, dataset, checkpoint storage, a checkpoint of
-another dataset or model under the job key) or a newer run took over the job key — not worth a
-retry; 143 preempted by SIGTERM (a checkpoint save was attempted within
+Exit codes: 0 done; 2 permanent — bad input (config, dataset, checkpoint storage that is
+misconfigured, refuses these credentials or has no such bucket — :func:`transient_storage_failure`
+decides —, a checkpoint of another dataset or model under the job key) or a newer run took over the
+job key — not worth a retry; 143 preempted by SIGTERM (a checkpoint save was attempted within
 ``--preemption-save-deadline-s``; the log says whether it was saved; retryable); 1 any other failure
-(e.g. a peer died), after which torchrun restarts the worker group.
+(e.g. a peer died, or the storage unreachable or answering 5xx/429 for now), after which torchrun
+restarts the worker group.
 
 torchrun turns every worker failure into its own exit 1 and restarts the group first. So that a
 permanent failure still reaches the caller as one, the worker also writes it to torchelastic's error
@@ -26,6 +28,7 @@ with ``os._exit``: tearing down a torch interpreter takes 1-2 s, which would onl
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -36,7 +39,7 @@ import traceback
 from components.training import config as config_mod
 from components.training.data import DatasetError
 from components.training.distributed import DistEnv, destroy_process_group, init_process_group
-from trainflow.storage import CheckpointStorageError
+from trainflow.storage import CheckpointStorageError, ObjectNotFoundError
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -72,6 +75,55 @@ def _permanent(message: str) -> int:
     return EXIT_BAD_INPUT
 
 
+_PERMANENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR,
+                               errno.ENAMETOOLONG, errno.ELOOP, errno.EINVAL})
+"""A local folder's errors that a retry cannot fix (permissions, a path that is no folder)."""
+_TRANSIENT_S3_CODES = frozenset({"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout",
+                                 "XMinioServerNotInitialized"})
+"""S3 error codes that mean "try again" whatever the HTTP status (some servers answer 503 as 400)."""
+
+
+def transient_storage_failure(e: BaseException) -> bool:
+    """Whether ``e`` is, or was raised from, a :class:`CheckpointStorageError` that a retry may fix:
+    the endpoint unreachable, a timeout or dropped connection, an HTTP 5xx, 408 or 429 answer, a
+    local I/O error such as EIO/ESTALE or a full disk, or a cause not known to be permanent.
+
+    ``False`` (permanent) for everything else: rejected or missing credentials, a missing bucket or
+    object, any other 4xx answer, settings botocore refuses, a local folder that is not writable,
+    a storage refusal without a cause (e.g. a Secret folder that is not a folder) — and for any ``e``
+    that involves no storage failure at all. The one place that sorts storage failures into exit codes.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
+
+    failure: BaseException | None = e
+    while failure is not None and not isinstance(failure, CheckpointStorageError):
+        failure = failure.__cause__
+    if failure is None or isinstance(failure, ObjectNotFoundError):
+        return False
+    cause, seen = failure.__cause__, set()
+    if cause is None:
+        return False  # the storage's own one-line refusal (misconfiguration)
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ClientError):
+            status = cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+            code = str(cause.response.get("Error", {}).get("Code", ""))
+            return status >= 500 or status in (408, 429) or code in _TRANSIENT_S3_CODES
+        if isinstance(cause, BotoCoreError):  # before OSError: some of botocore's are OSErrors as well
+            return isinstance(cause, ConnectionError | HTTPClientError)
+        if isinstance(cause, OSError) and cause.errno is not None:
+            return cause.errno not in _PERMANENT_ERRNOS
+        cause = cause.__cause__
+    return True
+
+
+def _storage_unavailable(e: BaseException) -> int:
+    """Print the one-line reason of a transient storage failure, return exit code 1 (retried)."""
+    sys.stderr.write(f"trainflow: storage unavailable for now, the worker group is restarted: {e}\n")
+    sys.stderr.flush()
+    return EXIT_FAILED
+
+
 def _leave(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -97,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             trainer = Trainer(cfg, env)
-        except (DatasetError, CheckpointStorageError, ValueError) as e:
+        except (DatasetError, CheckpointStorageError) as e:  # the dataset may be read from the store
+            return _storage_unavailable(e) if transient_storage_failure(e) else _permanent(str(e))
+        except ValueError as e:
             return _permanent(str(e))
         try:
             trainer.train()

@@ -18,10 +18,11 @@ A sink that cannot write (``ENOSPC``, a vanished mount) logs one warning and dro
 never stop training (review finding 7).
 
 Checkpoint health on the endpoint: ``trainflow_checkpoint_failures_total`` (persists given up, fenced
-included), ``trainflow_checkpoint_skipped_total`` (periodic saves skipped because the previous one still
-persisted), ``trainflow_checkpoint_last_commit_timestamp_seconds`` and
-``trainflow_checkpoint_last_commit_age_seconds`` (seconds since the last commit, or since the start
-before the first one: alert when it exceeds a few checkpoint intervals).
+included), ``trainflow_checkpoint_skipped_total`` (periodic saves deferred because the previous one
+still persisted, once per persist; the deferred save is made at the first step after it),
+``trainflow_checkpoint_last_commit_timestamp_seconds`` and ``trainflow_checkpoint_last_commit_age_seconds``
+(seconds since the last commit, or since the start before the first one: alert when it exceeds a few
+checkpoint intervals).
 
 Prometheus metrics (all prefixed ``trainflow_``, labelled with ``job_key``) — the GPU scheduler reads
 ``trainflow_samples_per_second`` to learn each job's throughput at its current world size, and
@@ -214,7 +215,7 @@ class PrometheusSink:
         self.resumes = c("trainflow_resumes", "Starts that resumed from a checkpoint.")
         self.ckpt_failures = c("trainflow_checkpoint_failures", "Checkpoint persists given up (after retries, or fenced).")
         self.ckpt_skipped = c("trainflow_checkpoint_skipped",
-                              "Periodic checkpoints skipped because the previous one was still persisting.")
+                              "Periodic checkpoints deferred because the previous one was still persisting.")
         started = time.time()
         last_commit = g("trainflow_checkpoint_last_commit_timestamp_seconds",
                         "Unix time of the last committed checkpoint (0 before the first).")

@@ -103,6 +103,27 @@ class TrainState:
             self.samples_in_epoch = 0
 
 
+def model_state_for_checkpoint(model: torch.nn.Module, *, copy_buffers: bool) -> dict[str, Any]:
+    """``model.state_dict()`` for a checkpoint, its buffers copied now when ``copy_buffers``.
+
+    On CUDA a checkpoint's staging copies run on a side stream while training goes on, and only
+    ``optimizer.step()`` waits for them (``CheckpointManager.wait_for_staging``): that keeps the
+    parameters and the optimizer's state still, but the next step's forward changes buffers in place
+    (BatchNorm's ``running_mean``, ``running_var``, ``num_batches_tracked``) before it, so a
+    checkpoint could hold the weights of step N with the statistics of step N + 1. A copy of each
+    buffer made on the current stream, before that forward is queued, is what the side stream then
+    reads (a few KiB to MiB: BatchNorm's statistics are per channel). Parameters are not copied.
+
+    Returns:
+        The state dict's entries (a plain dict), buffers as fresh tensors when ``copy_buffers``.
+    """
+    state = model.state_dict()
+    if not copy_buffers:
+        return state
+    buffers = {name for name, _ in model.named_buffers()}
+    return {k: v.clone() if k in buffers and isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
 class SaveSchedule:
     """Whether a periodic checkpoint is due, by steps and/or seconds since the last one (rank 0)."""
 
@@ -119,6 +140,7 @@ class SaveSchedule:
         return by_steps or by_time
 
     def mark(self, step: int) -> None:
+        """Restart both intervals at ``step`` (a save was staged or committed there, or a resume)."""
         self.last_step = step
         self.last_time = self.clock()
 
@@ -418,7 +440,9 @@ class Trainer:
     def _after_step(self, loss_sum, ids, n_global, t_start, epoch) -> None:
         self.state.advance(n_global, self.num_samples)
         step = self.state.step
-        save_due = 1.0 if self.env.is_main and self.schedule.due(step) else 0.0
+        # rank 0 decides; a save that cannot start yet (the previous one still persists) stays due
+        # and is made at the first step after it, at no cost to the steps in between
+        save_due = 1.0 if self.env.is_main and self.schedule.due(step) and self.ckpt.ready_for_periodic(step) else 0.0
         fenced = 1.0 if self.env.is_main and self.ckpt.fenced is not None else 0.0
         agreed = torch.stack([loss_sum.cpu(), torch.tensor(save_due, dtype=torch.float64),
                               torch.tensor(1.0 if self._stop_requested else 0.0, dtype=torch.float64),
@@ -502,7 +526,7 @@ class Trainer:
     # ------------------------------------------------------------------------ checkpointing
     def _training_state(self, rng_by_rank: list[dict]) -> dict[str, Any]:
         return {
-            "model": self.model.state_dict(),
+            "model": model_state_for_checkpoint(self.model, copy_buffers=self.device.type == "cuda"),
             "optimizer": self.optimizer.state_dict(),
             "lr_scheduler": self.scheduler.state_dict(),
             "grad_scaler": self.scaler.state_dict(),
@@ -525,7 +549,8 @@ class Trainer:
                                  "world_size": self.env.world_size, "reason": reason},
                 deadline_s=deadline_s,
             )
-            self.schedule.mark(self.state.step)
+            if outcome in ("staged", "committed"):  # not "skipped": the save stays due
+                self.schedule.mark(self.state.step)
         self._last_outcome = outcome
         stall = time.perf_counter() - t0
         if self.env.is_main:

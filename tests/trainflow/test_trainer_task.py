@@ -4,15 +4,18 @@ task_args parameters, what a checkpoint and an exported model record, and the on
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
 
+from components.training.checkpoint import layout
 from components.training.distributed import DistEnv
 from components.training.evaluation import evaluate_task, task_of
 from components.training.step import TrainStepError, preflight
-from components.training.trainer import Trainer
+from components.training.trainer import Trainer, model_state_for_checkpoint
 from trainflow.common.training_spec import ConfigError, TrainConfig
+from trainflow.storage.local import LocalStorage
 
 REGRESSION = "tests.trainflow.example_tasks:Regression"
 
@@ -94,3 +97,78 @@ def test_preflight_builds_the_task_first(tmp_path) -> None:
     with pytest.raises(TrainStepError, match="global_batch_size 8 exceeds the 4 training samples of task"):
         preflight(_cfg(tmp_path, task=REGRESSION, task_args='{"num_samples": 4}'))
     assert preflight(_cfg(tmp_path, task=REGRESSION)) is None
+
+
+class _PersistGate(LocalStorage):
+    """The trainer's real checkpoint folder, whose state-file write of ``gate_step`` waits for ``release``."""
+
+    def __init__(self, uri: str, gate_step: int) -> None:
+        super().__init__(uri)
+        self.gate_prefix = layout.step_prefix(gate_step) + "/"
+        self.release = threading.Event()
+
+    def open_write(self, key, *, create_only=False):
+        if key.startswith(self.gate_prefix) and layout.is_state_name(key.rsplit("/", 1)[-1]):
+            assert self.release.wait(60)
+        return super().open_write(key, create_only=create_only)
+
+
+def test_a_periodic_save_due_while_one_persists_is_made_at_the_first_step_after_it(tmp_path, torch_globals) -> None:
+    """A save that comes due while the previous persist still runs waits for it and is made at the
+    first step after it, not dropped until the interval after (before: with a persist a bit longer
+    than the interval, every other periodic save was lost). Waiting costs the steps nothing: no
+    save is attempted (no RNG gather, no staging) until the persist is done."""
+    cfg = _cfg(tmp_path, task=REGRESSION, task_args='{"num_samples": 40}', checkpoint_interval_steps=2,
+               keep_last_k=20)  # 40 samples / 8: 5 steps per epoch, 10 steps
+    trainer = Trainer(cfg, DistEnv.from_env({}))
+    gate = _PersistGate(trainer.storage.uri, gate_step=2)
+    trainer.ckpt.storage = gate  # step 2's persist waits until the save at step 4 was deferred
+    attempts: list[tuple[int, str]] = []
+    deferred: list[int] = []
+    record, ready = trainer.metrics.record, trainer.ckpt.ready_for_periodic
+
+    def watch(rec) -> None:
+        record(rec)
+        if rec.get("event") == "checkpoint":
+            attempts.append((rec["step"], rec["outcome"]))
+
+    def ready_for_periodic(step: int) -> bool:
+        answer = ready(step)
+        if not answer:
+            deferred.append(step)
+            gate.release.set()
+            assert trainer.ckpt.wait(timeout_s=30)  # step 2 committed before step 5 comes
+        return answer
+
+    trainer.metrics.record = watch
+    trainer.ckpt.ready_for_periodic = ready_for_periodic
+    result = trainer.train()
+    assert result.steps == 10 and deferred[0] == 4
+    assert attempts[:2] == [(2, "staged"), (5, "staged")]  # no attempt at 4: deferred to 5
+    assert attempts[-1] == (10, "committed")  # the final save
+    assert "skipped" not in {outcome for _, outcome in attempts}
+    saved_at = [step for step, _ in attempts]
+    # every deferred save was made at the next step (the last step's by the final, blocking save)
+    assert all(d not in saved_at and d + 1 in saved_at for d in deferred if d < result.steps), (deferred, attempts)
+    assert trainer.ckpt.stats.skipped_in_flight == len(deferred)  # once per persist waited for
+    committed = trainer.ckpt.committed_steps()
+    assert 5 in committed and 2 in committed and 4 not in committed
+
+
+def test_a_checkpoints_batchnorm_statistics_are_those_of_its_step() -> None:
+    """On CUDA the staging copies may run while the next forward updates BatchNorm's buffers in place:
+    the checkpoint takes copies of the buffers when it saves, and shares the parameters (only
+    optimizer.step() changes those, and it waits for the staging)."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).train()
+    model(torch.randn(8, 4))
+    state = model_state_for_checkpoint(model, copy_buffers=True)
+    saved = {k: v.clone() for k, v in state.items()}
+    model(torch.randn(8, 4) * 5 + 3)  # the next step's forward
+    buffers = {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
+    assert all(torch.equal(state[k], saved[k]) for k in buffers)  # the checkpoint's: still step N's
+    assert not torch.equal(model.state_dict()["1.running_mean"], saved["1.running_mean"])  # the model moved on
+    params = dict(model.named_parameters())
+    assert all(state[k] is not params[k] and state[k].data_ptr() == params[k].data_ptr() for k in params)
+    # on CPU (copy_buffers=False: staging copies synchronously) nothing is copied
+    plain = model_state_for_checkpoint(model, copy_buffers=False)
+    assert plain["1.running_mean"].data_ptr() == model[1].running_mean.data_ptr()

@@ -6,21 +6,32 @@ Saving has two phases (CheckFreq, Mohan et al., FAST'21; ``torch.distributed.che
    reused from save to save; non-tensor leaves are deep-copied. On CUDA the copies run on a side
    stream into pinned memory and :meth:`CheckpointManager.wait_for_staging` — called by the trainer
    right before ``optimizer.step()`` — keeps the weights from changing until the copies are done.
+   What the forward changes in place (BatchNorm's buffers) the trainer copies on the main stream
+   when it saves (``trainer.model_state_for_checkpoint``). Each source tensor is marked as used
+   by the side stream (``record_stream``), so a temporary one is not reused before its copy ran.
    On CPU the copy is synchronous, so the weights cannot change while it runs.
 2. **persist** (background thread): ``torch.save`` of the staged tree into ``state.pt`` while hashing
-   it, then ``MANIFEST.json`` (sizes + SHA-256 of every file) written **last**; then retention.
-   A failing persist is retried with exponential backoff (tenacity); training never waits for it.
+   it, then ``MANIFEST.json`` (sizes + SHA-256 of every file) written **last**; then, in the same
+   thread, retention. A failing persist is retried with exponential backoff (tenacity); training never
+   waits for it.
 
 At most one save is in flight: a periodic save that comes due while the previous persist still runs
-is skipped (logged and counted), so a slow or unreachable store never stalls training. Blocking saves
-(the final one, and the one made on SIGTERM) wait for the in-flight persist first.
+waits (:meth:`CheckpointManager.ready_for_periodic`, logged and counted once per persist) and is made
+at the first step after it, so a slow or unreachable store never stalls training. Blocking saves
+(the final one, and the one made on SIGTERM) wait for the in-flight persist to commit first — a
+retention still running after it stops early. A blocking save with a deadline (SIGTERM) returns once
+its own manifest is committed: retention runs after it, never inside the deadline; one without a
+deadline (the final save) also waits for its retention.
 
-Loading walks committed checkpoints newest first; a checkpoint whose manifest is unreadable, or whose
-files are missing, truncated or fail their SHA-256, is skipped with a warning and the previous one is
-used. Retention keeps the newest ``keep_last_k`` checkpoints that are known good — committed by this
-manager, or verified (sizes + SHA-256) once — never deletes a good one newer than its own newest
-commit, and deletes checkpoints found corrupt; deleting removes the manifest first, so a
-half-deleted checkpoint is never seen as committed. Leftovers of interrupted writes (local temp
+Loading walks committed checkpoints newest first; a checkpoint whose manifest is missing or invalid, or
+whose files are missing, truncated, fail their SHA-256 or cannot be unpickled, is skipped with a warning
+and the previous one is used. A read that fails for another reason (an ``OSError`` such as EIO or
+ESTALE, an S3 transport error, memory running out) says nothing about the checkpoint: it is a
+:class:`CheckpointStorageError`, which fails the load (the run is retried) and makes retention skip
+its round instead of deleting. Retention keeps the newest ``keep_last_k`` checkpoints that are known
+good — committed by this manager, or verified (sizes + SHA-256) once — never deletes a good one newer
+than its own newest commit, and deletes checkpoints found corrupt; deleting removes the manifest
+first, so a half-deleted checkpoint is never seen as committed. Leftovers of interrupted writes (local temp
 files, unfinished S3 multipart uploads) are removed when the writer claims the key and, once old,
 at every retention.
 
@@ -161,6 +172,21 @@ def _verify(f: BinaryIO, *, size_bytes: int, sha256: str, what: str) -> None:
     f.seek(0)
 
 
+def _cannot_read_now(e: BaseException | None) -> bool:
+    """Whether ``e``, or an exception it was raised from, is the machine or the storage failing — an
+    ``OSError`` (EIO, ESTALE, ETIMEDOUT, ...; torch wraps one raised inside ``torch.load`` in a
+    ``SystemError``) or memory running out — rather than bytes that cannot be unpickled."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError | MemoryError | torch.OutOfMemoryError):
+            return True
+        if isinstance(e, RuntimeError) and "can't allocate memory" in str(e):  # torch's CPU allocator
+            return True
+        e = e.__cause__ if e.__cause__ is not None else (None if e.__suppress_context__ else e.__context__)
+    return False
+
+
 class _Stager:
     """Copies a state tree into reusable CPU buffers (pinned + side stream when tensors are on CUDA)."""
 
@@ -190,6 +216,8 @@ class _Stager:
                 buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=src.is_cuda)
                 self._buffers[path] = buf
             buf.copy_(src, non_blocking=non_blocking)
+            if src.is_cuda:  # on the side stream: keep src's memory from reuse until this copy ran
+                src.record_stream(torch.cuda.current_stream())
             return buf
         if isinstance(obj, dict):
             return {k: self._copy(v, (*path, k), non_blocking=non_blocking) for k, v in obj.items()}
@@ -213,6 +241,9 @@ def _any_cuda(obj: Any) -> bool:
 class _InFlight:
     step: int
     future: Future
+    """The whole background task: persist, then retention."""
+    committed: Future
+    """Done once the persist committed or gave up (before retention): what blocking saves wait for."""
     started_s: float
     extra: dict = field(default_factory=dict)
 
@@ -264,6 +295,7 @@ class CheckpointManager:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-persist")
         self._in_flight: _InFlight | None = None
         self._lock = threading.Lock()
+        self._hurry = threading.Event()  # a blocking save waits: the running retention stops early
 
     # ------------------------------------------------------------------------ writer fencing
     def claim(self) -> int:
@@ -325,9 +357,11 @@ class CheckpointManager:
         """
         prefix = layout.step_prefix(step)
         try:
-            manifest = layout.validate_manifest(json.loads(read_bytes(self.storage, layout.manifest_key(step))))
+            data = self._read_bytes(layout.manifest_key(step))
         except ObjectNotFoundError as e:
             raise CheckpointCorruptError(f"{prefix}: no manifest") from e
+        try:
+            manifest = layout.validate_manifest(json.loads(data))
         except (ValueError, UnicodeDecodeError) as e:
             raise CheckpointCorruptError(f"{prefix}: bad manifest: {e}") from e
         if manifest["step"] != step:
@@ -339,9 +373,11 @@ class CheckpointManager:
         """Load and verify one checkpoint (``load_state=False``: verify only; ``state`` is empty).
 
         Raises:
-            CheckpointCorruptError: manifest unreadable/invalid, a file missing, truncated, or
-                failing its SHA-256, or ``torch.load`` failing.
-            CheckpointStorageError: the storage itself failed (unreachable, permission, ...).
+            CheckpointCorruptError: the manifest missing or invalid, a file missing, of the wrong size
+                or failing its SHA-256, or ``torch.load`` failing to unpickle a file that verified.
+            CheckpointStorageError: the storage or the machine failed while reading (unreachable,
+                permission, an ``OSError`` such as EIO/ESTALE, a transport error, memory running out):
+                the checkpoint may be good, so it is neither skipped nor deleted over it.
         """
         t0 = self.clock()
         prefix = layout.step_prefix(step)
@@ -353,19 +389,29 @@ class CheckpointManager:
                 with self.storage.open_read(key) as f:
                     _verify(f, size_bytes=meta["size_bytes"], sha256=meta["sha256"], what=key)
                     if load_state and layout.is_state_name(name):
-                        state = torch.load(f, map_location=map_location, weights_only=True)
+                        state = _torch_load(f, key=key, map_location=map_location)
             except CheckpointCorruptError:
                 raise
             except ObjectNotFoundError as e:
                 raise CheckpointCorruptError(f"{key} is missing") from e
             except CheckpointStorageError:
                 raise
-            except Exception as e:  # torch.load / pickle errors on a file that passed its checksum
-                raise CheckpointCorruptError(f"{key}: cannot be loaded: {e}") from e
+            except Exception as e:  # EIO/ESTALE mid-read, a transport error a backend let through: not corruption
+                raise CheckpointStorageError(f"reading {key} failed: {_describe(e)}") from e
         if load_state and not isinstance(state, dict):
             raise CheckpointCorruptError(f"{prefix}: its state file holds no state dict")
         self._good.add(step)
         return LoadedCheckpoint(step=step, state=state or {}, manifest=manifest, load_seconds=self.clock() - t0)
+
+    def _read_bytes(self, key: str) -> bytes:
+        """The whole object at ``key``. Raises :class:`ObjectNotFoundError` if absent and
+        :class:`CheckpointStorageError` for any other failure (an ``OSError`` of a local read included)."""
+        try:
+            return read_bytes(self.storage, key)
+        except CheckpointStorageError:
+            raise
+        except Exception as e:
+            raise CheckpointStorageError(f"reading {key} failed: {_describe(e)}") from e
 
     def latest_manifest(self) -> dict[str, Any] | None:
         """The manifest of the newest committed step that has a valid one (files not verified), or None."""
@@ -380,6 +426,10 @@ class CheckpointManager:
         """The newest checkpoint that verifies, or ``None`` if there is none.
 
         Corrupt or partial checkpoints are skipped with a warning naming the reason.
+
+        Raises:
+            CheckpointStorageError: reading failed for another reason than corruption (see
+                :meth:`load_step`); never answered by rolling back to an older checkpoint.
         """
         for step in self.committed_steps():
             try:
@@ -403,10 +453,12 @@ class CheckpointManager:
         Args:
             step: the global step the state belongs to (completed steps).
             state: a tree of dicts/lists/tuples with tensors and picklable-with-``weights_only`` leaves.
-            blocking: wait for the in-flight persist, then persist this one before returning.
+            blocking: wait for the in-flight persist to commit, then persist this one before returning
+                (and its retention too, unless ``deadline_s`` is given).
             manifest_fields: extra JSON fields for this checkpoint's manifest (epoch, world size...).
             deadline_s: blocking only: give up after this many seconds in all (waiting for the
                 in-flight persist, retries included); the persist may still finish in the background.
+                Returns at the commit: retention runs afterwards, outside the deadline.
 
         Returns:
             ``"staged"`` (persisting in the background), ``"committed"`` / ``"failed"`` (blocking;
@@ -420,26 +472,29 @@ class CheckpointManager:
         if self._in_flight is not None and not self._in_flight.future.done():
             if not blocking:
                 self.stats.skipped_in_flight += 1
-                log.warning(
-                    "checkpoint at step %d skipped: the save of step %d is still persisting",
-                    step,
-                    self._in_flight.step,
-                )
+                log.warning("checkpoint at step %d skipped: the save of step %d is still persisting", step,
+                            self._in_flight.step)
                 return "skipped"
-            if not self.wait(None if deadline is None else max(0.0, deadline - self.clock())):
+            self._hurry.set()  # its retention, if running, stops at its next step: this save goes first
+            try:
+                self._in_flight.committed.result(None if deadline is None else max(0.0, deadline - self.clock()))
+            except TimeoutError:
                 log.warning("checkpoint at step %d NOT saved: the save of step %d still persists after %.1f s",
                             step, self._in_flight.step, deadline_s)
                 return "failed"
         staged, event = self._stager.stage(state)
         self._staging_event = event
         fields = {**self.manifest_extra, **(manifest_fields or {})}
-        future = self._executor.submit(self._persist, step, staged, event, fields, deadline)
-        self._in_flight = _InFlight(step=step, future=future, started_s=t0)
+        committed: Future = Future()
+        future = self._executor.submit(self._persist, step, staged, event, fields, deadline, committed)
+        self._in_flight = _InFlight(step=step, future=future, committed=committed, started_s=t0)
         stall = self.clock() - t0
         timed_out = False
         if blocking:
-            try:
-                future.result(timeout=None if deadline is None else max(0.0, deadline - self.clock()))
+            try:  # with a deadline, until the commit: retention runs after it, outside the deadline
+                committed.result(timeout=None if deadline is None else max(0.0, deadline - self.clock()))
+                if deadline is None:
+                    future.result()  # no deadline to keep: the retention too (the final save)
             except TimeoutError:
                 timed_out = True
                 log.warning("checkpoint at step %d NOT saved within its %.1f s deadline", step, deadline_s)
@@ -452,14 +507,34 @@ class CheckpointManager:
             return "fenced"
         return "committed" if not timed_out and self.stats.last_committed_step == step else "failed"
 
+    def ready_for_periodic(self, step: int) -> bool:
+        """Whether a periodic save can start at ``step``: no persist (nor the retention after it) is
+        still in flight.
+
+        The trainer asks before it declares a save due, so a save that cannot start yet costs the
+        steps nothing (no gathering of RNG states, no staging) and is made at the first step after
+        the persist ends, instead of a whole interval later. A deferral is counted in
+        ``stats.skipped_in_flight`` and logged once per in-flight persist."""
+        inflight = self._in_flight
+        if inflight is None or inflight.future.done():
+            return True
+        if not inflight.extra.get("deferral_logged"):
+            inflight.extra["deferral_logged"] = True
+            self.stats.skipped_in_flight += 1
+            log.warning("checkpoint at step %d deferred: the save of step %d is still persisting", step,
+                        inflight.step)
+        return False
+
     def wait_for_staging(self) -> None:
-        """Gate before ``optimizer.step()``: the staging copies must have read the weights."""
+        """Gate before ``optimizer.step()``: the current CUDA stream waits for the staging copies to
+        have read the weights (this thread does not block). A no-op when nothing is staging."""
         if self._staging_event is not None:
             torch.cuda.current_stream().wait_event(self._staging_event)
             self._staging_event = None
 
     def wait(self, timeout_s: float | None = None) -> bool:
-        """Wait for the in-flight persist; ``False`` if it is still running after ``timeout_s``."""
+        """Wait for the in-flight persist and the retention after it (``timeout_s`` seconds; ``None``:
+        no limit); ``False`` if either is still running then."""
         inflight = self._in_flight
         if inflight is None:
             return True
@@ -480,7 +555,19 @@ class CheckpointManager:
         except Exception as e:  # e.g. ENOSPC under the metrics file: never lose a checkpoint over it
             log.warning("checkpoint event %s not recorded: %s", event.get("event"), e)
 
-    def _persist(self, step: int, staged: Any, event: Any, fields: dict[str, Any], deadline: float | None) -> None:
+    def _persist(self, step: int, staged: Any, event: Any, fields: dict[str, Any], deadline: float | None,
+                 committed: Future) -> None:
+        """Persist (``committed`` is resolved once it committed or gave up), then, if it committed, retention."""
+        self._hurry.clear()  # a blocking save that hurried the previous retention is this one
+        try:
+            ok = self._commit(step, staged, event, fields, deadline)
+        finally:
+            committed.set_result(None)
+        if ok:
+            self._apply_retention(step)
+
+    def _commit(self, step: int, staged: Any, event: Any, fields: dict[str, Any], deadline: float | None) -> bool:
+        """Write ``step`` with retries; ``True`` once its manifest is committed, ``False`` if it gave up."""
         if event is not None:
             event.synchronize()
         t0 = self.clock()
@@ -509,19 +596,19 @@ class CheckpointManager:
                 self.stats.failed += 1
             log.error("checkpoint at step %d NOT saved: %s", step, e)
             self._emit({"event": "checkpoint_failed", "step": step, "error": str(e)[:300], "fenced": True})
-            return
+            return False
         except (CheckpointStorageError, CheckpointCorruptError, RetryError) as e:
             with self._lock:
                 self.stats.failed += 1
             log.warning("checkpoint at step %d NOT saved after %d attempts: %s", step, self.retry.attempts, e)
             self._emit({"event": "checkpoint_failed", "step": step, "error": str(e)[:300]})
-            return
+            return False
         except Exception:  # a bug, not a storage hiccup: never kill the persist thread silently
             with self._lock:
                 self.stats.failed += 1
             log.exception("checkpoint at step %d NOT saved: unexpected error", step)
             self._emit({"event": "checkpoint_failed", "step": step, "error": "unexpected error"})
-            return
+            return False
         persist_s = self.clock() - t0
         with self._lock:
             self.stats.committed += 1
@@ -533,7 +620,7 @@ class CheckpointManager:
         self._good.add(step)
         log.info("checkpoint at step %d committed (%.1f MB in %.2f s)", step, size / 1e6, persist_s)
         self._emit({"event": "checkpoint_committed", "step": step, "persist_s": persist_s, "size_bytes": size})
-        self._apply_retention(step)
+        return True
 
     def _write(self, step: int, staged: Any, fields: dict[str, Any]) -> int:
         """Write the state file, then — unless fenced — the manifest, create-only. Returns the state's size.
@@ -589,7 +676,7 @@ class CheckpointManager:
         writer's: we are fenced. An earlier writer's that is corrupt: un-commit it and return None
         (the caller writes its own)."""
         try:
-            existing = json.loads(read_bytes(self.storage, layout.manifest_key(step)))
+            existing = json.loads(self._read_bytes(layout.manifest_key(step)))
             owner = existing.get("writer_generation", 0)
             size = sum(int(m["size_bytes"]) for m in existing["files"].values())
         except ObjectNotFoundError:
@@ -612,9 +699,18 @@ class CheckpointManager:
         log.info("step %d was already committed by writer generation %s: keeping that checkpoint", step, owner)
         return size
 
+    def _hurried(self) -> bool:
+        if self._hurry.is_set():
+            log.info("checkpoint retention stopped early: a blocking save is waiting (the next retention goes on)")
+            return True
+        return False
+
     def _apply_retention(self, newest_own: int) -> None:
         """Keep ``newest_own`` and the newest ``keep_last_k - 1`` other known-good checkpoints below it,
-        every good one above it, uncommitted steps above it (may be in flight); delete the rest."""
+        every good one above it, uncommitted steps above it (may be in flight); delete the rest.
+
+        Stops early, between two verifications or deletions, when a blocking save is waiting (the
+        next retention finishes the job): a slow store never holds up the SIGTERM or final save."""
         try:
             self.check_fence()
             keys = self.storage.list("step-")
@@ -633,6 +729,8 @@ class CheckpointManager:
                 if s == newest_own or (s < newest_own and kept_below >= self.keep_last_k - 1):
                     continue
                 if s not in self._good:
+                    if self._hurried():
+                        return
                     try:
                         self.load_step(s, load_state=False)  # sizes + SHA-256, once per step
                     except CheckpointCorruptError as e:
@@ -644,6 +742,8 @@ class CheckpointManager:
             for s, ks in sorted(by_step.items()):
                 if s in keep or (s > newest_own and s not in corrupt):
                     continue
+                if self._hurried():
+                    return
                 self.check_fence()
                 manifest = [k for k in ks if k.endswith("/" + layout.MANIFEST_NAME)]
                 self.storage.delete(manifest)  # un-commit first
@@ -653,6 +753,24 @@ class CheckpointManager:
             log.error("checkpoint retention skipped: %s", e)
         except CheckpointStorageError as e:
             log.warning("checkpoint retention skipped: %s", e)
+
+
+def _torch_load(f: BinaryIO, *, key: str, map_location: str | torch.device) -> Any:
+    """``torch.load`` of a file that passed its checksum. Unpickling and format errors mean the bytes
+    are bad (:class:`CheckpointCorruptError`); an I/O error or memory running out does not
+    (:class:`CheckpointStorageError`: try again later, never delete or skip the checkpoint over it)."""
+    try:
+        return torch.load(f, map_location=map_location, weights_only=True)
+    except Exception as e:
+        if _cannot_read_now(e):
+            raise CheckpointStorageError(f"{key}: cannot be loaded now: {_describe(e)}") from e
+        raise CheckpointCorruptError(f"{key}: cannot be loaded: {e}") from e
+
+
+def _describe(e: BaseException) -> str:
+    """One line naming ``e`` (its first line, at most 300 characters)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}"[:300] if lines else type(e).__name__
 
 
 def state_bytes(state: dict[str, Any]) -> bytes:

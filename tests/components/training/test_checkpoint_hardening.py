@@ -7,6 +7,7 @@ against MinIO are in test_checkpoint_s3_hardening.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -22,8 +23,8 @@ import torch
 from components.training.checkpoint import layout
 from components.training.checkpoint.manager import CheckpointManager, RetryPolicy, WriterFencedError
 from components.training.metrics import JsonlSink
+from trainflow.storage import CheckpointStorageError, read_bytes, write_bytes
 from trainflow.storage import local as local_mod
-from trainflow.storage import read_bytes, write_bytes
 from trainflow.storage.local import LocalStorage
 
 
@@ -220,3 +221,206 @@ def test_a_step_already_committed_is_kept_when_good_and_replaced_when_corrupt(tm
     replaced = third.load_latest()
     assert replaced.step == 30 and replaced.manifest["writer_generation"] == 3
     assert storage.list("step-0000000030/") == ["step-0000000030/MANIFEST.json", f"step-0000000030/{layout.state_name(3)}"]
+
+
+# --------------------------------------------------------------- transient read errors are no corruption
+class _FlakyReadStorage(LocalStorage):
+    """A real local store whose reads of one step's state file fail with ``error`` while it is set:
+    ``after_verify=False`` from the first read (the checksum pass), ``True`` only once the manager
+    rewound the file for ``torch.load`` (an NFS hiccup between the two passes)."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(uri)
+        self.fail_step: int | None = None
+        self.error: BaseException = OSError(5, "Input/output error")
+        self.after_verify = False
+
+    def open_read(self, key):
+        inner = super().open_read(key)
+        if self.fail_step is None or not key.startswith(f"{layout.step_prefix(self.fail_step)}/state"):
+            return inner
+        return _FailingReads(inner, self.error, armed=not self.after_verify)
+
+
+class _FailingReads:
+    def __init__(self, inner, error: BaseException, *, armed: bool) -> None:
+        self._inner, self._error, self._armed = inner, error, armed
+
+    def __enter__(self):
+        self._f = self._inner.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._inner.__exit__(*exc)
+
+    def read(self, n=-1):
+        if self._armed:
+            raise self._error
+        return self._f.read(n)
+
+    def readinto(self, buf):
+        if self._armed:
+            raise self._error
+        return self._f.readinto(buf)
+
+    def seek(self, *args):
+        self._armed = True  # the checksum pass is over: the next read is torch.load's
+        return self._f.seek(*args)
+
+    def tell(self):
+        return self._f.tell()
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+
+def _three_commits(storage) -> None:
+    first = CheckpointManager(storage, keep_last_k=3)
+    for step in (10, 20, 30):
+        assert first.save(step, _state(step), blocking=True) == "committed"
+    first.close()
+
+
+def test_a_read_error_while_retention_verifies_deletes_nothing(tmp_path, caplog) -> None:
+    """An EIO while a restarted writer's retention verifies an older checkpoint is no corruption:
+    retention skips its round (before: it deleted the good step 20)."""
+    storage = _FlakyReadStorage(str(tmp_path / "job"))
+    _three_commits(storage)
+    restarted = CheckpointManager(storage, keep_last_k=3)  # its cache of known-good steps is empty
+    restarted.claim()
+    storage.fail_step = 20
+    with caplog.at_level(logging.WARNING, logger="trainflow.checkpoint"):
+        assert restarted.save(40, _state(40), blocking=True) == "committed"
+    assert restarted.committed_steps() == [40, 30, 20, 10]  # nothing deleted this round
+    assert not any("corrupt" in r.getMessage() for r in caplog.records)
+    assert any(r.getMessage().startswith("checkpoint retention skipped: reading step-0000000020/state-g0000000001.pt "
+                                         "failed: OSError: [Errno 5] Input/output error") for r in caplog.records)
+    storage.fail_step = None
+    assert torch.equal(restarted.load_step(20).state["model"]["w"], torch.full((64,), 20.0))
+    assert restarted.save(50, _state(50), blocking=True) == "committed"
+    assert restarted.committed_steps() == [50, 40, 30]  # the next round catches up
+
+
+def _cpu_allocator_fails(*args, **kwargs):
+    torch.empty(2**55, dtype=torch.uint8)  # 32 PiB: torch's real "can't allocate memory" RuntimeError
+
+
+def _memory_error(*args, **kwargs):
+    raise MemoryError()
+
+
+@pytest.mark.parametrize("fault", ["eio_while_verifying", "estale_in_torch_load", "memory_error_in_torch_load",
+                                   "cpu_allocator_fails_in_torch_load"])
+def test_a_read_error_on_load_fails_the_load_instead_of_rolling_back(tmp_path, monkeypatch, caplog, fault) -> None:
+    """A transient failure reading the newest checkpoint must fail the load (the run is retried), not
+    skip it as corrupt and resume from an older one (before: load_latest returned step 20)."""
+    storage = _FlakyReadStorage(str(tmp_path / "job"))
+    _three_commits(storage)
+    mgr = CheckpointManager(storage, keep_last_k=3)
+    real_load = torch.load
+    if fault == "eio_while_verifying":
+        storage.fail_step = 30
+    elif fault == "estale_in_torch_load":
+        storage.fail_step, storage.after_verify, storage.error = 30, True, OSError(116, "Stale file handle")
+    else:
+        monkeypatch.setattr(torch, "load", _memory_error if fault == "memory_error_in_torch_load"
+                            else _cpu_allocator_fails)
+    with caplog.at_level(logging.WARNING, logger="trainflow.checkpoint"), \
+            pytest.raises(CheckpointStorageError) as raised:
+        mgr.load_latest()
+    reason = {"eio_while_verifying": "reading step-0000000030/state-g0000000001.pt failed: OSError: [Errno 5]",
+              "estale_in_torch_load": "step-0000000030/state-g0000000001.pt: cannot be loaded now: ",
+              "memory_error_in_torch_load": "step-0000000030/state-g0000000001.pt: cannot be loaded now: MemoryError",
+              "cpu_allocator_fails_in_torch_load": "step-0000000030/state-g0000000001.pt: cannot be loaded now: "
+                                                   "RuntimeError: "}[fault]
+    assert str(raised.value).startswith(reason), str(raised.value)
+    assert not any("skipping checkpoint" in r.getMessage() for r in caplog.records)
+    storage.fail_step = None
+    monkeypatch.setattr(torch, "load", real_load)
+    loaded = mgr.load_latest()
+    assert loaded.step == 30 and torch.equal(loaded.state["model"]["w"], torch.full((64,), 30.0))
+    assert mgr.committed_steps() == [30, 20, 10]
+
+
+def test_a_state_file_that_verifies_but_does_not_unpickle_is_corrupt(tmp_path, caplog) -> None:
+    """Format errors still count as corruption: the manifest describes bytes torch cannot load."""
+    storage = LocalStorage(str(tmp_path / "job"))
+    _three_commits(storage)
+    key = f"step-0000000030/{layout.state_name(1)}"
+    garbage = b"not a torch file" * 10
+    write_bytes(storage, key, garbage)
+    manifest = json.loads(read_bytes(storage, layout.manifest_key(30)))
+    manifest["files"][layout.state_name(1)] = {"size_bytes": len(garbage),
+                                               "sha256": hashlib.sha256(garbage).hexdigest()}
+    write_bytes(storage, layout.manifest_key(30), json.dumps(manifest).encode())
+    mgr = CheckpointManager(storage)
+    with caplog.at_level(logging.WARNING, logger="trainflow.checkpoint"):
+        assert mgr.load_latest().step == 20
+    assert any(r.getMessage().startswith(f"skipping checkpoint at step 30: {key}: cannot be loaded: ")
+               for r in caplog.records)
+
+
+# --------------------------------------------------------------- retention outside a blocking save's deadline
+class _SlowStateReads(LocalStorage):
+    """A real local store where reading a state file takes ``delay_s`` while ``slow`` (a big older
+    checkpoint being downloaded and hashed by retention)."""
+
+    def __init__(self, uri: str, delay_s: float) -> None:
+        super().__init__(uri)
+        self.delay_s = delay_s
+        self.slow = False
+
+    def open_read(self, key):
+        if self.slow and layout.is_state_name(key.rsplit("/", 1)[-1]):
+            time.sleep(self.delay_s)
+        return super().open_read(key)
+
+
+def test_a_blocking_save_is_committed_although_its_retention_is_slow(tmp_path) -> None:
+    """The SIGTERM save returns at its commit; retention of the older checkpoints (2 x 1 s of reads
+    here) runs after it, outside the 1.5 s deadline (before: "failed", though step 40 was committed)."""
+    storage = _SlowStateReads(str(tmp_path / "job"), delay_s=1.0)
+    _three_commits(storage)
+    restarted = CheckpointManager(storage, keep_last_k=3)
+    restarted.claim()
+    storage.slow = True
+    t0 = time.monotonic()
+    assert restarted.save(40, _state(40), blocking=True, deadline_s=1.5) == "committed"
+    assert time.monotonic() - t0 < 1.0
+    assert restarted.stats.last_committed_step == 40 and restarted.stats.failed == 0
+    assert not restarted.wait(timeout_s=0)  # retention still verifies 30 and 20
+    assert restarted.wait(timeout_s=30)
+    assert restarted.committed_steps() == [40, 30, 20]  # and then deleted 10
+    restarted.close()
+
+
+def test_a_blocking_save_does_not_wait_for_the_previous_save_s_retention(tmp_path, caplog) -> None:
+    """A SIGTERM right after a periodic commit whose retention verifies three older checkpoints
+    (3 x 1.5 s): that retention stops early, the SIGTERM save commits within its 3 s deadline, and
+    a later retention finishes the clean-up."""
+    storage = _SlowStateReads(str(tmp_path / "job"), delay_s=1.5)
+    first = CheckpointManager(storage, keep_last_k=4)
+    for step in (10, 20, 30, 35):
+        assert first.save(step, _state(step), blocking=True) == "committed"
+    first.close()
+    restarted = CheckpointManager(storage, keep_last_k=4)
+    restarted.claim()
+    storage.slow = True
+    assert restarted.save(40, _state(40)) == "staged"
+    deadline = time.monotonic() + 30
+    while restarted.stats.last_committed_step != 40:  # committed; its retention now reads step 35
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="trainflow.checkpoint"):
+        assert restarted.save(41, _state(41), blocking=True, deadline_s=3.0) == "committed"
+    assert time.monotonic() - t0 < 3.0
+    assert any(r.getMessage().startswith("checkpoint retention stopped early: a blocking save is waiting")
+               for r in caplog.records)
+    storage.slow = False
+    assert restarted.wait(timeout_s=30)
+    assert restarted.committed_steps() == [41, 40, 35, 30]  # the next retention deleted 20 and 10
+    restarted.close()

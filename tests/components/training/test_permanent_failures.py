@@ -5,6 +5,7 @@ Real processes: lone ``python -m components.training`` and ``python -m component
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,13 +14,17 @@ from pathlib import Path
 
 import pytest
 
+from components.training.__main__ import transient_storage_failure
 from components.training.checkpoint import layout
+from components.training.checkpoint.manager import CheckpointManager
+from components.training.data import DatasetError
 from components.training.launch import AgentSpec, run_agent
 from components.training.metrics import read_jsonl
 from components.training.sources import prepare
 from tests.support.processes import free_port
-from trainflow.storage import write_bytes
+from trainflow.storage import CheckpointStorageError, ObjectNotFoundError, write_bytes
 from trainflow.storage.local import LocalStorage
+from trainflow.storage.s3 import S3Settings, S3Storage
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -174,3 +179,111 @@ def test_ranks_sharing_stderr_write_their_permanent_failure_lines_whole(tmp_path
     assert sorted(set(lines)) == ["trainflow: " + "a" * 60, "trainflow: " + "b" * 60], (
         [x for x in lines if x not in ("trainflow: " + "a" * 60, "trainflow: " + "b" * 60)][:3])
     assert len(lines) == 4000
+
+
+def _storage_failure(cause: BaseException | None) -> CheckpointStorageError:
+    """A storage failure the way the backends raise one: a one-line error, the cause chained."""
+    try:
+        if cause is None:
+            raise CheckpointStorageError("TRAINFLOW_S3_SECRET_DIR=/nope is not a folder")
+        raise CheckpointStorageError(f"checking s3://b/ckpt failed: {cause}") from cause
+    except CheckpointStorageError as e:
+        return e
+
+
+def _client_error(status: int, code: str) -> BaseException:
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                       "PutObject")
+
+
+def _dataset_error_from(failure: BaseException) -> DatasetError:
+    try:
+        raise DatasetError(f"cannot read dataset s3://b/data: {failure}") from failure
+    except DatasetError as e:
+        return e
+
+
+def _transient_cases() -> list:
+    from botocore.exceptions import (
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        ParamValidationError,
+        ReadTimeoutError,
+    )
+
+    return [
+        ("503 SlowDown", _storage_failure(_client_error(503, "SlowDown")), True),
+        ("503 ServiceUnavailable", _storage_failure(_client_error(503, "ServiceUnavailable")), True),
+        ("500 InternalError", _storage_failure(_client_error(500, "InternalError")), True),
+        ("429", _storage_failure(_client_error(429, "TooManyRequests")), True),
+        ("endpoint unreachable", _storage_failure(EndpointConnectionError(endpoint_url="http://minio:9000")), True),
+        ("connect timeout", _storage_failure(ConnectTimeoutError(endpoint_url="http://minio:9000")), True),
+        ("read timeout", _storage_failure(ReadTimeoutError(endpoint_url="http://minio:9000")), True),
+        ("local EIO", _storage_failure(OSError(5, "Input/output error")), True),
+        ("local ESTALE", _storage_failure(OSError(116, "Stale file handle")), True),
+        ("dataset read during an outage", _dataset_error_from(_storage_failure(_client_error(503, "SlowDown"))), True),
+        ("403 AccessDenied", _storage_failure(_client_error(403, "AccessDenied")), False),
+        ("403 InvalidAccessKeyId", _storage_failure(_client_error(403, "InvalidAccessKeyId")), False),
+        ("400 ExpiredToken", _storage_failure(_client_error(400, "ExpiredToken")), False),
+        ("404 NoSuchBucket", _storage_failure(_client_error(404, "NoSuchBucket")), False),
+        ("no credentials", _storage_failure(NoCredentialsError()), False),
+        ("bad parameters", _storage_failure(ParamValidationError(report="Invalid bucket name")), False),
+        ("local folder read-only", _storage_failure(OSError(30, "Read-only file system")), False),
+        ("local folder not permitted", _storage_failure(OSError(13, "Permission denied")), False),
+        ("refusal without a cause", _storage_failure(None), False),
+        ("missing object", ObjectNotFoundError("s3://b/data/dataset.json does not exist"), False),
+        ("dataset missing", DatasetError("dataset folder /nope does not exist"), False),
+        ("not a storage failure", ValueError("bad URI"), False),
+    ]
+
+
+def test_storage_failures_sort_into_transient_and_permanent() -> None:
+    """Only rejected credentials, a missing bucket and misconfiguration are permanent (exit 2); an
+    outage (unreachable, timeouts, 5xx/429, local EIO) is retried (before: every storage failure at
+    start was permanent, so a MinIO pod restart during a worker restart failed the job for good)."""
+    got = {name: transient_storage_failure(error) for name, error, _ in _transient_cases()}
+    assert got == {name: expected for name, _, expected in _transient_cases()}
+
+
+@pytest.mark.s3
+def test_a_storage_outage_at_worker_start_is_retried_and_a_refusal_is_permanent(s3_server, s3_bucket, digits_dataset,
+                                                                              tmp_path) -> None:
+    """MinIO restarting while a worker (re)starts: exit 1 (torchrun restarts the group), no permanent
+    record in torchelastic's error file; once MinIO is back the same command trains. Rejected
+    credentials and a missing bucket stay exit 2 with one line."""
+    def worker(*, key: str, extra_env: dict[str, str] | None = None, bucket: str = s3_bucket,
+               more: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, Path]:
+        error_file = tmp_path / f"error-{key}.json"
+        env = {**os.environ, **s3_server.env(), **(extra_env or {}), "TORCHELASTIC_ERROR_FILE": str(error_file)}
+        cmd = [sys.executable, "-m", "components.training", "--dataset", str(digits_dataset), "--checkpoint-uri",
+               f"s3://{bucket}/ckpt", "--job-key", key, "--threads-per-rank", "1", "--global-batch-size", "32", *more]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240), error_file
+
+    s3_server.stop()
+    try:
+        down, error_file = worker(key="outage")
+    finally:
+        s3_server.start()
+    assert down.returncode == 1 and "Traceback" not in down.stderr, down.stderr[-2000:]
+    last = down.stderr.strip().splitlines()[-1]
+    assert last.startswith("trainflow: storage unavailable for now, the worker group is restarted: "
+                           f"S3 endpoint unreachable for s3://{s3_bucket}/ckpt/outage at {s3_server.endpoint_url}")
+    assert not error_file.exists()  # nothing tells torchrun's caller that this failure is permanent
+    back, _ = worker(key="outage", more=("--max-steps", "3", "--checkpoint-interval-steps", "3"))
+    assert back.returncode == 0, back.stderr[-2000:]
+    assert CheckpointManager(S3Storage(f"s3://{s3_bucket}/ckpt/outage", S3Settings(
+        endpoint_url=s3_server.endpoint_url, access_key=s3_server.access_key,
+        secret_key=s3_server.secret_key))).committed_steps() == [3]
+
+    for key, kwargs, reason in (
+        ("creds", {"extra_env": {"AWS_SECRET_ACCESS_KEY": "wrong-secret"}}, "S3 credentials rejected checking"),
+        ("bucket", {"bucket": "no-such-bucket-here"}, "S3 bucket 'no-such-bucket-here' does not exist"),
+    ):
+        refused, error_file = worker(key=key, **kwargs)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+        assert refused.stderr.strip().splitlines()[-1].startswith(f"trainflow: {reason}")
+        recorded = json.loads(error_file.read_text())["message"]
+        assert recorded["extraInfo"]["trainflow_exit_code"] == "2" and reason in recorded["message"]
