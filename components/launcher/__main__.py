@@ -4,7 +4,7 @@ Usage::
 
     python -m components.launcher --spec spec.json [--output job.json] [--poll-interval-s 10]
         [--timeout-s SECONDS] [--cleanup always|on-success|never] [--keep-failed] [--stream-logs]
-        [--no-fail-fast]
+        [--no-fail-fast] [--capacity-grace-s SECONDS]
 
 ``spec.json`` holds the keyword arguments of :class:`~components.launcher.pytorchjob.PyTorchJobSpec`
 (``-`` reads standard input). The Kubernetes client is configured from ``KUBECONFIG`` or, inside a
@@ -52,6 +52,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stream-logs", action="store_true", help="print the workers' logs, prefixed by pod")
     parser.add_argument("--no-fail-fast", action="store_true",
                         help="wait for workers that cannot start (missing image, no node) instead of failing")
+    parser.add_argument("--capacity-grace-s", type=float, default=None,
+                        help="fail if workers wait this long for capacity (Insufficient nvidia.com/gpu, cpu...); "
+                             "default: wait as long as the job is queued")
     return parser.parse_args(argv)
 
 
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             recreate_failed=not args.keep_failed,
             stream_logs=args.stream_logs,
             fail_fast=not args.no_fail_fast,
+            capacity_grace_s=args.capacity_grace_s,
         )
     except (OSError, json.JSONDecodeError, TypeError, ValueError) as err:
         print(f"launcher: bad input: {err}", file=sys.stderr)

@@ -5,7 +5,8 @@ runner (:mod:`components.launcher.runner`) reads the worker pods and the Warning
 and its pods on every poll, asks :func:`pod_problems` and :func:`job_problems` what is wrong, and
 fails the launch with :meth:`Problem.line` once a problem has lasted its ``grace_s`` while fewer
 than ``minReplicas`` workers run (so a scale-up whose extra pod cannot schedule never fails a job
-that is training).
+that is training). A pod waiting for capacity (``Problem.capacity``) is not a fault: the job queues,
+for as long as the runner's ``capacity_grace_s`` allows (unlimited by default).
 
 Shapes are the Kubernetes API's (``core/v1`` Pod ``status`` and Event), as dicts (a lightkube
 model's ``to_dict()``). What each reason means, and where it comes from:
@@ -24,8 +25,13 @@ reason (where)                    cause                                         
 ``StartError``,
 ``ContainerCannotRun``
 (terminated)
-``Unschedulable`` (PodScheduled   no node fits: ``Insufficient <resource>``, ``didn't match   60
-condition)                        Pod's node affinity/selector``, untolerated taints
+``Unschedulable`` (PodScheduled   no node matches it: ``didn't match Pod's node               60
+condition)                        affinity/selector``, untolerated taints (no capacity fixes it)
+``Unschedulable``, capacity       a node matches but has no room: ``Insufficient <resource>``  none
+                                  (``nvidia.com/gpu``, ``cpu``...), ``Too many pods``: a node
+                                  pool scaling up or GPUs held by other jobs; the job queues
+                                  (``capacity`` is True; the runner's ``capacity_grace_s``
+                                  bounds the wait, unlimited by default)
 ``FailedMount``,                  the kubelet cannot mount a volume / set up the pod network  60
 ``FailedCreatePodSandBox`` (Event)
 ``FailedCreatePod`` (Event on     the operator's pod create is refused: a missing             30
@@ -40,6 +46,8 @@ kuberuntime_container.go`` (``CreateContainerConfigError``, ``CreateContainerErr
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +80,11 @@ JOB_EVENT_REASONS: Mapping[str, tuple[float, str]] = {
     "FailedCreatePod": (30.0, "the training operator cannot create worker pods"),
 }
 UNSCHEDULABLE_GRACE_S = 60.0
+#: Scheduler reasons saying a node matched the pod but lacked room (kube-scheduler's ``NodeResourcesFit``
+#: filter: ``Insufficient <resource>``, ``Too many pods``): capacity, which frees up or scales up. The
+#: scheduler reports the first failing filter per node and runs the taint and affinity filters before
+#: that one, so a node counted as ``Insufficient`` matched the pod otherwise.
+CAPACITY_REASON = re.compile(r"\bInsufficient \S+|\bToo many pods\b")
 _MAX_MESSAGE = 400
 
 
@@ -84,7 +97,9 @@ class Problem:
         reason: the Kubernetes reason (``ErrImagePull``, ``Unschedulable``, ``FailedCreatePod``...).
         what: the cause in words.
         message: the Kubernetes message (one line, at most 400 characters).
-        grace_s: how long it may last before the launch fails (0: at once).
+        grace_s: how long it may last before the launch fails (0: at once; ``inf`` for capacity).
+        capacity: the pod waits for room on a node (``Insufficient <resource>``): the job queues,
+            for as long as the runner's ``capacity_grace_s`` allows, not ``grace_s``.
     """
 
     subject: str
@@ -92,6 +107,7 @@ class Problem:
     what: str
     message: str
     grace_s: float
+    capacity: bool = False
 
     @property
     def key(self) -> tuple[str, str]:
@@ -100,8 +116,11 @@ class Problem:
         A failing pull shows as ``ErrImagePull`` during each attempt and ``ImagePullBackOff``
         between attempts: both are one problem, so its grace is not restarted at every flip (it
         was: the launch then failed only once a back-off outlasted the grace, 2+ minutes in).
+        Waiting for capacity and matching no node are two problems: a pod that queued for an hour
+        and then matches no node gets the mismatch's own grace.
         """
-        return self.subject, SAME_PROBLEM.get(self.reason, self.reason)
+        reason = SAME_PROBLEM.get(self.reason, self.reason)
+        return self.subject, f"{reason}/capacity" if self.capacity else reason
 
     def line(self) -> str:
         """One line naming the cause, e.g. ``pod ns/x: cannot pull image (ErrImagePull): ...``."""
@@ -140,20 +159,31 @@ def _event_time(e: Mapping[str, Any]) -> str:
 
 def pod_problems(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]] = ()) -> list[Problem]:
     """What keeps ``pod`` from running, from its status and its Warning ``events`` (any order; events
-    of other objects are ignored). A pod that is Running, Succeeded, Failed or being deleted has none:
-    those ends are the training operator's to handle.
+    of other objects are ignored). A pod that is Running or Succeeded has none; one that is Failed or
+    being deleted has only a container that could not start (:data:`TERMINATED_REASONS`: the operator
+    would recreate it forever); its other ends are the training operator's to handle.
     """
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
-    if meta.get("deletionTimestamp") or status.get("phase") in ("Running", "Succeeded", "Failed"):
+    if status.get("phase") in ("Running", "Succeeded"):
         return []
     subject = f"pod {meta.get('namespace', '')}/{meta.get('name', '')}"
-    mine = events_for(events, "Pod", meta.get("name", ""), _uid(pod))
-    out: list[Problem] = []
     statuses = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    # A container the runtime could not start ends the pod at once under the operator's ExitCode policy
+    # (pod restartPolicy Never: phase Failed), and the operator, exit 128 being "retryable" to it,
+    # deletes and recreates the pod forever: so a Failed or deleted pod still reports this one.
+    cannot_start: list[Problem] = []
     for cs in statuses:
-        state = cs.get("state") or {}
-        waiting, terminated = state.get("waiting") or {}, state.get("terminated") or {}
+        terminated = (cs.get("state") or {}).get("terminated") or {}
+        if terminated.get("reason") in TERMINATED_REASONS:
+            grace, what = TERMINATED_REASONS[terminated["reason"]]
+            cannot_start.append(Problem(subject, terminated["reason"], what, one_line(terminated.get("message")), grace))
+    if meta.get("deletionTimestamp") or status.get("phase") == "Failed":
+        return cannot_start
+    mine = events_for(events, "Pod", meta.get("name", ""), _uid(pod))
+    out: list[Problem] = list(cannot_start)
+    for cs in statuses:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
         reason = waiting.get("reason") or ""
         if reason in WAITING_REASONS:
             grace, what = WAITING_REASONS[reason]
@@ -167,13 +197,14 @@ def pod_problems(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]] = (
                 if failed:
                     message = failed[-1].get("message") or message
             out.append(Problem(subject, reason, what, one_line(message), grace))
-        elif terminated.get("reason") in TERMINATED_REASONS:
-            grace, what = TERMINATED_REASONS[terminated["reason"]]
-            out.append(Problem(subject, terminated["reason"], what, one_line(terminated.get("message")), grace))
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
-            out.append(Problem(subject, "Unschedulable", "no node can run it", one_line(cond.get("message")),
-                               UNSCHEDULABLE_GRACE_S))
+            message = one_line(cond.get("message"))
+            if waits_for_capacity(message):
+                out.append(Problem(subject, "Unschedulable", "waiting for capacity, no node has room for it now",
+                                   message, math.inf, capacity=True))
+            else:
+                out.append(Problem(subject, "Unschedulable", "no node can run it", message, UNSCHEDULABLE_GRACE_S))
     seen = {p.reason for p in out}
     for e in reversed(mine):
         reason = e.get("reason") or ""
@@ -182,6 +213,14 @@ def pod_problems(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]] = (
             out.append(Problem(subject, reason, what, one_line(e.get("message")), grace))
             seen.add(reason)
     return out
+
+
+def waits_for_capacity(message: str) -> bool:
+    """Whether the scheduler's ``Unschedulable`` message says some node matched the pod but lacked
+    room (``0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node
+    affinity/selector``): the part before ``preemption:`` names an ``Insufficient <resource>`` or
+    ``Too many pods``."""
+    return bool(CAPACITY_REASON.search(message.split("preemption:", 1)[0]))
 
 
 def job_problems(job: Mapping[str, Any], events: Iterable[Mapping[str, Any]] = ()) -> list[Problem]:

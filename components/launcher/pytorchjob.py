@@ -106,6 +106,12 @@ WORKER_POD_SETTINGS = (
     "termination_grace_period_s", "image_pull_policy", "labels", "pod_annotations", "env",
 )
 
+#: ``runPolicy.backoffLimit`` rendered when :attr:`PyTorchJobSpec.backoff_limit` is unset and the workers
+#: restart in place (``OnFailure``/``Always``): Kubernetes' own Job default. Without a limit a worker
+#: that is OOM-killed at every start would be restarted forever; 6 restarts ride out a few transient
+#: faults (torchrun restarts the worker group itself first, ``max_restarts``).
+DEFAULT_BACKOFF_LIMIT = 6
+
 RestartPolicy = Literal["OnFailure", "ExitCode", "Never", "Always"]
 CleanPodPolicy = Literal["None", "Running", "All"]
 
@@ -218,10 +224,20 @@ class PyTorchJobSpec:
             pod that died of a signal (exit code 128 and above: preemption, OOM kill, a deleted
             pod's SIGTERM) and fails the job on any other non-zero exit — torchrun exits 1 once
             ``max_restarts`` are spent (2 for a permanent failure), so the failure reaches KFP. ``OnFailure``: the kubelet restarts the container in place
-            and the job fails only past ``backoff_limit`` (never, if that is unset)
+            and the job fails only past ``backoff_limit``
             (training-operator v1.9 ``pkg/controller.v1/common/pod.go``, ``job.go``).
-        clean_pod_policy: which pods the operator deletes when the job finishes.
-        backoff_limit: retries of the whole job before it is marked Failed (``None``: operator default).
+        clean_pod_policy: which pods the operator deletes when the job finishes: ``Running``
+            (default) deletes the Running and Pending ones, so the workers left when one fails free
+            their GPUs, and keeps Failed/Succeeded pods (and their logs) for inspection; ``None``
+            keeps every pod running on (training-operator v1.9 ``DeletePodsAndServices``).
+        backoff_limit: ``runPolicy.backoffLimit``: container restarts (summed over the Running
+            pods) before the job is marked Failed. ``None``: :data:`DEFAULT_BACKOFF_LIMIT` under
+            ``OnFailure``/``Always``, left out under ``ExitCode``, where training-operator v1.9 cannot
+            count retries with it (its pods have restartPolicy ``Never``, so their restart count stays
+            0, and its other check compares the work queue's requeues, always 0 for PyTorchJobs, with
+            the limit: any value >= 1 is never reached, and 0 fails the job at the first retryable
+            exit, a preempted or scaled-down pod's included; ``pkg/core/job.go`` ``PastBackoffLimit``,
+            ``pkg/controller.v1/common/job.go``).
         rdzv_last_call_timeout_s: torchrun's rendezvous ``last_call_timeout`` in seconds.
         rdzv_host: address of the c10d rendezvous store the workers join (an IP literal or a DNS
             name the pods resolve), hosted by the launcher; ``None``: worker 0's agent hosts it (the
@@ -273,7 +289,7 @@ class PyTorchJobSpec:
     s3_endpoint_key: str = "AWS_ENDPOINT_URL_S3"
     env: Mapping[str, str] = field(default_factory=dict)
     restart_policy: RestartPolicy = "ExitCode"
-    clean_pod_policy: CleanPodPolicy = "None"
+    clean_pod_policy: CleanPodPolicy = "Running"
     backoff_limit: int | None = None
     rdzv_last_call_timeout_s: int = 1
     rdzv_host: str | None = None
@@ -537,8 +553,11 @@ def render_pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
     if spec.rdzv_id is not None:
         elastic_policy["rdzvId"] = spec.rdzv_id
     run_policy: dict[str, Any] = {"cleanPodPolicy": spec.clean_pod_policy}
-    if spec.backoff_limit is not None:
-        run_policy["backoffLimit"] = spec.backoff_limit
+    backoff_limit = spec.backoff_limit
+    if backoff_limit is None and spec.restart_policy in ("OnFailure", "Always"):
+        backoff_limit = DEFAULT_BACKOFF_LIMIT
+    if backoff_limit is not None:
+        run_policy["backoffLimit"] = backoff_limit
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,

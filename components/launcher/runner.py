@@ -19,9 +19,10 @@ Call order (:meth:`PyTorchJobRunner.run`):
 3. **wait** — poll the job's ``status.conditions`` every ``poll_interval_s`` until the operator sets
    ``Succeeded`` or ``Failed``; transient API errors are retried up to ``max_consecutive_errors``.
    Each poll also reads the worker pods: their logs are followed (``stream_logs``), and a worker that
-   cannot start (a missing image or Secret, no node that fits: :mod:`components.launcher.diagnose`)
-   fails the launch with :class:`LaunchStuck` once the problem has lasted its grace while fewer than
-   ``minReplicas`` workers run.
+   cannot start (a missing image or Secret, a command that cannot run, no node that matches it:
+   :mod:`components.launcher.diagnose`) fails the launch with :class:`LaunchStuck` once the problem
+   has lasted its grace while fewer than ``minReplicas`` workers run. A worker waiting for capacity
+   (``Insufficient nvidia.com/gpu``) queues: only ``capacity_grace_s``, unset by default, limits that.
 4. **clean up** — delete the job per ``cleanup`` (``always``, ``on-success``, ``never``); when the
    launcher is terminated (SIGTERM: KFP terminated the run) or times out, the job is deleted unless
    ``cleanup`` is ``never``.
@@ -170,6 +171,11 @@ class RunnerSettings:
             waiting for them.
         max_grace_s: cap on how long such a problem may last first (each reason has its own grace,
             at most 60 s: :mod:`components.launcher.diagnose`).
+        capacity_grace_s: how long workers may wait for capacity — ``Unschedulable`` for
+            ``Insufficient <resource>`` (``nvidia.com/gpu``, ``cpu``...) — before the launch fails
+            (``None``, the default: as long as the job waits, like any queued job; ``timeout_s``
+            still bounds the whole wait). A GPU node pool scaling up from zero takes minutes, and GPUs
+            held by other jobs free up when those end, so ``max_grace_s`` does not apply to it.
         operator_grace_s: fail if the training operator has neither set a condition on the job nor
             created a pod within this many seconds (it is not installed, or not watching the
             namespace).
@@ -184,6 +190,7 @@ class RunnerSettings:
     delete_timeout_s: float = 120.0
     fail_fast: bool = True
     max_grace_s: float = 60.0
+    capacity_grace_s: float | None = None
     operator_grace_s: float = 60.0
     stream_logs: bool = False
 
@@ -199,6 +206,8 @@ class RunnerSettings:
         if self.max_grace_s < 0 or self.operator_grace_s <= 0:
             raise ValueError(f"max_grace_s must be >= 0 and operator_grace_s > 0, got {self.max_grace_s} "
                              f"and {self.operator_grace_s}")
+        if self.capacity_grace_s is not None and self.capacity_grace_s < 0:
+            raise ValueError(f"capacity_grace_s must be >= 0 or None, got {self.capacity_grace_s}")
 
 
 def pytorchjob_resource() -> Any:
@@ -465,13 +474,16 @@ class PyTorchJobRunner:
 
     def _problems(self, ref: JobRef, job: Any, pods: list[dict[str, Any]],
                   spec: PyTorchJobSpec | None) -> list[diagnose.Problem]:
-        """What keeps workers from running (reads Warning Events only when some worker is not running)."""
+        """What keeps workers from running (reads Warning Events only when some worker is not running).
+
+        Failed pods are diagnosed too: a container that cannot start (exit 128) fails its pod at once
+        under ``ExitCode``, and the operator recreates it forever (:func:`diagnose.pod_problems`)."""
         min_workers = spec.min_replicas if spec is not None else 1
-        waiting = [p for p in pods if (p.get("status") or {}).get("phase") not in ("Running", "Succeeded", "Failed")]
-        if not waiting and len(pods) >= min_workers:
+        not_running = [p for p in pods if (p.get("status") or {}).get("phase") not in ("Running", "Succeeded")]
+        if not not_running and len(pods) >= min_workers:
             return []
         events = self._warning_events(ref.namespace)
-        out = [problem for pod in waiting for problem in diagnose.pod_problems(pod, events)]
+        out = [problem for pod in not_running for problem in diagnose.pod_problems(pod, events)]
         if len(pods) < min_workers:  # the operator's create errors matter only while pods are missing
             out.extend(diagnose.job_problems(_as_dict(job), events))
         return out
@@ -485,7 +497,8 @@ class PyTorchJobRunner:
             return  # training (or paused by the scheduler): an extra pod that cannot start is not fatal
         for problem in problems:
             first = self._first_seen.setdefault(problem.key, now)
-            if now - first >= min(problem.grace_s, self.settings.max_grace_s):
+            limit = self.grace_s(problem)
+            if limit is not None and now - first >= limit:
                 raise LaunchStuck(ref, problem)
         conditions = (_get(_as_dict(job), "status") or {}).get("conditions") or []
         if not conditions and not pods and now - start >= self.settings.operator_grace_s:
@@ -493,6 +506,13 @@ class PyTorchJobRunner:
                 f"PyTorchJob {ref}: the training operator set no condition and created no pod within "
                 f"{self.settings.operator_grace_s:.0f} s; is the Kubeflow training operator installed and "
                 f"watching namespace {ref.namespace}?")
+
+    def grace_s(self, problem: diagnose.Problem) -> float | None:
+        """How long ``problem`` may last before the launch fails (``None``: never): its own grace
+        capped by ``max_grace_s``, or ``capacity_grace_s`` for a pod waiting for capacity."""
+        if problem.capacity:
+            return self.settings.capacity_grace_s
+        return min(problem.grace_s, self.settings.max_grace_s)
 
     def _worker_pods(self, ref: JobRef) -> list[dict[str, Any]]:
         from lightkube.resources.core_v1 import Pod
@@ -701,9 +721,13 @@ def api_refusal(action: str, what: str, namespace: str, err: Any) -> str:
 
 
 def summarize_workers(pods: list[dict[str, Any]]) -> str:
-    """``workers: 2 Running, 1 Pending (0/4 nodes are available: ...)`` from worker pod dicts."""
+    """``workers: 2 Running, 1 Pending (0/4 nodes are available: ...)`` from worker pod dicts, then
+    the containers restarted in place and why they last ended (``x-worker-0 restarted 3x, last
+    OOMKilled exit 137``: ``lastState.terminated``, set under ``OnFailure``/``Always``; under
+    ``ExitCode`` the operator recreates the pod instead, which starts with no ``lastState``)."""
     counts: dict[str, int] = {}
     reasons: set[str] = set()
+    restarts: list[str] = []
     for pod in pods:
         status = pod.get("status") or {}
         phase = status.get("phase") or "Unknown"
@@ -711,8 +735,14 @@ def summarize_workers(pods: list[dict[str, Any]]) -> str:
         for cond in status.get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("message"):
                 reasons.add(cond["message"])
+        for cs in status.get("containerStatuses") or []:
+            last = (cs.get("lastState") or {}).get("terminated") or {}
+            if cs.get("restartCount") and last:
+                restarts.append(f"{(pod.get('metadata') or {}).get('name', '')} restarted {cs['restartCount']}x, "
+                                f"last {last.get('reason') or 'Error'} exit {last.get('exitCode')}")
     text = ", ".join(f"{n} {phase}" for phase, n in sorted(counts.items())) or "none yet"
-    return f"workers: {text}" + (f" ({'; '.join(sorted(reasons))})" if reasons else "")
+    return (f"workers: {text}" + (f" ({'; '.join(sorted(reasons))})" if reasons else "")
+            + (f"; {'; '.join(sorted(restarts))}" if restarts else ""))
 
 
 def _as_dict(obj: Any) -> dict[str, Any]:

@@ -81,6 +81,7 @@ def train(
     Secret ``s3_secret_name`` (keys ``s3_access_key_key``/``s3_secret_key_key``) and the endpoint
     ``s3_endpoint_url`` (or the Secret's ``AWS_ENDPOINT_URL_S3``). Workers that cannot start fail the
     step within about a minute with the cause; the job is deleted then unless ``keep_failed_job``.
+    Workers waiting for capacity (``Insufficient nvidia.com/gpu``) queue instead.
     Outputs the final model, scalar metrics, the job key, a JSON training summary (resumes, lost
     steps, restart seconds) and the PyTorchJob it ran (cluster backend)."""
     import json

@@ -49,6 +49,16 @@ def test_the_pod_monitor_selects_the_launchers_pods_and_port() -> None:
     assert {MANAGED_LABEL: "true"} in [p["podSelector"]["matchLabels"] for p in policy["spec"]["ingress"][0]["from"]]
 
 
+def test_dev_minio_admits_the_launchers_workers_from_any_namespace() -> None:
+    """The train step's pre-flight reaches MinIO as a KFP step (any namespace); its workers run in
+    the job's namespace (``kubeflow`` under KFP standalone, not MinIO's), so their rule needs the
+    same ``namespaceSelector: {}`` — without it only workers in MinIO's own namespace get through."""
+    (policy,) = docs("components/dev-minio/networkpolicy.yaml")
+    (managed,) = [p for p in policy["spec"]["ingress"][0]["from"]
+                  if p["podSelector"]["matchLabels"] == {MANAGED_LABEL: "true"}]
+    assert managed == {"namespaceSelector": {}, "podSelector": {"matchLabels": {MANAGED_LABEL: "true"}}}
+
+
 def test_the_recording_rules_record_the_controllers_queries() -> None:
     """One home: the monitoring component's recording rules are the observer's QUERIES at the
     rules' window, recorded under the names the observer reads with ``recorded=True``."""

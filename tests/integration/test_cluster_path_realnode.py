@@ -68,9 +68,12 @@ def test_train_step_trains_in_pods_streams_their_logs_and_summarizes_from_s3(
     [
         ({"image": "registry.invalid/trainflow:missing"}, "cannot pull image 'registry.invalid/trainflow:missing'"),
         ({"s3_secret_name": "no-such-secret"}, 'secret "no-such-secret" not found'),
-        ({"worker_cpu": "64"}, "Insufficient cpu"),
+        # A node short of room (Insufficient cpu) is capacity to wait for, not bad input: no node matching
+        # the selector is what fails.
+        ({"worker_pod_settings": json.dumps({"node_selector": {"trainflow.dev/pool": "nowhere"}})},
+         "didn't match Pod's node affinity/selector"),
     ],
-    ids=["missing-image", "missing-secret", "too-much-cpu"],
+    ids=["missing-image", "missing-secret", "no-matching-node"],
 )
 def test_bad_input_fails_within_two_minutes_from_the_kubelets_own_status(
     k8s_testbed: KubeTestBed, real_node: RealNode, real_node_env: S3Server, s3_namespace: str,

@@ -39,7 +39,7 @@ from tests.support.k8s import (
 
 pytestmark = pytest.mark.k8s
 
-FAST = {"poll_interval_s": 0.5, "max_grace_s": 2.0, "delete_timeout_s": 30.0}
+FAST = {"poll_interval_s": 0.5, "max_grace_s": 2.0, "capacity_grace_s": 2.0, "delete_timeout_s": 30.0}
 
 
 def make_spec(namespace: str, pool: str, **overrides: Any) -> PyTorchJobSpec:
@@ -59,7 +59,7 @@ def jobs(client: Any, namespace: str) -> list[str]:
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        ({"gpus_per_worker": 64}, "no node can run it (Unschedulable): 0/"),
+        ({"gpus_per_worker": 64}, "waiting for capacity, no node has room for it now (Unschedulable): 0/"),
         ({"node_selector": {"pool": "nowhere"}}, "didn't match Pod's node affinity/selector"),
         ({"pod_annotations": {WAITING_REASON_ANNOTATION: "ErrImagePull", WAITING_MESSAGE_ANNOTATION:
           'failed to pull and unpack image "registry.example/trainflow:test": not found'}},
@@ -346,6 +346,9 @@ def test_the_train_step_names_a_missing_bucket_a_refusal_and_unsatisfiable_reque
     assert elapsed < 30
     monkeypatch.setenv("KUBECONFIG", str(k8s_testbed.kubeconfig))
 
-    # More CPU than any node has: the scheduler's own reason, after the unschedulable grace (60 s).
-    message, _ = fails(req.replace(job_key="badinput/3", kfp_run_id="run-bad-3", worker_cpu="640"), "cpu")
-    assert "no node can run it (Unschedulable): 0/" in message and "Insufficient cpu" in message, message
+    # No node matches the pods: the scheduler's own reason, after the unschedulable grace (60 s). (A node
+    # short of room, "Insufficient cpu", is capacity to wait for: the step queues, tested in tests/components.)
+    message, _ = fails(req.replace(job_key="badinput/3", kfp_run_id="run-bad-3",
+                                   worker_pod_settings=json.dumps({"node_selector": {"pool": "nowhere"}})), "selector")
+    assert "no node can run it (Unschedulable): 0/" in message, message
+    assert "didn't match Pod's node affinity/selector" in message, message

@@ -254,7 +254,7 @@ def test_dev_minio_ships_no_credentials_and_admits_only_trainflow_pods(
     assert rule["ports"] == [{"port": 9000, "protocol": "TCP"}]
     allowed = [(bool(peer.get("namespaceSelector") is not None), peer["podSelector"]["matchLabels"])
                for peer in rule["from"]]
-    assert allowed == [(False, {"trainflow.dev/managed": "true"}),
+    assert allowed == [(True, {"trainflow.dev/managed": "true"}),
                        (False, {"app.kubernetes.io/name": "trainflow-minio-client"}),
                        (True, {"pipelines.kubeflow.org/v2_component": "true"}),
                        (True, {"trainflow.dev/s3-client": "true"})]

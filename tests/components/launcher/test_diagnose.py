@@ -17,6 +17,7 @@ from components.launcher.diagnose import (
     one_line,
     pod_problems,
     running_workers,
+    waits_for_capacity,
 )
 
 
@@ -104,32 +105,72 @@ def test_waiting_reasons(waiting: dict, expected: str, grace: float) -> None:
     assert expected in problem.line() and problem.grace_s == grace
 
 
-def test_a_command_that_cannot_start_is_fatal_at_once() -> None:
-    terminated = {"exitCode": 128, "reason": "StartError", "startedAt": "1970-01-01T00:00:00Z",
-                  "finishedAt": "2026-11-23T10:00:01Z",
-                  "message": 'failed to create containerd task: failed to create shim task: OCI runtime create failed: '
-                             'runc create failed: unable to start container process: exec: "torchrun": executable '
-                             'file not found in $PATH: unknown'}
-    (problem,) = pod_problems(pod(terminated=terminated))
-    assert problem.reason == "StartError" and problem.grace_s == 0 and "torchrun" in problem.message
+START_ERROR = {"exitCode": 128, "reason": "StartError", "startedAt": "1970-01-01T00:00:00Z",
+               "finishedAt": "2026-11-23T10:00:01Z",
+               "message": 'failed to create containerd task: failed to create shim task: OCI runtime create failed: '
+                          'runc create failed: unable to start container process: exec: "python": executable '
+                          'file not found in $PATH: unknown'}
+
+
+@pytest.mark.parametrize("deleting", [False, True])
+def test_a_command_that_cannot_start_is_fatal_at_once(deleting: bool) -> None:
+    """Under the operator's ExitCode policy the pod's restartPolicy is Never (training-operator v1.9
+    ``pkg/core/pod.go`` SetRestartPolicy), so a container that cannot start leaves the pod Failed — and
+    the operator, exit 128 being retryable to it, deletes and recreates it forever."""
+    (problem,) = pod_problems(pod(phase="Failed", terminated=START_ERROR, deleting=deleting))
+    assert problem.reason == "StartError" and problem.grace_s == 0 and '"python"' in problem.message
+    nvidia = {**START_ERROR, "reason": "ContainerCannotRun",
+              "message": "nvidia-container-cli: initialization error: nvml error: driver not loaded: unknown"}
+    (problem,) = pod_problems(pod(phase="Failed", terminated=nvidia))
+    assert problem.reason == "ContainerCannotRun" and problem.grace_s == 0 and "nvml" in problem.line()
+
+
+@pytest.mark.parametrize(
+    "message",
+    ["0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector. preemption: 0/4 nodes are "
+     "available: 4 Preemption is not helpful for scheduling.",
+     "0/3 nodes are available: 1 node(s) had untolerated taint {nvidia.com/gpu: present}, 2 node(s) didn't match "
+     "Pod's node affinity/selector. preemption: 0/3 nodes are available: 3 Preemption is not helpful for "
+     "scheduling."],
+)
+def test_pods_no_node_matches_quote_the_scheduler_and_fail_after_the_unschedulable_grace(message: str) -> None:
+    cond = {**UNSCHEDULABLE, "message": message}
+    (problem,) = pod_problems(pod(conditions=[cond]))
+    assert problem.reason == "Unschedulable" and problem.grace_s == UNSCHEDULABLE_GRACE_S and not problem.capacity
+    assert problem.line() == f"pod team-a/train-1a2b-worker-0: no node can run it (Unschedulable): {message}"
 
 
 @pytest.mark.parametrize(
     "message",
     [UNSCHEDULABLE["message"],
-     "0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector. preemption: 0/4 nodes are "
-     "available: 4 Preemption is not helpful for scheduling."],
+     "0/5 nodes are available: 2 Insufficient nvidia.com/gpu, 3 node(s) didn't match Pod's node affinity/selector. "
+     "preemption: 0/5 nodes are available: 2 No preemption victims found for incoming pod, 3 Preemption is not "
+     "helpful for scheduling.",
+     "0/1 nodes are available: 1 Too many pods. preemption: 0/1 nodes are available: 1 No preemption victims "
+     "found for incoming pod."],
 )
-def test_unschedulable_pods_quote_the_scheduler(message: str) -> None:
-    cond = {**UNSCHEDULABLE, "message": message}
-    (problem,) = pod_problems(pod(conditions=[cond]))
-    assert problem.reason == "Unschedulable" and problem.grace_s == UNSCHEDULABLE_GRACE_S
-    assert problem.line() == f"pod team-a/train-1a2b-worker-0: no node can run it (Unschedulable): {message}"
+def test_pods_waiting_for_capacity_queue_instead_of_failing(message: str) -> None:
+    """``Insufficient <resource>``: a node matched but is full (GPUs held by other jobs, a node pool
+    scaling up from zero): no grace of its own; the runner's ``capacity_grace_s`` decides."""
+    (problem,) = pod_problems(pod(conditions=[{**UNSCHEDULABLE, "message": message}]))
+    assert problem.reason == "Unschedulable" and problem.capacity and problem.grace_s == float("inf")
+    assert problem.line() == (f"pod team-a/train-1a2b-worker-0: waiting for capacity, no node has room for it now "
+                              f"(Unschedulable): {message}")
+    (mismatch,) = pod_problems(pod(conditions=[{**UNSCHEDULABLE, "message": "0/1 nodes are available: 1 node(s) "
+                                                "didn't match Pod's node affinity/selector."}]))
+    assert mismatch.key != problem.key  # a grace of its own, not one that started while the pod queued
+
+
+def test_insufficient_after_preemption_is_not_capacity() -> None:
+    """Only the filter part counts: the preemption part's wording is not about this pod's nodes."""
+    assert not waits_for_capacity("0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector. "
+                                  "preemption: 0/2 nodes are available: 2 Insufficient cpu.")
 
 
 def test_running_finished_and_deleted_pods_have_no_problems() -> None:
     waiting = {"reason": "ErrImagePull", "message": "x"}
     for p in (pod(phase="Running", waiting=waiting), pod(phase="Failed", waiting=waiting),
+              pod(phase="Failed", terminated={"exitCode": 137, "reason": "OOMKilled"}),
               pod(phase="Succeeded"), pod(deleting=True, waiting=waiting)):
         assert pod_problems(p) == []
     assert pod_problems(pod(conditions=[{"type": "PodScheduled", "status": "True"}])) == []  # scheduled, starting

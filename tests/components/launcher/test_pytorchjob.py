@@ -381,3 +381,26 @@ def test_owner_reference_and_job_key_hash_label_are_on_the_job_only() -> None:
     pod_meta = m["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]
     assert JOB_KEY_HASH_LABEL not in pod_meta["labels"] and "ownerReferences" not in pod_meta
     assert "ownerReferences" not in render_pytorchjob(spec())["metadata"]
+
+
+def test_workers_still_running_when_the_job_ends_are_deleted_and_ended_ones_kept() -> None:
+    """``cleanPodPolicy: Running``: when one worker fails the job, the others stop holding their GPUs
+    (training-operator v1.9 ``DeletePodsAndServices`` deletes Running and Pending pods); Failed and
+    Succeeded pods stay for their logs."""
+    assert render_pytorchjob(spec())["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+    assert render_pytorchjob(spec(clean_pod_policy="None"))["spec"]["runPolicy"]["cleanPodPolicy"] == "None"
+
+
+def test_backoff_limit_is_rendered_where_the_operator_counts_restarts() -> None:
+    """In-place restarts (OnFailure, Always) get Kubernetes' Job default of 6, so a worker OOM-killed at
+    every start is not restarted forever; under ExitCode (the default) the v1.9 operator cannot count
+    pod recreations with it (restartPolicy Never pods never restart; its requeue count is always 0), so
+    nothing is rendered unless asked."""
+    from components.launcher.pytorchjob import DEFAULT_BACKOFF_LIMIT
+
+    assert DEFAULT_BACKOFF_LIMIT == 6
+    for policy in ("OnFailure", "Always"):
+        assert render_pytorchjob(spec(restart_policy=policy))["spec"]["runPolicy"]["backoffLimit"] == 6
+    assert "backoffLimit" not in render_pytorchjob(spec())["spec"]["runPolicy"]
+    assert render_pytorchjob(spec(restart_policy="OnFailure", backoff_limit=2))["spec"]["runPolicy"]["backoffLimit"] == 2
+    assert render_pytorchjob(spec(backoff_limit=0))["spec"]["runPolicy"]["backoffLimit"] == 0

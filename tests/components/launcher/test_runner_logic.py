@@ -168,3 +168,107 @@ def test_a_succeeded_job_is_reported_whatever_its_store() -> None:
     uid = api.add(render_pytorchjob(_job_spec(**OLD)), conditions=[{"type": "Succeeded", "status": "True"}])
     ref, created = PyTorchJobRunner(api).create_or_reattach(_job_spec(**NEW))
     assert (created, ref.uid, api.deleted) == (False, uid, [])
+
+
+# -- when workers that cannot start fail the launch (fail fast) ---------------------------------
+
+
+class _FakeCluster:
+    """What one poll's diagnosis reads: the namespace's Warning Events (none here)."""
+
+    def list(self, resource: Any, **_: Any) -> list:
+        return []
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _worker(phase: str, *, terminated: dict | None = None, unschedulable: str = "", uid: str = "uid-w0") -> dict:
+    status: dict = {"phase": phase, "conditions": []}
+    if terminated is not None:
+        status["containerStatuses"] = [{"name": "pytorch", "image": "img", "restartCount": 0, "ready": False,
+                                        "state": {"terminated": terminated}}]
+    if unschedulable:
+        status["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                 "message": unschedulable}]
+    return {"metadata": {"name": "train-x-worker-0", "namespace": "team-a", "uid": uid}, "status": status}
+
+
+def _stuck_after(runner: Any, clock: _Clock, pods: list[dict], *, seconds: float) -> Any:
+    """Poll the diagnosis over ``seconds`` (every 5 s); return the LaunchStuck raised, or None."""
+    from components.launcher.runner import JobRef, LaunchStuck
+
+    ref, spec, job_ = JobRef("team-a", "train-x", "uid-job"), _job_spec(), {"status": {"conditions": []}}
+    end = clock.now + seconds
+    while True:
+        problems = runner._problems(ref, job_, pods, spec)
+        try:
+            runner._fail_if_stuck(ref, job_, pods, problems, spec, start=0.0)
+        except LaunchStuck as stuck:
+            return stuck
+        if clock.now >= end:
+            return None
+        clock.now += 5.0
+
+
+def test_a_failed_worker_whose_command_cannot_start_fails_the_launch_at_once() -> None:
+    """ExitCode makes the pod restartPolicy Never, so exit 128 leaves it Failed (training-operator v1.9
+    ``pkg/core/pod.go``); the operator recreates it forever (``train_util.IsRetryableExitCode``)."""
+    from components.launcher.runner import PyTorchJobRunner
+
+    clock = _Clock()
+    runner = PyTorchJobRunner(_FakeCluster(), RunnerSettings(), clock=clock)
+    start_error = {"exitCode": 128, "reason": "StartError",
+                   "message": 'exec: "python": executable file not found in $PATH: unknown'}
+    stuck = _stuck_after(runner, clock, [_worker("Failed", terminated=start_error)], seconds=0)
+    assert stuck is not None and "cannot start the container (StartError)" in str(stuck) and '"python"' in str(stuck)
+    oom = {"exitCode": 137, "reason": "OOMKilled"}  # the operator's to retry: not a launch problem
+    assert _stuck_after(runner, clock, [_worker("Failed", terminated=oom)], seconds=600) is None
+
+
+INSUFFICIENT_GPU = ("0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: "
+                    "3 No preemption victims found for incoming pod.")
+NO_MATCH = ("0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector. preemption: 0/3 nodes "
+            "are available: 3 Preemption is not helpful for scheduling.")
+
+
+def test_workers_waiting_for_gpus_queue_while_a_mismatch_fails_after_a_minute() -> None:
+    from components.launcher.runner import PyTorchJobRunner
+
+    clock = _Clock()
+    runner = PyTorchJobRunner(_FakeCluster(), RunnerSettings(), clock=clock)
+    queued = [_worker("Pending", unschedulable=INSUFFICIENT_GPU)]
+    assert _stuck_after(runner, clock, queued, seconds=6 * 3600) is None  # a node pool scaling up, a busy cluster
+    stuck = _stuck_after(runner, clock, [_worker("Pending", unschedulable=NO_MATCH)], seconds=600)
+    assert stuck is not None and "no node can run it (Unschedulable)" in str(stuck)
+    assert stuck.problem.grace_s == 60 and clock.now - 6 * 3600 - 1000 == 60
+
+
+def test_capacity_grace_s_bounds_the_wait_for_capacity() -> None:
+    from components.launcher.runner import PyTorchJobRunner
+
+    clock = _Clock()
+    runner = PyTorchJobRunner(_FakeCluster(), RunnerSettings(capacity_grace_s=1800, max_grace_s=10), clock=clock)
+    t0 = clock.now
+    stuck = _stuck_after(runner, clock, [_worker("Pending", unschedulable=INSUFFICIENT_GPU)], seconds=7200)
+    assert stuck is not None and clock.now - t0 == 1800  # max_grace_s caps the faults' graces, not this
+    assert "waiting for capacity, no node has room for it now (Unschedulable): 0/3 nodes" in str(stuck)
+    with pytest.raises(ValueError, match="capacity_grace_s"):
+        RunnerSettings(capacity_grace_s=-1)
+
+
+def test_the_progress_line_says_a_worker_restarted_in_place_was_oom_killed() -> None:
+    from components.launcher.runner import summarize_workers
+
+    oom = {"metadata": {"name": "train-x-worker-1"}, "status": {"phase": "Running", "containerStatuses": [
+        {"name": "pytorch", "restartCount": 3, "state": {"running": {}},
+         "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}}
+    fresh = {"metadata": {"name": "train-x-worker-0"}, "status": {"phase": "Running", "containerStatuses": [
+        {"name": "pytorch", "restartCount": 0, "state": {"running": {}}, "lastState": {}}]}}
+    assert summarize_workers([fresh, oom]) == "workers: 2 Running; train-x-worker-1 restarted 3x, last OOMKilled exit 137"
+    assert summarize_workers([fresh]) == "workers: 1 Running"
