@@ -63,6 +63,11 @@ def kfp_server(
     ] = "127.0.0.1",
     data_dir: Annotated[Path, typer.Option(help="State file and per-run folders.")] = Path("runs/kfp-server"),
     max_concurrent_runs: Annotated[int, typer.Option(min=1, help="Runs beyond this wait in PENDING.")] = 2,
+    terminate_grace_s: Annotated[
+        float | None,
+        typer.Option(min=0, help="Seconds a terminated run's processes get to stop before they are killed "
+                     "(default: room for a trainer's checkpoint save on SIGTERM and torchrun's stop)."),
+    ] = None,
     auth_token_file: Annotated[
         Path | None,
         typer.Option(
@@ -92,6 +97,7 @@ def kfp_server(
             data_dir=data_dir,
             max_concurrent_runs=max_concurrent_runs,
             auth_token=token,
+            **({} if terminate_grace_s is None else {"terminate_grace_s": terminate_grace_s}),
         )
     except ValueError as e:  # a non-loopback host without a token, an unreadable state file
         raise _fail(str(e)) from None

@@ -45,6 +45,24 @@ def define_pipelines() -> dict:
         return sleep_for(seconds=seconds).output
 
     @dsl.component(base_image=BASE_IMAGE)
+    def sleep_beside_a_session_of_its_own(seconds: float) -> str:
+        """Starts a child in a session of its own (as torchrun does its agent and workers), then sleeps."""
+        import os
+        import subprocess
+        import sys
+        import time
+
+        child = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"], start_new_session=True)
+        print(f"session child pid {child.pid} sid {os.getsid(child.pid)}; step pgid {os.getpgrp()}", flush=True)
+        time.sleep(seconds)
+        child.wait()
+        return "slept"
+
+    @dsl.pipeline(name="detached")
+    def detached(seconds: float = 60.0) -> str:
+        return sleep_beside_a_session_of_its_own(seconds=seconds).output
+
+    @dsl.component(base_image=BASE_IMAGE)
     def stop_slowly(seconds: float, stop_s: float) -> str:
         """Sleeps; on SIGTERM takes ``stop_s`` seconds to stop (a trainer's blocking save)."""
         import signal
@@ -155,6 +173,7 @@ def define_pipelines() -> dict:
         "failing": failing,
         "slow": slow,
         "stubborn": stubborn,
+        "detached": detached,
         "platform": platform,
         "training_pipeline": training_pipeline,
     }

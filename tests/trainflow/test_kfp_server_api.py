@@ -155,6 +155,28 @@ def test_terminate_stops_every_process_of_the_run(http: httpx.Client, compiled_p
     assert again.status_code == 400 and again.json()["code"] == 3, again.text
 
 
+def test_terminate_stops_processes_of_the_run_in_sessions_of_their_own(http: httpx.Client, compiled_pipelines) -> None:
+    """torchrun starts its agent and workers in sessions of their own, outside the run's process
+    group: terminating the run stops them too (they are its process tree when it is terminated)."""
+    body = {
+        "display_name": "detached",
+        "pipeline_spec": spec_of(compiled_pipelines["detached"]),
+        "runtime_config": {"parameters": {"seconds": 300}},
+    }
+    run_id = http.post(f"{API}/runs", json=body).raise_for_status().json()["run_id"]
+    deadline = time.monotonic() + 120
+    pattern = r"session child pid (\d+) sid (\d+); step pgid (\d+)"
+    while not (m := re.search(pattern, http.get(f"/local/runs/{run_id}/log").text)):
+        assert time.monotonic() < deadline, "the session child never started"
+        time.sleep(0.3)
+    child_pid, sid, pgid = (int(g) for g in m.groups())
+    assert sid == child_pid and os.getpgid(child_pid) != pgid and _alive(child_pid)  # outside the run's group
+    assert http.post(f"{API}/runs/{run_id}:terminate").raise_for_status().json() == {}
+    run = wait_state(http, run_id, TERMINAL, timeout_s=60)
+    assert run["state"] == "CANCELED"
+    assert not _alive(child_pid), "a process of the run in a session of its own survived terminate"
+
+
 def _alive(pid: int) -> bool:
     """True for a running process (a zombie waiting to be reaped has already stopped)."""
     try:

@@ -47,6 +47,7 @@ from trainflow.kfp_server.errors import ApiError, GrpcCode, invalid_argument
 from trainflow.kfp_server.execute import strip_ansi
 from trainflow.kfp_server.runner import (
     ACTIVE_STATES,
+    DEFAULT_TERMINATE_GRACE_S,
     RunExecutor,
     pipeline_outputs,
     set_state,
@@ -590,7 +591,7 @@ def create_app(
     *,
     max_concurrent_runs: int = 2,
     auth_token: str | None = None,
-    terminate_grace_s: float = 5.0,
+    terminate_grace_s: float = DEFAULT_TERMINATE_GRACE_S,
     allowed_hosts: Sequence[str] = security.LOOPBACK_NAMES,
 ) -> FastAPI:
     """Build the application.
@@ -940,7 +941,7 @@ def serve(
     data_dir: Path,
     max_concurrent_runs: int = 2,
     auth_token: str | None = None,
-    terminate_grace_s: float = 5.0,
+    terminate_grace_s: float = DEFAULT_TERMINATE_GRACE_S,
     log_level: str = "info",
 ) -> None:
     """Run the server with uvicorn until interrupted (SIGINT/SIGTERM terminate active runs first).

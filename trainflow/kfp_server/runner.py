@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from trainflow.kfp_server.execute import LIFELINE_FD_ENV
@@ -43,6 +44,9 @@ from trainflow.kfp_server.store import Store, now_rfc3339
 
 log = logging.getLogger(__name__)
 
+#: Seconds between SIGTERM and SIGKILL when a run is terminated: room for the trainer's blocking
+#: save on SIGTERM (``preemption_save_deadline_s``, 20 s by default) and torchrun's stop after it.
+DEFAULT_TERMINATE_GRACE_S = 30.0
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "CANCELING", "PAUSED"})
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELED", "SKIPPED"})
 #: The trainer's per-step records, written by ``components.training.step`` into ``TRAINFLOW_LOG_DIR``.
@@ -88,7 +92,7 @@ class RunExecutor:
         data_dir: Path,
         *,
         max_concurrent_runs: int = 2,
-        terminate_grace_s: float = 5.0,
+        terminate_grace_s: float = DEFAULT_TERMINATE_GRACE_S,
         python: str = sys.executable,
     ) -> None:
         if max_concurrent_runs < 1:
@@ -100,6 +104,8 @@ class RunExecutor:
         self._slots = threading.Semaphore(max_concurrent_runs)
         self._lock = threading.Lock()
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        # leader pid -> the run's process tree when its termination began (see _kill_group)
+        self._trees: dict[int, list[psutil.Process]] = {}
         self._cancel: dict[str, threading.Event] = {}
         self._threads: dict[str, threading.Thread] = {}
         self._closed = False
@@ -165,17 +171,32 @@ class RunExecutor:
 
     def _kill_group(self, proc: subprocess.Popen[bytes], *, sigterm: bool = True) -> None:
         """SIGTERM the run's process group (unless already sent), wait up to the grace period for
-        all of it to exit, SIGKILL the rest."""
+        it and every process it started to exit, SIGKILL the rest.
+
+        "Every process it started" is the process tree taken before the SIGTERM: torchrun starts
+        its agent and each worker in a session of their own (``components.training.launch``,
+        torch's ``SubprocessHandler``), outside the run's group, and once the train step is gone
+        they are no longer its descendants. They get no signal from here (the train step forwards
+        SIGTERM to the agent, which stops its workers); they are waited for, and SIGKILLed at the
+        deadline like the group.
+        """
         if sigterm:
+            with self._lock:
+                self._trees[proc.pid] = _tree(proc.pid)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
+        with self._lock:
+            tree = self._trees.get(proc.pid, [])
         deadline = time.monotonic() + self.terminate_grace_s
         # The leader exits at once (it forwards SIGTERM); the components it started may take
         # their time (a blocking checkpoint save), and the group lives on without the leader.
-        while time.monotonic() < deadline and _group_alive(proc):
+        while time.monotonic() < deadline and (_group_alive(proc) or _any_running(tree)):
             time.sleep(0.1)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.kill()  # psutil checks it is still the process it was (pid reuse)
 
     def _work(self, run_id: str, cancel: threading.Event) -> None:
         try:
@@ -196,7 +217,9 @@ class RunExecutor:
             self._update(run_id, lambda r: set_state(r, "FAILED", error_message=message))
         finally:
             with self._lock:
-                self._procs.pop(run_id, None)
+                ended = self._procs.pop(run_id, None)
+                if ended is not None:
+                    self._trees.pop(ended.pid, None)
                 self._cancel.pop(run_id, None)
 
     def _execute(self, run_id: str, cancel: threading.Event) -> None:
@@ -255,6 +278,23 @@ class RunExecutor:
         else:
             message = result.get("message") or f"the run's process exited with code {returncode}; see its log"
             self._update(run_id, lambda r: set_state(r, "FAILED", error_message=message))
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    """The processes below ``pid`` now, whatever their session (empty if it is gone)."""
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _any_running(procs: list[psutil.Process]) -> bool:
+    """True while any of ``procs`` runs (a zombie has stopped; psutil tells a reused pid apart)."""
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                return True
+    return False
 
 
 def _group_alive(proc: subprocess.Popen[bytes]) -> bool:
