@@ -79,7 +79,7 @@ _PERMANENT_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENO
                                errno.ENAMETOOLONG, errno.ELOOP, errno.EINVAL})
 """A local folder's errors that a retry cannot fix (permissions, a path that is no folder)."""
 _TRANSIENT_S3_CODES = frozenset({"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout",
-                                 "XMinioServerNotInitialized"})
+                                 "XMinioServerNotInitialized", "ConditionalRequestConflict"})
 """S3 error codes that mean "try again" whatever the HTTP status (some servers answer 503 as 400)."""
 
 

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import trainflow.storage as storage
+from trainflow.storage import CheckpointStorageError, ObjectExistsError
 from trainflow.storage.local import LocalStorage
 
 
@@ -40,3 +41,24 @@ def test_a_local_store_does_not_import_boto3(tmp_path) -> None:
             "print(sorted(m for m in ('boto3', 'botocore', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("status", "code", "error"), [
+    (412, "PreconditionFailed", ObjectExistsError),
+    (409, "ConditionalRequestConflict", CheckpointStorageError),  # a write under way: retry, it may never exist
+])
+def test_a_create_only_put_tells_an_existing_object_from_a_conflict(status: int, code: str, error: type) -> None:
+    from botocore.exceptions import ClientError
+
+    from trainflow.storage.s3 import S3Storage
+
+    class Refusing:
+        def put_object(self, **kwargs):
+            raise ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                              "PutObject")
+
+    store = S3Storage("s3://bucket/prefix")
+    store._client = Refusing()
+    with pytest.raises(error) as raised, store.open_write("writers/g1.json", create_only=True) as f:
+        f.write(b"{}")
+    assert raised.type is error  # ObjectExistsError is a CheckpointStorageError too: the exact class counts

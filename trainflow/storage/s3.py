@@ -234,7 +234,10 @@ class S3Storage:
                     self._client.upload_fileobj(spool, self.bucket, full_key, Config=self._transfer)
             except ClientError as e:
                 code = e.response.get("Error", {}).get("Code", "")
-                if create_only and code in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                # 412: the object exists. 409 ConditionalRequestConflict is not that: a conflicting
+                # write was still under way, the object may never come to exist, and AWS says to
+                # retry (S3 PutObject, "Conditional requests"): a storage error, which writers retry.
+                if create_only and code in ("PreconditionFailed", "412"):
                     raise ObjectExistsError(f"s3://{self.bucket}/{full_key} already exists") from e
                 raise self._error(f"writing {key} to", e) from e
             except (BotoCoreError, OSError) as e:

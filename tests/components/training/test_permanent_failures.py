@@ -219,6 +219,7 @@ def _transient_cases() -> list:
         ("503 ServiceUnavailable", _storage_failure(_client_error(503, "ServiceUnavailable")), True),
         ("500 InternalError", _storage_failure(_client_error(500, "InternalError")), True),
         ("429", _storage_failure(_client_error(429, "TooManyRequests")), True),
+        ("409 ConditionalRequestConflict", _storage_failure(_client_error(409, "ConditionalRequestConflict")), True),
         ("endpoint unreachable", _storage_failure(EndpointConnectionError(endpoint_url="http://minio:9000")), True),
         ("connect timeout", _storage_failure(ConnectTimeoutError(endpoint_url="http://minio:9000")), True),
         ("read timeout", _storage_failure(ReadTimeoutError(endpoint_url="http://minio:9000")), True),
