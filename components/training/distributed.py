@@ -161,12 +161,29 @@ def process_group_backend() -> str:
     return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_process_group(env: DistEnv, *, timeout_s: float = 120.0) -> bool:
+#: Timeout of the control group's collectives (:func:`broadcast_object`, :func:`gather_objects`,
+#: :func:`barrier`), seconds. The other ranks wait in them while rank 0 alone talks to the
+#: checkpoint store — downloading and verifying the checkpoint to resume from, the final save
+#: with its retries, the model export — which takes as long as the store and the checkpoint's size
+#: make it. A dead peer is not found by this timeout but by torchrun (its agent stops the group
+#: when a worker exits; the rendezvous' keep-alive when a node is lost).
+CONTROL_TIMEOUT_S = 3600.0
+
+_control: Any = None  # the control group (gloo), once init_process_group made it
+
+
+def init_process_group(env: DistEnv, *, timeout_s: float = 120.0, control_timeout_s: float = CONTROL_TIMEOUT_S) -> bool:
     """Join the job's process group (nccl on GPU, gloo on CPU). Returns False for a lone process.
 
     The store is chosen as the module docstring says: torchrun's agent store when it is shared
     (in a namespace of this worker group's own), else one rank 0 hosts on 127.0.0.1 when every rank
     is on this machine, else torch's ``env://`` store.
+
+    Two groups: the default one (``timeout_s``: the per-step gradient and agreement all-reduces,
+    where a stuck collective is a fault) and a gloo *control* group of the same ranks
+    (``control_timeout_s``) for the object collectives and barriers around rank 0's storage work
+    (:data:`CONTROL_TIMEOUT_S`). Before it, ranks waiting for a checkpoint download longer than
+    ``timeout_s`` failed, and torchrun restarted the group — on every try, for a large checkpoint.
     """
     if not env.under_torchrun:
         return False
@@ -188,10 +205,14 @@ def init_process_group(env: DistEnv, *, timeout_s: float = 120.0) -> bool:
         dist.init_process_group(backend=backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout)
     else:
         dist.init_process_group(backend=backend, timeout=timeout)
+    global _control
+    _control = dist.new_group(backend="gloo", timeout=timedelta(seconds=control_timeout_s))  # every rank, in order
     return True
 
 
 def destroy_process_group() -> None:
+    global _control
+    _control = None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -211,7 +232,7 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     if not active():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=src, group=_control)
     return box[0]
 
 
@@ -220,10 +241,11 @@ def gather_objects(obj: Any) -> list[Any]:
     if not active():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=_control)
     return out
 
 
 def barrier() -> None:
+    """Wait for every rank (in the control group: as long as rank 0's storage work takes)."""
     if active():
-        dist.barrier()
+        dist.barrier(group=_control)
