@@ -80,6 +80,15 @@ JOB_EVENT_REASONS: Mapping[str, tuple[float, str]] = {
     "FailedCreatePod": (30.0, "the training operator cannot create worker pods"),
 }
 UNSCHEDULABLE_GRACE_S = 60.0
+#: Normal Events saying a node is being added for an Unschedulable pod: the cluster autoscaler's
+#: ``TriggeredScaleUp`` (kubernetes/autoscaler, ``cluster-autoscaler/core/scaleup``) and Karpenter's
+#: ``Nominated``. A GPU node pool that scales from zero has no node the pod could match, so the
+#: scheduler's message reads as a mismatch ("didn't match Pod's node affinity/selector"); with such
+#: an Event the pod waits for capacity instead.
+SCALE_UP_EVENT_REASONS: Mapping[str, str] = {
+    "TriggeredScaleUp": "waiting for a node the cluster autoscaler is adding for it",
+    "Nominated": "waiting for a node Karpenter is launching for it",
+}
 #: Scheduler reasons saying a node matched the pod but lacked room (kube-scheduler's ``NodeResourcesFit``
 #: filter: ``Insufficient <resource>``, ``Too many pods``): capacity, which frees up or scales up. The
 #: scheduler reports the first failing filter per node and runs the taint and affinity filters before
@@ -151,6 +160,20 @@ def events_for(events: Iterable[Mapping[str, Any]], kind: str, name: str, uid: s
     return sorted(out, key=_event_time)
 
 
+def scale_up_events_for(events: Iterable[Mapping[str, Any]], name: str, uid: str = "") -> list[Mapping[str, Any]]:
+    """The Normal Events of :data:`SCALE_UP_EVENT_REASONS` about the pod ``name`` (and ``uid``), oldest first."""
+    out = []
+    for e in events:
+        obj = e.get("involvedObject") or {}
+        if (e.get("type") != "Normal" or e.get("reason") not in SCALE_UP_EVENT_REASONS
+                or obj.get("kind") != "Pod" or obj.get("name") != name):
+            continue
+        if uid and obj.get("uid") and obj["uid"] != uid:
+            continue
+        out.append(e)
+    return sorted(out, key=_event_time)
+
+
 def _event_time(e: Mapping[str, Any]) -> str:
     series = e.get("series") or {}
     return str(series.get("lastObservedTime") or e.get("lastTimestamp") or e.get("eventTime")
@@ -159,7 +182,7 @@ def _event_time(e: Mapping[str, Any]) -> str:
 
 def pod_problems(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]] = ()) -> list[Problem]:
     """What keeps ``pod`` from running, from its status and its Warning ``events`` (any order; events
-    of other objects are ignored). A pod that is Running or Succeeded has none; one that is Failed or
+    of other objects are ignored; Normal ones count only as :data:`SCALE_UP_EVENT_REASONS`). A pod that is Running or Succeeded has none; one that is Failed or
     being deleted has only a container that could not start (:data:`TERMINATED_REASONS`: the operator
     would recreate it forever); its other ends are the training operator's to handle.
     """
@@ -200,9 +223,14 @@ def pod_problems(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]] = (
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":
             message = one_line(cond.get("message"))
+            scale_up = scale_up_events_for(events, meta.get("name", ""), _uid(pod))
             if waits_for_capacity(message):
                 out.append(Problem(subject, "Unschedulable", "waiting for capacity, no node has room for it now",
                                    message, math.inf, capacity=True))
+            elif scale_up:
+                latest = scale_up[-1]
+                out.append(Problem(subject, "Unschedulable", SCALE_UP_EVENT_REASONS[latest["reason"]],
+                                   one_line(latest.get("message")) or message, math.inf, capacity=True))
             else:
                 out.append(Problem(subject, "Unschedulable", "no node can run it", message, UNSCHEDULABLE_GRACE_S))
     seen = {p.reason for p in out}

@@ -474,7 +474,8 @@ class PyTorchJobRunner:
 
     def _problems(self, ref: JobRef, job: Any, pods: list[dict[str, Any]],
                   spec: PyTorchJobSpec | None) -> list[diagnose.Problem]:
-        """What keeps workers from running (reads Warning Events only when some worker is not running).
+        """What keeps workers from running (reads Warning Events, and the Normal ones of a node being
+        added for a pod, only when some worker is not running).
 
         Failed pods are diagnosed too: a container that cannot start (exit 128) fails its pod at once
         under ``ExitCode``, and the operator recreates it forever (:func:`diagnose.pod_problems`)."""
@@ -523,7 +524,11 @@ class PyTorchJobRunner:
         from lightkube.resources.core_v1 import Event
 
         try:
-            return [_as_dict(e) for e in self.client.list(Event, namespace=namespace, fields={"type": "Warning"})]
+            events = [_as_dict(e) for e in self.client.list(Event, namespace=namespace, fields={"type": "Warning"})]
+            for reason in diagnose.SCALE_UP_EVENT_REASONS:  # a node being added for a pod: it waits
+                events += [_as_dict(e) for e in self.client.list(Event, namespace=namespace,
+                                                                 fields={"type": "Normal", "reason": reason})]
+            return events
         except Exception as err:  # events are a help, not a need (RBAC may not grant them)
             log.debug("cannot list events in %s: %s", namespace, err)
             return []

@@ -161,6 +161,29 @@ def test_pods_waiting_for_capacity_queue_instead_of_failing(message: str) -> Non
     assert mismatch.key != problem.key  # a grace of its own, not one that started while the pod queued
 
 
+def test_a_node_being_added_for_the_pod_makes_a_mismatch_a_wait_for_capacity() -> None:
+    """A GPU node pool scaling from zero has no node yet that the pod could match: the scheduler says
+    "didn't match"; the cluster autoscaler's (or Karpenter's) Normal Event says a node is coming."""
+    mismatch = {**UNSCHEDULABLE, "message": "0/2 nodes are available: 2 node(s) didn't match Pod's node "
+                                            "affinity/selector. preemption: 0/2 nodes are available: 2 Preemption "
+                                            "is not helpful for scheduling."}
+    p = pod(conditions=[mismatch])
+    (alone,) = pod_problems(p)
+    assert not alone.capacity and alone.grace_s == 60
+    scale_up = event("TriggeredScaleUp", "pod triggered scale-up: [{gpu-pool 0->1 (max: 4)}]", type_="Normal")
+    (waiting,) = pod_problems(p, [scale_up])
+    assert waiting.capacity and waiting.grace_s == float("inf")
+    assert waiting.line() == ("pod team-a/train-1a2b-worker-0: waiting for a node the cluster autoscaler is adding "
+                              "for it (Unschedulable): pod triggered scale-up: [{gpu-pool 0->1 (max: 4)}]")
+    karpenter = event("Nominated", "Pod should schedule on: nodeclaim/gpu-abc12", type_="Normal")
+    assert pod_problems(p, [karpenter])[0].capacity
+    # another pod's scale-up, an older incarnation's (other uid), or a Warning of that reason: no
+    other = event("TriggeredScaleUp", "x", type_="Normal", name="train-1a2b-worker-1")
+    stale = event("TriggeredScaleUp", "x", type_="Normal", uid="uid-old")
+    warning = event("TriggeredScaleUp", "x")
+    assert not any(pr.capacity for pr in pod_problems(p, [other, stale, warning]))
+
+
 def test_insufficient_after_preemption_is_not_capacity() -> None:
     """Only the filter part counts: the preemption part's wording is not about this pod's nodes."""
     assert not waits_for_capacity("0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector. "
