@@ -50,6 +50,7 @@ def _retrain_steps(*, platform: PlatformSettings, s3_secret_name, dataset_source
                    **train_args) -> tuple:
     data = prepare_dataset(source=dataset_source, test_fraction=test_fraction, seed=seed, image_size=image_size,
                            channels=channels, s3_endpoint_url=s3_endpoint_url).set_display_name("prepare dataset")
+    data.set_caching_options(False)  # as in pipelines.training: a cached listing would be the old data
     training = train(
         dataset=data.outputs["dataset"], seed=seed, checkpoint_uri=checkpoint_uri, job_key=job_key,
         kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, kfp_task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,

@@ -106,6 +106,10 @@ def build_pipeline(platform: PlatformSettings) -> object:
     ) -> PipelineOutputs:
         data = prepare_dataset(source=dataset_source, test_fraction=test_fraction, seed=seed,
                                s3_endpoint_url=s3_endpoint_url).set_display_name("prepare dataset")
+        # Never cached: KFP keys its cache on the component and its inputs, which name the data (a
+        # folder, an s3:// prefix) but not its content, so a run after new data was uploaded there
+        # would reuse the old file list and split.
+        data.set_caching_options(False)
         # Every train input that is a pipeline parameter, by name (the call is derived from the table).
         train_args = {name: value for name, value in locals().items() if name in TRAIN_PARAMETERS}
         training = train(

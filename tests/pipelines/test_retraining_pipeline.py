@@ -112,6 +112,9 @@ def test_compiled_for_kubeflow_the_s3_secret_reaches_every_step_and_the_workers(
         assert wiring["secretNameParameter"] == {"componentInputParameter": parameter}, name
         assert {(m["secretKey"], m["envVar"]) for m in wiring["keyToEnv"]} >= {
             ("accesskey", "AWS_ACCESS_KEY_ID"), ("secretkey", "AWS_SECRET_ACCESS_KEY")}
+    # the dataset step is never cached (a retrain runs because the data changed under the same name)
+    condition = next(c for c in spec["components"].values() if "prepare-dataset" in c.get("dag", {}).get("tasks", {}))
+    assert condition["dag"]["tasks"]["prepare-dataset"]["cachingOptions"] == {}
     params = spec["root"]["inputDefinitions"]["parameters"]
     assert params["s3_secret_name"]["defaultValue"] == "mlpipeline-minio-artifact"
     assert params["namespace"]["defaultValue"] == ""

@@ -49,6 +49,8 @@ def test_compiles_with_kfp_cli(tmp_path) -> None:
     assert set(tasks) == {"prepare-dataset", "train", "evaluate", "register-model"}
     assert tasks["train"]["retryPolicy"]["maxRetryCount"] == 2
     assert tasks["train"]["cachingOptions"] == {}  # caching off (enableCache false is omitted)
+    # the dataset step too: its inputs name the data, not its content (a cached one is the old data)
+    assert tasks["prepare-dataset"]["cachingOptions"] == {}
     assert tasks["train"]["dependentTasks"] == ["prepare-dataset"]
     params = spec["root"]["inputDefinitions"]["parameters"]
     assert {
