@@ -123,14 +123,18 @@ class PipelinePackage:
         """The run's ``pipeline_spec`` field, optionally with caching forced on or off.
 
         Args:
-            enable_caching: ``None`` keeps the compiled settings; a bool overrides every root task's
-                ``cachingOptions.enableCache``, as kfp's client does client-side
-                (``_override_caching_options``).
+            enable_caching: ``None`` keeps the compiled settings; a bool overrides every task's
+                ``cachingOptions.enableCache``: the root DAG's, as kfp's client does client-side
+                (``_override_caching_options``), and those of every sub-DAG (a ``dsl.If`` branch,
+                a ``dsl.ParallelFor`` body), which kfp's client leaves as compiled.
         """
         spec = copy.deepcopy(self.pipeline_spec)
         if enable_caching is not None:
-            for task in (spec.get("root", {}).get("dag", {}) or {}).get("tasks", {}).values():
-                task.setdefault("cachingOptions", {})["enableCache"] = bool(enable_caching)
+            dags = [spec.get("root", {}).get("dag")]
+            dags += [c.get("dag") for c in (spec.get("components") or {}).values() if isinstance(c, dict)]
+            for dag in dags:
+                for task in ((dag or {}).get("tasks") or {}).values():
+                    task.setdefault("cachingOptions", {})["enableCache"] = bool(enable_caching)
         if self.platform_spec:
             return {"pipeline_spec": spec, "platform_spec": copy.deepcopy(self.platform_spec)}
         return spec

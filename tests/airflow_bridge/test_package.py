@@ -78,6 +78,25 @@ def test_caching_override_rewrites_every_root_task(compiled_pipelines: dict[str,
     assert package.pipeline_spec["root"]["dag"]["tasks"]["add"]["cachingOptions"]["enableCache"] is True
 
 
+def test_caching_override_reaches_the_tasks_inside_a_condition(tmp_path: Path) -> None:
+    """kfp's client rewrites the root DAG only; a step inside a dsl.If (the retraining pipeline's
+    dataset step) would keep its compiled cache setting."""
+    spec = {
+        "pipelineInfo": {"name": "conditional"},
+        "root": {"dag": {"tasks": {"check": {"cachingOptions": {"enableCache": True}},
+                                   "condition-1": {"componentRef": {"name": "comp-condition-1"}}}}},
+        "components": {"comp-condition-1": {"dag": {"tasks": {"prepare": {"cachingOptions": {"enableCache": True}},
+                                                              "train": {}}}},
+                       "comp-check": {"executorLabel": "exec-check"}},
+    }
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(spec))
+    body = load_pipeline_package(tmp_path / "p.yaml").api_pipeline_spec(enable_caching=False)
+    inner = body["components"]["comp-condition-1"]["dag"]["tasks"]
+    assert inner["prepare"]["cachingOptions"]["enableCache"] is False
+    assert inner["train"]["cachingOptions"]["enableCache"] is False
+    assert body["root"]["dag"]["tasks"]["check"]["cachingOptions"]["enableCache"] is False
+
+
 def test_archives_and_json_are_read_like_kfp(tmp_path: Path, compiled_pipelines: dict[str, Path]) -> None:
     src = compiled_pipelines["tiny"]
     with tarfile.open(tmp_path / "p.tar.gz", "w:gz") as tar:
