@@ -66,7 +66,7 @@ def _pipeline_arguments(self: Any, out: Path) -> dict[str, Any]:
 
 #: Pipeline parameters that only the pytorchjob backend reads (left at the pipeline's default locally).
 CLUSTER_ONLY = ("image", "namespace", "gpus_per_worker", "worker_cpu", "worker_memory", "worker_pod_settings",
-                "s3_secret_name", "s3_endpoint_url", "keep_failed_job")
+                "s3_secret_name", "keep_failed_job")
 
 RunOptions = make_dataclass(
     "RunOptions",
@@ -132,6 +132,10 @@ def validate(opts: RunOptions) -> None:
         spec = TrainJobSpec.from_kwargs({k: v for k, v in values.items() if ROWS[k].on("S")})
     except ConfigError as e:
         raise RunInputError(f"invalid hyper-parameter: {e}") from e
+    if opts.backend != "pytorchjob" and (opts.min_workers != 1 or opts.max_workers != 1):
+        raise RunInputError(f"--min-workers {opts.min_workers} / --max-workers {opts.max_workers} bound the "
+                            "PyTorchJob's workers (--backend pytorchjob); the local backend runs one torchrun agent, "
+                            "whose ranks --nproc-per-node sets")
     if opts.task != BUILTIN_TASK:  # a user's task must import and build here (PYTHONPATH) before anything starts
         from trainflow.task import TaskError, load_task
 
@@ -292,6 +296,10 @@ def run(opts: RunOptions, *, console: Console | None = None) -> RunReport:
     # Pin the console to today's stdout: a rich Console without a file writes to whatever sys.stdout is
     # at print time, and kfp.local's output is redirected to pipeline.log below.
     console.file = console.file
+    if opts.s3_endpoint_url:  # every S3 client of the run: the checks below, the steps and their workers
+        from components.training.step import use_s3_endpoint
+
+        use_s3_endpoint(opts.s3_endpoint_url)
     validate(opts)
     out = _output_dir(opts)
     out.mkdir(parents=True, exist_ok=True)

@@ -149,8 +149,9 @@ def test_run_options_send_every_pipeline_parameter(tmp_path) -> None:
 
     cluster = RunOptions(backend="pytorchjob").pipeline_arguments(tmp_path)
     assert set(cluster) == set(ts.names("P"))
-    local = RunOptions(max_workers=4).pipeline_arguments(tmp_path)
+    local = RunOptions().pipeline_arguments(tmp_path)
     assert set(local) == set(ts.names("P")) - set(CLUSTER_ONLY) and local["max_workers"] == 1
+    assert "s3_endpoint_url" in local  # the local steps and workers use it too
     assert local["checkpoint_uri"] == str(tmp_path / "checkpoints")
 
 

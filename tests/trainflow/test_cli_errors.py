@@ -55,6 +55,8 @@ def _run(args: list[str], tmp_path: Path, env: dict | None = None) -> subprocess
           "--worker-pod-settings", '{"nodeSelector": {}}'], "worker_pod_settings: unknown key(s) nodeSelector"),
         (["run", "--backend", "pytorchjob", "--checkpoint-uri", "s3://b/c", "--image", "x:1", "--min-workers", "3",
           "--max-workers", "2"], "invalid hyper-parameter: need min_workers <= max_workers, got 3..2"),
+        # silently run with one worker before: the bounds are the PyTorchJob's
+        (["run", "--max-workers", "2"], "--min-workers 1 / --max-workers 2 bound the PyTorchJob's workers"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, args, message) -> None:
@@ -77,6 +79,12 @@ def test_unreachable_s3_endpoint_at_start(tmp_path) -> None:
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "S3 endpoint unreachable for s3://ckpt/jobs at http://127.0.0.1:" in proc.stderr
+    # the same endpoint given as --s3-endpoint-url: checked there (it went to AWS before)
+    port = env.pop("AWS_ENDPOINT_URL_S3").rsplit(":", 1)[1]
+    proc = _run(["run", "--checkpoint-uri", "s3://ckpt/jobs", "--s3-endpoint-url", f"http://127.0.0.1:{port}",
+                 "--output-dir", str(tmp_path / "out")], tmp_path, env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"S3 endpoint unreachable for s3://ckpt/jobs at http://127.0.0.1:{port}" in proc.stderr
 
 
 def test_models_errors_are_one_line(tmp_path) -> None:
