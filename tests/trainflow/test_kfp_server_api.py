@@ -447,3 +447,78 @@ def test_a_recurring_run_keeps_max_concurrency_and_survives_a_restart(tmp_path: 
             assert http.get(f"{API}/recurringruns/{job['recurring_run_id']}").status_code == 404
     finally:
         server.process.stop()
+
+
+def test_archiving_an_experiment_archives_its_runs_and_disables_its_recurring_runs(
+    http: httpx.Client, compiled_pipelines
+) -> None:
+    """KFP's ArchiveExperiment is one transaction: the experiment, all its runs (ARCHIVED) and its
+    recurring runs (disabled); no run is fired afterwards. Unarchiving the experiment restores
+    nothing else."""
+    exp_id = http.post(f"{API}/experiments", json={"display_name": "to archive"}).raise_for_status().json()[
+        "experiment_id"
+    ]
+    spec = spec_of(compiled_pipelines["tiny"])
+    http.post(
+        f"{API}/runs", json={"display_name": "before the archive", "pipeline_spec": spec, "experiment_id": exp_id}
+    ).raise_for_status()
+    job = http.post(f"{API}/recurringruns", json={
+        "display_name": "every second", "max_concurrency": "1", "mode": "ENABLE", "experiment_id": exp_id,
+        "trigger": {"periodic_schedule": {"interval_second": "1"}}, "pipeline_spec": spec,
+    }).raise_for_status().json()
+
+    def runs() -> list[dict[str, Any]]:
+        listed = http.get(f"{API}/runs", params={"experiment_id": exp_id, "page_size": 200}).json()
+        return listed.get("runs", [])
+
+    deadline = time.monotonic() + 60
+    while not any(r.get("recurring_run_id") for r in runs()):
+        assert time.monotonic() < deadline, "the recurring run never fired"
+        time.sleep(0.3)
+
+    assert http.post(f"{API}/experiments/{exp_id}:archive").raise_for_status().json() == {}
+    archived = runs()
+    assert {r["storage_state"] for r in archived} == {"ARCHIVED"} and len(archived) >= 2
+    stored_job = http.get(f"{API}/recurringruns/{job['recurring_run_id']}").json()
+    assert (stored_job["mode"], stored_job["status"]) == ("DISABLE", "DISABLED")
+    time.sleep(3)  # three firing times of an enabled recurring run
+    assert sorted(r["run_id"] for r in runs()) == sorted(r["run_id"] for r in archived)
+
+    http.post(f"{API}/experiments/{exp_id}:unarchive").raise_for_status()  # restores the experiment only
+    assert {r["storage_state"] for r in runs()} == {"ARCHIVED"}
+    assert http.get(f"{API}/recurringruns/{job['recurring_run_id']}").json()["status"] == "DISABLED"
+    for run in archived:
+        wait_state(http, run["run_id"], TERMINAL)
+
+
+def test_a_run_cannot_be_unarchived_while_its_experiment_is_archived(http: httpx.Client, compiled_pipelines) -> None:
+    """KFP's UnarchiveRun: FAILED_PRECONDITION until the experiment is unarchived."""
+    exp_id = http.post(f"{API}/experiments", json={"display_name": "archived with its run"}).json()["experiment_id"]
+    run_id = http.post(f"{API}/runs", json={
+        "display_name": "archived run", "pipeline_spec": spec_of(compiled_pipelines["tiny"]), "experiment_id": exp_id,
+    }).raise_for_status().json()["run_id"]
+    http.post(f"{API}/experiments/{exp_id}:archive").raise_for_status()
+    refused = http.post(f"{API}/runs/{run_id}:unarchive")
+    assert refused.status_code == 400 and refused.json()["code"] == 9, refused.text
+    assert refused.json()["message"] == (
+        f"Failed to unarchive run {run_id} as experiment {exp_id} must be un-archived first"
+    )
+    http.post(f"{API}/experiments/{exp_id}:unarchive").raise_for_status()
+    assert http.post(f"{API}/runs/{run_id}:unarchive").raise_for_status().json() == {}
+    assert http.get(f"{API}/runs/{run_id}").json()["storage_state"] == "AVAILABLE"
+    wait_state(http, run_id, TERMINAL)
+
+
+def test_the_default_experiment_cannot_be_deleted(http: httpx.Client) -> None:
+    flt = json.dumps({"predicates": [{"key": "display_name", "operation": "EQUALS", "string_value": "Default"}]})
+    found = http.get(f"{API}/experiments", params={"filter": flt, "namespace": ""}).json().get("experiments")
+    default = found[0] if found else http.post(f"{API}/experiments", json={"display_name": "Default"}).json()
+    refused = http.delete(f"{API}/experiments/{default['experiment_id']}")
+    assert refused.status_code == 409 and refused.json()["code"] == 10, refused.text  # KFP's BadRequestError: ABORTED
+    assert refused.json()["message"] == (
+        f"Failed to delete experiment {default['experiment_id']}. The default experiment cannot be deleted"
+    )
+    assert http.get(f"{API}/experiments/{default['experiment_id']}").status_code == 200
+    other = http.post(f"{API}/experiments", json={"display_name": "deletable"}).raise_for_status().json()
+    assert http.delete(f"{API}/experiments/{other['experiment_id']}").raise_for_status().json() == {}
+    assert http.get(f"{API}/experiments/{other['experiment_id']}").status_code == 404

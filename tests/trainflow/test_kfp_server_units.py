@@ -3,6 +3,7 @@ failure messages from kfp.local logs. No server, no kfp execution."""
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 
@@ -126,6 +127,98 @@ def test_store_pages_sorts_and_persists(tmp_path) -> None:
     assert reloaded.get("runs", "r3", label="Run")["display_name"] == "n3"
     with pytest.raises(ApiError, match="invalid page_token"):
         store.list("runs", id_field="run_id", page_token="garbage!")
+
+
+
+def _ids(page: list[dict]) -> list[str]:
+    return [o["run_id"] for o in page]
+
+
+def test_store_pages_neither_repeat_nor_skip_while_objects_come_and_go(tmp_path) -> None:
+    """A page token is a keyset (KFP's list.go token: the last row's sort value and key), not an
+    offset: objects created or deleted between two page reads shift nothing."""
+    store = Store(tmp_path / "state.json")
+
+    def put(i: int) -> None:
+        store.put("runs", f"r{i}", {"run_id": f"r{i}", "created_at": "2026-01-01T00:00:00Z"})
+
+    def page(token: str = "", sort_by: str = "created_at desc") -> tuple[list[str], str]:
+        items, _, next_token = store.list("runs", id_field="run_id", page_size=2, sort_by=sort_by,
+                                          page_token=token)
+        return _ids(items), next_token
+
+    for i in range(5):
+        put(i)
+    first, token = page()
+    assert first == ["r4", "r3"]
+    put(5)  # the newest: it belongs before the first page, not on the next one
+    second, token = page(token)
+    assert second == ["r2", "r1"]  # an offset gave ["r3", "r2"]: r3 twice
+    store.delete("runs", "r4", label="Run")
+    store.delete("runs", "r1", label="Run")  # the last object listed: the token does not need it
+    third, token = page(token)
+    assert (third, token) == (["r0"], "")
+
+    ascending, token = page(sort_by="created_at")
+    assert ascending == ["r0", "r2"]
+    store.delete("runs", "r0", label="Run")
+    put(6)  # last in this order: it turns up on a later page, once
+    rest = []
+    while token:
+        items, token = page(token, sort_by="display_name desc")  # ignored: the token's order wins, as in KFP
+        rest += items
+    assert rest == ["r3", "r5", "r6"]  # an offset skipped r3
+
+
+def test_page_size_is_capped_at_200_and_bad_page_tokens_are_refused(tmp_path) -> None:
+    store = Store()
+    for i in range(250):
+        store.put("runs", f"r{i:03}", {"run_id": f"r{i:03}", "created_at": "2026-01-01T00:00:00Z"})
+    first, total, token = store.list("runs", id_field="run_id", page_size=1000)
+    assert (len(first), total) == (200, 250) and token
+    second, _, token = store.list("runs", id_field="run_id", page_size=1000, page_token=token)
+    assert _ids(second) == [f"r{i:03}" for i in range(200, 250)] and token == ""
+    assert len(store.list("runs", id_field="run_id")[0]) == 20
+    with pytest.raises(ApiError, match=r"The page size should be greater than 0\. Got -1"):
+        store.list("runs", id_field="run_id", page_size=-1)
+    encode = lambda obj: base64.urlsafe_b64encode(json.dumps(obj).encode()).decode()  # noqa: E731
+    keyset = {"sort_by": "created_at", "desc": False, "value": "2026-01-01T00:00:00Z", "seq": 3, "id": "r003"}
+    assert _ids(store.list("runs", id_field="run_id", page_size=1, page_token=encode(keyset))[0]) == ["r004"]
+    for garbage in ("garbage!", encode({"offset": 20}), encode([1]), encode({**keyset, "sort_by": "secret"}),
+                    encode({**keyset, "seq": "3"}), encode({**keyset, "value": 7})):
+        with pytest.raises(ApiError, match="invalid page_token") as err:
+            store.list("runs", id_field="run_id", page_token=garbage)
+        assert err.value.code == GrpcCode.INVALID_ARGUMENT
+
+
+def test_a_recurring_run_disabled_by_an_archive_while_firing_starts_no_run(tmp_path) -> None:
+    """The scheduler picks the enabled recurring runs, then creates their runs: an archive of the
+    experiment in between (it disables them) wins, as the check and the run's creation are one step."""
+    server = KfpServer(tmp_path, max_concurrent_runs=1, auth_token=None, terminate_grace_s=1)
+    try:
+        experiment = server.create_experiment({"display_name": "soon archived"})
+        exp_id = experiment["experiment_id"]
+        job = server.create_recurring_run({
+            "display_name": "every second", "max_concurrency": "1", "mode": "ENABLE", "experiment_id": exp_id,
+            "trigger": {"periodic_schedule": {"interval_second": "1"}},
+            "pipeline_spec": {"pipelineInfo": {"name": "p"}, "root": {}},
+        })
+        find, archived = server.store.find, []
+
+        def archive_after_the_pick(kind, predicate):
+            found = find(kind, predicate)
+            if kind == "recurring_runs" and not archived:
+                archived.append(server.archive_experiment(exp_id))
+            return found
+
+        server.store.find = archive_after_the_pick
+        assert server.fire_due_recurring_runs(time.time() + 5) == [] and archived
+        server.store.find = find
+        assert server.store.find("runs", lambda r: r["experiment_id"] == exp_id) == []
+        stored = server.store.get("recurring_runs", job["recurring_run_id"], label="RecurringRun")
+        assert (stored["mode"], stored["status"]) == ("DISABLE", "DISABLED")
+    finally:
+        server.close()
 
 
 LOG = """\

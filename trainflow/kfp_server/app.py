@@ -150,6 +150,43 @@ class KfpServer:
             return found[0]
         return self.create_experiment({"display_name": DEFAULT_EXPERIMENT, "namespace": namespace})
 
+    def delete_experiment(self, experiment_id: str) -> None:
+        """Delete an experiment, never the default one (KFP's ``ResourceManager.DeleteExperiment``).
+
+        Raises:
+            ApiError: ABORTED (409) for the default experiment, KFP's ``BadRequestError``;
+                NOT_FOUND for an unknown id.
+        """
+        with self.store.batch():
+            experiment = self.store.get("experiments", experiment_id, label="Experiment")
+            if experiment["display_name"] == DEFAULT_EXPERIMENT:
+                raise ApiError(
+                    GrpcCode.ABORTED,
+                    f"Failed to delete experiment {experiment_id}. The default experiment cannot be deleted",
+                )
+            self.store.delete("experiments", experiment_id, label="Experiment")
+
+    def archive_experiment(self, experiment_id: str) -> None:
+        """Archive an experiment with all its runs and disable its recurring runs, as one change
+        (KFP's ``ExperimentStore.ArchiveExperiment`` transaction): the scheduler fires none of them
+        afterwards. Unarchiving the experiment later leaves its runs archived and its recurring
+        runs disabled, as in KFP.
+        """
+        with self.store.batch():
+            self.store.update(
+                "experiments", experiment_id, lambda e: e.update(storage_state="ARCHIVED"), label="Experiment"
+            )
+            self.store.update_all(
+                "runs", lambda r: r.get("experiment_id") == experiment_id, lambda r: r.update(storage_state="ARCHIVED")
+            )
+            disabled = self.store.update_all(
+                "recurring_runs",
+                lambda j: j.get("experiment_id") == experiment_id,
+                functools.partial(_set_mode, enabled=False, now=now_rfc3339()),
+            )
+        for job_id in disabled:
+            self._schedule_mode_changed(job_id, enabled=False)
+
     # -- pipelines -------------------------------------------------------------------------
     def create_pipeline(
         self, *, name: str, display_name: str, description: str, namespace: str
@@ -280,15 +317,41 @@ class KfpServer:
                 "pipeline_version_id": version_id,
             }
             run["pipeline_version_id"] = version_id
-        created = self.store.put("runs", run_id, run)
-        self.store.update(
-            "experiments",
-            experiment["experiment_id"],
-            lambda e: e.update(last_run_created_at=now),
-            label="Experiment",
-        )
+        with self.store.batch():
+            # a recurring run disabled or deleted (or its experiment archived) since the scheduler
+            # picked it fires nothing: the check and the run's creation are one step
+            if recurring_run_id and not self.store.find(
+                "recurring_runs",
+                lambda j: j["recurring_run_id"] == recurring_run_id and j.get("status") == "ENABLED",
+            ):
+                raise _RecurringRunDisabled(recurring_run_id)
+            created = self.store.put("runs", run_id, run)
+            self.store.update(
+                "experiments",
+                experiment["experiment_id"],
+                lambda e: e.update(last_run_created_at=now),
+                label="Experiment",
+            )
         self.executor.submit(run_id, spec, params)
         return created  # as created (PENDING): the executor may already have moved the stored run on
+
+    def unarchive_run(self, run_id: str) -> None:
+        """Restore an archived run; refused while its experiment is archived (KFP's
+        ``ResourceManager.UnarchiveRun``).
+
+        Raises:
+            ApiError: FAILED_PRECONDITION when the run's experiment is archived; NOT_FOUND for an
+                unknown run or experiment.
+        """
+        with self.store.batch():  # no archive of the experiment between the check and the change
+            run = self.store.get("runs", run_id, label="Run")
+            experiment = self.store.get("experiments", run["experiment_id"], label="Experiment")
+            if experiment.get("storage_state") == "ARCHIVED":
+                raise ApiError(
+                    GrpcCode.FAILED_PRECONDITION,
+                    f"Failed to unarchive run {run_id} as experiment {run['experiment_id']} must be un-archived first",
+                )
+            self.store.update("runs", run_id, lambda r: r.update(storage_state="AVAILABLE"), label="Run")
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         run = self.store.get("runs", run_id, label="Run")
@@ -378,11 +441,12 @@ class KfpServer:
         return self.store.get("recurring_runs", job_id, label="RecurringRun")
 
     def set_recurring_mode(self, job_id: str, *, enabled: bool) -> None:
-        def change(job: dict[str, Any]) -> None:
-            job.update(mode="ENABLE" if enabled else "DISABLE", status="ENABLED" if enabled else "DISABLED",
-                       updated_at=now_rfc3339())
-
+        change = functools.partial(_set_mode, enabled=enabled, now=now_rfc3339())
         self.store.update("recurring_runs", job_id, change, label="RecurringRun")
+        self._schedule_mode_changed(job_id, enabled=enabled)
+
+    def _schedule_mode_changed(self, job_id: str, *, enabled: bool) -> None:
+        """Bring the scheduler's entry of a recurring run in line with its new mode."""
         with self._schedule_lock:
             if enabled and job_id in self._schedules:  # times missed while disabled are not made up
                 schedule, _, fired = self._schedules[job_id]
@@ -425,6 +489,8 @@ class KfpServer:
             try:
                 run = self.create_run({**body, "display_name": f"{job['display_name']}-{stamp}"},
                                       recurring_run_id=job_id)
+            except _RecurringRunDisabled:
+                continue
             except ApiError as err:
                 log.warning("recurring run %s could not start a run: %s", job_id, err.message)
                 continue
@@ -503,6 +569,15 @@ def _lock_data_dir(data_dir: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def _set_mode(job: dict[str, Any], *, enabled: bool, now: str) -> None:
+    """Enable or disable a stored recurring run (``:enable``/``:disable``, archiving its experiment)."""
+    job.update(mode="ENABLE" if enabled else "DISABLE", status="ENABLED" if enabled else "DISABLED", updated_at=now)
+
+
+class _RecurringRunDisabled(Exception):
+    """The recurring run was disabled or deleted between the scheduler's check and its run's creation."""
 
 
 class _NotTerminable(Exception):
@@ -673,14 +748,12 @@ def create_app(
 
     @app.delete(f"{API}/experiments/{{experiment_id}}")
     def delete_experiment(experiment_id: str) -> dict[str, Any]:
-        server.store.delete("experiments", experiment_id, label="Experiment")
+        server.delete_experiment(experiment_id)
         return {}
 
     @app.post(f"{API}/experiments/{{experiment_id}}:archive")
     def archive_experiment(experiment_id: str) -> dict[str, Any]:
-        server.store.update(
-            "experiments", experiment_id, lambda e: e.update(storage_state="ARCHIVED"), label="Experiment"
-        )
+        server.archive_experiment(experiment_id)
         return {}
 
     @app.post(f"{API}/experiments/{{experiment_id}}:unarchive")
@@ -873,7 +946,7 @@ def create_app(
 
     @app.post(f"{API}/runs/{{run_id}}:unarchive")
     def unarchive_run(run_id: str) -> dict[str, Any]:
-        server.store.update("runs", run_id, lambda r: r.update(storage_state="AVAILABLE"), label="Run")
+        server.unarchive_run(run_id)
         return {}
 
     @app.post(f"{API}/runs/{{run_id}}:retry")

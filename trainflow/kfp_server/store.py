@@ -3,18 +3,21 @@
 Every object is a plain dict exactly as the API returns it (snake_case field names, RFC 3339
 timestamps, enum names as strings). The store adds only an insertion sequence number (for stable
 ordering when timestamps tie) and the namespace of runs (taken from their experiment).
-All methods are thread-safe; the run workers and the HTTP handlers share one store.
+All methods are thread-safe; the run workers and the HTTP handlers share one store, and
+:meth:`Store.batch` makes several changes one step for every other thread (the SQL transactions
+of the real server's stores).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import json
 import os
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -80,6 +83,12 @@ FILTER_KEYS: dict[str, dict[str, str]] = {
 }
 
 
+#: Page size when the request gives none, and the most one page holds (KFP's ``list.go``:
+#: ``defaultPageSize``, ``maxPageSize``; a larger ``page_size`` is cut to it, not refused).
+DEFAULT_PAGE_SIZE = 20
+MAX_PAGE_SIZE = 200
+
+
 def now_rfc3339() -> str:
     """Current UTC time as the API writes it (``2026-11-22T08:21:57Z``, second precision)."""
     return datetime.now(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -101,6 +110,7 @@ class Store:
         self._objects: dict[str, dict[str, dict[str, Any]]] = {kind: {} for kind in KINDS}
         self._seq: dict[str, int] = {}
         self._next_seq = 0
+        self._batch_depth = 0  # > 0 inside batch(): the state file is written once, at its end
         self._state_path = state_path
         if state_path is not None and state_path.exists():
             self._load(state_path)
@@ -119,12 +129,27 @@ class Store:
         self._next_seq = int(data.get("next_seq", 0))
 
     def _save(self) -> None:
-        if self._state_path is None:
+        if self._state_path is None or self._batch_depth:
             return
         tmp = self._state_path.with_suffix(".tmp")
         payload = {**self._objects, "seq": self._seq, "next_seq": self._next_seq}
         tmp.write_text(json.dumps(payload))
         os.replace(tmp, self._state_path)
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Hold the store's lock across several calls: no other thread sees or makes a change in
+        between, and the state file is written once, at the end (batches nest).
+
+        It does not roll back: check what can fail (ids, states) before the first change.
+        """
+        with self._lock:
+            self._batch_depth += 1
+            try:
+                yield
+            finally:
+                self._batch_depth -= 1
+                self._save()
 
     # -- generic access ----------------------------------------------------------------------
     def put(self, kind: str, object_id: str, obj: dict[str, Any]) -> dict[str, Any]:
@@ -159,6 +184,20 @@ class Store:
             change(obj)
             self._save()
             return copy.deepcopy(obj)
+
+    def update_all(
+        self, kind: str, predicate: Callable[[dict[str, Any]], bool], change: Callable[[dict[str, Any]], None]
+    ) -> list[str]:
+        """Apply ``change`` to every stored object ``predicate`` selects, under the lock; return their ids."""
+        with self._lock:
+            changed = []
+            for object_id, obj in self._objects[kind].items():
+                if predicate(obj):
+                    change(obj)
+                    changed.append(object_id)
+            if changed:
+                self._save()
+            return changed
 
     def delete(self, kind: str, object_id: str, *, label: str) -> None:
         with self._lock:
@@ -196,18 +235,29 @@ class Store:
             where: exact field matches applied before the filter (``experiment_id``, ``namespace``);
                 empty values are ignored.
             keep: an extra selection (e.g. runs of the experiments of one namespace).
-            sort_by: ``"field"``, ``"field asc"`` or ``"field desc"`` (filter keys allowed).
-            page_size: at most this many objects (default 20, as the real server).
+            sort_by: ``"field"``, ``"field asc"`` or ``"field desc"`` (filter keys allowed); with a
+                ``page_token`` the token's order is used, as KFP does.
+            page_size: at most this many objects (default 20, at most 200, as the real server).
             page_token: from a previous response.
 
         Returns:
             (objects of this page, total matching, next page token or ``""``).
 
+        A page token is a keyset, as KFP's (``list.go``, ``token``): the order and the last
+        object's sort value, insertion number and id. The next page starts strictly after that
+        object in that order, so objects created or deleted between two page reads neither repeat
+        an object nor skip one that was there before (new ones appear only where the order puts them).
+
         Raises:
-            ApiError: INVALID_ARGUMENT for a bad filter, sort key or page token.
+            ApiError: INVALID_ARGUMENT for a bad filter, sort key, page size or page token.
         """
         predicates = parse_filter(filter_text)
         keys = FILTER_KEYS[kind]
+        if page_token:
+            field, descending, after = _decode_token(page_token, keys)
+        else:
+            (field, descending), after = _parse_sort(sort_by, keys), None
+        size = _page_size(page_size)
         with self._lock:
             selected = [
                 o
@@ -217,22 +267,24 @@ class Store:
                 and matches(o, predicates, keys)
             ]
             seq = dict(self._seq)
-        field, descending = _parse_sort(sort_by, keys)
 
-        def key(o: dict[str, Any]) -> tuple[Any, int]:
-            value = o.get(field) if field else None
-            return (value if value is not None else "", seq.get(o[id_field], 0))
+        def key(o: dict[str, Any]) -> tuple[Any, int, str]:
+            value = o.get(field)
+            return (value if value is not None else "", seq.get(o[id_field], 0), str(o[id_field]))
 
         selected.sort(key=key, reverse=descending)
         total = len(selected)
-        offset = _decode_token(page_token)
-        size = page_size if page_size and page_size > 0 else 20
-        page = selected[offset : offset + size]
-        next_token = _encode_token(offset + size) if offset + size < total else ""
+        if after is not None:
+            try:
+                selected = [o for o in selected if (key(o) < after if descending else key(o) > after)]
+            except TypeError as err:  # a sort value of another type than the field's
+                raise invalid_argument(f"invalid page_token {page_token!r}") from err
+        page = selected[:size]
+        next_token = _encode_token(field, descending, key(page[-1])) if len(selected) > size else ""
         return copy.deepcopy(page), total, next_token
 
 
-def _parse_sort(sort_by: str | None, keys: Mapping[str, str]) -> tuple[str | None, bool]:
+def _parse_sort(sort_by: str | None, keys: Mapping[str, str]) -> tuple[str, bool]:
     if not sort_by:
         return "created_at", False
     parts = sort_by.split()
@@ -243,14 +295,40 @@ def _parse_sort(sort_by: str | None, keys: Mapping[str, str]) -> tuple[str | Non
     return keys[parts[0]], len(parts) == 2 and parts[1].lower() == "desc"
 
 
-def _encode_token(offset: int) -> str:
-    return base64.urlsafe_b64encode(json.dumps({"offset": offset}).encode()).decode()
+def _page_size(page_size: int | None) -> int:
+    """The page size KFP's ``validatePageSize`` makes of the request's: default, capped, never negative."""
+    if page_size is None or page_size == 0:
+        return DEFAULT_PAGE_SIZE
+    if page_size < 0:
+        raise invalid_argument(f"The page size should be greater than 0. Got {page_size}")
+    return min(page_size, MAX_PAGE_SIZE)
 
 
-def _decode_token(token: str | None) -> int:
-    if not token:
-        return 0
+def _encode_token(field: str, descending: bool, last: tuple[Any, int, str]) -> str:
+    value, seq, object_id = last
+    payload = {"sort_by": field, "desc": descending, "value": value, "seq": seq, "id": object_id}
+    return base64.urlsafe_b64encode(json.dumps(payload).encode()).decode()
+
+
+def _decode_token(token: str, keys: Mapping[str, str]) -> tuple[str, bool, tuple[Any, int, str]]:
+    """(sort field, descending, key of the last object listed) of a token :func:`_encode_token` wrote.
+
+    Raises:
+        ApiError: INVALID_ARGUMENT ("invalid page_token") for anything else, a token of another
+            kind of object included.
+    """
     try:
-        return int(json.loads(base64.urlsafe_b64decode(token.encode()))["offset"])
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        field, descending, value = data["sort_by"], data["desc"], data["value"]
+        seq, object_id = data["seq"], data["id"]
     except (ValueError, KeyError, TypeError) as err:
         raise invalid_argument(f"invalid page_token {token!r}") from err
+    if (
+        field not in keys.values()
+        or not isinstance(descending, bool)
+        or isinstance(value, dict | list)
+        or type(seq) is not int
+        or not isinstance(object_id, str)
+    ):
+        raise invalid_argument(f"invalid page_token {token!r}")
+    return field, descending, (value, seq, object_id)
