@@ -278,9 +278,18 @@ def candidate_batches(world_size: int, *, base_batch: int, max_global_batch: int
 
 
 def goodput(batch: int, world_size: int, model: StepTimeModel, phi: float | None, base_batch: int) -> float:
-    """``B / t(B/W) * E(B)``: B0-equivalent samples per second (Pollux eq. 2)."""
+    """``B / t(B/W) * E(B)``: B0-equivalent samples per second (Pollux eq. 2).
+
+    ``B * E(B)`` is computed as ``B * (phi + B0) / (phi + B)`` (``min(B, B0)`` for an unknown
+    ``phi``), left to right: exact where it should equal ``B0`` (``phi`` unknown or 0, ``B >= B0``),
+    so batches of equal goodput tie exactly and :func:`best_batch` keeps the smaller. Written as
+    ``B / t * E(B)`` it rounded above ``B0 / t`` for some ``B``, and a job without a usable noise
+    scale grew its batch for nothing (130 or 148 instead of 128)."""
     t = model.step_time_s(batch / world_size)
-    return batch / t * efficiency(batch, phi, base_batch) if t > 0 else 0.0
+    if t <= 0:
+        return 0.0
+    effective = min(batch, base_batch) if phi is None else batch * (phi + base_batch) / (phi + batch)
+    return effective / t
 
 
 def best_batch(world_size: int, model: StepTimeModel, phi: float | None, *, base_batch: int,

@@ -258,6 +258,7 @@ class Trainer:
         self.state = TrainState()
         self.resumed_from: int | None = None
         self._stop_requested = False
+        self._step_lr = 0.0  # the learning rate the last step used (set in _step, recorded per step)
         self._last_loss = float("nan")
         self._pending_first_step_event = False
         self._last_outcome: str | None = None
@@ -429,6 +430,7 @@ class Trainer:
         t_wait = time.perf_counter()
         self.ckpt.wait_for_staging()  # the weights must not change while a snapshot reads them
         waited_s = time.perf_counter() - t_wait
+        self._step_lr = float(self.optimizer.param_groups[0]["lr"])  # the LR this step uses (the record's)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         if self.adaptive is None:
@@ -486,8 +488,7 @@ class Trainer:
             stall = self._save(blocking=False, reason="periodic")
         dt = time.perf_counter() - t_start
         rec = {"step": step, "epoch": epoch, "loss": loss, "samples_per_s": n_global / dt if dt > 0 else 0.0, "step_seconds": dt,
-               "world_size": self.env.world_size, "lr": self.optimizer.param_groups[0]["lr"] if self.adaptive
-               else self.scheduler.get_last_lr()[0], "ckpt_stall_s": stall, **adaptive_rec}
+               "world_size": self.env.world_size, "lr": self._step_lr, "ckpt_stall_s": stall, **adaptive_rec}
         self.metrics.record(rec)
         if self._pending_first_step_event:
             self._pending_first_step_event = False
@@ -508,12 +509,15 @@ class Trainer:
         self._retune_due = float(agreed[8]) > 0
         gain = a.gain(n_global)
         a.advance(n_global)
-        if world >= 2 and int(agreed[6]) == world:
+        full_batch = n_global == a.batch_size
+        # Full batches only: the estimate's spread grows as the local batch shrinks, and one epoch's
+        # short last batch (1-2 samples a rank) weighed as much as a full one in the averages: its
+        # wild |G|^2 inflated phi 4-5x, and with it the LR (AdaScale's gain) and the progress counted.
+        if world >= 2 and int(agreed[6]) == world and full_batch:
             est = goodput.gns_sample(float(agreed[4]) / world, float(agreed[5]) / world, float(agreed[7]) / world,
                                      float(n_global))
             if est is not None:
                 a.gns.update(*est)
-        full_batch = n_global == a.batch_size
         if self._time_next_step and full_batch:
             a.observations.add(world, n_global / world, self._step_s)
         self._time_next_step = full_batch
@@ -625,18 +629,20 @@ class Trainer:
 
     def _identity(self) -> dict[str, Any]:
         """What a checkpoint must match to be resumed by this run (stored in its manifest): the task,
-        the model (architecture name of the built-in task, structure signature of any task) and the
-        data (the task's fingerprint, else its training sample count)."""
+        the model (architecture name of the built-in task, structure signature of any task), the
+        data (the task's fingerprint, else its training sample count) and the global batch size
+        (adaptive mode: the base batch ``B0``), in whose batches the steps done, the end of training
+        and the LR schedule are counted."""
         return {"task": self.cfg.model.task, "model": self.cfg.model.name if self.cfg.model.builtin else None,
                 "model_signature": self.model_signature, "dataset_fingerprint": self.fingerprint,
-                "num_samples": self.num_samples}
+                "num_samples": self.num_samples, "global_batch_size": self.cfg.data.global_batch_size}
 
     def _identity_mismatch(self, manifest: dict[str, Any]) -> str | None:
         """Why the checkpoint with ``manifest`` belongs to another job (one line), or None. Fields a
         checkpoint lacks (written before they were stored) are not compared."""
         ours = self._identity()
         labels = {"dataset_fingerprint": "dataset", "num_samples": "training set of", "task": "task",
-                  "model": "model", "model_signature": "model structure"}
+                  "model": "model", "model_signature": "model structure", "global_batch_size": "global batch size"}
         diffs = [key for key in labels if manifest.get(key) is not None and manifest[key] != ours[key]]
         if "model_signature" in diffs and ("task" in diffs or "model" in diffs):
             diffs.remove("model_signature")  # implied by another task or architecture
@@ -645,8 +651,10 @@ class Trainer:
         if not diffs:
             return None
         said = " and ".join(f"{labels[k]} {manifest[k]!s:.40} (this run: {ours[k]!s:.40})" for k in diffs)
+        same = ("global batch size (its steps, end and LR schedule count in those batches)"
+                if diffs == ["global_batch_size"] else "data and model")
         return (f"the checkpoint at step {manifest['step']} under {self.storage.uri} was written for another "
-                f"{said}: resume it with the same data and model, or start afresh under another --job-key")
+                f"{said}: resume it with the same {same}, or start afresh under another --job-key")
 
     # -------------------------------------------------------------------------------- close
     def _close(self) -> None:

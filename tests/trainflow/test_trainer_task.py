@@ -74,6 +74,20 @@ def test_another_data_size_under_the_same_job_key_is_refused(tmp_path, torch_glo
     again.ckpt.close()
 
 
+def test_another_global_batch_size_under_the_same_job_key_is_refused(tmp_path, torch_globals) -> None:
+    """Steps done, the end and the LR schedule count in the batches a checkpoint was trained with:
+    resuming at 4x the batch ran 0 more steps and called the job done with 2/3 of its samples seen."""
+    first = Trainer(_cfg(tmp_path, task=REGRESSION, task_args='{"num_samples": 32}', global_batch_size=4,
+                         max_steps=3), DistEnv.from_env({}))
+    first.train()
+    again = Trainer(_cfg(tmp_path, task=REGRESSION, task_args='{"num_samples": 32}', global_batch_size=16),
+                    DistEnv.from_env({}))
+    with pytest.raises(ConfigError, match=r"written for another global batch size 4 \(this run: 16\): resume it "
+                                          r"with the same global batch size"):
+        again.train()
+    again.ckpt.close()
+
+
 def test_a_task_schedule_with_adaptive_batch_is_refused(tmp_path, torch_globals) -> None:
     with pytest.raises(ConfigError, match="brings its own learning-rate schedule") as info:
         Trainer(_cfg(tmp_path, task="tests.trainflow.example_tasks:WithSchedule", adaptive_batch=True),
@@ -172,3 +186,24 @@ def test_a_checkpoints_batchnorm_statistics_are_those_of_its_step() -> None:
     # on CPU (copy_buffers=False: staging copies synchronously) nothing is copied
     plain = model_state_for_checkpoint(model, copy_buffers=False)
     assert plain["1.running_mean"].data_ptr() == model[1].running_mean.data_ptr()
+
+
+def test_each_step_records_the_learning_rate_it_used(tmp_path, torch_globals) -> None:
+    """Fixed-batch mode read the scheduler after its step: the record held the next step's LR (the
+    last step showed 0.0 under a cosine schedule although it trained at a positive one)."""
+    cfg = _cfg(tmp_path, task=REGRESSION, task_args='{"num_samples": 32}', lr_schedule="cosine", warmup_steps=0)
+    trainer = Trainer(cfg, DistEnv.from_env({}))
+    used: list[float] = []
+    step = trainer.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        used.append(trainer.optimizer.param_groups[0]["lr"])
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = recording_step
+    records: list[dict] = []
+    record = trainer.metrics.record
+    trainer.metrics.record = lambda rec: (records.append(rec), record(rec))
+    trainer.train()
+    logged = [rec["lr"] for rec in records if "lr" in rec and "step" in rec]
+    assert logged == used and len(used) >= 4 and used[-1] > 0

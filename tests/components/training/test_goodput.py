@@ -174,3 +174,44 @@ def test_adaptive_flag_and_limits() -> None:
     assert not off.data.adaptive_batch  # opt-in
     with pytest.raises(ConfigError, match="max_global_batch_size must be >= global_batch_size"):
         TrainConfig.from_flat({"dataset": "/d", "max_global_batch_size": 8, "checkpoint_uri": "/c", "job_key": "k"})
+
+
+@pytest.mark.parametrize(("base", "step_s", "phi"), [(128, 0.049, None), (128, 0.017, None), (64, 0.049, None),
+                                                      (128, 0.049, 0.0)])
+def test_without_a_usable_noise_scale_equal_goodputs_tie_and_the_batch_stays_at_b0(base, step_s, phi) -> None:
+    """Without phi (or phi 0) every batch above B0 has goodput B0 / t under a constant step time: an
+    exact tie, which keeps B0. (B / t * E(B) rounded above B0 / t for some B: 130, 148 or 105 won.)"""
+    flat = gp.StepTimeModel(alpha_s=step_s, beta_s_per_sample=0.0, max_observed_local_batch=4 * base)
+    for world in (1, 2):
+        best, value = gp.best_batch(world, flat, phi, base_batch=base, max_global_batch=4 * base, max_local_batch=None)
+        assert best == base and value == base / step_s
+
+
+def test_the_noise_scale_is_estimated_from_full_batches_only() -> None:
+    """An epoch's short last batch (1 sample a rank) gives a wild estimate; it is left out of the
+    averages (before, one such step inflated phi 4-5x, and with it the LR and the progress counted)."""
+    import types
+
+    import torch
+
+    from components.training.distributed import DistEnv
+    from components.training.trainer import Trainer
+
+    def step(trainer, n_global: int, local_g2: float, global_g2: float) -> None:
+        world = trainer.env.world_size
+        local = n_global // world
+        # the per-step sum over ranks: loss, save, stop, fence, local |g|^2, 1/b, had samples, global |g|^2, retune
+        agreed = torch.tensor([0.0, 0, 0, 0, local_g2 * world, world / local, world, global_g2 * world, 0],
+                              dtype=torch.float64)
+        Trainer._adaptive_after_step(trainer, agreed, n_global)
+
+    adaptive = gp.AdaptiveBatch(base_batch=32, max_global_batch=256, max_local_batch=None, target_samples=1e6)
+    trainer = types.SimpleNamespace(adaptive=adaptive, env=DistEnv(rank=0, world_size=2, local_rank=0,
+                                    local_world_size=2, restart_count=0, under_torchrun=True),
+                                    _time_next_step=False, _step_s=0.1, _retune_due=False)
+    for _ in range(5):
+        step(trainer, 32, local_g2=2.0, global_g2=1.2)
+    phi = adaptive.phi
+    assert phi is not None and phi > 0
+    step(trainer, 2, local_g2=40.0, global_g2=0.5)  # the epoch's last step: 1 sample a rank
+    assert adaptive.phi == phi

@@ -157,7 +157,13 @@ def test_a_user_task_killed_and_resumed_is_bit_exact(user_pkg, tmp_path) -> None
     assert state_dict_sha256(clean.root / "model" / "model.pt") == state_dict_sha256(
         faulty.root / "model" / "model.pt")
     resumes = [r for r in faulty.records() if r.get("event") == "resume"]
-    assert [r["resumed_from_step"] for r in resumes] == [16]
+    # from the newest periodic checkpoint committed before the SIGKILL at step 20: 16 when each persist
+    # ends within the 8 steps to the next save; on a loaded machine a save due while the previous one
+    # persists is made at the first step after it (17-20), and one staged at 20 may not have committed
+    staged = [r["step"] for r in faulty.records() if r.get("event") == "checkpoint" and r.get("outcome") == "staged"
+              and r["step"] <= 20]
+    (resume,) = resumes
+    assert resume["resumed_from_step"] in staged and resume["resumed_from_step"] >= 16, (resume, staged)
 
     # The task's own state was checkpointed and restored: one loss call per step on each rank.
     for key in ("clean", "faulty"):
