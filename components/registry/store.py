@@ -11,15 +11,21 @@ Layout under the registry root::
                                         only once this exists
     <model name>/CURRENT/p0000000004.json   the serving pointer's log: each move is a create-only entry
                                           {"version", "at", "reason"}; the newest entry is current
+                                          (sequence numbers 1, 2, ... with no gaps)
     <model name>/keys/<sha256>.json     create-only: which version a registration (idempotency key +
                                         model SHA-256) got, so a retried registration finds it
 
 Versions are allocated by a create-only write of ``CLAIM`` (``If-None-Match: *`` on S3, ``link(2)``
 locally), so two pipelines registering at once get distinct versions. The pointer is a log of
-create-only entries rather than one object rewritten in place, so two promotions at once both land
-(in some order) instead of one overwriting the other's history. ``rollback`` appends an entry pointing
-at an earlier version; versions themselves are immutable. A registry written before the log existed
-keeps its ``CURRENT.json``, read as the log's first entries.
+create-only entries rather than one object rewritten in place, so two moves at once never overwrite
+each other's history. An unconditional move (``rollback``, ``register(promote=True)``) takes the next
+free entry, so it always lands. A conditional one (:meth:`ModelRegistry.promote`) is made against the
+:class:`Pointer` read when the candidate was compared with the current version: it creates exactly
+the entry after that one, so when another move landed meanwhile it fails, writes nothing, and the
+caller compares again with the new current version (``components/registry/promotion.py``) — a model
+becomes current only over the version it was compared with. ``rollback`` appends an entry pointing at
+an earlier version; versions themselves are immutable. A registry written before the log existed
+keeps its ``CURRENT.json``, read as the log's first entries (sequence number 0).
 """
 
 from __future__ import annotations
@@ -60,6 +66,16 @@ class ModelVersion:
     """dataset fingerprint, training parameters, metrics, code version, job key, ..."""
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     uri: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Pointer:
+    """The serving pointer as read at one moment (:meth:`ModelRegistry.pointer`)."""
+
+    seq: int
+    """sequence number of the newest ``CURRENT/p<seq>.json`` entry; 0 when there is none yet"""
+    version: int | None
+    """the version that entry (or a legacy ``CURRENT.json``) names; ``None`` before the first promotion"""
 
 
 def _validate_name(name: str) -> str:
@@ -169,6 +185,34 @@ class ModelRegistry:
         history = self.history(name)
         return self.get(name, int(history[-1]["version"])) if history else None
 
+    def pointer(self, name: str) -> Pointer:
+        """Where ``CURRENT`` stands now: pass it to :meth:`promote` to promote over exactly that version."""
+        entries = self._pointer_entries(name)
+        if entries:
+            seq, key = entries[-1]
+            return Pointer(seq=seq, version=int(json.loads(read_bytes(self.storage, key))["version"]))
+        legacy = self._legacy_history(name)
+        return Pointer(seq=0, version=int(legacy[-1]["version"]) if legacy else None)
+
+    def promote(self, name: str, version: int, *, expected: Pointer) -> bool:
+        """Make ``version`` current only if the pointer has not moved since ``expected`` was read.
+
+        ``expected`` is the :meth:`pointer` read before ``version`` was compared with the current
+        version; the entry is created only at ``expected.seq + 1``.
+
+        Returns:
+            ``True`` when ``version`` was promoted — also when its registration had promoted it already
+            (a retry). ``False`` when another move of the pointer landed after ``expected``: nothing is
+            written; read :meth:`pointer` again, compare with its version, and call again with it.
+
+        Raises:
+            RegistryError: bad name, or the version does not exist.
+        """
+        self.get(name, version)
+        if any(h["version"] == version and h["reason"] == "registered" for h in self.history(name)):
+            return True
+        return self._append_pointer(name, expected.seq + 1, version, reason="registered")
+
     def rollback(self, name: str, version: int) -> ModelVersion:
         """Point ``CURRENT`` at an earlier (existing) version.
 
@@ -195,15 +239,20 @@ class ModelRegistry:
         return self._legacy_history(name) + entries
 
     def _set_current(self, name: str, version: int, *, reason: str) -> None:
-        entry = {"version": version, "at": datetime.now(UTC).isoformat(), "reason": reason}
+        """Unconditional move: the next free entry, whatever landed meanwhile."""
         seq = max((n for n, _ in self._pointer_entries(name)), default=0) + 1
-        while True:
-            try:
-                write_bytes(self.storage, f"{name}/CURRENT/p{seq:010d}.json", json.dumps(entry).encode(),
-                            create_only=True)
-                return
-            except ObjectExistsError:
-                seq += 1  # another promotion landed first: ours goes after it
+        while not self._append_pointer(name, seq, version, reason=reason):
+            seq += 1  # another move landed first: ours goes after it
+
+    def _append_pointer(self, name: str, seq: int, version: int, *, reason: str) -> bool:
+        """Create pointer entry ``seq``; ``False`` (nothing written) if it exists already."""
+        entry = {"version": version, "at": datetime.now(UTC).isoformat(), "reason": reason}
+        try:
+            write_bytes(self.storage, f"{_validate_name(name)}/CURRENT/p{seq:010d}.json", json.dumps(entry).encode(),
+                        create_only=True)
+        except ObjectExistsError:
+            return False
+        return True
 
     def read_file(self, name: str, version: int, fname: str) -> bytes:
         """One file of a version, verified against its recorded SHA-256.

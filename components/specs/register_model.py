@@ -29,13 +29,15 @@ def register_model(
     compares new data with. It becomes the current version if its test accuracy is at least
     ``min_accuracy``. With ``must_beat_current`` it is registered at all only if it also beats the
     current version on the same held-out split (otherwise version 0 is returned and the current
-    version stays current)."""
+    version stays current), and it becomes current only over the version it was compared with: when
+    another run promoted a model meanwhile, it is compared with that one and, if it no longer beats
+    it, stays registered but not current (``promoted`` False)."""
     import json
     from collections import namedtuple
     from importlib.metadata import version as pkg_version
 
     from components.drift.profile import PROFILE_FILE, profile_prepared
-    from components.registry.promotion import accuracy_of_current
+    from components.registry.promotion import accuracy_of, compare_with_current, promote_if_better
     from components.registry.store import ModelRegistry
     from components.training.data import DatasetError
     from components.training.step import pipeline_root_of, resolve_checkpoint_uri, use_s3_endpoint
@@ -51,8 +53,14 @@ def register_model(
     pipeline_root = pipeline_root_of(pipeline_root, model.uri or "", kfp_run_id)
     root = registry_uri or join_uri(resolve_checkpoint_uri(checkpoint_uri, pipeline_root), "models")
     registry = ModelRegistry(storage_for(root))
-    current_accuracy = accuracy_of_current(registry, model_name, dataset.path) if must_beat_current else None
-    if must_beat_current and (not promote or (current_accuracy is not None and accuracy <= current_accuracy)):
+
+    def score(version: int) -> float | None:
+        return accuracy_of(registry, model_name, version, dataset.path)
+
+    # The pointer is read before the current version is scored: promotion is conditional on it.
+    compared = compare_with_current(registry, model_name, score) if must_beat_current else None
+    current_accuracy = compared.accuracy if compared else None
+    if compared is not None and (not promote or not compared.beaten_by(accuracy)):
         print(f"register_model: not registered: test accuracy {accuracy:.4f} (min {min_accuracy}) does not beat "
               f"the current version's {current_accuracy} on the same held-out split")
         return outputs(0, "", False)
@@ -66,6 +74,7 @@ def register_model(
                     "listing_fingerprint": dataset.metadata.get("listing_fingerprint", ""), "change": change},
         "parameters": dict(model.metadata.get("train_config", {})),
         "metrics": metrics,
+        "previous_version": compared.pointer.version if compared else None,
         "previous_version_accuracy": current_accuracy,
         "code_version": {"trainflow": pkg_version("trainflow")},
         "job_key": model.metadata.get("job_key", ""),
@@ -77,6 +86,13 @@ def register_model(
         print(f"register_model: no data profile stored: {e}")
         extra = {}
     # A retry of this task (same job, same weights) gets the version its first attempt got.
-    mv = registry.register(model_name, model.path, lineage, promote=promote, extra_files=extra,
-                           idempotency_key=lineage["job_key"] or kfp_run_id or None)
+    # With must_beat_current it is promoted after registering, over the version it was compared with.
+    mv = registry.register(model_name, model.path, lineage, promote=promote and compared is None,
+                           extra_files=extra, idempotency_key=lineage["job_key"] or kfp_run_id or None)
+    if compared is not None:
+        promote, last = promote_if_better(registry, model_name, mv.version, accuracy, compared, score)
+        if not promote:
+            print(f"register_model: registered version {mv.version} but not promoted: while it was compared, "
+                  f"version {last.pointer.version} became current, and its test accuracy {last.accuracy} on the "
+                  f"same held-out split is not below this model's {accuracy:.4f}")
     return outputs(mv.version, mv.uri, promote)

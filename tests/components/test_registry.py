@@ -1,5 +1,5 @@
-"""ModelRegistry: versions with lineage, create-only version claims, current pointer, rollback.
-Runs on a local folder and on S3 (MinIO on 127.0.0.1)."""
+"""ModelRegistry: versions with lineage, create-only version claims, current pointer, rollback, and
+promotion conditional on the version compared with. Runs on a local folder and on S3 (MinIO on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from components.registry.store import MODEL_FILES, ModelRegistry, RegistryError
+from components.registry.promotion import Comparison, compare_with_current, promote_if_better
+from components.registry.store import MODEL_FILES, ModelRegistry, Pointer, RegistryError
+from trainflow.storage import write_bytes
 from trainflow.storage.local import LocalStorage
 
 
@@ -101,3 +103,70 @@ def test_a_retried_registration_returns_the_first_attempts_version(registry, mod
         got = set(pool.map(lambda _: registry.register("idem", model_dir, {}, idempotency_key="job-k").version,
                            range(4)))
     assert len(got) == 1
+
+
+def _register_scored(registry: ModelRegistry, model_dir, name: str, accuracy: float, *, promote: bool) -> int:
+    (model_dir / "model.pt").write_bytes(f"weights scoring {accuracy}".encode())
+    lineage = {"metrics": {"test_accuracy": accuracy}}
+    return registry.register(name, model_dir, lineage, promote=promote).version
+
+
+@pytest.mark.parametrize("first_to_land", ["better", "worse"])
+def test_interleaved_promotions_end_with_the_better_model_current(registry, model_dir, first_to_land) -> None:
+    """Review: must_beat_current compared with the current version, then register appended its
+    pointer entry unconditionally (a conflict went to the next sequence number). Runs A (0.95) and B
+    (0.93) both compared with v1 (0.90) before either pointer entry landed: whichever landed last was
+    current, so B could end current without ever beating A. Now each promotion lands only over the
+    version it was compared with; the one that lost the race compares again and wins only if better."""
+    name = "race"
+    v1 = _register_scored(registry, model_dir, name, 0.90, promote=True)
+
+    def score(version: int) -> float:  # the held-out evaluation, as recorded in the lineage
+        return registry.get(name, version).lineage["metrics"]["test_accuracy"]
+
+    a_compared = compare_with_current(registry, name, score)
+    b_compared = compare_with_current(registry, name, score)  # before A's pointer entry lands
+    assert a_compared == b_compared == Comparison(pointer=Pointer(seq=1, version=v1), accuracy=0.90)
+    a = _register_scored(registry, model_dir, name, 0.95, promote=False)
+    b = _register_scored(registry, model_dir, name, 0.93, promote=False)
+
+    if first_to_land == "better":
+        assert promote_if_better(registry, name, a, 0.95, a_compared, score) == (True, a_compared)
+        promoted, last = promote_if_better(registry, name, b, 0.93, b_compared, score)
+        assert not promoted and last.pointer == Pointer(seq=2, version=a) and last.accuracy == 0.95
+        assert [h["version"] for h in registry.history(name)] == [v1, a]
+    else:
+        assert promote_if_better(registry, name, b, 0.93, b_compared, score) == (True, b_compared)
+        promoted, last = promote_if_better(registry, name, a, 0.95, a_compared, score)
+        assert promoted and last.pointer == Pointer(seq=2, version=b) and last.accuracy == 0.93  # beat B too
+        assert [h["version"] for h in registry.history(name)] == [v1, b, a]
+    assert registry.current(name).version == a
+    assert [v.version for v in registry.versions(name)] == [v1, a, b]  # the loser stays registered
+
+
+def test_promote_writes_only_the_entry_after_the_pointer_it_was_given(registry, model_dir) -> None:
+    v1 = _register_scored(registry, model_dir, "cond", 0.90, promote=True)
+    v2 = _register_scored(registry, model_dir, "cond", 0.91, promote=False)
+    v3 = _register_scored(registry, model_dir, "cond", 0.92, promote=False)
+    seen = registry.pointer("cond")
+    assert seen == Pointer(seq=1, version=v1)
+    registry.rollback("cond", v1)  # any move in between: a rollback too
+    assert not registry.promote("cond", v2, expected=seen)
+    assert [h["version"] for h in registry.history("cond")] == [v1, v1]  # nothing written
+    assert registry.promote("cond", v2, expected=registry.pointer("cond"))
+    assert registry.promote("cond", v2, expected=seen)  # a retry: promoted once already, nothing written
+    assert registry.pointer("cond") == Pointer(seq=3, version=v2)
+    assert registry.promote("cond", v3, expected=registry.pointer("cond"))
+    assert [h["reason"] for h in registry.history("cond")] == ["registered", "rollback", "registered", "registered"]
+    with pytest.raises(RegistryError, match="has no version 9"):
+        registry.promote("cond", 9, expected=registry.pointer("cond"))
+
+    # A registry from before the pointer log: its CURRENT.json is sequence number 0.
+    legacy = {"history": [{"version": 1, "at": "2026-01-01T00:00:00+00:00", "reason": "registered"}]}
+    write_bytes(registry.storage, "old/CURRENT.json", json.dumps(legacy).encode())
+    old1 = _register_scored(registry, model_dir, "old", 0.90, promote=False)
+    old2 = _register_scored(registry, model_dir, "old", 0.95, promote=False)
+    assert registry.pointer("old") == Pointer(seq=0, version=old1)
+    assert registry.promote("old", old2, expected=registry.pointer("old"))
+    assert registry.pointer("old") == Pointer(seq=1, version=old2)
+    assert registry.pointer("never-registered") == Pointer(seq=0, version=None)
