@@ -57,6 +57,16 @@ def register_model(
     def score(version: int) -> float | None:
         return accuracy_of(registry, model_name, version, dataset.path)
 
+    job_key = model.metadata.get("job_key", "")
+    if must_beat_current and job_key:
+        # A retry of this task whose first attempt registered and promoted this job's model: that
+        # version is current, and this model would be compared with itself (and "lose").
+        at = registry.pointer(model_name).version
+        current = registry.get(model_name, at) if at is not None else None
+        if current is not None and current.lineage.get("job_key") == job_key:
+            print(f"register_model: version {current.version} of job {job_key} (an earlier attempt of this task) "
+                  "is current already")
+            return outputs(current.version, current.uri, True)
     # The pointer is read before the current version is scored: promotion is conditional on it.
     compared = compare_with_current(registry, model_name, score) if must_beat_current else None
     current_accuracy = compared.accuracy if compared else None
@@ -77,7 +87,7 @@ def register_model(
         "previous_version": compared.pointer.version if compared else None,
         "previous_version_accuracy": current_accuracy,
         "code_version": {"trainflow": pkg_version("trainflow")},
-        "job_key": model.metadata.get("job_key", ""),
+        "job_key": job_key,
         "kfp_run_id": kfp_run_id,
     }
     try:

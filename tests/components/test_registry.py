@@ -170,3 +170,24 @@ def test_promote_writes_only_the_entry_after_the_pointer_it_was_given(registry, 
     assert registry.promote("old", old2, expected=registry.pointer("old"))
     assert registry.pointer("old") == Pointer(seq=1, version=old2)
     assert registry.pointer("never-registered") == Pointer(seq=0, version=None)
+
+
+def test_a_retried_register_model_returns_the_version_its_first_attempt_promoted(tmp_path, model_dir) -> None:
+    """With must_beat_current, a KFP retry of register_model compared this job's model with itself,
+    the current version its first attempt promoted, and reported "not registered" (version 0)."""
+    import types
+
+    from components.specs.register_model import register_model
+
+    registry = ModelRegistry(LocalStorage(str(tmp_path / "models")))
+    first = registry.register("m", model_dir, {"job_key": "job-7", "metrics": {"test_accuracy": 0.95}},
+                              idempotency_key="job-7")
+    artifact = lambda **kw: types.SimpleNamespace(**{"uri": "", "metadata": {}, **kw})  # noqa: E731
+    out = register_model.python_func(
+        model=artifact(path=str(model_dir), metadata={"job_key": "job-7"}),
+        eval_metrics=artifact(metadata={"test_accuracy": 0.95}),
+        dataset=artifact(path=str(tmp_path / "no-dataset")),  # never read: nothing is scored again
+        registry_uri=str(tmp_path / "models"), model_name="m", must_beat_current=True,
+    )
+    assert (out.version, out.promoted) == (first.version, True)
+    assert [h["version"] for h in registry.history("m")] == [1]
