@@ -110,6 +110,9 @@ def build_retraining_pipeline(platform: PlatformSettings) -> object:
         image: str = "",
         namespace: str = "",
         gpus_per_worker: int = 0,
+        worker_cpu: str = "1",
+        worker_memory: str = "4Gi",
+        worker_pod_settings: str = "",
         s3_secret_name: str = platform.s3_secret,
         s3_endpoint_url: str = "",
     ) -> RetrainingOutputs:
@@ -127,7 +130,8 @@ def build_retraining_pipeline(platform: PlatformSettings) -> object:
                 seed=seed, backend=backend, min_workers=min_workers, max_workers=max_workers,
                 nproc_per_node=nproc_per_node, checkpoint_uri=checkpoint_uri,
                 checkpoint_interval_steps=checkpoint_interval_steps, job_key=job_key, image=image,
-                namespace=namespace, gpus_per_worker=gpus_per_worker, s3_secret_name=s3_secret_name,
+                namespace=namespace, gpus_per_worker=gpus_per_worker, worker_cpu=worker_cpu,
+                worker_memory=worker_memory, worker_pod_settings=worker_pod_settings, s3_secret_name=s3_secret_name,
                 s3_endpoint_url=s3_endpoint_url,
             )
         with dsl.Else(name="keep-current"):

@@ -134,5 +134,7 @@ def test_retraining_train_parameters_have_the_components_defaults() -> None:
     pipeline = inspect.signature(build_retraining_pipeline(PlatformSettings()).pipeline_func).parameters
     shared = [name for name in pipeline if name in component and name not in ("epochs", "checkpoint_interval_steps")]
     assert "namespace" in shared and "s3_secret_name" in shared
+    # a GPU pool's tolerations and node selector, and the workers' CPU and memory, can be set
+    assert {"worker_pod_settings", "worker_cpu", "worker_memory", "gpus_per_worker"} <= set(shared)
     for name in shared:
         assert pipeline[name].default == component[name].default, name
