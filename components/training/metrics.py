@@ -3,7 +3,8 @@
 JSONL records are one JSON object per line. Step records carry ``step``, ``epoch``, ``loss``,
 ``samples_per_s``, ``world_size``, ``lr``, ``ckpt_stall_s`` and ``time`` (Unix seconds); event
 records carry ``event``: ``start``, ``resume``, ``first_step_after_resume``, ``checkpoint`` (a save
-was staged; ``stall_s`` blocking seconds), ``checkpoint_committed`` / ``checkpoint_failed`` (from the
+was staged; ``stall_s`` blocking seconds), ``checkpoint_deferred`` (a periodic save waits for the
+previous persist; once per persist), ``checkpoint_committed`` / ``checkpoint_failed`` (from the
 persist thread), ``preempted``, ``finished``.
 
 Where the JSONL goes (``metrics_path``): a local file (appended; what ``trainflow run`` tails), or a
@@ -241,6 +242,8 @@ class PrometheusSink:
             self.stall_s.set(rec.get("stall_s", 0.0))
             if rec.get("outcome") == "skipped":
                 self.ckpt_skipped.inc()
+        if rec.get("event") == "checkpoint_deferred":  # a periodic save waiting for the previous persist
+            self.ckpt_skipped.inc()
         if rec.get("event") == "checkpoint_failed":
             self.ckpt_failures.inc()
         if rec.get("event") == "checkpoint_committed":

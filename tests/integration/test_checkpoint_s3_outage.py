@@ -85,7 +85,9 @@ def test_training_survives_s3_killed_mid_upload(s3_server, digits_dataset, make_
     log = (job.root / "agent.log").read_text()
     assert "persist attempt 1 failed" in log and "retrying" in log  # backoff, logged as warnings
     records = job.records()
-    assert any(r.get("event") == "checkpoint" and r.get("outcome") == "skipped" for r in records) or any(
+    # training went on: the periodic saves due during the outage waited for the failing persist
+    # (deferred, never stalling a step) or the persist gave up
+    assert any(r.get("event") == "checkpoint_deferred" for r in records) or any(
         r.get("event") == "checkpoint_failed" for r in records
     )
 

@@ -29,6 +29,11 @@ def placement_settings(node: RealNode, **more: Any) -> str:
     return json.dumps({"node_selector": node.node_selector, "tolerations": node.tolerations, **more})
 
 
+#: A stand-in resolved in the test (the real node's tolerations are known only there): worker pods
+#: that tolerate the real node's taint but select a label no node has.
+NO_MATCHING_NODE = "<tolerating the real node, selecting no node>"
+
+
 def _request(node: RealNode, s3: S3Server, namespace: str, bucket: str, dataset: Path, **overrides: Any) -> Any:
     from trainflow.common.training_spec import TrainJobSpec
 
@@ -70,8 +75,7 @@ def test_train_step_trains_in_pods_streams_their_logs_and_summarizes_from_s3(
         ({"s3_secret_name": "no-such-secret"}, 'secret "no-such-secret" not found'),
         # A node short of room (Insufficient cpu) is capacity to wait for, not bad input: no node matching
         # the selector is what fails.
-        ({"worker_pod_settings": json.dumps({"node_selector": {"trainflow.dev/pool": "nowhere"}})},
-         "didn't match Pod's node affinity/selector"),
+        ({"worker_pod_settings": NO_MATCHING_NODE}, "didn't match Pod's node affinity/selector"),
     ],
     ids=["missing-image", "missing-secret", "no-matching-node"],
 )
@@ -84,6 +88,9 @@ def test_bad_input_fails_within_two_minutes_from_the_kubelets_own_status(
 
     namespace = s3_namespace
     bucket = real_node_env.make_bucket("ckpt")
+    if overrides.get("worker_pod_settings") == NO_MATCHING_NODE:  # the node's taint tolerated, its label not selected
+        overrides = {"worker_pod_settings": json.dumps({"node_selector": {"trainflow.dev/pool": "nowhere"},
+                                                        "tolerations": real_node.tolerations})}
     req = _request(real_node, real_node_env, namespace, bucket, digits_dataset, **overrides)
     t0 = time.monotonic()
     with pytest.raises(TrainStepError) as failed:

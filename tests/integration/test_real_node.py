@@ -235,6 +235,9 @@ def test_elastic_pytorchjob_trains_with_two_worker_pods_over_gloo_to_succeeded(
         memory="2Gi",
         node_selector=real_node.node_selector,
         tolerations=real_node.tolerations,
+        # Keep both pods once the job is done, to check how each exited: with the launcher's default
+        # (Running) the operator deletes a worker still exiting when worker 0's success ends the job.
+        clean_pod_policy="None",
         checkpoint_uri="/checkpoints",
         # The rendezvous waits up to 30 s (torch's default) for the second worker once the first
         # has joined, and closes at once when both have. With the launcher's default of 1 s, the

@@ -139,12 +139,15 @@ def test_a_periodic_save_due_while_one_persists_is_made_at_the_first_step_after_
     trainer.ckpt.storage = gate  # step 2's persist waits until the save at step 4 was deferred
     attempts: list[tuple[int, str]] = []
     deferred: list[int] = []
+    deferred_events: list[int] = []
     record, ready = trainer.metrics.record, trainer.ckpt.ready_for_periodic
 
     def watch(rec) -> None:
         record(rec)
         if rec.get("event") == "checkpoint":
             attempts.append((rec["step"], rec["outcome"]))
+        if rec.get("event") == "checkpoint_deferred":
+            deferred_events.append(rec["step"])
 
     def ready_for_periodic(step: int) -> bool:
         answer = ready(step)
@@ -165,6 +168,7 @@ def test_a_periodic_save_due_while_one_persists_is_made_at_the_first_step_after_
     # every deferred save was made at the next step (the last step's by the final, blocking save)
     assert all(d not in saved_at and d + 1 in saved_at for d in deferred if d < result.steps), (deferred, attempts)
     assert trainer.ckpt.stats.skipped_in_flight == len(deferred)  # once per persist waited for
+    assert deferred_events == deferred  # recorded (checkpoint_deferred), as the metrics endpoint counts them
     committed = trainer.ckpt.committed_steps()
     assert 5 in committed and 2 in committed and 4 not in committed
 

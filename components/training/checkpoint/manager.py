@@ -514,7 +514,8 @@ class CheckpointManager:
         The trainer asks before it declares a save due, so a save that cannot start yet costs the
         steps nothing (no gathering of RNG states, no staging) and is made at the first step after
         the persist ends, instead of a whole interval later. A deferral is counted in
-        ``stats.skipped_in_flight`` and logged once per in-flight persist."""
+        ``stats.skipped_in_flight``, logged and recorded (a ``checkpoint_deferred`` event) once per
+        in-flight persist."""
         inflight = self._in_flight
         if inflight is None or inflight.future.done():
             return True
@@ -523,6 +524,7 @@ class CheckpointManager:
             self.stats.skipped_in_flight += 1
             log.warning("checkpoint at step %d deferred: the save of step %d is still persisting", step,
                         inflight.step)
+            self._emit({"event": "checkpoint_deferred", "step": step, "persisting_step": inflight.step})
         return False
 
     def wait_for_staging(self) -> None:

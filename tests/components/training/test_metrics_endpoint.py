@@ -119,9 +119,10 @@ def test_shipped_checkpoint_alerts_fire_on_the_trainers_own_metrics(prometheus_s
                       lambda r: [float(s["value"][1]) for s in r] == [0.0], timeout_s=30)
         sink.record({"event": "checkpoint_failed", "step": 40})
         sink.record({"event": "checkpoint", "outcome": "skipped", "stall_s": 0.0})
+        sink.record({"event": "checkpoint_deferred", "step": 44, "persisting_step": 40})  # the trainer's way
         scraped = _scrape(port)
         assert scraped["trainflow_checkpoint_failures_total"] == 1
-        assert scraped["trainflow_checkpoint_skipped_total"] == 1
+        assert scraped["trainflow_checkpoint_skipped_total"] == 2
 
         def alerts(r: list[dict]) -> bool:
             return {(s["metric"]["alertname"], s["metric"]["alertstate"]) for s in r} == {
