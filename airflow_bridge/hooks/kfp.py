@@ -133,6 +133,40 @@ def outage_delay_s(
     return max(0.0, min(poll_interval_s, end_s - now_s))
 
 
+class _RunWait:
+    """The state of one wait for a run, shared by the sync and async loops: what to read, and how
+    long to sleep after a read (:func:`poll_delay_s`) or a failed one (:func:`outage_delay_s`)."""
+
+    def __init__(self, run_id: str, *, poll_interval_s: float, deadline_s: float | None, tolerance_s: float,
+                 on_poll: Callable[[dict[str, Any]], None] | None, clock: Callable[[], float]) -> None:
+        self.run_id = run_id
+        self.call = api.get_run(run_id)
+        self.poll_interval_s = poll_interval_s
+        self.deadline_s = deadline_s
+        self.tolerance_s = tolerance_s
+        self.on_poll = on_poll
+        self.clock = clock
+        self.failing_since_s: float | None = None  # when the current run of failed reads began
+
+    def after_read(self, run: dict[str, Any]) -> float | None:
+        """Seconds to sleep before the next read, ``None`` when ``run`` is terminal (see :func:`poll_delay_s`)."""
+        self.failing_since_s = None
+        if self.on_poll is not None:
+            self.on_poll(run)
+        return poll_delay_s(run, now_s=self.clock(), deadline_s=self.deadline_s, poll_interval_s=self.poll_interval_s)
+
+    def after_failed_read(self, err: KfpApiError, read_s: float, log: Any) -> float:
+        """Seconds to sleep before reading again after ``err`` (the read began at ``read_s``), logged;
+        raises as :func:`outage_delay_s` does."""
+        if self.failing_since_s is None:
+            self.failing_since_s = read_s
+        delay = outage_delay_s(err, call=self.call, failing_since_s=self.failing_since_s, now_s=self.clock(),
+                               tolerance_s=self.tolerance_s, deadline_s=self.deadline_s,
+                               poll_interval_s=self.poll_interval_s)
+        log.warning("cannot read KFP run %s, reading again in %.0f s: %s", self.run_id, delay, err)
+        return delay
+
+
 #: Airflow config section of the provider's own settings (``get_provider_info()["config"]``).
 CONFIG_SECTION = "kubeflow_pipelines"
 #: States in which terminating a run is already done or under way (KFP refuses to terminate them).
@@ -540,28 +574,16 @@ class KfpHook(_HookBase):
             KfpApiError: a read failed with an error that is not transient, or reads failed for
                 longer than the connection's ``outage_tolerance_s`` (:func:`outage_delay_s`).
         """
-        call = api.get_run(run_id)
-        failing_since_s: float | None = None
+        wait = _RunWait(run_id, poll_interval_s=poll_interval_s, deadline_s=deadline_s,
+                        tolerance_s=self.config.outage_tolerance_s, on_poll=on_poll, clock=self._clock)
         while True:
             read_s = self._clock()
             try:
-                run = self.call(call)
+                run = self.call(wait.call)
             except KfpApiError as err:
-                failing_since_s = read_s if failing_since_s is None else failing_since_s
-                delay = outage_delay_s(
-                    err, call=call, failing_since_s=failing_since_s, now_s=self._clock(),
-                    tolerance_s=self.config.outage_tolerance_s, deadline_s=deadline_s,
-                    poll_interval_s=poll_interval_s,
-                )
-                self.log.warning("cannot read KFP run %s, reading again in %.0f s: %s", run_id, delay, err)
-                self._sleep(delay)
+                self._sleep(wait.after_failed_read(err, read_s, self.log))
                 continue
-            failing_since_s = None
-            if on_poll is not None:
-                on_poll(run)
-            delay = poll_delay_s(
-                run, now_s=self._clock(), deadline_s=deadline_s, poll_interval_s=poll_interval_s
-            )
+            delay = wait.after_read(run)
             if delay is None:
                 return run
             self._sleep(delay)
@@ -677,30 +699,18 @@ class KfpAsyncHook(_HookBase):
             KfpRunTimeoutError: the deadline passed first.
             KfpApiError: as :meth:`KfpHook.wait_for_run`.
         """
-        call = api.get_run(run_id)
-        failing_since_s: float | None = None
+        cfg = await self.get_config()
+        wait = _RunWait(run_id, poll_interval_s=poll_interval_s, deadline_s=deadline_s,
+                        tolerance_s=cfg.outage_tolerance_s, on_poll=on_poll, clock=self._clock)
         async with self._session():
             while True:
                 read_s = self._clock()
                 try:
-                    run = await self.call(call)
+                    run = await self.call(wait.call)
                 except KfpApiError as err:
-                    failing_since_s = read_s if failing_since_s is None else failing_since_s
-                    cfg = await self.get_config()
-                    delay = outage_delay_s(
-                        err, call=call, failing_since_s=failing_since_s, now_s=self._clock(),
-                        tolerance_s=cfg.outage_tolerance_s, deadline_s=deadline_s,
-                        poll_interval_s=poll_interval_s,
-                    )
-                    self.log.warning("cannot read KFP run %s, reading again in %.0f s: %s", run_id, delay, err)
-                    await self._sleep(delay)
+                    await self._sleep(wait.after_failed_read(err, read_s, self.log))
                     continue
-                failing_since_s = None
-                if on_poll is not None:
-                    on_poll(run)
-                delay = poll_delay_s(
-                    run, now_s=self._clock(), deadline_s=deadline_s, poll_interval_s=poll_interval_s
-                )
+                delay = wait.after_read(run)
                 if delay is None:
                     return run
                 await self._sleep(delay)

@@ -130,16 +130,7 @@ def test_failed_run_carries_the_component_error(http: httpx.Client, compiled_pip
 
 
 def test_terminate_stops_every_process_of_the_run(http: httpx.Client, compiled_pipelines) -> None:
-    body = {
-        "display_name": "slow",
-        "pipeline_spec": spec_of(compiled_pipelines["slow"]),
-        "runtime_config": {"parameters": {"seconds": 300}},
-    }
-    run_id = http.post(f"{API}/runs", json=body).raise_for_status().json()["run_id"]
-    deadline = time.monotonic() + 120
-    while not (m := re.search(r"sleeper pid (\d+) pgid (\d+)", http.get(f"/local/runs/{run_id}/log").text)):
-        assert time.monotonic() < deadline, "the sleeper never started"
-        time.sleep(0.3)
+    run_id, m = _start_and_read_log(http, compiled_pipelines["slow"], r"sleeper pid (\d+) pgid (\d+)")
     sleeper_pid, pgid = int(m.group(1)), int(m.group(2))
     assert psutil.pid_exists(sleeper_pid)
     assert http.get(f"{API}/runs/{run_id}").json()["state"] == "RUNNING"
@@ -158,23 +149,27 @@ def test_terminate_stops_every_process_of_the_run(http: httpx.Client, compiled_p
 def test_terminate_stops_processes_of_the_run_in_sessions_of_their_own(http: httpx.Client, compiled_pipelines) -> None:
     """torchrun starts its agent and workers in sessions of their own, outside the run's process
     group: terminating the run stops them too (they are its process tree when it is terminated)."""
-    body = {
-        "display_name": "detached",
-        "pipeline_spec": spec_of(compiled_pipelines["detached"]),
-        "runtime_config": {"parameters": {"seconds": 300}},
-    }
-    run_id = http.post(f"{API}/runs", json=body).raise_for_status().json()["run_id"]
-    deadline = time.monotonic() + 120
-    pattern = r"session child pid (\d+) sid (\d+); step pgid (\d+)"
-    while not (m := re.search(pattern, http.get(f"/local/runs/{run_id}/log").text)):
-        assert time.monotonic() < deadline, "the session child never started"
-        time.sleep(0.3)
+    run_id, m = _start_and_read_log(http, compiled_pipelines["detached"],
+                                    r"session child pid (\d+) sid (\d+); step pgid (\d+)")
     child_pid, sid, pgid = (int(g) for g in m.groups())
     assert sid == child_pid and os.getpgid(child_pid) != pgid and _alive(child_pid)  # outside the run's group
     assert http.post(f"{API}/runs/{run_id}:terminate").raise_for_status().json() == {}
     run = wait_state(http, run_id, TERMINAL, timeout_s=60)
     assert run["state"] == "CANCELED"
     assert not _alive(child_pid), "a process of the run in a session of its own survived terminate"
+
+
+def _start_and_read_log(http: httpx.Client, package, pattern: str) -> tuple[str, re.Match]:
+    """Start a run of ``package`` (its ``seconds`` parameter 300) and wait up to 120 s for ``pattern``
+    in its log; return the run id and the match."""
+    body = {"display_name": package.stem, "pipeline_spec": spec_of(package),
+            "runtime_config": {"parameters": {"seconds": 300}}}
+    run_id = http.post(f"{API}/runs", json=body).raise_for_status().json()["run_id"]
+    deadline = time.monotonic() + 120
+    while not (m := re.search(pattern, http.get(f"/local/runs/{run_id}/log").text)):
+        assert time.monotonic() < deadline, f"{pattern!r} never appeared in the run's log"
+        time.sleep(0.3)
+    return run_id, m
 
 
 def _alive(pid: int) -> bool:
