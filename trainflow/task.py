@@ -82,6 +82,7 @@ import inspect
 import json
 import math
 import re
+import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -230,15 +231,16 @@ def load_task(spec: str, task_args: Mapping[str, Any] | str | None = None) -> Ta
     Args:
         spec: a built-in name (:data:`BUILTIN_TASKS`, e.g. ``"image_classification"``) or an import
             path ``"package.module:Name"``, where ``Name`` (``Outer.Inner`` allowed) is a
-            :class:`Task` subclass or a function returning a :class:`Task`. The module must be
-            importable (installed, or on ``PYTHONPATH``).
+            :class:`Task` subclass or a function declared to return one (``-> Task``, or a subclass;
+            anything else is refused before it is called). The module must be importable
+            (installed, or on ``PYTHONPATH``); importing it runs its top-level code, as any import does.
         task_args: the keyword arguments, as a dict or its JSON text; ``None`` or ``""`` = none.
             Dict values must be JSON values; they are passed as JSON would carry them (a tuple
             arrives as a list), so both forms build the same task.
 
     Raises:
         TaskError: a malformed spec, a module that does not import, a missing attribute, an object
-            that is not a task, ``task_args`` that are not a JSON object or do not fit the
+            that is not a task (a function without ``-> Task``), ``task_args`` that are not a JSON object or do not fit the
             signature, or a constructor that raised (the cause is chained). One line, naming the spec.
     """
     where = f"task {spec!r}"
@@ -271,6 +273,8 @@ def load_task(spec: str, task_args: Mapping[str, Any] | str | None = None) -> Ta
     elif not callable(obj):
         raise TaskError(f"{where}: {attr} is an object of type {type(obj).__name__}, not a Task subclass or a "
                         "function returning a Task")
+    else:
+        _check_declares_task(obj, attr, where)
     try:
         inspect.signature(obj).bind(**kwargs)
     except TypeError as e:
@@ -284,6 +288,28 @@ def load_task(spec: str, task_args: Mapping[str, Any] | str | None = None) -> Ta
     if not isinstance(task, Task):
         raise TaskError(f"{where}: {attr}(**task_args) returned an object of type {type(task).__name__}, not a Task")
     return task
+
+
+def _check_declares_task(func: Any, attr: str, where: str) -> None:
+    """Refuse a callable that is not declared to return a :class:`Task` (its return annotation, a
+    ``Task`` subclass), before it is called: a task's name may come from a pipeline parameter or an
+    Airflow trigger form, and ``builtins:exec`` or ``subprocess:run`` with ``task_args`` must not run.
+
+    Raises:
+        TaskError: no return annotation, one that does not resolve, or one that is not a Task subclass.
+    """
+    try:
+        declared = typing.get_type_hints(func).get("return")
+    except Exception as e:  # a forward reference that does not resolve, a builtin, ...
+        raise TaskError(f"{where}: the return annotation of {attr} does not resolve ({type(e).__name__}: "
+                        f"{_one_line(e)}); a function that builds a task is declared '-> Task'") from e
+    if declared is None:
+        raise TaskError(f"{where}: {attr} is not a Task subclass and has no return annotation: a function that "
+                        "builds a task is declared '-> Task' (nothing else is called)")
+    if not (isinstance(declared, type) and issubclass(declared, Task)):
+        shown = declared.__name__ if isinstance(declared, type) else str(declared)
+        raise TaskError(f"{where}: {attr} is declared to return {shown}, not a Task (a function that builds a "
+                        "task is declared '-> Task'; nothing else is called)")
 
 
 def _parse_task_args(task_args: Mapping[str, Any] | str | None, where: str) -> dict[str, Any]:

@@ -42,6 +42,22 @@ def returns_a_dict() -> dict:
     return {"not": "a task"}
 
 
+def says_task_returns_a_dict() -> Task:
+    return {"not": "a task"}  # type: ignore[return-value]
+
+
+CALLS: list[str] = []
+
+
+def unannotated_factory(**task_args):  # the point: no return annotation
+    CALLS.append("unannotated_factory")
+    return Regression(**task_args)
+
+
+def unresolvable_annotation() -> NoSuchTask:  # type: ignore[name-defined]  # noqa: F821
+    CALLS.append("unresolvable_annotation")
+
+
 NOT_CALLABLE = 3
 
 

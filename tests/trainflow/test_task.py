@@ -70,8 +70,15 @@ def test_a_factory_function_and_a_nested_class_are_task_specs() -> None:
     (f"{EX}:NOT_CALLABLE", None,
      f"task '{EX}:NOT_CALLABLE': NOT_CALLABLE is an object of type int, not a Task subclass or a "
      "function returning a Task"),
-    (f"{EX}:returns_a_dict", None, f"task '{EX}:returns_a_dict': returns_a_dict(**task_args) returned an object of "
-     "type dict, not a Task"),
+    (f"{EX}:returns_a_dict", None, f"task '{EX}:returns_a_dict': returns_a_dict is declared to return dict, not a "
+     "Task (a function that builds a task is declared '-> Task'; nothing else is called)"),
+    (f"{EX}:says_task_returns_a_dict", None, f"task '{EX}:says_task_returns_a_dict': says_task_returns_a_dict(**task_args) "
+     "returned an object of type dict, not a Task"),
+    (f"{EX}:unannotated_factory", None, f"task '{EX}:unannotated_factory': unannotated_factory is not a Task subclass "
+     "and has no return annotation: a function that builds a task is declared '-> Task' (nothing else is called)"),
+    (f"{EX}:unresolvable_annotation", None, f"task '{EX}:unresolvable_annotation': the return annotation of "
+     "unresolvable_annotation does not resolve (NameError: name 'NoSuchTask' is not defined); a function that "
+     "builds a task is declared '-> Task'"),
     (f"{EX}:Incomplete", None, f"task '{EX}:Incomplete': Incomplete does not implement loss, train_dataset"),
     (f"{EX}:FailsToBuild", None,
      f"task '{EX}:FailsToBuild': FailsToBuild(**task_args) failed: RuntimeError: no GPU here second line"),
@@ -103,6 +110,29 @@ def test_bad_input_is_one_task_error_line_naming_the_spec(spec, task_args, messa
     assert str(e.value) == message
     assert "\n" not in str(e.value)
     assert isinstance(e.value, ValueError)
+
+
+@pytest.mark.parametrize(("spec", "task_args"), [
+    ("builtins:print", {"end": "CALLED\n"}),
+    ("builtins:exec", {"source": "print('CALLED')"}),
+    ("subprocess:run", {"args": ["echo", "CALLED"]}),
+    ("os:system", {"command": "echo CALLED"}),
+    (f"{EX}:unannotated_factory", None),
+    (f"{EX}:unresolvable_annotation", None),
+])
+def test_a_callable_not_declared_to_return_a_task_is_refused_before_it_is_called(
+    spec, task_args, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A task's name can come from a pipeline parameter or an Airflow trigger form: naming any other
+    callable (with its arguments in task_args) must not run it."""
+    from tests.trainflow import example_tasks
+
+    example_tasks.CALLS.clear()
+    with pytest.raises(TaskError, match=r"(no return annotation|does not resolve|declared to return)"):
+        load_task(spec, task_args)
+    out, err = capfd.readouterr()
+    assert "CALLED" not in out + err
+    assert example_tasks.CALLS == []
 
 
 def test_a_spec_that_is_not_a_string_is_a_task_error() -> None:
