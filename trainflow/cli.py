@@ -21,11 +21,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
-import typer
-from rich.console import Console
+try:
+    import typer
+    from rich.console import Console
+except ModuleNotFoundError as e:  # e.g. Airflow's environment, with the airflow extra alone
+    sys.exit(f"trainflow: the command line needs the kfp extra (pip install 'trainflow[kfp]'): {e}")
 
 app = typer.Typer(help="trainflow: resumable elastic PyTorch training pipelines.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
+                  pretty_exceptions_enable=False, add_completion=False, rich_markup_mode=None)
 models_app = typer.Typer(help="The versioned model store (next to the checkpoints).", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 
@@ -36,7 +39,9 @@ TOKEN_ENV = "TRAINFLOW_KFP_SERVER_TOKEN"
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
-    Console(stderr=True).print(f"[red]trainflow:[/red] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    Console(stderr=True).print(f"[red]trainflow:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -187,7 +192,11 @@ def compile(
     environment variables (pipelines/platform.py)."""
     from dataclasses import replace
 
-    from kfp import compiler
+    try:
+        from kfp import compiler
+    except ModuleNotFoundError as e:
+        raise _fail(f"compile needs the kfp extra (pip install 'trainflow[kfp]'; not in Airflow's environment: "
+                    f"docs/airflow.md): {e}") from None
 
     from pipelines.platform import PlatformSettings
     from pipelines.training import build_pipeline
@@ -283,7 +292,7 @@ def drift(
     output: Annotated[Path | None, typer.Option(help="Write the verdict (statistics, p-values, thresholds, decision) as JSON")] = None,
     fail_on_drift: Annotated[bool, typer.Option("--fail-on-drift", help="Exit 1 when the verdict says retrain")] = False,
 ) -> None:
-    """Compare new data with the data the current model version was trained on (docs/training.md, Drift check)."""
+    """Compare new data with the data the current model version was trained on (docs/airflow.md, "3. The pipeline")."""
     from components.drift.check import DriftThresholds, run_drift_check
     from components.registry.store import RegistryError
     from components.training.data import DatasetError

@@ -67,6 +67,9 @@ def _pipeline_arguments(self: Any, out: Path) -> dict[str, Any]:
 #: Pipeline parameters that only the pytorchjob backend reads (left at the pipeline's default locally).
 CLUSTER_ONLY = ("image", "namespace", "gpus_per_worker", "worker_cpu", "worker_memory", "worker_pod_settings",
                 "s3_secret_name", "keep_failed_job")
+#: Those of them a local run refuses when set (they shape pods it does not create); ``s3_secret_name``
+#: may come from the environment for cluster runs, and ``keep_failed_job`` changes nothing here.
+_POD_SHAPING = ("image", "namespace", "gpus_per_worker", "worker_cpu", "worker_memory", "worker_pod_settings")
 
 RunOptions = make_dataclass(
     "RunOptions",
@@ -107,12 +110,28 @@ def validate(opts: RunOptions) -> None:
     """Reject bad input before anything starts.
 
     Raises:
-        RunInputError: a missing dataset folder or an invalid hyper-parameter.
+        RunInputError: a dataset source that is none of those ``prepare`` reads (or a missing folder),
+            an invalid hyper-parameter, worker pod settings the train step would refuse, or such
+            settings given for the local backend.
     """
+    from components.training.data import DatasetError
+    from components.training.sources import source_kind
+
     src = opts.dataset_source
-    looks_like_path = src.startswith(("/", ".", "~", "file://")) or ("/" in src and "://" not in src)
-    if looks_like_path and not Path(src.removeprefix("file://")).expanduser().exists():
+    try:
+        kind = source_kind(src)
+    except DatasetError as e:
+        if "://" not in src and "/" in src:  # a path with a typo, not a name
+            raise RunInputError(f"dataset path {src} does not exist") from e
+        raise RunInputError(f"--dataset-source: {e}") from e
+    if kind == "folder" and not Path(src.removeprefix("file://")).expanduser().exists():
         raise RunInputError(f"dataset path {src} does not exist")
+    if opts.backend != "pytorchjob":
+        pod_flags = [ROWS[name].flag for name in CLUSTER_ONLY
+                     if name in _POD_SHAPING and getattr(opts, name) != ROWS[name].default]
+        if pod_flags:
+            raise RunInputError(f"{', '.join(pod_flags)} shape{'s' if len(pod_flags) == 1 else ''} the PyTorchJob's "
+                                "worker pods (--backend pytorchjob); the local backend runs torchrun on this machine")
     if opts.backend == "pytorchjob":
         if not opts.checkpoint_uri.startswith("s3://"):
             raise RunInputError("--backend pytorchjob needs --checkpoint-uri s3://BUCKET/PREFIX (the worker pods "
@@ -132,6 +151,15 @@ def validate(opts: RunOptions) -> None:
         spec = TrainJobSpec.from_kwargs({k: v for k, v in values.items() if ROWS[k].on("S")})
     except ConfigError as e:
         raise RunInputError(f"invalid hyper-parameter: {e}") from e
+    if opts.backend == "pytorchjob":  # the worker pods' settings, as the train step will render them
+        from components.training.step import TrainStepError, worker_job_spec
+
+        try:
+            worker_job_spec(spec, spec.train_config(dataset="validate", job_key="validate",
+                                                    checkpoint_uri=opts.checkpoint_uri),
+                            namespace=opts.namespace or "default", image=opts.image)
+        except TrainStepError as e:
+            raise RunInputError(str(e)) from e
     if opts.backend != "pytorchjob" and (opts.min_workers != 1 or opts.max_workers != 1):
         raise RunInputError(f"--min-workers {opts.min_workers} / --max-workers {opts.max_workers} bound the "
                             "PyTorchJob's workers (--backend pytorchjob); the local backend runs one torchrun agent, "
@@ -302,7 +330,10 @@ def run(opts: RunOptions, *, console: Console | None = None) -> RunReport:
         use_s3_endpoint(opts.s3_endpoint_url)
     validate(opts)
     out = _output_dir(opts)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunInputError(f"cannot use --output-dir {out}: {e.strerror or e}") from e
     _link_latest(out)
     logs = out / "logs"
     logs.mkdir(exist_ok=True)

@@ -228,6 +228,35 @@ def _prepare_imagefolder(root: str, out: Path, *, test_fraction: float, seed: in
     return info
 
 
+_SOURCES_HELP = "use mnist, digits, " + ", ".join(f"{p}[:N]" for p in _SYNTHETIC) + ", a folder or s3://BUCKET/PREFIX"
+
+
+def source_kind(source: str) -> str:
+    """What :func:`prepare` makes of ``source``, without reading it: ``"builtin"`` (``mnist``,
+    ``digits``, ``synthetic-imagenet[:N]``, ``synthetic-cifar[:N]``), ``"s3"`` (``s3://``) or
+    ``"folder"`` (``file://``, a path, or a name that exists here). The one place the source
+    syntax is parsed: the prepare step and ``trainflow run``'s checks before a run both use it.
+
+    Raises:
+        DatasetError: an unknown name, another URL scheme, or a synthetic size that is not an integer.
+    """
+    if source in ("mnist", "digits"):
+        return "builtin"
+    for prefix in _SYNTHETIC:
+        if source == prefix or source.startswith(prefix + ":"):
+            n = source.partition(":")[2]
+            if n and not (n.isdigit() and int(n) >= 2):
+                raise DatasetError(f"{prefix} size must be an integer >= 2 (a train and a test sample), got {n!r}")
+            return "builtin"
+    if source.startswith("s3://"):
+        return "s3"
+    if "://" in source and not source.startswith("file://"):
+        raise DatasetError(f"unsupported dataset source {source!r}: {_SOURCES_HELP}")
+    if source.startswith(("file://", "/", ".", "~")) or Path(source).exists():
+        return "folder"
+    raise DatasetError(f"unknown dataset source {source!r}: {_SOURCES_HELP}")
+
+
 def prepare(
     source: str,
     out: str | Path,
@@ -246,6 +275,7 @@ def prepare(
         DatasetError: unknown source, missing folder, unreachable S3, no images.
     """
     out = Path(out)
+    kind = source_kind(source)  # one line for a source that is none of these
     if source == "mnist":
         images, labels = load_mnist_5k()
         return _write_tensor_dataset(out, "mnist-5k", images, labels, [str(i) for i in range(10)], test_fraction, seed, source)
@@ -254,11 +284,8 @@ def prepare(
         return _write_tensor_dataset(out, "sklearn-digits", images, labels, [str(i) for i in range(10)], test_fraction, seed, source)
     for prefix, (size, classes, default_n) in _SYNTHETIC.items():
         if source == prefix or source.startswith(prefix + ":"):
-            _, _, n = source.partition(":")
-            try:
-                total = int(n) if n else default_n
-            except ValueError as e:
-                raise DatasetError(f"{prefix} size must be an integer, got {n!r}") from e
+            n = source.partition(":")[2]
+            total = int(n) if n else default_n  # source_kind checked it
             n_test = max(1, int(total * test_fraction))
             info = DatasetInfo(
                 name=prefix, kind="synthetic", classes=[str(i) for i in range(classes)], channels=3,
@@ -269,12 +296,9 @@ def prepare(
             out.mkdir(parents=True, exist_ok=True)
             (out / "dataset.json").write_text(json.dumps(info.to_json(), indent=1))
             return info
-    if "://" in source and not source.startswith(("s3://", "file://")):
-        raise DatasetError(f"unsupported dataset source {source!r}: use mnist, digits, synthetic-imagenet[:N], a folder or s3://")
-    if source.startswith(("s3://", "file://", "/", ".", "~")) or Path(source).exists():
-        return _prepare_imagefolder(str(Path(source).expanduser()) if "://" not in source else source, out,
-                                    test_fraction=test_fraction, seed=seed, image_size=image_size, channels=channels)
-    raise DatasetError(f"unknown dataset source {source!r}: use mnist, digits, synthetic-imagenet[:N], a folder or s3://BUCKET/PREFIX")
+    assert kind in ("s3", "folder"), kind
+    return _prepare_imagefolder(str(Path(source).expanduser()) if "://" not in source else source, out,
+                                test_fraction=test_fraction, seed=seed, image_size=image_size, channels=channels)
 
 
 def describe(info: DatasetInfo) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from trainflow.storage import CheckpointStorageError, join_uri, storage_for
 
 if TYPE_CHECKING:
     from components.launcher.incluster import PodIdentity
+    from components.launcher.pytorchjob import PyTorchJobSpec
 
 log = logging.getLogger("trainflow.step")
 
@@ -361,7 +362,6 @@ def _run_pytorchjob_in(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path, sta
     from lightkube import Client
 
     from components.launcher.incluster import own_pod
-    from components.launcher.pytorchjob import InvalidSpecError, PyTorchJobSpec, worker_pod_settings
     from components.launcher.runner import LauncherError, PyTorchJobRunner, RunnerSettings
 
     try:
@@ -383,26 +383,7 @@ def _run_pytorchjob_in(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path, sta
     rdzv = _host_rendezvous(me, cfg.checkpoint.job_key, stack)
     # Rank 0 serves /metrics in the pod so the GPU scheduler can read the job's samples/s.
     cfg = dataclasses.replace(cfg, metrics_port=TRAINER_METRICS_PORT, metrics_addr="0.0.0.0")
-    try:
-        settings = worker_pod_settings(spec.worker_pod_settings)
-        settings["termination_grace_period_s"] = worker_grace_period_s(
-            settings.get("termination_grace_period_s"), cfg.checkpoint.preemption_save_deadline_s)
-        env = {**spec.extra_env, **settings.pop("env", {})}
-        job_spec = PyTorchJobSpec(
-            run_id=spec.kfp_run_id or cfg.checkpoint.job_key, task_name=spec.kfp_task_name or "train",
-            namespace=namespace, image=image, training_args=("--config-json", cfg.to_json()),
-            min_replicas=spec.min_workers, max_replicas=spec.max_workers, nproc_per_node=spec.nproc_per_node,
-            max_restarts=spec.max_restarts, gpus_per_worker=spec.gpus_per_worker, cpu=spec.worker_cpu or None,
-            memory=spec.worker_memory or None, checkpoint_uri=cfg.checkpoint.uri,
-            s3_secret_name=spec.s3_secret_name or None, s3_access_key_key=spec.s3_access_key_key,
-            s3_secret_key_key=spec.s3_secret_key_key, s3_endpoint_url=spec.s3_endpoint_url or None,
-            env=env, job_key=cfg.checkpoint.job_key, metrics_port=TRAINER_METRICS_PORT,
-            owner_references=owners, **rdzv, **settings,
-        )
-    except InvalidSpecError as e:
-        raise TrainStepError(str(e)) from e
-    except TypeError as e:  # a worker_pod_settings value of the wrong type for its field
-        raise TrainStepError(f"worker_pod_settings: {e}") from e
+    job_spec = worker_job_spec(spec, cfg, namespace=namespace, image=image, owner_references=owners, **rdzv)
     runner = PyTorchJobRunner(client, RunnerSettings(
         poll_interval_s=spec.poll_interval_s, cleanup="on-success" if spec.keep_failed_job else "always",
         stream_logs=True))
@@ -414,6 +395,38 @@ def _run_pytorchjob_in(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path, sta
         named = f"PyTorchJob {job_spec.namespace}/{job_spec.name}"
         raise TrainStepError(str(e) if str(e).startswith(named) else f"{named}: {e}") from e
     return f"{outcome.ref}"
+
+
+def worker_job_spec(spec: TrainJobSpec, cfg: TrainConfig, *, namespace: str, image: str,
+                    **more: Any) -> PyTorchJobSpec:
+    """The PyTorchJob the train step creates for ``spec`` (the workers' config ``cfg``), checked:
+    worker bounds, quantities, ``worker_pod_settings`` and the grace period the SIGTERM save needs.
+    ``trainflow run`` calls it before anything starts; ``more``: the rendezvous and owner fields.
+
+    Raises:
+        TrainStepError: one line naming the setting.
+    """
+    from components.launcher.pytorchjob import InvalidSpecError, PyTorchJobSpec, worker_pod_settings
+
+    try:
+        settings = worker_pod_settings(spec.worker_pod_settings)
+        settings["termination_grace_period_s"] = worker_grace_period_s(
+            settings.get("termination_grace_period_s"), cfg.checkpoint.preemption_save_deadline_s)
+        env = {**spec.extra_env, **settings.pop("env", {})}
+        return PyTorchJobSpec(
+            run_id=spec.kfp_run_id or cfg.checkpoint.job_key, task_name=spec.kfp_task_name or "train",
+            namespace=namespace, image=image, training_args=("--config-json", cfg.to_json()),
+            min_replicas=spec.min_workers, max_replicas=spec.max_workers, nproc_per_node=spec.nproc_per_node,
+            max_restarts=spec.max_restarts, gpus_per_worker=spec.gpus_per_worker, cpu=spec.worker_cpu or None,
+            memory=spec.worker_memory or None, checkpoint_uri=cfg.checkpoint.uri,
+            s3_secret_name=spec.s3_secret_name or None, s3_access_key_key=spec.s3_access_key_key,
+            s3_secret_key_key=spec.s3_secret_key_key, s3_endpoint_url=spec.s3_endpoint_url or None,
+            env=env, job_key=cfg.checkpoint.job_key, metrics_port=TRAINER_METRICS_PORT, **more, **settings,
+        )
+    except InvalidSpecError as e:
+        raise TrainStepError(str(e)) from e
+    except TypeError as e:  # a worker_pod_settings value of the wrong type for its field
+        raise TrainStepError(f"worker_pod_settings: {e}") from e
 
 
 def worker_grace_period_s(requested: object, save_deadline_s: float) -> object:

@@ -57,6 +57,22 @@ def _run(args: list[str], tmp_path: Path, env: dict | None = None) -> subprocess
           "--max-workers", "2"], "invalid hyper-parameter: need min_workers <= max_workers, got 3..2"),
         # silently run with one worker before: the bounds are the PyTorchJob's
         (["run", "--max-workers", "2"], "--min-workers 1 / --max-workers 2 bound the PyTorchJob's workers"),
+        # a misspelt name started the pipeline (a run folder, runs/latest moved) and failed in prepare-dataset
+        (["run", "--dataset-source", "minst"],
+         "--dataset-source: unknown dataset source 'minst': use mnist, digits, synthetic-imagenet[:N], "
+         "synthetic-cifar[:N], a folder or s3://BUCKET/PREFIX"),
+        (["run", "--dataset-source", "gs://b/p"], "--dataset-source: unsupported dataset source 'gs://b/p'"),
+        (["run", "--dataset-source", "synthetic-cifar:lots"],
+         "--dataset-source: synthetic-cifar size must be an integer >= 2 (a train and a test sample), got 'lots'"),
+        # pod settings were dropped silently by the local backend
+        (["run", "--image", "x:1", "--worker-memory", "8Gi"],
+         "--image, --worker-memory shape the PyTorchJob's worker pods (--backend pytorchjob)"),
+        # refused only by the train step before, after prepare-dataset had run
+        (["run", "--backend", "pytorchjob", "--checkpoint-uri", "s3://b/c", "--image", "x:1", "--worker-cpu", "lots"],
+         "PyTorchJobSpec.cpu: 'lots' is not a Kubernetes quantity"),
+        (["run", "--backend", "pytorchjob", "--checkpoint-uri", "s3://b/c", "--image", "x:1",
+          "--worker-pod-settings", '{"termination_grace_period_s": 5}'],
+         "worker_pod_settings: termination_grace_period_s 5 is shorter than the SIGTERM checkpoint needs"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, args, message) -> None:
@@ -66,6 +82,13 @@ def test_bad_input_is_one_line(tmp_path, args, message) -> None:
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and message in lines[0], proc.stderr
     assert not (tmp_path / "out").exists()  # rejected before anything started
+
+
+def test_an_output_dir_that_cannot_be_made_is_one_line(tmp_path) -> None:
+    (tmp_path / "file").write_text("")
+    proc = _run(["run", "--output-dir", str(tmp_path / "file" / "out")], tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    assert proc.stderr.strip() == f"trainflow: cannot use --output-dir {tmp_path / 'file' / 'out'}: Not a directory"
 
 
 def test_unreachable_s3_endpoint_at_start(tmp_path) -> None:
@@ -124,3 +147,30 @@ def test_models_with_s3_unreachable_is_one_line(tmp_path, command: list[str]) ->
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and endpoint in lines[0], proc.stderr
+
+
+_WITHOUT = """
+import sys
+class _Missing:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == {module!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}")
+sys.meta_path.insert(0, _Missing())
+sys.argv = ["trainflow", *{args!r}]
+from trainflow.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize(("module", "args", "code", "message"), [
+    # Airflow's environment (the airflow extra): no typer, no kfp; a traceback before
+    ("typer", ["--help"], 1, "trainflow: the command line needs the kfp extra (pip install 'trainflow[kfp]'): "
+     "No module named 'typer'"),
+    ("kfp", ["compile", "--output", "pipeline.yaml"], 2, "trainflow: compile needs the kfp extra (pip install "
+     "'trainflow[kfp]'; not in Airflow's environment: docs/airflow.md): No module named 'kfp'"),
+])
+def test_a_missing_extra_is_named_in_one_line(tmp_path, module, args, code, message) -> None:
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT.format(module=module, args=args)], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, env={**os.environ, "COLUMNS": "300"})
+    assert (proc.returncode, proc.stderr.strip()) == (code, message), proc.stderr
+    assert not (tmp_path / "pipeline.yaml").exists()

@@ -29,7 +29,8 @@ def _cfg(tmp_path, **flat) -> TrainConfig:
     ({"task": REGRESSION, "task_args": "[1]"}, "task_args must be a JSON object, got list"),
     ({"task": REGRESSION, "task_args": "{"}, "task_args is not valid JSON"),
     ({"dataset": "digits", "task_args": '{"dataset": "mnist"}'},
-     "task_args: the image_classification task takes dataset from the --dataset parameter, not task_args"),
+     "task_args: the image_classification task takes dataset from the job's dataset_source (--dataset-source), "
+     "not task_args"),
     ({"task": ""}, "task must not be empty"),
     ({}, "dataset must not be empty (--dataset)"),
 ])

@@ -258,8 +258,9 @@ class ModelConfig(_Section):
         if self.builtin:
             clash = sorted(set(args) & {"dataset", "model_name"})
             if clash:
-                raise ConfigError(f"task_args: the {BUILTIN_TASK} task takes {' and '.join(clash)} from the "
-                                  f"{' and '.join('--' + c.replace('_', '-') for c in clash)} parameter, not task_args")
+                own = {"dataset": "dataset_source (--dataset-source)", "model_name": "model_name (--model-name)"}
+                raise ConfigError(f"task_args: the {BUILTIN_TASK} task takes {' and '.join(clash)} from the job's "
+                                  f"{' and '.join(own[c] for c in clash)}, not task_args")
             return {"dataset": dataset, "model_name": self.name, **args}
         return args
 
@@ -333,8 +334,8 @@ class CheckpointConfig(_Section):
     save_final: bool = param("save_final", "R", "save once more after the last step", True)
     preemption_save_deadline_s: float = param(
         "preemption_save_deadline_s", "RSPC", "on SIGTERM, give up the blocking checkpoint save after this long "
-        "(keep it below the pod's terminationGracePeriodSeconds minus ~5 s and below torchrun's 30 s stop "
-        "timeout)", 20.0, unit="s", exclusive_minimum=0, section=ADVANCED)
+        "(the worker pods' terminationGracePeriodSeconds must be at least this + 10 s, and keep it below "
+        "torchrun's 30 s stop timeout)", 20.0, unit="s", exclusive_minimum=0, section=ADVANCED)
 
     def __post_init__(self) -> None:
         self._check_rows()
@@ -456,7 +457,8 @@ class LaunchConfig(_Section):
                            "i.e. the KFP profile's)", "", ops_variable="trainflow_namespace")
     gpus_per_worker: int = param("gpus_per_worker", "SPC", "GPUs per worker pod (pytorchjob; 0 = CPU)", 0,
                                  unit="nvidia.com/gpu", minimum=0, section=TRAINING)
-    worker_cpu: str = param("worker_cpu", "SPC", "CPU request and limit of each worker pod (pytorchjob)", "1",
+    worker_cpu: str = param("worker_cpu", "SPC", "CPU request of each worker pod (pytorchjob; a limit: "
+                            "worker_pod_settings resources)", "1",
                             unit="Kubernetes quantity, e.g. 2 or 500m", section=TRAINING)
     worker_memory: str = param("worker_memory", "SPC", "memory request and limit of each worker pod (pytorchjob)",
                                "4Gi", unit="Kubernetes quantity, e.g. 4Gi", section=TRAINING)
