@@ -20,7 +20,7 @@ help:
 	@echo "make test-fast  unit tests only (no servers)"
 	@echo "make test-repeat N=3 [MARK=k8s]  the server tiers N times in a row, a summary per round (catches races)"
 	@echo "make lint       ruff + import-linter layering contracts"
-	@echo "make bench      benchmarks (checkpoint overhead, scheduler decision time)"
+	@echo "make bench      checkpoint overhead benchmark (scheduler decision time: make scheduler-bench)"
 	@echo "make testbed    build or reuse the test servers (MinIO, Kubernetes control plane + real node, KWOK, training operator, CoreDNS) and the trainflow image (cached under ~/.cache/trainflow/)"
 	@echo "make image      build or reuse the trainflow image without Docker (OCI layout; docker users: see Dockerfile)"
 	@echo "make lock       re-resolve requirements.lock from pyproject.toml"
