@@ -153,8 +153,9 @@ class PolicySource:
             config = self._default if data is None else parse_policy_config(data)
             same = (config.name, dict(config.params)) == (self.config.name, dict(self.config.params))
             policy = self.policy if same else self._create(config)
-        except (ConfigError, UnknownPolicy) as exc:
-            self.error = str(exc)
+        except Exception as exc:  # ConfigError, UnknownPolicy; anything else a policy's constructor raises too,
+            # or the content (fingerprinted above) would be skipped unreported from the next tick on
+            self.error = str(exc) if isinstance(exc, ConfigError | UnknownPolicy) else f"{type(exc).__name__}: {exc}"
             log.error("policy ConfigMap rejected; keeping the current policy",
                       extra={"error": self.error, "policy": self.policy.name})
             return self.policy, False
@@ -728,6 +729,8 @@ def run(settings: ControllerSettings, *, stop: threading.Event | None = None, sy
     beat = [time.monotonic()]
 
     def live() -> str | None:
+        if runtime.leader is not None and not runtime.leader.alive():
+            return "the leader-election thread has stopped"
         stalled_after_s = max(3 * runtime.interval_s(), 60.0)
         quiet_s = time.monotonic() - beat[0]
         return f"the control loop has not come round for {quiet_s:.0f} s" if quiet_s > stalled_after_s else None
@@ -741,8 +744,13 @@ def run(settings: ControllerSettings, *, stop: threading.Event | None = None, sy
         auth = KubernetesAuth(runtime.connector.client()) if settings.metrics_auth_effective == "kubernetes" else None
         if auth is None and not settings.metrics_on_loopback:
             log.warning("serving /metrics without authentication", extra={"addr": settings.metrics_addr})
-        server = serve(settings.metrics_addr, settings.metrics_port, registry=runtime.metrics.registry,
-                       live=live, ready=ready, auth=auth)
+        try:
+            server = serve(settings.metrics_addr, settings.metrics_port, registry=runtime.metrics.registry,
+                           live=live, ready=ready, auth=auth)
+        except OSError as exc:  # the port is taken, or the address is not this host's
+            runtime.close()
+            raise ConfigError(f"metrics_addr/metrics_port: cannot serve on {settings.metrics_addr}:"
+                              f"{settings.metrics_port}: {exc.strerror or exc}") from exc
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: (stop.set(), runtime.wake.set()))

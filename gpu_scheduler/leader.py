@@ -151,6 +151,11 @@ class LeaderElector:
         except (ApiError, httpx2.HTTPError, OSError) as exc:
             log.warning("lease attempt failed", extra={"lease": f"{self.namespace}/{self.name}", "error": str(exc)})
             return self._lost_or_not()
+        except Exception as exc:  # e.g. lightkube's KeyError on an error answer without Content-Type (a proxy's
+            # bare 503): the election thread must outlive it, or the replica stays a follower for good
+            log.warning("lease attempt failed", extra={"lease": f"{self.namespace}/{self.name}",
+                                                       "error": f"{type(exc).__name__}: {exc}"})
+            return self._lost_or_not()
 
     def _won(self) -> bool:
         with self._state_lock:
@@ -187,6 +192,10 @@ class LeaderElector:
     def _run(self) -> None:
         while not self._stop.wait(self.retry_period_s):
             self.try_acquire_or_renew()
+
+    def alive(self) -> bool:
+        """The election thread runs (or was never started, or was stopped on purpose)."""
+        return self._thread is None or self._stop.is_set() or self._thread.is_alive()
 
     def stop(self, *, release: bool = True) -> None:
         self._stop.set()

@@ -18,6 +18,7 @@ watched through the API, so changing it switches the policy at the next tick, wi
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import uuid
@@ -56,8 +57,20 @@ class PolicyConfig:
             raise ConfigError("policy name must be a non-empty string")
         object.__setattr__(self, "name", self.name.strip())
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
-        if self.interval_s is not None and not self.interval_s > 0:
-            raise ConfigError(f"interval_s must be > 0, got {self.interval_s}")
+        if self.interval_s is not None:
+            check_interval_s(self.interval_s)
+
+
+#: The tick interval's bounds, seconds: below 1 s a tick would query Prometheus back to back; above a
+#: day ``threading.Event.wait`` overflows near 1e10 s (OverflowError, a crash loop from the ConfigMap).
+INTERVAL_S_RANGE = (1.0, 86_400.0)
+
+
+def check_interval_s(value: float, name: str = "interval_s") -> None:
+    """Raise :class:`ConfigError` unless ``value`` lies in :data:`INTERVAL_S_RANGE` (inf and NaN don't)."""
+    low, high = INTERVAL_S_RANGE
+    if not low <= value <= high:
+        raise ConfigError(f"{name} must be between {low:g} and {high:g} s, got {value}")
 
 
 def _tuples(value: Any) -> Any:
@@ -97,6 +110,9 @@ def parse_policy_config(data: Mapping[str, str]) -> PolicyConfig:
     params = doc.get("params") or {}
     if not isinstance(params, Mapping):
         raise ConfigError(f"policy params must be a mapping, got {type(params).__name__}")
+    bad_keys = [k for k in params if not isinstance(k, str)]
+    if bad_keys:
+        raise ConfigError(f"policy params must be named by strings, got {bad_keys!r}")
     interval = doc.get("interval_s")
     try:
         interval_s = float(interval) if interval is not None else None
@@ -196,9 +212,10 @@ class ControllerSettings:
 
         if not self.prometheus_url.startswith(("http://", "https://")):
             fail("prometheus_url", f"must start with http:// or https://, got {self.prometheus_url!r}")
-        for name in ("interval_s", "metrics_window_s", "prometheus_timeout_s", "pending_timeout_s"):
-            if not getattr(self, name) > 0:
-                fail(name, f"must be > 0, got {getattr(self, name)}")
+        for name in ("metrics_window_s", "prometheus_timeout_s", "pending_timeout_s"):
+            if not 0 < getattr(self, name) < math.inf:
+                fail(name, f"must be > 0 and finite, got {getattr(self, name)}")
+        check_interval_s(self.interval_s)
         if self.rollback_hold_s < 0:
             fail("rollback_hold_s", f"must be >= 0, got {self.rollback_hold_s}")
         if self.replicas_via not in ("merge", "scale"):

@@ -232,9 +232,13 @@ def _merge_patch(
 
 
 def _guard(view: JobView) -> tuple[tuple[tuple[str, ...], Any], ...]:
-    """The fields a decision about ``view`` depends on, with their observed values."""
+    """The fields a decision about ``view`` depends on, with their observed values; the job's UID
+    first: a job deleted and recreated under the same name (the launcher does, after a stale
+    rendezvous) is another job, which a patch planned for the old one must not reach."""
     job = view.job
+    identity = ((("metadata", "uid"), job.uid),) if job.uid else ()
     return (
+        *identity,
         (("spec", "pytorchReplicaSpecs", "Worker", "replicas"), job.spec_workers),
         (("spec", "runPolicy", "suspend"), job.suspended or None),
     )

@@ -60,7 +60,7 @@ def test_scale_up_is_one_merge_patch_with_replicas_watch_and_resource_version() 
     assert patch.body["spec"] == {"pytorchReplicaSpecs": {"Worker": {"replicas": 4}}}
     meta = patch.body["metadata"]
     assert meta["resourceVersion"] == "7"
-    assert dict(patch.guard) == {("spec", "pytorchReplicaSpecs", "Worker", "replicas"): 2,
+    assert dict(patch.guard) == {("metadata", "uid"): "uid-a", ("spec", "pytorchReplicaSpecs", "Worker", "replicas"): 2,
                                  ("spec", "runPolicy", "suspend"): None}
     assert json.loads(meta["annotations"][SCALE_UP]) == {"from": 2, "to": 4, "at": T0}
     assert meta["annotations"][ANNOTATION_PREFIX + "requested-workers"] == "2"

@@ -158,3 +158,21 @@ def test_the_command_line_runs_openblas_on_one_thread_unless_told_otherwise() ->
                               env={**env, "PYTHONPATH": str(REPO)}, check=False)  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip() == expected
+
+
+def test_a_metrics_port_in_use_is_one_line(tmp_path: Path) -> None:
+    """serve()'s OSError escaped the CLI's handler as a traceback."""
+    import socket
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+                          "users: [{name: u, user: {token: t}}]\ncontexts: [{name: x, context: {cluster: c, user: u}}]\n"
+                          "current-context: x\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = cli("run", "--prometheus-url", "http://127.0.0.1:9", "--kubeconfig", str(kubeconfig),
+                   "--metrics-addr", "127.0.0.1", "--metrics-port", str(port), "--no-leader-election", cwd=tmp_path)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"metrics_addr/metrics_port: cannot serve on 127.0.0.1:{port}: Address already in use" in proc.stderr

@@ -337,6 +337,18 @@ def test_scale_subresource_and_optimistic_concurrency(live: Live, kwok_gpu_nodes
     (result,) = Actuator(client).apply(actions)
     assert result.status == "conflict" and live.replicas(name) == 3
     assert result.message == "spec.pytorchReplicaSpecs.Worker.replicas changed since it was observed (2 -> 3)"
+    # The job deleted and recreated under its name with the same spec (the launcher does so after a
+    # stale rendezvous): the old job's plan reached the new job before the guard held its UID.
+    actions = stale_plan(3, 1)
+    old_uid = live.job(name).metadata.uid
+    live.client.delete(pytorchjob_resource(), name, namespace=live.namespace)
+    wait_until(lambda: not any(j.metadata.name == name for j in live.client.list(
+        pytorchjob_resource(), namespace=live.namespace)), timeout_s=60, what="the job to go")
+    assert live.create_job("subres", replicas=3, max_replicas=4) == name
+    new_uid = live.job(name).metadata.uid
+    (result,) = Actuator(client).apply(actions)
+    assert result.status == "conflict" and live.replicas(name) == 3
+    assert result.message == f"metadata.uid changed since it was observed ({old_uid!r} -> {new_uid!r})"
 
 
 class Crash(BaseException):

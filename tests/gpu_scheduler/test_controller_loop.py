@@ -193,6 +193,12 @@ def test_policy_switch_through_the_configmap_takes_effect_at_the_next_tick() -> 
         ({"policy.yaml": "policy: test-keep\nparams: {bogus: 1}"}, "bad parameters"),
         ({"policy.yaml": "[unclosed"}, "not valid YAML"),
         ({"policy.yaml": "policy: test-keep\nspeed: 3"}, "unknown keys ['speed']"),
+        # a traceback on the first tick, then the old policy with no error reported
+        ({"policy.yaml": "policy: test-keep\nparams: {1: 2}"}, "policy params must be named by strings, got [1]"),
+        # accepted before: Event.wait(inf) raised OverflowError in the loop, a crash loop from the ConfigMap
+        ({"policy.yaml": "policy: test-keep\ninterval_s: .inf"}, "interval_s must be between 1 and 86400 s, got inf"),
+        ({"policy.yaml": "policy: test-keep\ninterval_s: 1e10"}, "interval_s must be between 1 and 86400 s"),
+        ({"policy.yaml": "policy: test-keep\ninterval_s: 0.01"}, "interval_s must be between 1 and 86400 s"),
     ],
 )
 def test_invalid_configmap_keeps_the_current_policy(data: dict, error: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 
@@ -55,3 +56,45 @@ def test_a_renewal_during_a_leadership_check_leaves_the_candidate_leader() -> No
     renewer.join(5)
     assert changes[-1] is True, f"leadership changes {changes}: the renewal was overwritten"
     assert elector.is_leader() and changes[-1] is True
+
+
+def test_an_error_answer_lightkube_cannot_parse_does_not_end_the_election() -> None:
+    """A proxy's bare 503 (no Content-Type) made lightkube raise KeyError, which ended the election
+    thread for good: the replica stayed a follower and both probes kept answering 200."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from lightkube import Client, KubeConfig
+    from lightkube.config.kubeconfig import Cluster, User
+
+    attempts: list[str] = []
+
+    class BareServiceUnavailable(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # http.server's name
+            attempts.append(self.path)
+            self.send_response_only(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BareServiceUnavailable)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        config = KubeConfig.from_one(cluster=Cluster(server=f"http://127.0.0.1:{server.server_address[1]}"),
+                                     user=User(token="t"))
+        client = Client(config, trust_env=False)
+        elector = LeaderElector(client, namespace="ns", name="lease", identity="me", lease_duration_s=0.6,
+                                renew_deadline_s=0.4, retry_period_s=0.05)
+        elector.start()  # raised KeyError: 'Content-Type' before
+        try:
+            deadline = time.monotonic() + 30
+            while len(attempts) < 4 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(attempts) >= 4, attempts  # the thread kept trying
+            assert elector.alive() and not elector.is_leader()
+        finally:
+            elector.stop(release=False)
+    finally:
+        server.shutdown()
+        server.server_close()

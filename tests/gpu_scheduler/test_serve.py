@@ -91,3 +91,15 @@ def test_metrics_need_a_token_whose_user_may_get_metrics(endpoints) -> None:
     reviews.down = True
     auth = KubernetesAuth(reviews)
     assert auth.check("Bearer prom-token") == (503, "authorization unavailable")  # never allowed on an outage
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("interval_s", float("inf"), "interval_s must be between 1 and 86400 s, got inf"),
+    ("interval_s", 1e10, "interval_s must be between 1 and 86400 s, got 10000000000.0"),
+    ("metrics_window_s", float("inf"), "metrics_window_s: must be > 0 and finite, got inf"),
+    ("prometheus_timeout_s", float("nan"), "prometheus_timeout_s: must be > 0 and finite, got nan"),
+])
+def test_durations_out_of_range_are_one_config_error(field: str, value: float, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        ControllerSettings(prometheus_url="http://prometheus:9090", **{field: value})
+    assert message in str(info.value)
