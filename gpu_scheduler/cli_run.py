@@ -49,7 +49,8 @@ def run_command(
     policy_param: Annotated[list[str] | None, typer.Option(
         help="key=value parameter of --policy (repeatable).")] = None,
     policy_configmap: Annotated[str, typer.Option(
-        help="Policy ConfigMap in --namespace, watched (edit it to switch policy); '' = none.")
+        help="Policy ConfigMap in --namespace, watched (edit it to switch policy); '' = none (the shipped "
+             "Role grants this one ConfigMap by name: rename it there too).")
     ] = "trainflow-gpu-scheduler-policy",
     interval_s: Annotated[float, typer.Option(help="Seconds between ticks (the ConfigMap may override).")] = 60.0,
     metrics_window_s: Annotated[float, typer.Option(help="Averaging window of the Prometheus queries.")] = 300.0,
@@ -76,7 +77,9 @@ def run_command(
     max_actions_per_tick: Annotated[int, typer.Option(
         help="Most policy actions applied per tick, GPU releases first (0: no cap).")] = 100,
     leader_election: Annotated[bool, typer.Option(help="Act only while holding the Lease.")] = True,
-    lease_name: Annotated[str, typer.Option(help="Name of the leader-election Lease.")] = "trainflow-gpu-scheduler",
+    lease_name: Annotated[str, typer.Option(
+        help="Name of the leader-election Lease (the shipped Role grants this one Lease by name, "
+             "manifests/base/scheduler/rbac.yaml: rename it there too).")] = "trainflow-gpu-scheduler",
     metrics_addr: Annotated[str, typer.Option(
         help="Address of the /metrics, /healthz and /readyz server (0.0.0.0 in a pod).")] = "127.0.0.1",
     metrics_port: Annotated[int, typer.Option(help="Port of the /metrics, /healthz and /readyz server (0: off).")] = 9400,

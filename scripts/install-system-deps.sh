@@ -9,7 +9,7 @@
 #                                               kfp-ui; the real-KFP tier; tested with Node.js 20.20.2, npm 11.19.1)
 set -euo pipefail
 need=()
-command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)  # promtool: the alert rule tests
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 command -v containerd >/dev/null 2>&1 || need+=(containerd)
