@@ -365,6 +365,13 @@ def _as_dict(obj: Any) -> Mapping[str, Any]:
 # -------------------------------------------------------------------------------------- informer
 
 
+#: First and largest wait (seconds) before an informer lists again after a failure; it doubles.
+WATCH_BACKOFF_S = (0.2, 30.0)
+#: A watch that ran this long before failing resets that backoff (client-go's reflector resets its
+#: backoff manager after a quiet period, ``k8s.io/client-go/tools/cache/reflector.go``).
+WATCH_STABLE_S = 60.0
+
+
 class Informer(Generic[T]):
     """LIST + WATCH of one resource kind into a local store of converted values.
 
@@ -561,30 +568,37 @@ class Informer(Generic[T]):
             self._changed()
 
     def _run(self) -> None:
-        backoff_s = 0.2
+        backoff_s = WATCH_BACKOFF_S[0]
         while not self._stop.is_set():
+            watched_at = None
             try:
                 self._client = client = self._connector.client(stopped=self._stop)
                 rv = self._list(client)
                 self.synced.set()
                 self.healthy = True
                 self.last_error = None
-                backoff_s = 0.2
                 self._changed()
+                watched_at = time.monotonic()
                 self._watch(client, rv)
+                backoff_s = WATCH_BACKOFF_S[0]  # the server ended the watch (its timeout): resume at once
             except Exception as exc:
                 if self._stop.is_set():
                     break
                 self.healthy = False
                 gone = isinstance(exc, ApiError) and exc.status.code == 410
                 self.last_error = f"{type(exc).__name__}: {exc}"
+                # The backoff starts again only after a watch that ran a while: a watch refused at once
+                # (RBAC granting list but not watch, a 429, a proxy that cannot stream) after every
+                # successful LIST would otherwise LIST the whole kind five times a second.
+                if watched_at is not None and time.monotonic() - watched_at >= WATCH_STABLE_S:
+                    backoff_s = WATCH_BACKOFF_S[0]
                 if not gone:
                     log.warning(
                         "watch failed; relisting", extra={"informer": self.name, "error": self.last_error,
                                                           "retry_in_s": backoff_s}
                     )
                     self._stop.wait(backoff_s)
-                    backoff_s = min(backoff_s * 2, 30.0)
+                    backoff_s = min(backoff_s * 2, WATCH_BACKOFF_S[1])
             finally:
                 client, self._client = self._client, None
                 if client is not None:

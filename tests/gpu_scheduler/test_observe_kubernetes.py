@@ -4,9 +4,11 @@ the connections the controller opens carry TCP keepalives."""
 from __future__ import annotations
 
 import http.server
+import itertools
 import json
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,9 @@ from lightkube.resources.core_v1 import ConfigMap
 
 from gpu_scheduler.observe.kubernetes import KubeConnector, KubernetesObserver, KubernetesUnavailable
 from tests.support.processes import free_port
+
+#: How long the informers' threads may take to try their first LIST (a loaded machine).
+FIRST_LIST_DEADLINE_S = 60.0
 
 
 def test_unreachable_api_server_means_unsynced_caches_with_the_reason(tmp_path: Path) -> None:
@@ -29,8 +34,13 @@ def test_unreachable_api_server_means_unsynced_caches_with_the_reason(tmp_path: 
     }))
     connector = KubeConnector(kubeconfig, timeout_s=1)
     observer = KubernetesObserver(connector, configmap=("ns", "policy")).start()
+    informers = [observer.nodes, observer.pods, observer.jobs, observer.configmap]
     try:
         assert not observer.wait_synced(1.5)
+        deadline = time.monotonic() + FIRST_LIST_DEADLINE_S  # each informer's thread tried to LIST and failed
+        while not all(i.last_error for i in informers):
+            assert time.monotonic() < deadline, {i.name: i.last_error for i in informers}
+            time.sleep(0.05)
         with pytest.raises(KubernetesUnavailable, match=r"^Kubernetes caches not synced: nodes \(ConnectError"):
             observer.state()
         assert connector.counts.total >= 4  # every informer tried to LIST
@@ -144,6 +154,64 @@ def test_connections_to_the_api_server_send_tcp_keepalives(tmp_path: Path) -> No
         assert "timer:(keepalive," in sockets, sockets
     finally:
         client._client._client.close()  # lightkube's Client has no close(); its httpx client does
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_a_watch_refused_after_every_list_backs_off(tmp_path: Path) -> None:
+    """RBAC that grants list but not watch (or a proxy that cannot stream): the LIST succeeds, the
+    WATCH is refused at once. The backoff was reset by every successful LIST, so the informer listed
+    the whole kind every 0.2 s; it now doubles until a watch has run for WATCH_STABLE_S."""
+    from gpu_scheduler.observe.kubernetes import WATCH_BACKOFF_S, Informer
+
+    lists: list[float] = []
+
+    class ListButNoWatch(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            watch = "watch=true" in self.path or "watch=1" in self.path
+            if watch:
+                code, body = 403, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden",
+                                   "message": "configmaps is forbidden: cannot watch", "code": 403}
+            else:
+                lists.append(time.monotonic())
+                code, body = 200, {"kind": "ConfigMapList", "apiVersion": "v1",
+                                   "metadata": {"resourceVersion": "1"}, "items": []}
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), ListButNoWatch)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }))
+    informer = Informer(KubeConnector(kubeconfig, timeout_s=5), ConfigMap, lambda o: o, name="configmaps",
+                        namespace="ns").start()
+    try:
+        deadline = time.monotonic() + FIRST_LIST_DEADLINE_S
+        while len(lists) < 5:
+            assert time.monotonic() < deadline, f"{len(lists)} LISTs"
+            time.sleep(0.01)
+        # Each LIST after a refused watch waits 0.2, 0.4, 0.8, 1.6 s first (a loaded machine only
+        # lengthens the gaps); with the backoff reset by every LIST, every gap was ~0.2 s.
+        gaps = [b - a for a, b in itertools.pairwise(lists[:5])]
+        assert all(gap >= 0.95 * WATCH_BACKOFF_S[0] * 2**i for i, gap in enumerate(gaps)), [round(g, 2) for g in gaps]
+        assert "Forbidden" in (informer.last_error or "") or "403" in (informer.last_error or "")
+    finally:
+        informer.stop()
         server.shutdown()
         server.server_close()
         thread.join(5)
