@@ -21,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,7 +66,7 @@ class Live:
     def client(self) -> Any:
         return self.bed.client()
 
-    def controller(self, **overrides: Any) -> Runtime:
+    def controller(self, *, clock: Callable[[], float] = time.time, **overrides: Any) -> Runtime:
         """A controller wired like ``python -m gpu_scheduler run`` (its own connector and caches)."""
         settings = ControllerSettings(**{
             "prometheus_url": self.prometheus.url,
@@ -81,7 +81,7 @@ class Live:
             "metrics_port": 0,
             **overrides,
         })
-        runtime = build_runtime(settings)
+        runtime = build_runtime(settings, clock=clock)
         self.runtimes.append(runtime)
         runtime.observer.start()
         assert runtime.observer.wait_synced(30), runtime.observer.unsynced()
@@ -138,6 +138,28 @@ class Live:
                                          data=data))
 
 
+class SteppedClock:
+    """The wall clock plus an offset the test advances: the controller's time moves on without a sleep.
+
+    Prometheus holds samples at wall-clock times only (a query an offset ahead finds none, and the
+    jobs would be left out for want of DCGM readings), so :meth:`attach` has the runtime's queries
+    sent at the wall-clock time of each tick."""
+
+    def __init__(self) -> None:
+        self.offset_s = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset_s
+
+    def advance(self, seconds: float) -> None:
+        self.offset_s += seconds
+
+    def attach(self, runtime: Runtime) -> Runtime:
+        observe = runtime.prometheus.observe
+        runtime.prometheus.observe = lambda now_s: observe(now_s - self.offset_s)  # type: ignore[method-assign]
+        return runtime
+
+
 def own_client(bed: KubeTestBed) -> Any:
     """A separate lightkube client (its own connection pool) for a background thread."""
     from lightkube import Client
@@ -185,20 +207,36 @@ def test_scales_workers_up_to_max_and_confirms_once_bound(live: Live, kwok_gpu_n
     assert events[0].source.component == FIELD_MANAGER
 
 
+#: The pending timeout under test: far longer than the waits for the pods and the caches before the
+#: tick that must not roll back yet, however loaded the machine; the test's clock is then advanced past it.
+PENDING_TIMEOUT_S = 600.0
+
+
 def test_rolls_back_a_scale_up_whose_pods_stay_pending(live: Live, kwok_gpu_nodes) -> None:
     # 8 GPUs but CPU for only two 1-CPU workers: the policy sees free GPUs, kube-scheduler cannot bind
     # more than two workers (kubeflow/trainer#1751's NotEnoughResources).
     kwok_gpu_nodes(1, gpus_per_node=8, cpu="2")
     name = live.create_job("pending", replicas=1, max_replicas=4, cpu="1")
+    key = f"{live.namespace}/{name}"
     live.wait_running(name, 1)
-    runtime = live.controller(policy="test-grow", pending_timeout_s=4.0, rollback_hold_s=600.0)
+    clock = SteppedClock()
+    runtime = clock.attach(live.controller(policy="test-grow", pending_timeout_s=PENDING_TIMEOUT_S,
+                                           rollback_hold_s=600.0, clock=clock))
     report = runtime.controller.tick()
     assert [r.action.kind for r in report.results] == [ActionKind.SCALE_UP] and live.replicas(name) == 4
     wait_until(lambda: len(live.pods(name)) == 4 and live.running(name) == 2, timeout_s=60,
                what="2 running and 2 pending workers")
+
+    def cached() -> bool:  # the scale-up's annotation, 2 bound and 2 pending workers, as the controller sees them
+        job = runtime.observer.jobs.get(key)
+        pods = [p for p in runtime.observer.pods.items() if p.job == key and not p.terminating]
+        return job is not None and job.memo.scale_up is not None and sorted(p.bound for p in pods) == [
+            False, False, True, True]
+
+    wait_until(cached, timeout_s=30, what="the controller's caches to see 2 bound and 2 pending workers")
     report = runtime.controller.tick()  # within the timeout: left alone, no thrash
-    assert report.results == [] and "waiting for 2 worker pod(s)" in report.excluded[f"{live.namespace}/{name}"]
-    time.sleep(4.0)  # the timeout under test (4 s) must pass
+    assert report.results == [] and "waiting for 2 worker pod(s)" in report.excluded[key]
+    clock.advance(PENDING_TIMEOUT_S)  # the timeout under test passes (the real time since the scale-up on top)
     report = runtime.controller.tick()
     assert [(r.action.kind, r.status) for r in report.results] == [(ActionKind.ROLLBACK, "applied")]
     assert live.replicas(name) == 1
@@ -208,7 +246,7 @@ def test_rolls_back_a_scale_up_whose_pods_stay_pending(live: Live, kwok_gpu_node
     assert len(warning) == 1 and warning[0].type == "Warning"
     assert "2 worker pod(s) still not bound" in warning[0].message
     live.wait_running(name, 1)  # the operator removed the pending pods
-    wait_until(lambda: sum(1 for p in runtime.observer.pods.items() if p.job == f"{live.namespace}/{name}") == 1,
+    wait_until(lambda: sum(1 for p in runtime.observer.pods.items() if p.job == key) == 1,
                timeout_s=30, what="the caches to drop the removed pods")
     for _ in range(2):  # held: test-grow may not scale it up again
         report = runtime.controller.tick()

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from components.launcher.diagnose import UNSCHEDULABLE_GRACE_S
 from tests.support.k8s import KubeTestBed
 from tests.support.realnode import RealNode
 from tests.support.realnode_s3 import S3_SECRET_NAME
@@ -32,6 +33,9 @@ def placement_settings(node: RealNode, **more: Any) -> str:
 #: A stand-in resolved in the test (the real node's tolerations are known only there): worker pods
 #: that tolerate the real node's taint but select a label no node has.
 NO_MATCHING_NODE = "<tolerating the real node, selecting no node>"
+#: What a loaded CI machine may add to the unschedulable grace the launcher waits out (scheduling, polls,
+#: the deletion).
+CI_ALLOWANCE_S = 120.0
 
 
 def _request(node: RealNode, s3: S3Server, namespace: str, bucket: str, dataset: Path, **overrides: Any) -> Any:
@@ -88,7 +92,9 @@ def test_bad_input_fails_within_two_minutes_from_the_kubelets_own_status(
 
     namespace = s3_namespace
     bucket = real_node_env.make_bucket("ckpt")
+    within_s = 120.0
     if overrides.get("worker_pod_settings") == NO_MATCHING_NODE:  # the node's taint tolerated, its label not selected
+        within_s = UNSCHEDULABLE_GRACE_S + CI_ALLOWANCE_S  # the scheduler's reason is reported after that grace
         overrides = {"worker_pod_settings": json.dumps({"node_selector": {"trainflow.dev/pool": "nowhere"},
                                                         "tolerations": real_node.tolerations})}
     req = _request(real_node, real_node_env, namespace, bucket, digits_dataset, **overrides)
@@ -96,7 +102,7 @@ def test_bad_input_fails_within_two_minutes_from_the_kubelets_own_status(
     with pytest.raises(TrainStepError) as failed:
         run_train_step(req, model_dir=tmp_path / "m", work_dir=tmp_path / "w")
     assert expected in str(failed.value) and "\n" not in str(failed.value)
-    assert time.monotonic() - t0 < 120
+    assert time.monotonic() - t0 < within_s
     assert not list(k8s_testbed.client().list(pytorchjob_resource(), namespace=namespace))
 
 

@@ -275,6 +275,11 @@ def test_restarted_launcher_reattaches_instead_of_creating_a_second_job(
     assert (result["state"], result["uid"], result["created"]) == ("Succeeded", created["uid"], False)
 
 
+#: A launcher on SIGTERM deletes the job and exits: seconds on an idle machine; the rest is for a loaded
+#: CI machine (still far below the launcher's own --timeout-s 180 it would otherwise run into).
+SIGTERM_STOP_WITHIN_S = 30.0
+
+
 def test_sigterm_stops_the_launcher_and_deletes_the_job(
     k8s_testbed: KubeTestBed, k8s_namespace: str, kwok_gpu_nodes: Any, tmp_path: Path
 ) -> None:
@@ -290,13 +295,13 @@ def test_sigterm_stops_the_launcher_and_deletes_the_job(
         )
         started = time.monotonic()
         launcher.send_signal(signal.SIGTERM)  # KFP terminated the run
-        _, stderr = launcher.communicate(timeout=30)
+        _, stderr = launcher.communicate(timeout=2 * SIGTERM_STOP_WITHIN_S)
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
     assert launcher.returncode == 143, stderr
     assert "terminated" in stderr
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < SIGTERM_STOP_WITHIN_S
     assert not list(client.list(pytorchjob_resource(), namespace=k8s_namespace))
 
 

@@ -43,6 +43,40 @@ def state_dict_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def check_resume_after_kill(records: list[dict], *, killed_at_step: int, interval_steps: int) -> int:
+    """Check the first resume of a job whose worker was SIGKILLed after ``killed_at_step`` against the
+    job's own records (step-driven saves only); return the step it resumed from.
+
+    A periodic save that comes due while the previous one still persists is deferred to the first step
+    after that persist (``checkpoint_deferred``, ``CheckpointManager.ready_for_periodic``), so on a
+    loaded machine saves land later than the multiples of the interval, and the newest one started
+    before the kill may not have committed in time. What must hold whatever the load:
+
+    * the resume restored a save the first incarnation started at or before the kill, and none older
+      than the newest that recorded its commit (the record of a later commit may have died with the
+      worker);
+    * the saves kept to the interval: each came exactly one interval after the previous one (the
+      first at ``interval_steps``) unless a save due then was deferred behind the previous one's
+      persist, and the newest was less than one interval before the kill unless the same happened.
+      So at most one interval's work is lost beyond what slow persists delayed.
+    """
+    first_resume = next(i for i, r in enumerate(records) if r.get("event") == "resume")
+    resume, first = records[first_resume], records[:first_resume]
+    staged = [r["step"] for r in first if r.get("event") == "checkpoint" and r.get("outcome") == "staged"
+              and r.get("reason") == "periodic" and r["step"] <= killed_at_step]
+    committed = [r["step"] for r in first if r.get("event") == "checkpoint_committed" and r["step"] <= killed_at_step]
+    deferred_behind = {r["persisting_step"] for r in first
+                       if r.get("event") == "checkpoint_deferred" and r["step"] <= killed_at_step}
+    context = {"resume": resume, "staged": staged, "committed": committed, "deferred_behind": sorted(deferred_behind)}
+    resumed = resume["resumed_from_step"]
+    assert resumed in staged and resumed >= max(committed, default=0), context
+    for previous, step in zip([0, *staged], staged, strict=False):
+        assert step - previous == interval_steps or (
+            previous in deferred_behind and step > previous + interval_steps), (previous, step, context)
+    assert killed_at_step - staged[-1] < interval_steps or staged[-1] in deferred_behind, context
+    return resumed
+
+
 @dataclass
 class Job:
     """One training job driven through real torchrun agents."""

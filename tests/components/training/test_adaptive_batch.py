@@ -8,6 +8,7 @@ once its B0-equivalent progress reaches epochs x dataset size.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -15,40 +16,59 @@ import pytest
 
 from components.training.data import PreparedDataset
 from components.training.metrics import read_jsonl
+from tests.support.training import check_resume_after_kill
 
 pytestmark = pytest.mark.slow
 
 B0 = 32
+INTERVAL_STEPS = 10
+FAULT_AT_STEP = 55
 
 
 def test_adaptive_job_grows_its_batch_resumes_and_finishes(digits_dataset, make_job) -> None:
     job = make_job(digits_dataset, "adaptive", "--epochs", "2", "--global-batch-size", str(B0), "--adaptive-batch",
-                   "--checkpoint-interval-steps", "10", "--checkpoint-interval-s", "1e9", "--fault-at-step", "55")
+                   "--checkpoint-interval-steps", str(INTERVAL_STEPS), "--checkpoint-interval-s", "1e9",
+                   "--fault-at-step", str(FAULT_AT_STEP))
     assert job.agent().wait(300) == 0
     records = job.records()
     n_train = len(PreparedDataset(digits_dataset).split("train"))
 
     resumes = [r for r in records if r.get("event") == "resume"]
-    assert [r["resumed_from_step"] for r in resumes] == [50]
+    assert len(resumes) == 1, resumes
+    # from the newest checkpoint committed before the kill: 50 unless a save was deferred behind a
+    # slow persist (the run's own records say where)
+    resumed = check_resume_after_kill(records, killed_at_step=FAULT_AT_STEP, interval_steps=INTERVAL_STEPS)
     first_attempt = {}
     for r in records:
         if r.get("event") == "resume":
             break
         if "loss" in r:
             first_attempt[r["step"]] = r
-    saved = first_attempt[50]  # the state the step-50 checkpoint holds
+    saved = first_attempt[resumed]  # the state the resumed checkpoint holds
     assert (resumes[0]["global_batch_size"], resumes[0]["progress_samples"], resumes[0]["gradient_noise_scale"]) == (
         saved["global_batch_size"], saved["progress_samples"], saved["gradient_noise_scale"])
 
     steps = {r["step"]: r for r in records if "loss" in r}  # last execution of each step
     assert steps[1]["global_batch_size"] == B0 and steps[1]["gradient_noise_scale"] > 0
-    epoch1 = [r for r in steps.values() if r["epoch"] == 1]
+    # The first attempt crossed the first epoch's end (step 45) before the kill, wherever the saves
+    # landed; a resume from before it (a save deferred behind a slow persist) makes the choice there
+    # again, from the noise scale measured anew.
+    epoch1 = [r for r in first_attempt.values() if r["epoch"] == 1]
     assert epoch1 and epoch1[0]["global_batch_size"] > B0, "the batch did not grow at the first epoch end"
+    # A step at the grown batch counts for more than B0 samples of progress, and the job ends at the
+    # first step whose progress reaches epochs x dataset size: so it takes fewer steps than the
+    # fixed-batch job's 90 by as much as the batches the final run kept were grown (after a resume
+    # from before the first epoch's end, possibly none: the step count alone cannot be asserted).
+    grown = epoch1[0]
+    assert grown["progress_samples"] - first_attempt[grown["step"] - 1]["progress_samples"] > B0, grown
     last = steps[max(steps)]
     assert last["remaining_samples"] == 0.0 and last["progress_samples"] >= 2 * n_train
-    assert max(steps) < 2 * -(-n_train // B0)  # fewer steps than the fixed-batch job's 90
+    assert steps[max(steps) - 1]["remaining_samples"] > 0  # not one step more
     rates = last["goodput_samples_per_second"]  # width 2 run; 4 and 6 predicted (2x, 3x the widest)
-    assert list(rates) == ["2", "4", "6"] and rates["2"] > 0 and rates["6"] >= rates["4"] >= rates["2"]
+    # Positive and finite, in no particular order: each width's best batch comes from its own grid
+    # (global batches divisible by the width, at most 8 x B0 = 256), so with the step times a loaded
+    # machine measured the prediction at 6 may trail the one at 4 (run 66: 7,929 against 7,968).
+    assert list(rates) == ["2", "4", "6"] and all(0 < v < math.inf for v in rates.values()), rates
     chosen = [r for r in records if r.get("event") == "batch_size_chosen"]
     assert all(r["global_batch_size"] % 2 == 0 and r["global_batch_size"] <= 8 * B0 for r in chosen)
     assert any(r.get("event") == "finished" for r in records)

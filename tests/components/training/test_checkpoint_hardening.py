@@ -379,29 +379,44 @@ class _SlowStateReads(LocalStorage):
         return super().open_read(key)
 
 
+#: One state-file read of a retention that verifies older checkpoints (2 of them below: 8 s in all).
+RETENTION_READ_S = 4.0
+#: The SIGTERM save's deadline: well above a commit on a loaded machine, below the retention's reads.
+RETENTION_SAVE_DEADLINE_S = 1.5 * RETENTION_READ_S
+#: A save that does not wait for the retention returns within half of the retention's reads.
+RETURNED_WITHIN_S = RETENTION_READ_S
+
+
 def test_a_blocking_save_is_committed_although_its_retention_is_slow(tmp_path) -> None:
-    """The SIGTERM save returns at its commit; retention of the older checkpoints (2 x 1 s of reads
-    here) runs after it, outside the 1.5 s deadline (before: "failed", though step 40 was committed)."""
-    storage = _SlowStateReads(str(tmp_path / "job"), delay_s=1.0)
+    """The SIGTERM save returns at its commit; retention of the older checkpoints (2 x 4 s of reads
+    here) runs after it, outside the 6 s deadline (before: "failed", though step 40 was committed)."""
+    storage = _SlowStateReads(str(tmp_path / "job"), delay_s=RETENTION_READ_S)
     _three_commits(storage)
     restarted = CheckpointManager(storage, keep_last_k=3)
     restarted.claim()
     storage.slow = True
     t0 = time.monotonic()
-    assert restarted.save(40, _state(40), blocking=True, deadline_s=1.5) == "committed"
-    assert time.monotonic() - t0 < 1.0
+    assert restarted.save(40, _state(40), blocking=True, deadline_s=RETENTION_SAVE_DEADLINE_S) == "committed"
+    assert time.monotonic() - t0 < RETURNED_WITHIN_S  # waiting for the retention: 2 x RETENTION_READ_S
     assert restarted.stats.last_committed_step == 40 and restarted.stats.failed == 0
     assert not restarted.wait(timeout_s=0)  # retention still verifies 30 and 20
-    assert restarted.wait(timeout_s=30)
+    assert restarted.wait(timeout_s=60)
     assert restarted.committed_steps() == [40, 30, 20]  # and then deleted 10
     restarted.close()
 
 
+#: One state-file read of the previous save's retention (three older checkpoints: 9 s in all).
+HURRIED_READ_S = 3.0
+#: The SIGTERM save's deadline: the retention's read under way (one) and a commit on a loaded machine
+#: fit; its three reads (what the save would wait for if the retention did not stop early) do not.
+HURRIED_SAVE_DEADLINE_S = 2 * HURRIED_READ_S
+
+
 def test_a_blocking_save_does_not_wait_for_the_previous_save_s_retention(tmp_path, caplog) -> None:
     """A SIGTERM right after a periodic commit whose retention verifies three older checkpoints
-    (3 x 1.5 s): that retention stops early, the SIGTERM save commits within its 3 s deadline, and
+    (3 x 3 s): that retention stops early, the SIGTERM save commits within its 6 s deadline, and
     a later retention finishes the clean-up."""
-    storage = _SlowStateReads(str(tmp_path / "job"), delay_s=1.5)
+    storage = _SlowStateReads(str(tmp_path / "job"), delay_s=HURRIED_READ_S)
     first = CheckpointManager(storage, keep_last_k=4)
     for step in (10, 20, 30, 35):
         assert first.save(step, _state(step), blocking=True) == "committed"
@@ -416,8 +431,8 @@ def test_a_blocking_save_does_not_wait_for_the_previous_save_s_retention(tmp_pat
         time.sleep(0.01)
     t0 = time.monotonic()
     with caplog.at_level(logging.INFO, logger="trainflow.checkpoint"):
-        assert restarted.save(41, _state(41), blocking=True, deadline_s=3.0) == "committed"
-    assert time.monotonic() - t0 < 3.0
+        assert restarted.save(41, _state(41), blocking=True, deadline_s=HURRIED_SAVE_DEADLINE_S) == "committed"
+    assert time.monotonic() - t0 < HURRIED_SAVE_DEADLINE_S  # waiting for the whole retention: 3 x HURRIED_READ_S
     assert any(r.getMessage().startswith("checkpoint retention stopped early: a blocking save is waiting")
                for r in caplog.records)
     storage.slow = False
