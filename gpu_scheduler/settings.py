@@ -61,6 +61,10 @@ class PolicyConfig:
             check_interval_s(self.interval_s)
 
 
+#: Seconds of Prometheus samples a reading averages (``--metrics-window-s``; the recording rules'
+#: 5m). A job's samples/s count only where its world size held throughout it.
+DEFAULT_METRICS_WINDOW_S = 300.0
+
 #: The tick interval's bounds, seconds: below 1 s a tick would query Prometheus back to back; above a
 #: day ``threading.Event.wait`` overflows near 1e10 s (OverflowError, a crash loop from the ConfigMap).
 INTERVAL_S_RANGE = (1.0, 86_400.0)
@@ -181,7 +185,7 @@ class ControllerSettings:
     policy_params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     policy_configmap: str | None = "trainflow-gpu-scheduler-policy"
     interval_s: float = 60.0
-    metrics_window_s: float = 300.0
+    metrics_window_s: float = DEFAULT_METRICS_WINDOW_S
     prometheus_timeout_s: float = 5.0
     prometheus_bearer_token_file: str | None = None
     prometheus_ca_file: str | None = None

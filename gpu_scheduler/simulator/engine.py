@@ -27,6 +27,7 @@ from types import MappingProxyType
 from gpu_scheduler.model import ClusterSnapshot, GoodputModel, Job, Node, Outcome, Placement, SchedulerError
 from gpu_scheduler.policies.base import Policy
 from gpu_scheduler.policies.goodput import GoodputFunction, PerfParams, fit_perf_params
+from gpu_scheduler.settings import DEFAULT_METRICS_WINDOW_S
 from gpu_scheduler.simulator.jobmodel import Application, JobModelError, StepConfig
 from gpu_scheduler.simulator.stepfit import PREDICTED_WIDTH_MULTIPLES, StepTimeObservations
 from gpu_scheduler.simulator.workload import WorkloadJob
@@ -54,6 +55,11 @@ resizes (2 -> 1, 1 -> 2, 2 -> 1 in three runs: 7.2-11.0 s) of
 pull, gloo: a GPU job adds NCCL initialisation and a larger checkpoint. It replaced the local
 figure (4.4 s: ``trainflow run --fault-at-step 250``, a SIGKILL to the first step of the resumed
 processes, no pods)."""
+
+MEASUREMENT_WINDOW_S = DEFAULT_METRICS_WINDOW_S
+"""How long a fixed-batch job trains at a width before its samples/s there reach the policy: the
+live controller's metrics window (``gpu_scheduler.settings.DEFAULT_METRICS_WINDOW_S``), whose
+readings count only where the world size held throughout (``observe/prometheus.py``)."""
 
 _PERF_FITS: dict[tuple, PerfParams] = {}  # (application, profile items) -> fitted PerfParams
 
@@ -113,6 +119,15 @@ class SimConfig:
         adaptive_retune_s: An adaptive job also re-picks its batch when this many seconds have
             passed since its last pick (checked at each round's start; the trainer's
             ``--adaptive-interval-s``, default 60); None: only at (re)allocations and epoch ends.
+        measurement_window_s: A fixed-batch job's samples/s at a width reach the policy once it
+            has trained there this long since its last (re)allocation (restart excluded): the
+            live controller reads samples/s averaged over its metrics window and only where the
+            world size held throughout it (:data:`MEASUREMENT_WINDOW_S`); 0: at the next round
+            (the simulator before 2026-11-29).
+        noise_at_running_batch: A fitted adaptive job rates candidate batches with the gradient
+            statistics of the batch it runs, the only ones it can measure (trainflow's trainer,
+            AdaptDL's agent); False: each candidate's own statistics from the trace (an oracle the
+            simulator used before 2026-11-29).
     """
 
     nodes: int = 16
@@ -125,6 +140,8 @@ class SimConfig:
     adaptive_batch: bool = False
     adaptive_throughput: str = "fitted"
     adaptive_retune_s: float | None = 60.0
+    measurement_window_s: float = MEASUREMENT_WINDOW_S
+    noise_at_running_batch: bool = True
 
     def __post_init__(self) -> None:
         if self.adaptive_throughput not in ADAPTIVE_THROUGHPUT:
@@ -141,6 +158,8 @@ class SimConfig:
             raise SimulationError(f"--interval-s must be a whole number of seconds >= 1, got {self.interval_s}")
         if self.restart_cost_s < 0:
             raise SimulationError(f"restart cost must be >= 0, got {self.restart_cost_s}")
+        if not 0 <= self.measurement_window_s < self.max_time_s:
+            raise SimulationError(f"measurement_window_s must be >= 0, got {self.measurement_window_s}")
 
     @property
     def total_gpus(self) -> int:
@@ -220,6 +239,8 @@ class _SimJob:
         "measured_at",
         "measured_epoch",
         "measured_version",
+        "measurement_window_s",
+        "noise_at_running_batch",
         "observations",
         "oracle_epoch",
         "oracle_tp",
@@ -240,12 +261,16 @@ class _SimJob:
         "step_s",
         "throughput",
         "throughput_view",
+        "trained_here_s",
     )
 
     def __init__(self, spec: WorkloadJob, app: Application, cluster_gpus: int, adaptive_batch: bool = False,
                  adaptive_throughput: str = "fitted", adaptive_retune_s: float | None = None, *,
-                 gpus_per_node: int) -> None:
+                 gpus_per_node: int, measurement_window_s: float = 0.0, noise_at_running_batch: bool = False) -> None:
         self.spec = spec
+        self.measurement_window_s = measurement_window_s
+        self.noise_at_running_batch = noise_at_running_batch
+        self.trained_here_s = 0.0  # seconds trained since the last (re)allocation, restart excluded
         self.gpus_per_node = gpus_per_node
         self.app = app
         self.retune_s = adaptive_retune_s
@@ -303,6 +328,7 @@ class _SimJob:
         app, cfg = self.app, self.cfg
         assert cfg is not None
         total = self.step_s
+        self.trained_here_s += max(seconds, 0.0)  # by the round's end (the next decision reads it)
         if seconds > 0 and not self.fitted:
             self._measure()
         while seconds > 0:
@@ -412,6 +438,8 @@ class _SimJob:
         cfg, workers = self.cfg, self.placement.workers
         assert cfg is not None
         if not self.adaptive:
+            if self.trained_here_s < self.measurement_window_s - 1e-9:
+                return  # the controller's readings average a window with one world size throughout
             measured = cfg.batch_size / self.step_s
             if self.throughput.get(workers) != measured:
                 self.throughput[workers] = measured
@@ -427,7 +455,8 @@ class _SimJob:
             self.measured_at[workers] = self.per_node
             self.measured_epoch = self.epoch
             self.measured_version = self.observations.version
-            self.throughput = {n: app.best_fitted_step_config(pn, self.epoch, self.observations.choice_model(n))[1]
+            self.throughput = {n: app.best_fitted_step_config(pn, self.epoch, self.observations.choice_model(n),
+                                                              noise_batch=self._noise_batch())[1]
                                * app.init_batch_size for n, pn in self.measured_at.items()}
             self._predict_wider()
             self.throughput_view = MappingProxyType(dict(self.throughput))
@@ -449,6 +478,14 @@ class _SimJob:
                            for n, pn in self.measured_at.items()}
         self.throughput_view = MappingProxyType(dict(self.throughput))
 
+    def _noise_batch(self) -> int | None:
+        """The global batch whose gradient statistics a fitted job's choices use: the one it runs
+        (before any, its base batch), as trainflow's trainer and AdaptDL's agent measure the noise
+        scale where they train; None with ``noise_at_running_batch`` off (each candidate's own)."""
+        if not self.noise_at_running_batch:
+            return None
+        return self.cfg.batch_size if self.cfg is not None else self.app.init_batch_size
+
     def _predict_wider(self) -> None:
         """Add the trainer's predicted widths to the fitted goodput curve: each multiple in
         :data:`PREDICTED_WIDTH_MULTIPLES` of the widest width run, on a compact placement, rated
@@ -461,7 +498,8 @@ class _SimJob:
                 continue
             per_node = _compact(n, gpn)
             try:
-                rate = app.best_fitted_step_config(per_node, self.epoch, self.observations.choice_model(n))[1]
+                rate = app.best_fitted_step_config(per_node, self.epoch, self.observations.choice_model(n),
+                                                   noise_batch=self._noise_batch())[1]
             except JobModelError:
                 continue
             self.throughput[n] = rate * app.init_batch_size
@@ -471,7 +509,7 @@ class _SimJob:
         self.picked_at_s = now_s
         if self.fitted:
             model = self.observations.choice_model(self.placement.workers)
-            cfg = self.app.best_fitted_step_config(self.per_node, self.epoch, model)[0]
+            cfg = self.app.best_fitted_step_config(self.per_node, self.epoch, model, noise_batch=self._noise_batch())[0]
             if not self.record.batch_sizes or self.record.batch_sizes[-1][1] != cfg.batch_size:
                 self.record.batch_sizes.append((now_s, cfg.batch_size))
         elif self.adaptive:
@@ -494,6 +532,7 @@ class _SimJob:
             return
         self._configure(now_s)
         self.restart_left = restart_cost_s
+        self.trained_here_s = 0.0
         if self.restarts is None:
             self.restarts = 0
             self.first_start = now_s
@@ -580,6 +619,8 @@ class Simulator:
         gpus = self.config.total_gpus
         self.jobs = [_SimJob(spec, applications[spec.application], gpus, self.config.adaptive_batch,
                              self.config.adaptive_throughput, self.config.adaptive_retune_s,
+                             measurement_window_s=self.config.measurement_window_s,
+                             noise_at_running_batch=self.config.noise_at_running_batch,
                              gpus_per_node=self.config.gpus_per_node)
                      for spec in workload]
         self.nodes = tuple(Node(name=f"node-{i}", gpus=self.config.gpus_per_node) for i in range(self.config.nodes))

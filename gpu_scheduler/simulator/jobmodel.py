@@ -32,7 +32,8 @@ The model (as described in the Pollux paper §5.3 "Simulator construction" and i
   its placement (Pollux §3 / AdaptDL's per-job tuning), over a grid of batch sizes: with the
   true step times (:meth:`Application.best_step_config`, "oracle") or with a step-time model
   fitted from the configurations the job has run (:meth:`Application.best_fitted_step_config`,
-  "fitted", :mod:`gpu_scheduler.simulator.stepfit`).
+  "fitted", :mod:`gpu_scheduler.simulator.stepfit`), rating every candidate with the gradient
+  statistics of the batch it runs (what the trainer measures).
 
 Per-application settings (epochs; YOLOv3's 8-sample memory limit) are those of the artifact's
 ``simulator/applications.py``.
@@ -268,7 +269,12 @@ class Application:
 
     def efficiency_gain(self, batch_size: int, epoch: int) -> float:
         """Progress per optimizer step at ``batch_size`` (1.0 at the smallest measured batch)."""
-        sqr, var = self.grad_stats(batch_size, epoch)
+        return self.efficiency_gain_from(self.grad_stats(batch_size, epoch), batch_size)
+
+    def efficiency_gain_from(self, stats: tuple[float, float], batch_size: int) -> float:
+        """:meth:`efficiency_gain` at ``batch_size`` under given ``(grad_sqr, grad_var)`` (Pollux's
+        ``(var + sqr) / (var / scale + sqr)``, ``scale`` = batch / initial batch; OSDI'21 §3.1)."""
+        sqr, var = stats
         scale = batch_size / self.init_batch_size
         denom = var / scale + sqr
         return (var + sqr) / denom if denom > 0 else 1.0
@@ -390,11 +396,14 @@ class Application:
         return best[1]
 
     def best_fitted_step_config(self, per_node: tuple[int, ...], epoch: int,
-                                model: LinearStepTime | None) -> tuple[StepConfig, float]:
+                                model: LinearStepTime | None, *,
+                                noise_batch: int | None = None) -> tuple[StepConfig, float]:
         """The step configuration of largest *predicted* goodput under a fitted step-time model.
 
-        Predicted goodput = ``efficiency_gain(B, epoch) / model.step_time_s(B / workers)`` (the
-        true statistical efficiency: the trainer measures the noise scale online), over
+        Predicted goodput = ``efficiency_gain(B, epoch) / model.step_time_s(B / workers)``, the
+        statistical efficiency from the gradient statistics at ``noise_batch`` (the batch the job
+        runs: the trainer measures the noise scale there, online) or, with None, each candidate's
+        own (an oracle), over
         :meth:`valid_step_configs` whose local batch ``B / workers`` is at most
         ``model.max_trusted_local_batch``; ties to the smaller batch. Without a model, or with no
         configuration inside the trusted range, the smallest valid configuration (the trainer
@@ -412,9 +421,13 @@ class Application:
                                 f"fits {sum(per_node)} GPUs on placement {per_node}")
         workers = sum(per_node)
 
+        stats = self.grad_stats(noise_batch, epoch) if noise_batch is not None else None
+
         def predicted(cfg: StepConfig) -> float:
             t = model.step_time_s(cfg.batch_size / workers) if model is not None else 0.0
-            return self.efficiency_gain(cfg.batch_size, epoch) / t if t > 0 else 0.0
+            gain = (self.efficiency_gain(cfg.batch_size, epoch) if stats is None
+                    else self.efficiency_gain_from(stats, cfg.batch_size))
+            return gain / t if t > 0 else 0.0
 
         if model is None:
             return valid[0], 0.0

@@ -245,8 +245,8 @@ def test_fitted_simulation_respects_the_trust_region(pollux_apps, monkeypatch) -
     calls = []
     real = Application.best_fitted_step_config
 
-    def spy(self, per_node, epoch, model):
-        cfg, value = real(self, per_node, epoch, model)
+    def spy(self, per_node, epoch, model, **kw):
+        cfg, value = real(self, per_node, epoch, model, **kw)
         calls.append((sum(per_node), cfg, model, self.valid_step_configs(per_node)[0]))
         return cfg, value
 

@@ -268,7 +268,8 @@ def test_remaining_samples_is_what_the_trainer_reports_and_predicts_the_time_lef
     app = toy_apps["toy"]
     spec = WorkloadJob(name="a", submit_time_s=10.0, application="toy", requested_workers=4, batch_size=batch)
     policy = _Recording(create("fifo"))
-    rec = Simulator([spec], toy_apps, policy, SimConfig(nodes=1, interval_s=5)).run().jobs[0]
+    # samples/s at the next round (no metrics window): the prediction is checked at every round
+    rec = Simulator([spec], toy_apps, policy, SimConfig(nodes=1, interval_s=5, measurement_window_s=0)).run().jobs[0]
     first = policy.snapshots[0].jobs[0]
     # Before it starts: all of its optimizer steps × its global batch (steps per epoch = progress span / gain).
     steps = sum((app.progress_target(e + 1) - app.progress_target(e)) / app.efficiency_gain(batch, e)
@@ -283,3 +284,19 @@ def test_remaining_samples_is_what_the_trainer_reports_and_predicts_the_time_lef
     hidden = _Recording(create("fifo"))
     Simulator([spec], toy_apps, hidden, SimConfig(nodes=1, report_remaining_work=False)).run()
     assert all(j.remaining_samples is None for s in hidden.snapshots for j in s.jobs)
+
+
+def test_fixed_batch_samples_per_s_reach_the_policy_after_the_metrics_window(toy_apps) -> None:
+    """The live controller reads a job's samples/s averaged over its metrics window, and only where
+    the world size held throughout it: the simulator showed a new width's rate at the next round."""
+    spec = WorkloadJob(name="a", submit_time_s=10.0, application="toy", requested_workers=4, batch_size=32)
+    delay = {}
+    for window_s in (0.0, 10.0):
+        policy = _Recording(create("fifo"))
+        rec = Simulator([spec], toy_apps, policy, SimConfig(nodes=1, interval_s=5, restart_cost_s=2,
+                                                            measurement_window_s=window_s)).run().jobs[0]
+        assert rec.finish_time_s - rec.start_time_s > 20, "long enough to see the window"
+        seen = [s.taken_at_s for s in policy.snapshots if s.jobs and s.jobs[0].running and s.jobs[0].throughput]
+        delay[window_s] = seen[0] - rec.start_time_s
+    # no window: the next round; 10 s: the first round by which it trained 10 s (a 2 s restart first)
+    assert delay == {0.0: 5.0, 10.0: 15.0}
