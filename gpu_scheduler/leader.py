@@ -148,11 +148,9 @@ class LeaderElector:
             lease.spec = spec
             self._client.replace(lease, field_manager=FIELD_MANAGER)  # carries resourceVersion
             return self._won()
-        except (ApiError, httpx2.HTTPError, OSError) as exc:
-            log.warning("lease attempt failed", extra={"lease": f"{self.namespace}/{self.name}", "error": str(exc)})
-            return self._lost_or_not()
-        except Exception as exc:  # e.g. lightkube's KeyError on an error answer without Content-Type (a proxy's
-            # bare 503): the election thread must outlive it, or the replica stays a follower for good
+        except Exception as exc:  # API, transport and OS errors, and e.g. lightkube's KeyError on an error
+            # answer without Content-Type (a proxy's bare 503): the election thread must outlive them all,
+            # or the replica stays a follower for good
             log.warning("lease attempt failed", extra={"lease": f"{self.namespace}/{self.name}",
                                                        "error": f"{type(exc).__name__}: {exc}"})
             return self._lost_or_not()
