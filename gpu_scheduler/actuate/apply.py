@@ -3,8 +3,9 @@
 Every PATCH carries the controller's field manager (``trainflow-gpu-scheduler``) and, in dry-run
 mode, ``dryRun=All``: the API server validates and admits the change (webhooks included) but
 persists nothing. A merge patch refused with 409 Conflict (its ``resourceVersion`` is stale) is
-re-checked against a fresh GET: if the fields in its guard still hold, it is resent once with the
-fresh ``resourceVersion``. Actions on different jobs are sent concurrently (``max_concurrency``),
+re-checked against a fresh GET: if the fields in its guard still hold, it is resent with the
+fresh ``resourceVersion``. A patch that follows another of the same action (a scale patch after the
+annotations' merge patch) is sent with the ``resourceVersion`` the previous answer returned. Actions on different jobs are sent concurrently (``max_concurrency``),
 GPU-releasing ones first, then the rest; one job's patches stay in order. Errors never escape: each action ends with an :class:`ApplyResult` whose status
 names what happened (``conflict`` for a 409 from a stale ``resourceVersion``, ``not_found`` for a
 job deleted meanwhile, ``invalid`` for a 422 from validation, ``error`` for anything else, e.g.
@@ -83,6 +84,21 @@ def _dig(doc: Mapping[str, Any], path: tuple[str, ...]) -> Any:
     return node
 
 
+def _resource_version(body: Any) -> str | None:
+    """The ``metadata.resourceVersion`` a merge patch body carries (None: none, or a JSON patch)."""
+    if not isinstance(body, Mapping):
+        return None
+    version = _dig(body, ("metadata", "resourceVersion"))
+    return version if isinstance(version, str) else None
+
+
+def _with_resource_version(body: Any, version: str | None) -> dict[str, Any]:
+    """A copy of merge patch ``body`` whose ``metadata.resourceVersion`` is ``version``."""
+    out = copy.deepcopy(dict(body))
+    out.setdefault("metadata", {})["resourceVersion"] = version
+    return out
+
+
 def _status_of(exc: Exception) -> Status:
     if isinstance(exc, ApiError):
         code = exc.status.code
@@ -153,9 +169,10 @@ class Actuator:
                 results.extend(pool.map(self._apply_one, group))
         return results
 
-    def _send(self, patch: Patch, body: Any | None = None) -> None:
+    def _send(self, patch: Patch, body: Any | None = None) -> str | None:
+        """PATCH; returns the ``resourceVersion`` of the answer (None if it has none)."""
         resource = PyTorchJob.Scale if patch.subresource == "scale" else PyTorchJob
-        self._client.patch(
+        answer = self._client.patch(
             resource,
             patch.name,
             patch.body if body is None else body,
@@ -164,44 +181,50 @@ class Actuator:
             field_manager=self.field_manager,
             dry_run=self.dry_run,
         )
+        metadata = getattr(answer, "metadata", None)
+        version = getattr(metadata, "resourceVersion", None)
+        return version if isinstance(version, str) and version else None
 
-    def _retry_on_conflict(self, patch: Patch, attempts: int = 4) -> str | None:
+    def _retry_on_conflict(self, patch: Patch, attempts: int = 4) -> tuple[str | None, str | None]:
         """After a 409: re-read the job and resend with its fresh resourceVersion while the guard
         still holds (up to ``attempts`` times: the operator may update the status again in between,
-        as client-go's ``retry.RetryOnConflict`` expects).
+        as client-go's ``retry.RetryOnConflict`` expects). A scale patch is checked against the job
+        it belongs to (the subresource shares the job's resourceVersion).
 
-        Returns None once resent successfully, else why not."""
-        if not patch.guard or patch.patch_type != "merge" or patch.subresource:
-            return "the job changed since it was observed"
+        Returns ``(None, resourceVersion of the answer)`` once resent, else ``(why not, None)``."""
+        if not patch.guard or patch.patch_type != "merge":
+            return "the job changed since it was observed", None
         for attempt in range(attempts):
             fresh = self._client.get(PyTorchJob, patch.name, namespace=patch.namespace)
             doc = fresh.to_dict() if hasattr(fresh, "to_dict") else dict(fresh)
             for path, expected in patch.guard:
                 actual = _dig(doc, path)
                 if actual != expected and not (expected is None and actual is False):
-                    return f"{'.'.join(path)} changed since it was observed ({expected!r} -> {actual!r})"
-            body = copy.deepcopy(dict(patch.body))
-            body.setdefault("metadata", {})["resourceVersion"] = (doc.get("metadata") or {}).get("resourceVersion")
+                    return f"{'.'.join(path)} changed since it was observed ({expected!r} -> {actual!r})", None
+            fresh_version = (doc.get("metadata") or {}).get("resourceVersion")
             try:
-                self._send(patch, body)
-                return None
+                return None, self._send(patch, _with_resource_version(patch.body, fresh_version))
             except ApiError as exc:
                 if exc.status.code != 409:
                     raise
                 time.sleep(0.01 * 2**attempt)
-        return f"still conflicting after {attempts} fresh reads"
+        return f"still conflicting after {attempts} fresh reads", None
 
     def _apply_one(self, action: Action) -> ApplyResult:
         if self._proceed is not None and not self._proceed():
             return ApplyResult(action=action, status="not_leader", message="lost the lease before sending")
+        answered_version: str | None = None  # of the action's previous patch: the controller's own write
         for patch in action.patches:
+            body = patch.body
+            if answered_version is not None and _resource_version(body) is not None:
+                body = _with_resource_version(body, answered_version)
             try:
                 try:
-                    self._send(patch)
+                    answered_version = self._send(patch, body)
                 except ApiError as exc:
                     if exc.status.code != 409:
                         raise
-                    why = self._retry_on_conflict(patch)
+                    why, answered_version = self._retry_on_conflict(patch)
                     if why is not None:
                         return ApplyResult(action=action, status="conflict", message=why)
             except (ApiError, httpx2.HTTPError, OSError) as exc:

@@ -14,9 +14,10 @@ How a PyTorchJob (``kubeflow.org/v1``, training-operator v1.9) is changed:
   is also resumed (``suspend: false``): the count then travels in that same merge patch, so the
   operator never creates pods for the old count. A strategic-merge patch is never used: the API
   server rejects it on custom resources.
-* **Optimistic concurrency**: merge patches carry the observed ``metadata.resourceVersion`` and a
-  *guard*: the values of the fields the decision was made from (``Worker.replicas``,
-  ``runPolicy.suspend``). On 409 Conflict the applier re-reads the job; if only other fields moved
+* **Optimistic concurrency**: merge patches (to the job or its ``scale`` subresource) carry the
+  observed ``metadata.resourceVersion`` — a scale patch after the action's merge patch carries the
+  one that patch's answer returned — and a *guard*: the values of the fields the decision was made
+  from (``metadata.uid``, ``Worker.replicas``, ``runPolicy.suspend``). On 409 Conflict the applier re-reads the job; if only other fields moved
   (the operator updates the status all the time) it resends with the fresh resourceVersion, else
   the action is dropped for this tick (the next tick sees the new state) — client-go's
   ``RetryOnConflict`` with a semantic check.
@@ -143,6 +144,10 @@ class Patch:
         subresource: ``""`` (the job) or ``"scale"``.
         guard: ``(path, value)`` pairs the job must still have for the patch to be resent after
             a 409 Conflict (paths are key tuples into the job's JSON; an absent field reads None).
+
+    A merge patch that follows another patch of the same action is sent with the
+    ``resourceVersion`` of that patch's answer instead of the observed one (the controller's own
+    write moved it); the scale subresource takes the job's ``resourceVersion`` as its precondition.
     """
 
     namespace: str
@@ -214,8 +219,11 @@ def _merge_patch(
         # operator after the resume, which may already be creating pods for the old count; sent
         # before it, it would move the resourceVersion under the guarded merge patch (409).
         if settings.replicas_via == "scale" and suspend is not False:
-            scale = Patch(namespace=job.namespace, name=job.name, body={"spec": {"replicas": replicas}},
-                          subresource="scale")
+            scale_body: dict[str, Any] = {"spec": {"replicas": replicas}}
+            if job.resource_version:
+                scale_body["metadata"] = {"resourceVersion": job.resource_version}
+            scale = Patch(namespace=job.namespace, name=job.name, body=scale_body, subresource="scale",
+                          guard=_guard(view))
         else:
             spec["pytorchReplicaSpecs"] = {"Worker": {"replicas": replicas}}
     if suspend is not None:

@@ -75,7 +75,11 @@ def test_scale_subresource_variant_splits_replicas_from_annotations() -> None:
     a = only(plan_decision(decision, snap, views, T0, PlanSettings(replicas_via="scale")), ActionKind.SCALE_DOWN)
     merge, scale = a.patches
     assert "spec" not in merge.body and merge.body["metadata"]["annotations"]
-    assert scale.subresource == "scale" and scale.body == {"spec": {"replicas": 1}}
+    assert scale.subresource == "scale" and scale.body["spec"] == {"replicas": 1}
+    # The scale patch has the same precondition and guard as the merge patch (the applier sends it
+    # with the resourceVersion of the merge patch's answer).
+    assert scale.body["metadata"] == {"resourceVersion": merge.body["metadata"]["resourceVersion"]}
+    assert scale.guard == merge.guard and dict(scale.guard)[("metadata", "uid")]
 
 
 def test_scale_subresource_variant_resumes_with_the_worker_count_in_the_same_patch() -> None:

@@ -353,7 +353,7 @@ def test_scale_subresource_and_optimistic_concurrency(live: Live, kwok_gpu_nodes
     key = f"{live.namespace}/{name}"
     client = KubeConnector(live.bed.kubeconfig).client()
 
-    def stale_plan(current: int, target: int) -> tuple:
+    def stale_plan(current: int, target: int, replicas_via: str = "merge") -> tuple:
         wait_until(lambda: any(j.name == name and j.spec_workers == current for j in runtime.observer.state().jobs),
                    timeout_s=30, what=f"the cache to see {current} workers")
         stale = next(j for j in runtime.observer.state().jobs if j.name == name)
@@ -361,7 +361,7 @@ def test_scale_subresource_and_optimistic_concurrency(live: Live, kwok_gpu_nodes
             Job(name=key, submit_time_s=0, max_workers=4, placement=Placement.of({"x": current})),), taken_at_s=0)
         decision = Decision.from_placements(snap, {key: Placement.of({"x": target})}, policy="t", now_s=0)
         return plan_decision(decision, snap, {key: JobView(job=stale, placement=Placement.of({"x": current}))},
-                             0, PlanSettings())
+                             0, PlanSettings(replicas_via=replicas_via))
 
     actions = stale_plan(4, 2)
     live.client.patch(pytorchjob_resource(), name, {"metadata": {"labels": {"touched": "yes"}}},
@@ -377,16 +377,52 @@ def test_scale_subresource_and_optimistic_concurrency(live: Live, kwok_gpu_nodes
     assert result.message == "spec.pytorchReplicaSpecs.Worker.replicas changed since it was observed (2 -> 3)"
     # The job deleted and recreated under its name with the same spec (the launcher does so after a
     # stale rendezvous): the old job's plan reached the new job before the guard held its UID.
+    def recreate(replicas: int) -> str:
+        live.client.delete(pytorchjob_resource(), name, namespace=live.namespace)
+        wait_until(lambda: not any(j.metadata.name == name for j in live.client.list(
+            pytorchjob_resource(), namespace=live.namespace)), timeout_s=60, what="the job to go")
+        assert live.create_job("subres", replicas=replicas, max_replicas=4) == name
+        return live.job(name).metadata.uid
+
     actions = stale_plan(3, 1)
     old_uid = live.job(name).metadata.uid
-    live.client.delete(pytorchjob_resource(), name, namespace=live.namespace)
-    wait_until(lambda: not any(j.metadata.name == name for j in live.client.list(
-        pytorchjob_resource(), namespace=live.namespace)), timeout_s=60, what="the job to go")
-    assert live.create_job("subres", replicas=3, max_replicas=4) == name
-    new_uid = live.job(name).metadata.uid
+    new_uid = recreate(3)
     (result,) = Actuator(client).apply(actions)
     assert result.status == "conflict" and live.replicas(name) == 3
     assert result.message == f"metadata.uid changed since it was observed ({old_uid!r} -> {new_uid!r})"
+
+    # --replicas-via scale sends two requests: the annotations' merge patch, then the scale patch.
+    # The scale patch carries the resourceVersion the first one's answer returned, so a change
+    # between the two is caught by the same guard (before, a scale patch had no precondition).
+    class ChangeBetween:
+        """The real client, with ``change()`` run once right after the first PATCH answered."""
+
+        def __init__(self, change) -> None:
+            self._change = change
+
+        def patch(self, *args, **kwargs):
+            answer = client.patch(*args, **kwargs)
+            change, self._change = self._change, None
+            if change is not None:
+                change()
+            return answer
+
+        def __getattr__(self, attr: str):
+            return getattr(client, attr)
+
+    actions = stale_plan(3, 2, replicas_via="scale")
+    assert [p.subresource for p in actions[0].patches] == ["", "scale"]
+    touch = ChangeBetween(lambda: live.client.patch(pytorchjob_resource(), name, {"metadata": {"labels": {"touched": "again"}}},
+                                                    namespace=live.namespace, patch_type=PatchType.MERGE))
+    (result,) = Actuator(touch).apply(actions)
+    assert result.status == "applied", result.message  # scale patch: 409, re-read, guard holds, resent
+    assert live.replicas(name) == 2
+    actions = stale_plan(2, 1, replicas_via="scale")
+    old_uid = live.job(name).metadata.uid
+    uids: list[str] = []
+    (result,) = Actuator(ChangeBetween(lambda: uids.append(recreate(2)))).apply(actions)
+    assert result.status == "conflict" and live.replicas(name) == 2
+    assert result.message == f"metadata.uid changed since it was observed ({old_uid!r} -> {uids[0]!r})"
 
 
 class Crash(BaseException):
