@@ -105,7 +105,8 @@ KEEPALIVE_SOCKET_OPTIONS: tuple[tuple[int, int, int], ...] = (
 
 
 class CountingTransport(httpx2.BaseTransport):
-    """An httpx transport that counts the requests it sends, by HTTP method.
+    """An httpx transport that counts the requests it sends, by HTTP method, and asks every watch
+    for bookmarks (``allowWatchBookmarks=true``).
 
     Args:
         inner: the transport doing the work (TLS settings live there).
@@ -115,6 +116,14 @@ class CountingTransport(httpx2.BaseTransport):
 
     The counts are shared by every client built by one :class:`KubeConnector`; a watch counts
     once per connection it opens, not per event.
+
+    Bookmarks: the API server then sends a ``BOOKMARK`` event with its current resourceVersion
+    about once a minute and just before a watch's ``timeoutSeconds``; lightkube's watch resumes from
+    the last resourceVersion of any event, so a watch whose kind (or selector) saw no change for a
+    while resumes from a recent version instead of one the server may have compacted (410 Gone:
+    a LIST of the whole kind). client-go's reflector always asks for them
+    (``k8s.io/client-go/tools/cache/reflector.go``, ``AllowWatchBookmarks: true``); lightkube 1.0's
+    ``Client.watch`` takes no such parameter, hence here.
     """
 
     def __init__(
@@ -127,7 +136,10 @@ class CountingTransport(httpx2.BaseTransport):
     def handle_request(self, request: httpx2.Request) -> httpx2.Response:
         if self._stopped is not None and self._stopped.is_set():
             raise ClientStopped(f"client stopped; not sending {request.method} {request.url.path}")
-        self._counts.add(request.method, request.url.params.get("watch") == "true")
+        watch = request.url.params.get("watch") == "true"
+        if watch and "allowWatchBookmarks" not in request.url.params:
+            request.url = request.url.copy_add_param("allowWatchBookmarks", "true")
+        self._counts.add(request.method, watch)
         return self._inner.handle_request(request)
 
     def close(self) -> None:
@@ -362,6 +374,13 @@ def _as_dict(obj: Any) -> Mapping[str, Any]:
     return obj.to_dict()
 
 
+def _resource_version(obj: Any) -> str | None:
+    """``metadata.resourceVersion`` of a lightkube model or a plain mapping (None if absent)."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else getattr(obj, "metadata", None)
+    version = meta.get("resourceVersion") if isinstance(meta, Mapping) else getattr(meta, "resourceVersion", None)
+    return version if isinstance(version, str) else None
+
+
 # -------------------------------------------------------------------------------------- informer
 
 
@@ -425,6 +444,8 @@ class Informer(Generic[T]):
         self.last_error: str | None = None
         self.relists = 0
         self.events = 0
+        self.bookmarks = 0  # BOOKMARK events: the resourceVersion a resumed watch starts from moved on
+        self.resume_version: str | None = None  # the resourceVersion the next watch request starts from
         self.revision = 0  # bumped on every change of the store
         self._log: collections.deque[tuple[int, str]] = collections.deque(maxlen=change_log)
         self._log_floor = 0  # changes after this revision are all in the log
@@ -538,6 +559,7 @@ class Informer(Generic[T]):
             self._log.clear()
             self._log_floor = self.revision
         self.relists += 1
+        self.resume_version = items.resourceVersion
         return items.resourceVersion
 
     def _watch(self, client: Client, resource_version: str) -> None:
@@ -551,6 +573,10 @@ class Informer(Generic[T]):
         ):
             if self._stop.is_set():
                 return
+            self.resume_version = _resource_version(obj)  # lightkube's watch resumes from it too
+            if kind == "BOOKMARK":  # no object, only the server's progress
+                self.bookmarks += 1
+                continue
             key = self._key(obj)
             value = None if kind == "DELETED" else self._converted(obj)
             with self._lock:

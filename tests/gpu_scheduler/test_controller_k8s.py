@@ -544,6 +544,32 @@ def test_leader_election_lets_one_replica_act(live: Live) -> None:
     assert not b.is_leader() or b.try_acquire_or_renew() is False
 
 
+def test_a_quiet_watch_moves_its_resume_point_with_bookmarks(live: Live) -> None:
+    """A watch whose selector matched no change for a while used to resume (after each server-side
+    timeout) from the resourceVersion of the last object it saw; the server may have compacted it
+    (410 Gone: a LIST of the whole kind). The informer now asks for bookmarks: the resume point
+    follows the server's progress, changes the selector does not match included."""
+    from gpu_scheduler.observe.kubernetes import Informer
+
+    def configmap(name: str, watched: str) -> str:
+        obj = live.client.create(ConfigMap(metadata=ObjectMeta(name=name, labels={"watched": watched}), data={}),
+                                 namespace=live.namespace)
+        return obj.metadata.resourceVersion
+
+    seen_version = configmap("seen", "yes")
+    informer = Informer(KubeConnector(live.bed.kubeconfig), ConfigMap, lambda obj: obj.metadata.name, name="cm",
+                        namespace=live.namespace, labels={"watched": "yes"}, watch_timeout_s=5).start()
+    try:
+        assert informer.wait_synced(30) and informer.items() == ["seen"]
+        unseen_version = configmap("unseen", "no")  # moves the server's resourceVersion, not this watch's
+        assert int(unseen_version) > int(seen_version)
+        wait_until(lambda: informer.bookmarks > 0 and int(informer.resume_version or 0) >= int(unseen_version),
+                   timeout_s=60, what=f"a bookmark at or after {unseen_version} (resume point {informer.resume_version})")
+        assert informer.items() == ["seen"] and informer.relists == 1 and informer.healthy
+    finally:
+        informer.stop()
+
+
 def test_command_line_runs_the_controller_until_sigterm(live: Live, kwok_gpu_nodes, tmp_path: Path) -> None:
     kwok_gpu_nodes(1, gpus_per_node=8)
     name = live.create_job("cli", replicas=1, max_replicas=2)

@@ -115,6 +115,21 @@ def test_a_stopped_transport_sends_nothing_and_counts_nothing() -> None:
     assert sent == ["/api/v1/pods"] and (counts.total, counts.watches) == (1, 1)
 
 
+def test_every_watch_asks_for_bookmarks_and_nothing_else_does() -> None:
+    import httpx2
+
+    from gpu_scheduler.observe.kubernetes import CountingTransport, RequestCounts
+
+    sent: list[dict[str, str]] = []
+    inner = httpx2.MockTransport(lambda request: sent.append(dict(request.url.params)) or httpx2.Response(200, json={}))
+    client = httpx2.Client(transport=CountingTransport(inner, RequestCounts()), base_url="https://api")
+    client.get("/api/v1/pods", params={"watch": "true", "resourceVersion": "7"})
+    client.get("/api/v1/pods", params={"limit": "500"})
+    client.get("/api/v1/pods", params={"watch": "true", "allowWatchBookmarks": "false"})  # the caller's choice stays
+    assert sent == [{"watch": "true", "resourceVersion": "7", "allowWatchBookmarks": "true"}, {"limit": "500"},
+                    {"watch": "true", "allowWatchBookmarks": "false"}]
+
+
 def test_connections_to_the_api_server_send_tcp_keepalives(tmp_path: Path) -> None:
     """A watch's read has no timeout: without keepalives a silently dropped flow would block it for
     good. The kernel's own view (``ss -o``) of the controller's connection shows the keepalive timer."""
