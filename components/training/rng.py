@@ -2,6 +2,12 @@
 
 States are stored as tensors and plain ints/lists so checkpoints load with
 ``torch.load(weights_only=True)`` (NumPy's state tuple would otherwise need full unpickling).
+
+CUDA: the state of this rank's own device (the current one: ``distributed.init_process_group`` sets
+it), restored into the device the rank runs on after the restart. Restoring every device's state by
+index, as before, gave a rank the stream of whatever device had that index in the old layout when
+the GPUs per node changed at the same world size. Checkpoints written that way (a list, one state
+per device) are still restored by index.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ def capture() -> dict[str, Any]:
                    "gauss_next": gauss_next},
     }
     if torch.cuda.is_available():
-        state["cuda"] = [torch.cuda.get_rng_state(i) for i in range(torch.cuda.device_count())]
+        state["cuda"] = torch.cuda.get_rng_state(torch.cuda.current_device())
     return state
 
 
@@ -36,8 +42,13 @@ def restore(state: dict[str, Any]) -> None:
     np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     p = state["python"]
     random.setstate((p["version"], tuple(int(v) for v in p["state"].tolist()), p["gauss_next"]))
-    if "cuda" in state and torch.cuda.is_available():
-        for i, s in enumerate(state["cuda"][: torch.cuda.device_count()]):
+    cuda = state.get("cuda")
+    if cuda is None or not torch.cuda.is_available():
+        return
+    if isinstance(cuda, torch.Tensor):
+        torch.cuda.set_rng_state(cuda, torch.cuda.current_device())
+    else:  # written before 2026-11-29: every device's state, by index
+        for i, s in enumerate(cuda[: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(s, i)
 
 
