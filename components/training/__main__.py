@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     except config_mod.ConfigError as e:
         return _permanent(f"invalid training config: {e}")
 
-    from components.training.checkpoint.manager import WriterFencedError
+    from components.training.checkpoint.manager import CheckpointRefusedError, WriterFencedError
     from components.training.trainer import EXIT_PREEMPTED, Preempted, Trainer
 
     init_process_group(env)
@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             if not trainer.ckpt.wait(timeout_s=0):  # a save past its deadline: do not wait for it at exit
                 _leave(EXIT_PREEMPTED)
             return EXIT_PREEMPTED
-        except (config_mod.ConfigError, WriterFencedError) as e:  # found on load / a newer run took the key
+        # found on load / a newer run took the key / a state weights_only refuses (at save or load)
+        except (config_mod.ConfigError, WriterFencedError, CheckpointRefusedError) as e:
             return _permanent(str(e))
         except Exception:
             traceback.print_exc()

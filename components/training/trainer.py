@@ -258,6 +258,7 @@ class Trainer:
         self.state = TrainState()
         self.resumed_from: int | None = None
         self._stop_requested = False
+        self._sigterm_at_s: float | None = None  # time.monotonic() of the first SIGTERM
         self._step_lr = 0.0  # the learning rate the last step used (set in _step, recorded per step)
         self._last_loss = float("nan")
         self._pending_first_step_event = False
@@ -327,7 +328,18 @@ class Trainer:
         )
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self._sigterm_at_s is None:
+            self._sigterm_at_s = time.monotonic()
         self._stop_requested = True
+
+    def _preemption_deadline_s(self) -> float:
+        """What is left of ``preemption_save_deadline_s``, counted from this process's SIGTERM (the
+        pod's grace period and torchrun's stop count from there, not from the end of the step that
+        was running); the full deadline on a rank that was not signalled itself."""
+        budget = self.cfg.checkpoint.preemption_save_deadline_s
+        if self._sigterm_at_s is None:
+            return budget
+        return max(0.0, budget - (time.monotonic() - self._sigterm_at_s))
 
     def _done(self) -> bool:
         if self.adaptive is None:
@@ -475,9 +487,10 @@ class Trainer:
             raise WriterFencedError(str(self.ckpt.fenced) if self.ckpt.fenced else
                                     "a newer writer took over this job key; this run stops")
         if float(agreed[2]) > 0:  # any rank got SIGTERM: everyone saves (within the deadline), then stops
-            self._save(blocking=True, reason="preempted", deadline_s=self.cfg.checkpoint.preemption_save_deadline_s)
+            deadline_s = self._preemption_deadline_s()
+            self._save(blocking=True, reason="preempted", deadline_s=deadline_s)
             outcome = dist_utils.broadcast_object(self._last_outcome)
-            self.metrics.record({"event": "preempted", "step": step, "outcome": outcome})
+            self.metrics.record({"event": "preempted", "step": step, "outcome": outcome, "save_deadline_s": deadline_s})
             if outcome == "committed":
                 raise Preempted(f"SIGTERM received; checkpoint saved at step {step}")
             last = self.ckpt.stats.last_committed_step
@@ -586,10 +599,7 @@ class Trainer:
         if loaded is None:
             loaded = self.ckpt.load_step(step)
         st = loaded.state
-        self.model.load_state_dict(st["model"])
-        self.optimizer.load_state_dict(st["optimizer"])
-        self.scheduler.load_state_dict(st["lr_scheduler"])
-        self.scaler.load_state_dict(st["grad_scaler"])
+        self._apply_state(step, st)
         ts = st["train_state"]
         self.state = TrainState(step=ts["step"], epoch=ts["epoch"], samples_in_epoch=ts["samples_in_epoch"])
         adaptive_rec: dict[str, Any] = {}
@@ -627,22 +637,48 @@ class Trainer:
             log.info("resumed from step %d (epoch %d, sample %d) in %.2f s", self.state.step, self.state.epoch,
                      self.state.samples_in_epoch, loaded.load_seconds)
 
+    def _apply_state(self, step: int, st: dict[str, Any]) -> None:
+        """Load a checkpoint's model, optimizer, LR scheduler and grad scaler states.
+
+        Raises:
+            ConfigError: one line, when a state does not fit this run (another parameter layout,
+                optimizer or schedule): the checkpoint is fine, the run is not the one that wrote it;
+                retrying cannot help (exit 2).
+        """
+        scaler_state = st.get("grad_scaler") or {}
+        if self.scaler.is_enabled() and not scaler_state:
+            log.warning("the checkpoint at step %d was saved without --amp fp16: the loss scale starts afresh", step)
+        for part, target in (("model", self.model), ("optimizer", self.optimizer), ("lr_scheduler", self.scheduler)):
+            try:
+                target.load_state_dict(st[part])
+            except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
+                first = (str(e).strip().splitlines() or [""])[0][:200]
+                raise ConfigError(
+                    f"the checkpoint at step {step} under {self.storage.uri} does not fit this run: its {part} state "
+                    f"cannot be loaded ({type(e).__name__}: {first}); resume it with the task, model and optimizer "
+                    "that wrote it, or start afresh under another --job-key") from e
+        if self.scaler.is_enabled() and scaler_state:  # saved without fp16 (empty) or run without it: not carried over
+            self.scaler.load_state_dict(scaler_state)
+
     def _identity(self) -> dict[str, Any]:
         """What a checkpoint must match to be resumed by this run (stored in its manifest): the task,
         the model (architecture name of the built-in task, structure signature of any task), the
         data (the task's fingerprint, else its training sample count) and the global batch size
         (adaptive mode: the base batch ``B0``), in whose batches the steps done, the end of training
-        and the LR schedule are counted."""
+        and the LR schedule are counted; the optimizer's class (its state does not carry over to
+        another optimizer)."""
         return {"task": self.cfg.model.task, "model": self.cfg.model.name if self.cfg.model.builtin else None,
                 "model_signature": self.model_signature, "dataset_fingerprint": self.fingerprint,
-                "num_samples": self.num_samples, "global_batch_size": self.cfg.data.global_batch_size}
+                "num_samples": self.num_samples, "global_batch_size": self.cfg.data.global_batch_size,
+                "optimizer": type(self.optimizer).__name__}
 
     def _identity_mismatch(self, manifest: dict[str, Any]) -> str | None:
         """Why the checkpoint with ``manifest`` belongs to another job (one line), or None. Fields a
         checkpoint lacks (written before they were stored) are not compared."""
         ours = self._identity()
         labels = {"dataset_fingerprint": "dataset", "num_samples": "training set of", "task": "task",
-                  "model": "model", "model_signature": "model structure", "global_batch_size": "global batch size"}
+                  "model": "model", "model_signature": "model structure", "global_batch_size": "global batch size",
+                  "optimizer": "optimizer"}
         diffs = [key for key in labels if manifest.get(key) is not None and manifest[key] != ours[key]]
         if "model_signature" in diffs and ("task" in diffs or "model" in diffs):
             diffs.remove("model_signature")  # implied by another task or architecture

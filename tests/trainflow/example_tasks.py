@@ -102,6 +102,18 @@ class Counting(Regression):
         self.calls = state["calls"]
 
 
+class WithDequeState(Regression):
+    """A task whose state holds a ``collections.deque``, which ``torch.load(weights_only=True)`` refuses."""
+
+    def state_dict(self) -> dict:
+        import collections
+
+        return {"recent_losses": collections.deque([0.5], maxlen=4)}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
 class WithSchedule(Regression):
     """A task with its own learning-rate schedule (refused together with adaptive batch)."""
 

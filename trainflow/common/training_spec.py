@@ -333,8 +333,8 @@ class CheckpointConfig(_Section):
                              unit="checkpoints", minimum=1, section=CHECKPOINTING)
     save_final: bool = param("save_final", "R", "save once more after the last step", True)
     preemption_save_deadline_s: float = param(
-        "preemption_save_deadline_s", "RSPC", "on SIGTERM, give up the blocking checkpoint save after this long "
-        "(the worker pods' terminationGracePeriodSeconds must be at least this + 10 s, and keep it below "
+        "preemption_save_deadline_s", "RSPC", "on SIGTERM, give up the blocking checkpoint save this long after the signal (the step that was "
+        "running counts) (the worker pods' terminationGracePeriodSeconds must be at least this + 10 s, and keep it below "
         "torchrun's 30 s stop timeout)", 20.0, unit="s", exclusive_minimum=0, section=ADVANCED)
 
     def __post_init__(self) -> None:

@@ -56,6 +56,7 @@ Call order, per rank (the trainer does this; see ``components.training.trainer``
 
 from __future__ import annotations
 
+import collections
 import copy
 import hashlib
 import io
@@ -100,6 +101,13 @@ class CheckpointCorruptError(RuntimeError):
 
 class WriterFencedError(RuntimeError):
     """A newer writer generation claimed this job key: this writer must stop writing (permanently)."""
+
+
+class CheckpointRefusedError(ValueError):
+    """A state ``torch.load(weights_only=True)`` refuses to unpickle (a type outside its allow-list,
+    e.g. ``collections.deque`` in a task's state): refused at the save that first holds such a value,
+    and at load for a checkpoint whose bytes are fine (its checksum passed). Permanent: retrying cannot
+    help, and the checkpoint is not skipped as corrupt (that would roll training back)."""
 
 
 STALE_WRITE_AGE_S = 600.0
@@ -288,6 +296,7 @@ class CheckpointManager:
         self.generation: int | None = None
         """This writer's generation once :meth:`claim` ran."""
         self.fenced: WriterFencedError | None = None
+        self._loadable_types: set[type] = set()  # of values a weights_only load was shown to accept
         """Set (for good) once a newer writer generation is seen."""
         self._good: set[int] = set()  # steps known to verify: committed here, or verified once
         self._stager = _Stager()
@@ -390,7 +399,7 @@ class CheckpointManager:
                     _verify(f, size_bytes=meta["size_bytes"], sha256=meta["sha256"], what=key)
                     if load_state and layout.is_state_name(name):
                         state = _torch_load(f, key=key, map_location=map_location)
-            except CheckpointCorruptError:
+            except (CheckpointCorruptError, CheckpointRefusedError):
                 raise
             except ObjectNotFoundError as e:
                 raise CheckpointCorruptError(f"{key} is missing") from e
@@ -469,6 +478,7 @@ class CheckpointManager:
         deadline = None if deadline_s is None else t0 + deadline_s
         if self.fenced is not None:
             return "fenced"
+        self._check_loadable(state)
         if self._in_flight is not None and not self._in_flight.future.done():
             if not blocking:
                 self.stats.skipped_in_flight += 1
@@ -506,6 +516,27 @@ class CheckpointManager:
         if self.fenced is not None:
             return "fenced"
         return "committed" if not timed_out and self.stats.last_committed_step == step else "failed"
+
+    def _check_loadable(self, state: dict[str, Any]) -> None:
+        """Raise :class:`CheckpointRefusedError` if ``torch.load(weights_only=True)`` would refuse
+        ``state``: a checkpoint that commits but can never be loaded would be skipped at every
+        resume (training rolled back). Checked by a round trip of the state with its tensors left
+        out, whenever the state holds a type no earlier save held (the first save, mostly)."""
+        types: set[type] = set()
+        skeleton = _skeleton(state, types)
+        if types <= self._loadable_types:
+            return
+        buf = io.BytesIO()
+        torch.save(skeleton, buf)
+        buf.seek(0)
+        try:
+            torch.load(buf, weights_only=True)
+        except Exception as e:
+            raise CheckpointRefusedError(
+                f"this checkpoint could never be loaded back ({_weights_only_reason(e)}): keep the state to "
+                "tensors, numbers, strings and dicts/lists/tuples of them, or allow its types with "
+                "torch.serialization.add_safe_globals in the task's module") from e
+        self._loadable_types |= types
 
     def ready_for_periodic(self, step: int) -> bool:
         """Whether a periodic save can start at ``step``: no persist (nor the retention after it) is
@@ -766,7 +797,39 @@ def _torch_load(f: BinaryIO, *, key: str, map_location: str | torch.device) -> A
     except Exception as e:
         if _cannot_read_now(e):
             raise CheckpointStorageError(f"{key}: cannot be loaded now: {_describe(e)}") from e
-        raise CheckpointCorruptError(f"{key}: cannot be loaded: {e}") from e
+        if "Unsupported global:" in str(e):  # bytes that passed their checksum name a type the allow-list refuses
+            raise CheckpointRefusedError(
+                f"{key} cannot be loaded by this run ({_weights_only_reason(e)}): allow the type with "
+                "torch.serialization.add_safe_globals in the task's module (or use the torch version "
+                "that wrote it), or start afresh under another --job-key") from e
+        raise CheckpointCorruptError(f"{key}: cannot be loaded: {_describe(e)}") from e
+
+
+def _skeleton(tree: Any, types: set[type]) -> Any:
+    """``tree`` with every tensor replaced by an empty one (what ``weights_only`` judges is the rest);
+    the type of every other node is added to ``types``. dicts, OrderedDicts, lists and tuples (exact
+    types) are rebuilt; any other value is kept whole."""
+    if isinstance(tree, torch.Tensor):
+        return _EMPTY
+    kind = type(tree)
+    types.add(kind)
+    if kind is dict or kind is collections.OrderedDict:  # a module's state_dict() is an OrderedDict
+        return kind((k, _skeleton(v, types)) for k, v in tree.items())
+    if kind is list or kind is tuple:
+        return kind(_skeleton(v, types) for v in tree)
+    return tree
+
+
+_EMPTY = torch.empty(0)
+
+
+def _weights_only_reason(e: BaseException) -> str:
+    """The line of torch's ``weights_only`` refusal that names the type (torch/_weights_only_unpickler.py
+    prints it as ``WeightsUnpickler error: Unsupported global: GLOBAL <type> ...``), else the first."""
+    for line in str(e).splitlines():
+        if "WeightsUnpickler error:" in line:
+            return line.split("WeightsUnpickler error:", 1)[1].strip().split(" was not an allowed", 1)[0][:200]
+    return _describe(e)
 
 
 def _describe(e: BaseException) -> str:

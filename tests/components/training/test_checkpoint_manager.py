@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from components.training.checkpoint import layout
-from components.training.checkpoint.manager import CheckpointManager, RetryPolicy
+from components.training.checkpoint.manager import CheckpointManager, CheckpointRefusedError, RetryPolicy
 from trainflow.storage import CheckpointStorageError, read_bytes, write_bytes
 from trainflow.storage.local import LocalStorage
 
@@ -176,3 +176,29 @@ def test_retention_keeps_last_k_and_removes_leftovers(storage) -> None:
 def test_keep_last_k_must_be_positive(storage) -> None:
     with pytest.raises(ValueError, match="keep_last_k must be >= 1"):
         CheckpointManager(storage, keep_last_k=0)
+
+
+def test_a_state_weights_only_refuses_is_refused_at_save_and_at_load(storage) -> None:
+    """Review (2026-11-29): a state holding a type outside ``torch.load(weights_only=True)``'s
+    allow-list committed fine, and every resume skipped it as corrupt (rolled training back to an
+    older checkpoint, or to step 0). Now the save that first holds it is refused, and a checkpoint
+    written that way (an older trainer, another torch) fails the load in one line, not skipped."""
+    import collections
+
+    mgr = CheckpointManager(storage)
+    mgr.claim()
+    _save_all(mgr, [10])
+    bad = {**_state(20), "task_state": {"recent": collections.deque([1.0])}}
+    with pytest.raises(CheckpointRefusedError, match=r"^this checkpoint could never be loaded back \(Unsupported "
+                                                      r"global: GLOBAL collections\.deque\): keep the state"):
+        mgr.save(20, bad, blocking=True)
+    assert mgr.committed_steps() == [10]  # nothing written for it
+    assert mgr.save(30, _state(30), blocking=True) == "committed"  # the check passed once: cached, still checked
+    mgr._loadable_types.add(collections.deque)  # as a trainer without the check wrote it
+    assert mgr.save(40, bad, blocking=True) == "committed"
+    mgr.close()
+    with pytest.raises(CheckpointRefusedError) as refused:
+        CheckpointManager(storage).load_latest()
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("step-0000000040/")
+    assert "(Unsupported global: GLOBAL collections.deque): allow the type with torch.serialization" in message

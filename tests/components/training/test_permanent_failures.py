@@ -55,6 +55,43 @@ def test_resume_refuses_a_checkpoint_of_another_dataset_or_model(digits_dataset,
     assert "was written for another model small_cnn (this run: resnet18)" in model.stderr.strip().splitlines()[-1]
 
 
+def test_resume_refuses_another_optimizer_and_follows_a_change_of_mixed_precision(digits_dataset, tmp_path) -> None:
+    """Review (2026-11-29): a resume with another --optimizer loaded SGD's state into AdamW (or failed
+    with a traceback, retried until torchrun gave up); one with --amp fp16 over a checkpoint saved
+    without it died on the grad scaler's empty state (RuntimeError, exit 1)."""
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(_train(digits_dataset, tmp_path, *extra, key="optim"), capture_output=True, text=True,
+                              timeout=240)
+
+    first = run("--max-steps", "5")
+    assert first.returncode == 0, first.stderr[-2000:]
+    adamw = run("--max-steps", "10", "--optimizer", "adamw")
+    assert adamw.returncode == 2 and "Traceback" not in adamw.stderr, adamw.stderr[-2000:]
+    last = adamw.stderr.strip().splitlines()[-1]
+    assert "was written for another optimizer SGD (this run: AdamW)" in last, last
+    fp16 = run("--max-steps", "10", "--amp", "fp16")
+    assert fp16.returncode == 0, fp16.stderr[-2000:]
+    assert "was saved without --amp fp16: the loss scale starts afresh" in fp16.stderr
+    back = run("--max-steps", "15")  # and back: the fp16 checkpoint's loss scale is left behind
+    assert back.returncode == 0, back.stderr[-2000:]
+
+
+def test_a_task_state_that_could_never_be_loaded_back_fails_at_its_first_save(digits_dataset, tmp_path) -> None:
+    """Review (2026-11-29): a task whose state holds a ``collections.deque`` trained and committed
+    checkpoints that every resume then skipped as corrupt (rolling training back to step 0)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.run([sys.executable, "-m", "components.training", "--task",
+                          "tests.trainflow.example_tasks:WithDequeState", "--checkpoint-uri", str(tmp_path / "ckpt"),
+                          "--job-key", "deque", "--epochs", "1", "--global-batch-size", "16", "--threads-per-rank", "1",
+                          "--checkpoint-interval-steps", "2", "--max-steps", "4"],
+                         capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("trainflow: this checkpoint could never be loaded back (Unsupported global: GLOBAL "
+                           "collections.deque)"), last
+    assert CheckpointManager(LocalStorage(str(tmp_path / "ckpt" / "deque"))).committed_steps() == []
+
+
 def _failed_ranks(stderr: str) -> int:
     """Workers that printed their permanent failure (one line each, ``trainflow: ...``). The ranks
     share stderr: each line must be written whole (print() wrote text and newline apart, and two
