@@ -4,7 +4,9 @@ Visibility is atomic per object: S3 shows an object only once its PUT or Complet
 returns, so a writer killed mid-upload leaves nothing visible (an unfinished multipart upload is
 aborted by boto3 on error and otherwise expires through the bucket's lifecycle rules).
 ``create_only`` uses a conditional PUT (``If-None-Match: *``), supported by AWS S3 since 2024 and by
-MinIO since RELEASE.2023-02 (minio/minio#16551).
+MinIO since RELEASE.2023-02 (minio/minio#16551). Servers that ignore the header (older Ceph RGW,
+some gateways) are refused by :meth:`S3Storage.check`, which probes it: on them writer fencing
+would silently stop working.
 
 Endpoint: ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, else an ``endpoint`` file in the Secret
 folder below, else AWS. Credentials (first found wins), never frozen for the life of the job:
@@ -190,8 +192,9 @@ class S3Storage:
 
     def check(self, *, write: bool = True) -> None:
         """The bucket answers and these credentials may write and delete under the prefix (a real
-        PUT + DELETE of a probe object: ``head_bucket`` alone passes with a read-only policy).
-        ``write=False``: only that the bucket answers to these credentials (``head_bucket``), for
+        PUT + DELETE of a probe object: ``head_bucket`` alone passes with a read-only policy), and
+        the endpoint honours create-only writes (a probe key PUT twice with ``If-None-Match: *``:
+        the second must fail, or writer fencing could not work). ``write=False``: only that the bucket answers to these credentials (``head_bucket``), for
         readers, which must neither need write access nor leave objects in a dataset's prefix.
 
         Raises:
@@ -209,6 +212,8 @@ class S3Storage:
             self._client.put_object(Bucket=self.bucket, Key=probe, Body=b"")
             action = "deleting a probe object from"
             self._client.delete_object(Bucket=self.bucket, Key=probe)
+            action = "writing a create-only probe object to"
+            self._check_create_only()
         except ClientError as e:
             code = e.response.get("Error", {}).get("Code", "")
             if code in ("404", "NoSuchBucket"):
@@ -218,6 +223,35 @@ class S3Storage:
             raise self._error(action, e) from e
         except BotoCoreError as e:
             raise CheckpointStorageError(f"S3 endpoint unreachable for {self._where()}: {_describe(e)}") from e
+
+    def _check_create_only(self) -> None:
+        """Write one probe key create-only twice: the second write must be refused (412). Servers that
+        ignore ``If-None-Match`` (older Ceph RGW, some gateways) accept both, and then two writers
+        can claim one writer generation. The probe is deleted either way."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        probe = self._key(f".trainflow-create-only-probe-{uuid.uuid4().hex}")
+        unsupported = CheckpointStorageError(
+            f"S3 endpoint {self.settings.endpoint_url or 'AWS S3'} does not support create-only writes "
+            f"(If-None-Match: *, checked under {self.uri}), so writer fencing cannot work: use AWS S3, "
+            "MinIO or another endpoint that honours conditional PUTs")
+        try:
+            try:
+                self._client.put_object(Bucket=self.bucket, Key=probe, Body=b"", IfNoneMatch="*")
+            except ClientError as e:
+                if _code(e) in ("NotImplemented", "501"):
+                    raise unsupported from None  # no cause: permanent (a 501 would read as a transient 5xx)
+                raise
+            try:
+                self._client.put_object(Bucket=self.bucket, Key=probe, Body=b"", IfNoneMatch="*")
+            except ClientError as e:
+                if _code(e) not in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                    raise
+            else:
+                raise unsupported
+        finally:
+            with contextlib.suppress(BotoCoreError, ClientError):  # a failing delete was found by the write probe
+                self._client.delete_object(Bucket=self.bucket, Key=probe)
 
     @contextlib.contextmanager
     def open_write(self, key: str, *, create_only: bool = False) -> Iterator[BinaryIO]:
@@ -316,6 +350,11 @@ class S3Storage:
         except (BotoCoreError, ClientError) as e:
             raise self._error("listing unfinished uploads of", e) from e
         return aborted
+
+
+def _code(e: Exception) -> str:
+    """The S3 error code of a botocore ``ClientError`` (``"PreconditionFailed"``, ``"412"``, ...)."""
+    return str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
 
 
 def _describe(e: Exception) -> str:

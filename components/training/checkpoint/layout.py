@@ -11,7 +11,8 @@
 Steps and generations are zero-padded so lexicographic listing (S3 ``ListObjectsV2``) equals numeric
 order. Each writer generation names its own state file, so two writers of one step never overwrite
 each other's bytes, and a manifest always describes the file its writer wrote. Checkpoints written
-before generations existed hold ``state.pt`` (still loaded).
+before generations existed hold ``state.pt`` (still loaded). A manifest lists plain file names of its
+own step folder only (no ``/``, ``.`` or ``..``); one that names anything else is corrupt.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ WRITERS_PREFIX = "writers/"
 _STEP_RE = re.compile(r"^step-(\d{10})/")
 _WRITER_RE = re.compile(r"^writers/g(\d{10})\.json$")
 _STATE_RE = re.compile(r"^state(-g\d{10})?\.pt$")
+_MANIFEST_RE = re.compile(r"step-\d{10}/MANIFEST\.json")
 
 
 def step_prefix(step: int) -> str:
@@ -64,6 +66,16 @@ def parse_step(key: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def is_manifest_key(key: str) -> bool:
+    """Whether ``key`` is a step's manifest (``step-0000000120/MANIFEST.json``, nothing nested)."""
+    return bool(_MANIFEST_RE.fullmatch(key))
+
+
+def is_plain_name(name: object) -> bool:
+    """A file name a manifest may list: a non-empty string without ``/``, not ``.`` or ``..``."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name
+
+
 def validate_manifest(manifest: object) -> dict:
     """Return ``manifest`` if it has the fields a loader relies on, else raise ``ValueError``."""
     if not isinstance(manifest, dict):
@@ -74,6 +86,8 @@ def validate_manifest(manifest: object) -> dict:
     if not isinstance(files, dict) or sum(is_state_name(n) for n in files) != 1:
         raise ValueError("manifest lists no state file (or more than one)")
     for name, meta in files.items():
+        if not is_plain_name(name):
+            raise ValueError(f"manifest lists {name!r}, not a plain file name")
         if not (isinstance(meta, dict) and isinstance(meta.get("size_bytes"), int) and isinstance(meta.get("sha256"), str)):
             raise ValueError(f"manifest entry for {name!r} lacks size_bytes/sha256")
     if not isinstance(manifest.get("step"), int):

@@ -33,7 +33,9 @@ good — committed by this manager, or verified (sizes + SHA-256) once — never
 than its own newest commit, and deletes checkpoints found corrupt; deleting removes the manifest
 first, so a half-deleted checkpoint is never seen as committed. Leftovers of interrupted writes (local temp
 files, unfinished S3 multipart uploads) are removed when the writer claims the key and, once old,
-at every retention.
+at every retention. Listed keys that are no valid storage key (``step-0000000001//notes.txt``, legal
+on S3) are not ours: they are ignored (logged once), never read or deleted. Any other failure in
+retention is logged as an error and the next retention tries again.
 
 **Writer fencing.** Rank 0 of one worker group is the only writer *within* a job, but a job key can
 gain a second writer (a run resubmitted while the old one still saves on SIGTERM, an orphaned
@@ -89,6 +91,7 @@ from trainflow.storage import (
     ObjectExistsError,
     ObjectNotFoundError,
     read_bytes,
+    validate_key,
     write_bytes,
 )
 
@@ -305,6 +308,7 @@ class CheckpointManager:
         self._in_flight: _InFlight | None = None
         self._lock = threading.Lock()
         self._hurry = threading.Event()  # a blocking save waits: the running retention stops early
+        self._foreign_keys: set[str] = set()  # listed keys that are no valid storage key (logged once each)
 
     # ------------------------------------------------------------------------ writer fencing
     def claim(self) -> int:
@@ -333,8 +337,23 @@ class CheckpointManager:
         return generation
 
     def _newest_generation(self) -> int:
-        return max((g for k in self.storage.list(layout.WRITERS_PREFIX) if (g := layout.parse_writer(k)) is not None),
+        return max((g for k in self._list(layout.WRITERS_PREFIX) if (g := layout.parse_writer(k)) is not None),
                    default=0)
+
+    def _list(self, prefix: str) -> list[str]:
+        """``storage.list(prefix)`` without keys that are no valid storage key (``step-1//notes.txt``
+        is legal on S3): no writer of ours made them, and deleting or reading them would fail. Each
+        is logged once and left alone, never deleted."""
+        keys = []
+        for k in self.storage.list(prefix):
+            try:
+                keys.append(validate_key(k))
+            except ValueError:
+                if k not in self._foreign_keys:
+                    self._foreign_keys.add(k)
+                    log.info("ignoring object %r under %s: not a valid storage key, so not a checkpoint's; "
+                             "it is left alone", k, self.storage.uri)
+        return keys
 
     def check_fence(self) -> None:
         """Raise :class:`WriterFencedError` if a newer writer generation claimed the key."""
@@ -352,8 +371,8 @@ class CheckpointManager:
         """Steps whose manifest exists, newest first (manifests are not validated here)."""
         steps = {
             layout.parse_step(k)
-            for k in self.storage.list("step-")
-            if k.endswith("/" + layout.MANIFEST_NAME)
+            for k in self._list("step-")
+            if layout.is_manifest_key(k)
         }
         return sorted((s for s in steps if s is not None), reverse=True)
 
@@ -394,6 +413,10 @@ class CheckpointManager:
         state = None
         for name, meta in manifest["files"].items():
             key = f"{prefix}/{name}"
+            try:
+                validate_key(key)
+            except ValueError as e:  # the manifest names something no writer of ours wrote
+                raise CheckpointCorruptError(f"{prefix}: bad manifest: {e}") from e
             try:
                 with self.storage.open_read(key) as f:
                     _verify(f, size_bytes=meta["size_bytes"], sha256=meta["sha256"], what=key)
@@ -664,7 +687,7 @@ class CheckpointManager:
         assert self.generation is not None
         prefix = layout.step_prefix(step)
         self.check_fence()
-        if self.storage.list(layout.manifest_key(step)):
+        if layout.manifest_key(step) in self._list(layout.manifest_key(step)):
             size = self._existing_commit(step, ours=None)
             if size is not None:
                 return size
@@ -722,10 +745,11 @@ class CheckpointManager:
             self.check_fence()
         if not self.has_good(step):
             log.warning("step %d holds a corrupt checkpoint of writer generation %s: replacing it", step, owner)
-            keys = self.storage.list(layout.step_prefix(step) + "/")
-            manifest = [k for k in keys if k.endswith("/" + layout.MANIFEST_NAME)]
+            keys = self._list(layout.step_prefix(step) + "/")
+            manifest = [k for k in keys if k == layout.manifest_key(step)]
             self.storage.delete(manifest)  # un-commit first
-            self.storage.delete([k for k in keys if k not in manifest and not k.endswith("/" + (ours or "-"))])
+            keep = f"{layout.step_prefix(step)}/{ours}" if ours is not None else None
+            self.storage.delete([k for k in keys if k not in manifest and k != keep])
             return None
         if ours is not None:
             self.storage.delete([f"{layout.step_prefix(step)}/{ours}"])
@@ -746,14 +770,14 @@ class CheckpointManager:
         next retention finishes the job): a slow store never holds up the SIGTERM or final save."""
         try:
             self.check_fence()
-            keys = self.storage.list("step-")
+            keys = self._list("step-")
             by_step: dict[int, list[str]] = {}
             for k in keys:
                 s = layout.parse_step(k)
                 if s is not None:
                     by_step.setdefault(s, []).append(k)
             committed = sorted(
-                (s for s, ks in by_step.items() if any(k.endswith("/" + layout.MANIFEST_NAME) for k in ks)),
+                (s for s, ks in by_step.items() if any(layout.is_manifest_key(k) for k in ks)),
                 reverse=True,
             )
             keep, corrupt = {newest_own}, set()
@@ -778,7 +802,7 @@ class CheckpointManager:
                 if self._hurried():
                     return
                 self.check_fence()
-                manifest = [k for k in ks if k.endswith("/" + layout.MANIFEST_NAME)]
+                manifest = [k for k in ks if layout.is_manifest_key(k)]
                 self.storage.delete(manifest)  # un-commit first
                 self.storage.delete([k for k in ks if k not in manifest])
             self.storage.cleanup_incomplete(older_than_s=STALE_WRITE_AGE_S)
@@ -786,6 +810,9 @@ class CheckpointManager:
             log.error("checkpoint retention skipped: %s", e)
         except CheckpointStorageError as e:
             log.warning("checkpoint retention skipped: %s", e)
+        except Exception as e:  # a bug or an unexpected store: never lost in the background future
+            log.error("checkpoint retention failed: %s", _describe(e))
+            log.debug("checkpoint retention failure", exc_info=True)
 
 
 def _torch_load(f: BinaryIO, *, key: str, map_location: str | torch.device) -> Any:

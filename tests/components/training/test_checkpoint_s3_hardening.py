@@ -171,3 +171,26 @@ def test_a_dataset_prefix_is_read_with_read_only_credentials_and_nothing_is_writ
     assert source.read("a/0.png") == b"img"
     keys = [o["Key"] for o in admin.list_objects_v2(Bucket=s3_bucket, Prefix="data/").get("Contents", [])]
     assert keys == ["data/a/0.png", "data/b/1.png"]
+
+
+def _bucket_keys(s3_server, bucket: str) -> list[str]:
+    return [o["Key"] for o in s3_server.client().list_objects_v2(Bucket=bucket).get("Contents", [])]
+
+
+def test_check_probes_create_only_writes_and_leaves_no_key_behind(s3_server, s3_bucket) -> None:
+    storage = _storage(s3_server, f"s3://{s3_bucket}/ckpt/job")
+    storage.check()  # MinIO honours If-None-Match: *
+    assert _bucket_keys(s3_server, s3_bucket) == []
+
+
+def test_check_refuses_an_endpoint_that_ignores_if_none_match(s3_server, s3_bucket, monkeypatch) -> None:
+    """An older Ceph RGW or a gateway that drops the header: both create-only PUTs succeed, so two
+    writers could claim one generation. Simulated by stripping the header on the way to MinIO."""
+    storage = _storage(s3_server, f"s3://{s3_bucket}/ckpt/job")
+    put_object = storage._client.put_object
+    monkeypatch.setattr(storage._client, "put_object",
+                        lambda **kw: put_object(**{k: v for k, v in kw.items() if k != "IfNoneMatch"}))
+    with pytest.raises(CheckpointStorageError, match=rf"^S3 endpoint {s3_server.endpoint_url} does not support "
+                                                     r"create-only writes .*fencing cannot work"):
+        storage.check()
+    assert _bucket_keys(s3_server, s3_bucket) == []
