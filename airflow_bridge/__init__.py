@@ -63,7 +63,8 @@ def get_provider_info() -> dict[str, Any]:
                 "conn-fields": {
                     "ui_url": _string(
                         "KFP UI URL",
-                        "Base URL of the KFP UI for run links (default: the API URL), or a pattern with "
+                        "Base URL of the KFP UI for run links (default: the API URL, which serves no UI "
+                        "when it is an in-cluster *.svc address), or a pattern with "
                         "{run_id} and {namespace}, e.g. https://kf.example.com/_/pipeline/?ns={namespace}"
                         "#/runs/details/{run_id}",
                     ),
@@ -72,12 +73,13 @@ def get_provider_info() -> dict[str, Any]:
                     ),
                     "auth_mode": {
                         "label": "Auth mode",
-                        "description": "none; bearer_token (token in Password); sa_token_file (projected "
-                        "ServiceAccount token, re-read on every request)",
+                        "description": "empty: bearer_token when Password holds a token, else none; "
+                        "none; bearer_token (token in Password); sa_token_file (projected ServiceAccount "
+                        "token, re-read on every request). none with a token in Password is refused",
+                        # no default: a stored "none" would override a token typed into Password
                         "schema": {
                             "type": ["string", "null"],
-                            "enum": ["none", "bearer_token", "sa_token_file"],
-                            "default": "none",
+                            "enum": ["none", "bearer_token", "sa_token_file", None],
                         },
                     },
                     "sa_token_path": _string(

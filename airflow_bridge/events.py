@@ -19,6 +19,7 @@ plugin simply shows none).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypedDict
@@ -121,8 +122,52 @@ def run_error_message(run: dict[str, Any]) -> str:
     )
 
 
-def payload_for_run(run: dict[str, Any], *, url: str) -> TriggerEventPayload:
+#: Error messages that say a run was stopped, not that it failed: Argo's message for a Workflow
+#: shut down by ``argo terminate`` / ``argo stop`` (``Stopped with strategy 'Terminate'``; older
+#: Argo: ``workflow shutdown with strategy: Terminate``). Argo's "Step exceeded its deadline" is
+#: not one of them: a step's own ``activeDeadlineSeconds`` (a real timeout) reads the same.
+_TERMINATED_MESSAGE = re.compile(
+    r"stopped with strategy\W+(terminate|stop)\b|workflow shutdown with strategy\W+(terminate|stop)\b",
+    re.IGNORECASE,
+)
+
+
+def _error_messages(run: dict[str, Any]) -> list[str]:
+    """The run's own error message, those of its ``state_history`` entries and of its tasks."""
+    found = [(run.get("error") or {}).get("message")]
+    found += [(entry.get("error") or {}).get("message") for entry in run.get("state_history") or []
+              if isinstance(entry, dict)]
+    details = (run.get("run_details") or {}).get("task_details") or []
+    found += [(task.get("error") or {}).get("message") for task in details if isinstance(task, dict)]
+    return [str(m) for m in found if m]
+
+
+def terminated_while_failed(run: dict[str, Any], *, canceling_seen: bool = False) -> bool:
+    """True when ``run`` ended FAILED because it was terminated (pure).
+
+    KFP 2.14 terminates a run by setting it CANCELING and patching its Argo Workflow with
+    ``activeDeadlineSeconds: 0``; Argo fails the Workflow and the run ends FAILED, not CANCELED
+    (docs/airflow.md, "Local server vs real KFP"). ``TerminateRun`` itself writes no CANCELING
+    entry to ``state_history``, so a FAILED run counts as terminated when any of these holds:
+    ``canceling_seen`` (a read of it while it was waited for said CANCELING), a CANCELING entry in
+    its ``state_history`` (written when the persistence agent reported the Workflow while it was
+    terminating), or an error message of Argo's for a stopped Workflow (:data:`_TERMINATED_MESSAGE`).
+    """
+    if RunState.parse(run.get("state")) is not RunState.FAILED:
+        return False
+    if canceling_seen:
+        return True
+    history = run.get("state_history") or []
+    if any(isinstance(e, dict) and RunState.parse(e.get("state")) is RunState.CANCELING for e in history):
+        return True
+    return any(_TERMINATED_MESSAGE.search(message) for message in _error_messages(run))
+
+
+def payload_for_run(run: dict[str, Any], *, url: str, canceling_seen: bool = False) -> TriggerEventPayload:
     """Build the event for a run in a terminal state.
+
+    A FAILED run that was terminated (:func:`terminated_while_failed`; ``canceling_seen``: a read
+    of it said CANCELING) is reported ``canceled``, with its state left FAILED.
 
     Raises:
         ValueError: if the run is not in a terminal state.
@@ -131,6 +176,16 @@ def payload_for_run(run: dict[str, Any], *, url: str) -> TriggerEventPayload:
     if state not in _STATUS_FOR_STATE:
         raise ValueError(f"run {run.get('run_id')} is not in a terminal state ({state.value})")
     status = _STATUS_FOR_STATE[state]
+    if terminated_while_failed(run, canceling_seen=canceling_seen):
+        status = EventStatus.CANCELED
+        return TriggerEventPayload(
+            status=status.value,
+            run_id=str(run.get("run_id")),
+            state=state.value,
+            message=f"KFP run {run.get('run_id')} was terminated (KFP reports a terminated run FAILED): "
+            f"{run_error_message(run)}",
+            url=url,
+        )
     message = (
         f"KFP run {run.get('run_id')} succeeded" if status is EventStatus.SUCCESS else run_error_message(run)
     )

@@ -8,6 +8,8 @@ duplicates). Airflow 2 is refused with a one-line error.
 
 from __future__ import annotations
 
+from typing import Any
+
 from airflow import __version__ as AIRFLOW_VERSION
 from packaging.version import Version
 
@@ -38,6 +40,29 @@ from airflow.sdk.execution_time.xcom import XCom  # noqa: E402
 from airflow.triggers.base import BaseTrigger, TriggerEvent  # noqa: E402
 
 
+async def task_instance_is_deferred(ti: Any) -> bool:
+    """Whether Airflow still has the task instance ``ti`` (a trigger's ``task_instance``) DEFERRED.
+
+    Read through the triggerer's supervisor channel, as the standard provider's ``WorkflowTrigger``
+    reads task states (``RuntimeTaskInstance.get_ti_count`` in a thread: ``sync_to_async``).
+
+    Raises:
+        Exception: whatever the read raises (e.g. ``RuntimeError``/``AttributeError`` outside a
+            triggerer, where there is no supervisor channel; an API error from the supervisor).
+    """
+    from airflow.sdk.execution_time.task_runner import RuntimeTaskInstance
+    from asgiref.sync import sync_to_async
+
+    count = await sync_to_async(RuntimeTaskInstance.get_ti_count)(
+        dag_id=ti.dag_id,
+        task_ids=[ti.task_id],
+        run_ids=[ti.run_id],
+        map_index=ti.map_index,
+        states=["deferred"],
+    )
+    return int(count) > 0
+
+
 def default_deferrable() -> bool:
     """``[operators] default_deferrable`` from the Airflow configuration (False if unset)."""
     return conf.getboolean("operators", "default_deferrable", fallback=False)
@@ -62,4 +87,5 @@ __all__ = [
     "conf",
     "default_deferrable",
     "redact",
+    "task_instance_is_deferred",
 ]

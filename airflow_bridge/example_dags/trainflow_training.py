@@ -76,7 +76,15 @@ def _pipeline_parameters() -> dict[str, PipelineParameter]:
 
 
 def _literal(value: Any) -> str:
-    """``value`` as a Jinja literal (JSON literals are Jinja literals)."""
+    """``value`` as a Jinja literal. JSON scalars are Jinja literals, but JSON's ``null`` is not
+    (Jinja knows ``none``; an unknown name fails the render with UndefinedError). A missing default
+    (``None``) renders as an empty string: the operator then passes ``""``, or names the parameter
+    in a one-line error when its type is not a string. A list or dict default becomes its JSON text
+    (a Jinja string), which the operator parses back (nested ``None`` included)."""
+    if value is None:
+        return '""'
+    if isinstance(value, list | dict):
+        return json.dumps(json.dumps(value))
     return json.dumps(value)
 
 

@@ -9,7 +9,12 @@ retry rules live here once:
   /runs`` may come from a proxy after KFP stored the run, so it is not sent again: the operator
   looks the run up by its marker instead;
 * never retried: every other 4xx. 401/403 raise :class:`KfpAuthError` with a message saying which
-  auth mode was used, 404 raises :class:`KfpNotFoundError`.
+  auth mode was used, 404 raises :class:`KfpNotFoundError`. A 3xx (httpx follows no redirects: an
+  oauth2-proxy/Dex gateway sends a request without a valid token to its login page) raises
+  :class:`KfpAuthError` too, so the task fails without retries.
+
+Error messages are one line: a JSON error's ``message``, or the text of an HTML page (a proxy's 502)
+with its tags stripped, whitespace collapsed and the length capped.
 
 Endpoints and fields follow ``backend/api/v2beta1/{run,experiment,pipeline,filter}.proto`` of
 kubeflow/pipelines (the ``kfp-server-api`` client is generated from the same protos).
@@ -17,12 +22,15 @@ kubeflow/pipelines (the ``kfp-server-api`` client is generated from the same pro
 
 from __future__ import annotations
 
+import html
 import json
 import random
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -211,24 +219,56 @@ def terminate_run(run_id: str) -> ApiCall:
 
 
 # -- responses -------------------------------------------------------------------------------
+#: Characters kept of an error body that is not JSON (a proxy's HTML page), once reduced to text.
+MAX_PAGE_MESSAGE_CHARS = 200
+_HIDDEN_HTML = re.compile(r"<(script|style|head)\b[^>]*>.*?</\1\s*>", re.IGNORECASE | re.DOTALL)
+_HTML_TAG = re.compile(r"<[^>]*>")
+_WHITESPACE = re.compile(r"\s+")
+#: Words in a redirect's target that mark a login page (oauth2-proxy, Dex, Keycloak, Istio's ext-authz).
+_LOGIN_TARGET = re.compile(r"oauth|login|signin|sign_in|auth|dex|sso|openid", re.IGNORECASE)
+
+
+def one_line(text: str, limit: int = MAX_SERVER_MESSAGE_CHARS) -> str:
+    """``text`` on one line: whitespace runs collapsed, cut to ``limit`` characters (with "...")."""
+    flat = _WHITESPACE.sub(" ", text).strip()
+    return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
+
+
+def page_text(body: str) -> str:
+    """The readable text of an HTML error page (nginx's or Istio's 502 page) on one short line:
+    scripts, styles and the head dropped, tags stripped, entities decoded, whitespace collapsed."""
+    text = _HTML_TAG.sub(" ", _HIDDEN_HTML.sub(" ", body))
+    return one_line(html.unescape(text), MAX_PAGE_MESSAGE_CHARS)
+
+
 def _server_message(response: httpx.Response) -> str:
     try:
         body = response.json()
     except ValueError:
-        return response.text.strip()[:MAX_SERVER_MESSAGE_CHARS]
+        text = response.text
+        return page_text(text) if "<" in text else one_line(text, MAX_PAGE_MESSAGE_CHARS)
     if isinstance(body, dict):
         # google.rpc.Status (grpc-gateway) or, from KFP's upload routes, {"error_message", "error_details"}
         text = body.get("message") or body.get("error_message") or body.get("error") or json.dumps(body)
     else:
         text = json.dumps(body)
-    return str(text).strip()[:MAX_SERVER_MESSAGE_CHARS]
+    return one_line(str(text))
+
+
+def _redirect_target(response: httpx.Response) -> str:
+    """The redirect's ``Location`` without its query and fragment (they carry state, not meaning)."""
+    location = response.headers.get("location", "")
+    parts = urlsplit(location)
+    return f"{parts.scheme}://{parts.netloc}{parts.path}" if parts.netloc else parts.path
 
 
 def decode(response: httpx.Response, call: ApiCall, *, auth_mode: str = "") -> dict[str, Any]:
     """Return the JSON body of a 2xx response, or raise the matching error.
 
     Raises:
-        KfpAuthError: 401/403, naming the auth mode that was used.
+        KfpAuthError: 401/403, naming the auth mode that was used; a 3xx redirect (an oauth2-proxy
+            or Dex gateway sending a request without a valid token to its login page), naming its
+            target. Neither is retried.
         KfpNotFoundError: 404.
         KfpApiError: any other non-2xx status (``status_code`` set), or a 2xx body that is not JSON.
     """
@@ -246,8 +286,22 @@ def decode(response: httpx.Response, call: ApiCall, *, auth_mode: str = "") -> d
                 url=url,
             ) from err
         return body if isinstance(body, dict) else {"value": body}
-    message = _server_message(response)
     status = response.status_code
+    if response.is_redirect or 300 <= status < 400:
+        target = _redirect_target(response) or "(no Location)"
+        why = (
+            "the gateway redirected to a login page: token missing or expired"
+            if _LOGIN_TARGET.search(target)
+            else "the API URL may be wrong (e.g. http for https) or a gateway wants a login"
+        )
+        raise KfpAuthError(
+            f"KFP API {call.method} {call.path} answered HTTP {status} to {target}: {why} "
+            f"(auth mode '{auth_mode or 'none'}'); check the connection's host and token",
+            status_code=status,
+            method=call.method,
+            url=url,
+        )
+    message = _server_message(response)
     text = f"KFP API {call.method} {call.path} answered HTTP {status}: {message}"
     if status in (401, 403):
         raise KfpAuthError(

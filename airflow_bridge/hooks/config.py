@@ -11,10 +11,13 @@ host               KFP API base URL, e.g. ``http://127.0.0.1:8888`` or
 password           bearer token (auth mode ``bearer_token``)
 extra.ui_url       KFP UI base URL for run links (default: the API URL). May be a pattern with
                    ``{run_id}`` and ``{namespace}``, e.g. the Kubeflow Central Dashboard form
-                   ``https://kf.example.com/_/pipeline/?ns={namespace}#/runs/details/{run_id}``
+                   ``https://kf.example.com/_/pipeline/?ns={namespace}#/runs/details/{run_id}``.
+                   An in-cluster API URL (``*.svc``, ``*.svc.<cluster domain>``) serves no UI: the
+                   hooks warn once when such a connection has no ui_url
 extra.namespace    Kubernetes namespace (profile) for multi-user Kubeflow
-extra.auth_mode    ``none`` | ``bearer_token`` | ``sa_token_file`` (default: ``bearer_token``
-                   when a password is set, else ``none``)
+extra.auth_mode    ``none`` | ``bearer_token`` | ``sa_token_file`` (empty: ``bearer_token``
+                   when a password is set, else ``none``); ``none`` with a password set is
+                   refused (:class:`KfpConfigError`) rather than silently not sending the token
 extra.sa_token_path projected ServiceAccount token file, re-read on every request
                    (default ``/var/run/secrets/kubeflow/pipelines/token``, as kfp's
                    ``ServiceAccountTokenVolumeCredentials``); it must lie in one of the
@@ -200,6 +203,13 @@ class KfpConnectionConfig:
             api_url = f"{scheme}://{host}" + (f":{conn.port}" if conn.port else "")
         token = conn.password or extra.get("token") or ""
         auth_mode = extra.get("auth_mode") or (AuthMode.BEARER_TOKEN if token else AuthMode.NONE)
+        if auth_mode == AuthMode.NONE and token:
+            # The form's old default stored "none" next to a token typed into Password: refuse
+            # rather than silently never send it.
+            raise KfpConfigError(
+                f"connection {conn.conn_id!r} has auth_mode 'none' but a token in Password; set auth_mode "
+                "to bearer_token (or leave it empty to use the token), or clear the password"
+            )
         kwargs: dict[str, Any] = {
             "api_url": api_url,
             "ui_url": str(extra.get("ui_url") or ""),
@@ -235,6 +245,23 @@ class KfpConnectionConfig:
         return (
             f"the KFP connection sends a bearer token ({self.auth_mode.value}) over plain http to {host}; "
             "anyone on the network path can read it -- use an https:// API URL"
+        )
+
+    def ui_url_warning(self) -> str | None:
+        """A warning when run links would point at an in-cluster API service, else ``None``.
+
+        Without ``ui_url`` links are built on the API URL; ``ml-pipeline.<ns>.svc[.cluster.local]``
+        serves the REST API only, so such a link opens nothing.
+        """
+        if self.ui_url:
+            return None
+        host = (urlsplit(self.api_url).hostname or "").lower()
+        if not (host.endswith(".svc") or ".svc." in host):
+            return None
+        return (
+            f"the KFP connection has no ui_url and its API host {host} is an in-cluster service that serves "
+            "no UI, so run links will not open; set ui_url to the KFP UI, e.g. "
+            "https://kubeflow.example.com/_/pipeline/?ns={namespace}#/runs/details/{run_id}"
         )
 
     def auth_headers(self) -> dict[str, str]:

@@ -203,6 +203,7 @@ class _HookBase(BaseHook):
         self._config = config
         self._rng = random.Random()
         self._warned_cleartext = False
+        self._warned_ui_url = False
 
     def _wait(self, retry_state: tenacity.RetryCallState) -> float:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
@@ -224,6 +225,12 @@ class _HookBase(BaseHook):
         if not self._warned_cleartext and (warning := cfg.cleartext_token_warning()):
             self.log.warning("%s", warning)
         self._warned_cleartext = True
+
+    def _warn_ui_url(self, cfg: KfpConnectionConfig) -> None:
+        """Log :meth:`KfpConnectionConfig.ui_url_warning` once per hook (links on an in-cluster API URL)."""
+        if not self._warned_ui_url and (warning := cfg.ui_url_warning()):
+            self.log.warning("%s", warning)
+        self._warned_ui_url = True
 
     def _log_retry(self, retry_state: tenacity.RetryCallState) -> None:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
@@ -589,8 +596,11 @@ class KfpHook(_HookBase):
             self._sleep(delay)
 
     def run_url(self, run_id: str, namespace: str | None = None) -> str:
-        """The run's page in the KFP UI (:meth:`KfpConnectionConfig.run_url`)."""
-        return self.config.run_url(run_id, namespace)
+        """The run's page in the KFP UI (:meth:`KfpConnectionConfig.run_url`); warns once when the
+        connection has no ``ui_url`` and its API URL is an in-cluster service, which serves no UI."""
+        cfg = self.config
+        self._warn_ui_url(cfg)
+        return cfg.run_url(run_id, namespace)
 
 
 class KfpAsyncHook(_HookBase):
@@ -716,4 +726,7 @@ class KfpAsyncHook(_HookBase):
                 await self._sleep(delay)
 
     async def run_url(self, run_id: str, namespace: str | None = None) -> str:
-        return (await self.get_config()).run_url(run_id, namespace)
+        """As :meth:`KfpHook.run_url`."""
+        cfg = await self.get_config()
+        self._warn_ui_url(cfg)
+        return cfg.run_url(run_id, namespace)

@@ -9,7 +9,9 @@ KFP state     task outcome
 ============  =====================================================================
 SUCCEEDED     success; XCom return value ``{"run_id", "state", "url"}``
 FAILED        :class:`KfpRunFailedError` carrying the run's error message (retried if the task has retries)
-CANCELED      ``AirflowFailException`` (no retry: someone stopped the run), cause :class:`KfpRunCanceledError`
+CANCELED      ``AirflowFailException`` (no retry: someone stopped the run), cause :class:`KfpRunCanceledError`;
+              also a FAILED run that was terminated (KFP 2.14 reports those FAILED): one this try saw
+              CANCELING, or whose history or error says so (:func:`~airflow_bridge.events.terminated_while_failed`)
 SKIPPED       ``AirflowSkipException``
 (deadline)    the run is terminated, then :class:`KfpRunTimeoutError`
 ============  =====================================================================
@@ -69,6 +71,7 @@ from airflow_bridge.events import (
     parse_payload,
     payload_for_run,
     progress_lines,
+    terminated_while_failed,
 )
 from airflow_bridge.exceptions import (
     KfpApiError,
@@ -274,10 +277,18 @@ class KfpRunPipelineOperator(BaseOperator):
         self.job_key_parameter = job_key_parameter
         self.canceling_timeout_s = float(canceling_timeout_s)
         self._run_id: str | None = None
+        #: ids of runs a read of this try saw CANCELING (see events.terminated_while_failed)
+        self._canceling_seen: set[str] = set()
 
     @cached_property
     def hook(self) -> KfpHook:
         return KfpHook(self.kfp_conn_id)
+
+    @property
+    def _namespace(self) -> str | None:
+        """The profile namespace to use: ``namespace``, or ``None`` (the connection's) when it is
+        unset or rendered empty (a template such as ``{{ var.value.get('ns', '') }}``)."""
+        return self.namespace or None
 
     # -- execute ---------------------------------------------------------------------------
     def execute(self, context: Context) -> dict[str, Any]:
@@ -290,7 +301,7 @@ class KfpRunPipelineOperator(BaseOperator):
         run = self._reattach_or_submit(identity, store)
         run_id = str(run["run_id"])
         self._run_id = run_id
-        url = self.hook.run_url(run_id, self.namespace or None)
+        url = self.hook.run_url(run_id, self._namespace)
         if store is not None:
             store.set(self.STATE_STORE_KEY, run_id)
         context["ti"].xcom_push(key=self.RUN_ID_XCOM_KEY, value=run_id)
@@ -314,13 +325,23 @@ class KfpRunPipelineOperator(BaseOperator):
                     timeout=self.execution_timeout,  # Airflow's own bound on the deferral
                 )
             run = self._wait(run_id, deadline_s, url)
-        return self._finish(context, payload_for_run(run, url=url), run=run)
+        payload = payload_for_run(run, url=url, canceling_seen=run_id in self._canceling_seen)
+        return self._finish(context, payload, run=run)
 
     def _wait(self, run_id: str, deadline_s: float | None, url: str) -> dict[str, Any]:
+        """Poll the run until it is terminal; a read that says CANCELING is remembered in
+        ``_canceling_seen`` (KFP 2.14 then reports the terminated run FAILED).
+
+        Raises:
+            KfpRunTimeoutError: the run was not terminal at ``deadline_s`` (it is terminated first).
+            KfpApiError: as :meth:`KfpHook.wait_for_run`.
+        """
         last: list[RunProgress] = []
 
         def log_progress(run: dict[str, Any]) -> None:
             current = RunProgress.of(run)
+            if current.state is RunState.CANCELING:
+                self._canceling_seen.add(run_id)
             for line in progress_lines(run_id, last[-1] if last else None, current):
                 self.log.info("%s", line)
             last[:] = [current]
@@ -374,6 +395,8 @@ class KfpRunPipelineOperator(BaseOperator):
         if status is EventStatus.SKIPPED:
             raise AirflowSkipException(f"KFP run {payload['run_id']} was skipped: {payload['url']}")
         if status is EventStatus.CANCELED:
+            if payload["state"] == RunState.FAILED:  # KFP 2.14 reports a terminated run FAILED
+                self.log.info("%s", payload["message"])
             raise KfpRunCanceledError(f"KFP run {payload['run_id']} was canceled: {payload['url']}", **kwargs)
         raise KfpRunFailedError(
             f"KFP run {payload['run_id']} failed: {payload['message']} ({payload['url']})", **kwargs
@@ -424,7 +447,7 @@ class KfpRunPipelineOperator(BaseOperator):
                     )
                     return run
                 self.log.info(
-                    "KFP run %s of an earlier try ended %s; submitting a new run", stored_id, state.value
+                    "KFP run %s of an earlier try ended %s; submitting a new run", stored_id, self._ended(run)
                 )
         tagged = self._find_tagged(identity)
         for run in tagged:
@@ -435,7 +458,7 @@ class KfpRunPipelineOperator(BaseOperator):
         return self._submit(identity, known_run_ids={str(r["run_id"]) for r in tagged})
 
     def _find_tagged(self, identity: TaskIdentity) -> list[dict[str, Any]]:
-        return self.hook.find_runs(display_name_contains=identity.marker, namespace=self.namespace)
+        return self.hook.find_runs(display_name_contains=identity.marker, namespace=self._namespace)
 
     def _after_canceling(self, run: dict[str, Any]) -> dict[str, Any]:
         """``run`` as it is once no longer CANCELING (waited for up to ``canceling_timeout_s``).
@@ -446,6 +469,7 @@ class KfpRunPipelineOperator(BaseOperator):
         if RunState.parse(run.get("state")) is not RunState.CANCELING:
             return run
         run_id = str(run["run_id"])
+        self._canceling_seen.add(run_id)
         self.log.info(
             "KFP run %s is CANCELING; waiting for it to end before submitting another run on its job key",
             run_id,
@@ -459,15 +483,23 @@ class KfpRunPipelineOperator(BaseOperator):
                 )
             time.sleep(min(self.poll_interval_s, max(0.0, deadline - time.time())))
             run = self.hook.get_run(run_id)
-        self.log.info("KFP run %s ended %s", run_id, RunState.parse(run.get("state")).value)
+        self.log.info("KFP run %s ended %s", run_id, self._ended(run))
         return run
+
+    def _ended(self, run: dict[str, Any]) -> str:
+        """How a terminal run ended, for the log: its state, or that it was terminated when KFP
+        reports a terminated run FAILED (:func:`~airflow_bridge.events.terminated_while_failed`)."""
+        state = RunState.parse(run.get("state")).value
+        if terminated_while_failed(run, canceling_seen=str(run.get("run_id")) in self._canceling_seen):
+            return f"{state} (terminated: CANCELED)"
+        return state
 
     def _submit(self, identity: TaskIdentity, *, known_run_ids: set[str] | None = None) -> dict[str, Any]:
         package = load_pipeline_package(self.pipeline_package_path) if self.pipeline_package_path else None
         arguments = pipeline_arguments(
             self.parameters, package, job_key_parameter=self.job_key_parameter, job_key=identity.key
         )
-        experiment = self.hook.get_or_create_experiment(self.experiment_name, namespace=self.namespace)
+        experiment = self.hook.get_or_create_experiment(self.experiment_name, namespace=self._namespace)
         try:
             run = self.hook.create_run(
                 display_name=identity.run_display_name(self.run_name),

@@ -8,9 +8,12 @@ each task's state as it changes, the trainer's last step and loss where exposed:
 marks the deferred task failed/success or clears it) terminates the run by its persisted id.
 ``cleanup()`` is left alone: it also runs on every triggerer restart, where the run must go on.
 
-Caveat (apache/airflow#73454, open): Airflow may call ``on_kill`` when a trigger moves to another
-triggerer. Pass ``cancel_on_kill=False`` where a spurious termination would hurt more than a run
-that outlives its task.
+Airflow 3.3 also calls ``on_kill`` when a trigger moves to another triggerer (apache/airflow#73454,
+open): ``on_kill`` therefore terminates the run only when the task instance is no longer DEFERRED
+(or its state cannot be read). ``cancel_on_kill=False`` never terminates.
+
+A terminated run ends FAILED on KFP 2.14, not CANCELED; a run the trigger saw CANCELING (or whose
+history or error says it was stopped) yields a ``canceled`` event (:func:`airflow_bridge.events.payload_for_run`).
 
 Workaround (apache/airflow#66374, #71580, #72716): when a trigger fires within a second or two of
 the deferral, the scheduler may read the worker's defer-exit "success" only after the trigger's
@@ -38,7 +41,7 @@ from airflow_bridge.events import (
 from airflow_bridge.exceptions import KfpRunTimeoutError
 from airflow_bridge.hooks.config import DEFAULT_CONN_ID
 from airflow_bridge.hooks.kfp import KfpAsyncHook
-from airflow_bridge.version_compat import BaseTrigger, TriggerEvent
+from airflow_bridge.version_compat import BaseTrigger, TriggerEvent, task_instance_is_deferred
 
 CLASSPATH = "airflow_bridge.triggers.kfp.KfpRunTrigger"
 
@@ -112,9 +115,12 @@ class KfpRunTrigger(BaseTrigger):
         hook = self.hook()
         url = self.run_url
         last: list[RunProgress] = []
+        canceling_seen = False  # a terminated run ends FAILED on KFP 2.14 (events.terminated_while_failed)
 
         def log_progress(run: dict[str, Any]) -> None:
+            nonlocal canceling_seen
             current = RunProgress.of(run)
+            canceling_seen = canceling_seen or current.state is RunState.CANCELING
             for line in progress_lines(self.run_id, last[-1] if last else None, current):
                 self.log.info("%s", line)
             last[:] = [current]
@@ -127,7 +133,7 @@ class KfpRunTrigger(BaseTrigger):
                 deadline_s=self.deadline_s,
                 on_poll=log_progress,
             )
-            payload = payload_for_run(run, url=url)
+            payload = payload_for_run(run, url=url, canceling_seen=canceling_seen)
         except KfpRunTimeoutError as err:
             payload = payload_for_problem(
                 EventStatus.TIMEOUT,
@@ -152,10 +158,17 @@ class KfpRunTrigger(BaseTrigger):
     async def on_kill(self) -> None:
         """Terminate the KFP run when the user kills the deferred task (best effort, never raises).
 
-        The request is shielded from cancellation: Airflow's triggerer may cancel ``on_kill`` itself
-        (a second cancellation of the trigger's task); KFP 2.14 then aborts the Workflow patch with
-        "context canceled" and the run keeps running (seen on the real backend, 2026-11-27). The
-        request finishes in the triggerer's loop and logs its outcome.
+        Airflow 3.3 also calls ``on_kill`` when the trigger moves to another triggerer (an HA
+        triggerer whose heartbeat lapsed: apache/airflow#73454), while the task is still deferred
+        and the run healthy. So the task instance's state is read first
+        (:func:`~airflow_bridge.version_compat.task_instance_is_deferred`): still DEFERRED means
+        nobody killed the task, and the run is left alone. When the state cannot be read (no task
+        instance, the read failed) the run is terminated, as the kill asked.
+
+        The check and the request are shielded from cancellation: Airflow's triggerer may cancel
+        ``on_kill`` itself (a second cancellation of the trigger's task); KFP 2.14 then aborts the
+        Workflow patch with "context canceled" and the run keeps running (seen on the real backend,
+        2026-11-27). They finish in the triggerer's loop and log their outcome.
         """
         if not self.cancel_on_kill:
             self.log.info("task killed; leaving KFP run %s running (cancel_on_kill=False)", self.run_id)
@@ -165,7 +178,32 @@ class KfpRunTrigger(BaseTrigger):
         task.add_done_callback(_TERMINATIONS.discard)
         await asyncio.shield(task)
 
+    async def _task_still_deferred(self) -> bool:
+        """True when Airflow still has this trigger's task instance DEFERRED (never raises; False
+        when there is no task instance or its state cannot be read)."""
+        ti = self.task_instance
+        if ti is None:
+            return False
+        try:
+            return await task_instance_is_deferred(ti)
+        except Exception as err:
+            self.log.warning(
+                "cannot read the state of task %s (%s: %s); terminating KFP run %s as the kill asked",
+                getattr(ti, "task_id", "?"),
+                type(err).__name__,
+                err,
+                self.run_id,
+            )
+            return False
+
     async def _terminate(self) -> None:
+        if await self._task_still_deferred():
+            self.log.warning(
+                "on_kill called while the task is still DEFERRED (the trigger moved to another "
+                "triggerer, apache/airflow#73454); leaving KFP run %s running",
+                self.run_id,
+            )
+            return
         try:
             await self.hook().terminate_run(self.run_id)
             self.log.info("task killed; terminated KFP run %s", self.run_id)

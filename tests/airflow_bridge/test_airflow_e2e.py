@@ -79,7 +79,8 @@ def test_the_connection_form_is_registered(airflow_cluster: AirflowCluster) -> N
     assert {"ui_url", "namespace", "auth_mode", "sa_token_path", "verify_ssl", "ca_bundle_path"} <= set(
         fields
     )
-    assert fields["auth_mode"]["schema"]["enum"] == ["none", "bearer_token", "sa_token_file"]
+    assert fields["auth_mode"]["schema"]["enum"] == ["none", "bearer_token", "sa_token_file", None]
+    assert "default" not in fields["auth_mode"]["schema"]  # empty: chosen from the password
     assert kfp["standard_fields"]["host"]["title"] == "KFP API URL"
 
 
@@ -168,6 +169,18 @@ def test_marking_the_running_task_failed_terminates_the_kfp_run(
     print(f"{dag_id}: KFP run CANCELED {time.monotonic() - t0:.1f} s after 'mark failed'")
     assert airflow_cluster.task_instance(dag_id, run_id, "train")["state"] == "failed"
     assert len(runs_for(kfp_server, dag_id, run_id)) == 1
+    if dag_id == "kfp_deferred_training":
+        # on_kill read the task's state through the triggerer's supervisor (apache/airflow#73454):
+        # no longer DEFERRED, so it terminated the run -- not through the "cannot read" fallback
+        deadline = time.monotonic() + 60
+        while True:
+            log = airflow_cluster.task_log(dag_id, run_id, "train", ti["try_number"]) + airflow_cluster.trigger_log(
+                dag_id, run_id, "train", ti["try_number"]
+            )
+            if "task killed; terminated KFP run" in log or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert "task killed; terminated KFP run" in log and "cannot read the state of task" not in log, log[-3000:]
 
 
 def test_killing_the_worker_and_retrying_leaves_one_kfp_run(

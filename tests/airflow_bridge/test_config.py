@@ -185,3 +185,47 @@ def test_a_token_over_plain_http_is_warned_about(api_url: str, warned: bool, cap
     assert out.count("over plain http") == (1 if warned else 0), out
     assert "tok-1" not in out
     assert KfpConnectionConfig(api_url=api_url).cleartext_token_warning() is None  # no token, no warning
+
+
+def test_auth_mode_none_with_a_token_is_refused_and_the_form_stores_no_default() -> None:
+    """The connection form used to default auth_mode to "none": a token typed into Password was then
+    stored next to "none" and silently never sent."""
+    from airflow_bridge import get_provider_info
+
+    with pytest.raises(KfpConfigError, match="auth_mode 'none' but a token in Password") as info:
+        KfpConnectionConfig.from_connection(conn(host="http://h", password="tok-9", extra={"auth_mode": "none"}))
+    assert "\n" not in str(info.value) and "tok-9" not in str(info.value)
+    # empty (null, as the form now stores it when left alone): chosen from the password
+    cfg = KfpConnectionConfig.from_connection(conn(host="http://h", password="tok-9", extra={"auth_mode": None}))
+    assert cfg.auth_mode is AuthMode.BEARER_TOKEN and cfg.auth_headers() == {"Authorization": "Bearer tok-9"}
+    assert KfpConnectionConfig.from_connection(conn(host="http://h", extra={"auth_mode": "none"})).auth_mode is (
+        AuthMode.NONE
+    )
+    (form,) = get_provider_info()["connection-types"]
+    schema = form["conn-fields"]["auth_mode"]["schema"]
+    assert "default" not in schema and None in schema["enum"]
+
+
+@pytest.mark.parametrize(
+    ("api_url", "ui_url", "warned"),
+    [
+        ("http://ml-pipeline.kubeflow.svc.cluster.local:8888", "", True),
+        ("http://ml-pipeline.kubeflow.svc:8888", "", True),
+        ("http://ml-pipeline.kubeflow.svc.cluster.local:8888", "https://kf.example.com/_/pipeline/", False),
+        ("https://kubeflow.example.com/pipeline", "", False),
+        ("http://127.0.0.1:8888", "", False),
+    ],
+)
+def test_run_links_on_an_in_cluster_api_url_are_warned_about_once(
+    api_url: str, ui_url: str, warned: bool, capsys, caplog
+) -> None:
+    from airflow_bridge.hooks import KfpAsyncHook, KfpHook
+
+    cfg = KfpConnectionConfig(api_url=api_url, ui_url=ui_url)
+    hook = KfpHook("kfp", config=cfg)
+    with caplog.at_level(logging.WARNING):
+        hook.run_url("r1")
+        hook.run_url("r2")  # once per hook
+        asyncio.run(KfpAsyncHook("kfp", config=cfg).run_url("r3"))
+    out = capsys.readouterr().out + caplog.text
+    assert out.count("serves no UI") == (2 if warned else 0), out

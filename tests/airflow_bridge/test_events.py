@@ -54,6 +54,33 @@ def test_failed_run_without_error_gets_a_sentence() -> None:
     assert payload["message"] == "KFP run r2 ended in state CANCELED"
 
 
+@pytest.mark.parametrize(
+    ("run", "canceling_seen", "status"),
+    [
+        # KFP 2.14 reports a terminated run FAILED; a read of it said CANCELING
+        ({"state": "FAILED"}, True, "canceled"),
+        # ... or the persistence agent reported the Workflow while it was terminating
+        ({"state": "FAILED", "state_history": [{"state": "RUNNING"}, {"state": "CANCELING"}, {"state": "FAILED"}]},
+         False, "canceled"),
+        # ... or Argo's message for a stopped Workflow
+        ({"state": "FAILED", "error": {"message": "Stopped with strategy 'Terminate'"}}, False, "canceled"),
+        ({"state": "FAILED", "run_details": {"task_details": [
+            {"display_name": "train", "error": {"message": "Stopped with strategy 'Stop'"}}]}}, False, "canceled"),
+        # a real failure, and a step's own deadline (reads like KFP's terminate, but is a timeout)
+        ({"state": "FAILED", "error": {"message": "Task 'train' failed with ValueError: boom"}}, False, "failed"),
+        ({"state": "FAILED", "error": {"message": "Step exceeded its deadline"}}, False, "failed"),
+        ({"state": "SUCCEEDED"}, True, "success"),  # the terminate raced with the run's end
+        ({"state": "CANCELED"}, False, "canceled"),
+    ],
+)
+def test_a_failed_run_that_was_terminated_is_canceled(run: dict, canceling_seen: bool, status: str) -> None:
+    payload = payload_for_run({"run_id": "r1", **run}, url="u", canceling_seen=canceling_seen)
+    assert payload["status"] == status
+    assert payload["state"] == run["state"]  # the state stays as KFP reports it
+    if status == "canceled" and run["state"] == "FAILED":
+        assert payload["message"].startswith("KFP run r1 was terminated (KFP reports a terminated run FAILED)")
+
+
 def test_non_terminal_run_has_no_payload() -> None:
     with pytest.raises(ValueError, match="not in a terminal state"):
         payload_for_run({"run_id": "r", "state": "RUNNING"}, url="u")

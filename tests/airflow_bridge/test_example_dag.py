@@ -188,3 +188,23 @@ def test_the_dag_starts_unpaused_and_parses_without_the_compiled_pipeline(tmp_pa
     assert dag.is_paused_upon_creation is False
     assert "training_pipeline" in dag.doc_md
     shutil.rmtree(tmp_path / "__pycache__", ignore_errors=True)
+
+
+def test_a_parameter_without_a_default_renders_instead_of_failing(tmp_path, monkeypatch) -> None:
+    """``None`` (no compiled default) used to become JSON ``null`` in the template, a name Jinja does
+    not know: the render failed with UndefinedError. Lists and dicts render as JSON the operator parses."""
+    from airflow.sdk.execution_time.context import VariableAccessor
+
+    from airflow_bridge.package import PipelineParameter, convert_argument
+
+    dag = load(tmp_path, monkeypatch, None)
+    task = dag.get_task("train")
+    mod = module()
+    no_default = PipelineParameter(name="note", parameter_type="STRING", default=None)
+    listed = PipelineParameter(name="sizes", parameter_type="LIST", default=["a", None, 2])
+    context = {"params": {"note": None, "sizes": None}, "var": {"value": VariableAccessor(deserialize_json=False)}}
+    monkeypatch.delenv("AIRFLOW_VAR_TRAINFLOW_NOTE", raising=False)
+    for template in (mod._from_form(no_default), mod._from_variable(no_default, "trainflow_note")):
+        assert task.render_template(template, context) == ""
+    for template in (mod._from_form(listed), mod._from_variable(listed, "trainflow_sizes")):
+        assert convert_argument(listed, task.render_template(template, context)) == ["a", None, 2]

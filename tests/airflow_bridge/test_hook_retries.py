@@ -238,3 +238,37 @@ def test_outage_tolerance_is_read_from_the_connection_and_checked() -> None:
     with pytest.raises(KfpConfigError, match="outage_tolerance_s must be >= 0"):
         KfpConnectionConfig(api_url="http://kfp.test", outage_tolerance_s=-1)
     assert KfpConnectionConfig(api_url="http://kfp.test").outage_tolerance_s == 600.0
+
+
+@pytest.mark.parametrize(
+    ("location", "why"),
+    [
+        ("https://kf.example.com/oauth2/start?rd=%2Fpipeline%2Fapis&state=s3cr3t", "redirected to a login page"),
+        ("https://kf.example.com/dex/auth?client_id=kubeflow", "redirected to a login page"),
+        ("https://kf.example.com/pipeline/apis/v2beta1/runs/r1", "the API URL may be wrong"),
+    ],
+)
+def test_a_redirect_is_an_auth_error_that_is_not_retried(location: str, why: str) -> None:
+    """oauth2-proxy / Dex answer a request without a valid token with a 302 to their login page."""
+    seen, transport = scripted([httpx.Response(302, headers={"Location": location}, text="<a>Found</a>")])
+    with pytest.raises(KfpAuthError, match=f"answered HTTP 302 to {location.split('?')[0]}: .*{why}") as info:
+        sync_hook(transport, []).get_run("r1")
+    assert info.value.status_code == 302 and len(seen) == 1
+    assert "\n" not in str(info.value) and "s3cr3t" not in str(info.value)
+    if why.startswith("redirected"):
+        assert "token missing or expired" in str(info.value)
+
+
+def test_an_html_error_page_becomes_one_short_line() -> None:
+    page = (
+        "<html>\r\n<head><title>502 Bad Gateway</title><style>body { color: red }</style></head>\r\n"
+        "<body>\r\n<center><h1>502   Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n"
+        f"<script>var x = 1;</script><p>{'upstream &amp; more ' * 40}</p></body>\r\n</html>\r\n"
+    )
+    _, transport = scripted([httpx.Response(502, text=page, headers={"Content-Type": "text/html"})])
+    with pytest.raises(KfpApiError) as info:
+        sync_hook(transport, [], KfpConnectionConfig(api_url="http://kfp.test", max_attempts=1)).get_run("r1")
+    message = str(info.value)
+    assert message.startswith("KFP API GET /apis/v2beta1/runs/r1 answered HTTP 502: 502 Bad Gateway nginx upstream & more")
+    assert "\n" not in message and "<" not in message and "color" not in message and "var x" not in message
+    assert message.endswith("...") and len(message) < 300

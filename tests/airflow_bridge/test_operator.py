@@ -36,6 +36,7 @@ from airflow_bridge.operators.kfp import KfpRunPipelineOperator, pipeline_argume
 from airflow_bridge.package import load_pipeline_package
 from airflow_bridge.triggers.kfp import DEFER_SETTLE_S
 from airflow_bridge.version_compat import AirflowFailException, AirflowSkipException, Asset
+from tests.airflow_bridge.kfp214_terminate import Kfp214Terminate
 from tests.support.kfp_server import FAILURE_MESSAGE, KfpServer
 
 
@@ -462,3 +463,81 @@ def test_outlet_events_carry_the_runs_outputs_in_sync_and_deferred_mode(kfp_serv
     plain = {**context_for("no-outlets"), "outlet_events": OutletEventAccessors()}
     operator(kfp_server, compiled_pipelines["tiny"]).execute_complete(plain, payload)
     assert list(_serialize_outlet_events(plain["outlet_events"])) == []
+
+
+def wait_ready(server: KfpServer, run_id: str) -> None:
+    """Until the stubborn component runs (its SIGTERM handler keeps the run CANCELING ``stop_s``)."""
+    deadline = time.monotonic() + 120
+    while "ready" not in httpx.get(f"{server.url}/local/runs/{run_id}/log").text:
+        assert time.monotonic() < deadline, "the stubborn component did not start"
+        time.sleep(0.2)
+
+
+@slow
+def test_a_run_terminated_from_the_dashboard_is_canceled_though_kfp_reports_it_failed(
+    kfp_server, compiled_pipelines
+) -> None:
+    """KFP 2.14 reports a terminated run FAILED (docs/airflow.md): the sync wait saw it CANCELING,
+    so the task fails without retries, as for CANCELED, instead of a retry training again."""
+    store = StateStore()
+    ctx = context_for("terminated-214", store)
+    op = operator(kfp_server, compiled_pipelines["stubborn"], parameters={"seconds": 300, "stop_s": 3},
+                  poll_interval_s=0.2)
+    op.__dict__["hook"] = KfpHook("kfp", config=KfpConnectionConfig(api_url=kfp_server.url),
+                                  transport=Kfp214Terminate())
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            op.execute(ctx)
+        except BaseException as err:
+            outcome.append(err)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while "kfp_run_id" not in store.data:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    run_id = store.data["kfp_run_id"]
+    wait_ready(kfp_server, run_id)
+    KfpHook("dashboard", config=KfpConnectionConfig(api_url=kfp_server.url)).terminate_run(run_id)
+    worker.join(120)
+    assert not worker.is_alive()
+    (err,) = outcome
+    assert isinstance(err, AirflowFailException), repr(err)
+    assert isinstance(err.__cause__, KfpRunCanceledError) and err.__cause__.state == "FAILED"
+    assert str(err) == f"KFP run {run_id} was canceled: {kfp_server.url}/#/runs/details/{run_id}"
+    assert op.hook.get_run(run_id)["state"] == "FAILED"  # as KFP 2.14 shows it
+    assert [r["run_id"] for r in runs_of(kfp_server, ctx)] == [run_id]
+
+
+class Recording(httpx.BaseTransport):
+    """The real server, with every request kept."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.requests: list[httpx.Request] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return self.inner.handle_request(request)
+
+
+@slow
+def test_an_empty_templated_namespace_means_the_connections_namespace(kfp_server, compiled_pipelines) -> None:
+    """``namespace`` rendering "" must not override the connection's namespace in the lookups
+    (experiment, tagged runs) any more than in the link."""
+    ctx = context_for("empty-namespace")
+    cfg = KfpConnectionConfig(api_url=kfp_server.url, namespace="team-ns",
+                              ui_url="http://ui/?ns={namespace}#/runs/details/{run_id}")
+    op = operator(kfp_server, compiled_pipelines["tiny"], namespace="", experiment_name="empty-ns-test",
+                  poll_interval_s=0.3)
+    recording = Recording()
+    op.__dict__["hook"] = KfpHook("kfp", config=cfg, transport=recording)
+    result = op.execute(ctx)
+    assert result["url"] == f"http://ui/?ns=team-ns#/runs/details/{result['run_id']}"
+    experiment = op.hook.get_experiment_by_name("empty-ns-test", namespace="team-ns")
+    assert experiment is not None and experiment["namespace"] == "team-ns"
+    lists = [r for r in recording.requests if r.method == "GET" and r.url.path.endswith(("/runs", "/experiments"))]
+    assert lists and all(r.url.params.get("namespace") == "team-ns" for r in lists), [str(r.url) for r in lists]

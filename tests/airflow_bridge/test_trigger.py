@@ -20,6 +20,7 @@ import pytest
 
 from airflow_bridge.hooks import KfpAsyncHook, KfpConnectionConfig, KfpHook
 from airflow_bridge.triggers.kfp import CLASSPATH, KfpRunTrigger
+from tests.airflow_bridge.kfp214_terminate import AsyncKfp214Terminate
 from tests.support.kfp_server import FAILURE_MESSAGE, KfpServer
 from tests.support.processes import free_port
 
@@ -267,3 +268,73 @@ async def test_on_kill_finishes_terminating_when_airflow_cancels_it(monkeypatch:
     assert done == []
     await asyncio.sleep(0.5)
     assert done == ["run-1"]
+
+
+@pytest.mark.slow
+async def test_a_run_terminated_on_kfp_2_14_is_a_canceled_event_though_it_ends_failed(
+    kfp_server, compiled_pipelines
+) -> None:
+    """KFP 2.14 ends a terminated run FAILED with no CANCELING in its history: the trigger saw it
+    CANCELING, so its event is ``canceled`` (the task then fails without retries)."""
+    run_id = submit(kfp_server, compiled_pipelines["stubborn"], seconds=300, stop_s=3)
+    deadline = time.monotonic() + 120
+    while "ready" not in httpx.get(f"{kfp_server.url}/local/runs/{run_id}/log").text:
+        assert time.monotonic() < deadline, "the stubborn component did not start"
+        await asyncio.sleep(0.2)
+    trigger = make(run_id=run_id, poll_interval_s=0.2, deadline_s=None)
+    trigger.hook = lambda: KfpAsyncHook(
+        "kfp_test", config=KfpConnectionConfig(api_url=kfp_server.url), transport=AsyncKfp214Terminate()
+    )
+    waiter = asyncio.ensure_future(collect(trigger))
+    await asyncio.sleep(0.5)
+    KfpHook("dashboard", config=KfpConnectionConfig(api_url=kfp_server.url)).terminate_run(run_id)
+    (event,) = await asyncio.wait_for(waiter, timeout=60)
+    assert (event["status"], event["state"]) == ("canceled", "FAILED"), event
+    assert event["message"].startswith(f"KFP run {run_id} was terminated")
+
+
+class FakeSupervisor:
+    """Stands in for the triggerer's supervisor channel (``SUPERVISOR_COMMS``): answers the
+    ``GetTICount`` that ``RuntimeTaskInstance.get_ti_count`` sends, as the API server would."""
+
+    def __init__(self, deferred: bool) -> None:
+        self.deferred = deferred
+        self.asked: list = []
+
+    def send(self, msg):
+        from airflow.sdk.execution_time.comms import TICount
+
+        self.asked.append(msg)
+        return TICount(count=1 if self.deferred and msg.states == ["deferred"] else 0)
+
+
+class TaskInstanceKey:
+    dag_id, run_id, task_id, map_index = "dag", "manual__1", "train", -1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("still_deferred", [True, False])
+async def test_on_kill_terminates_only_when_the_task_is_no_longer_deferred(
+    kfp_server, compiled_pipelines, monkeypatch, still_deferred: bool
+) -> None:
+    """apache/airflow#73454: Airflow 3.3 calls on_kill when a trigger moves to another triggerer
+    (the task still DEFERRED); only a task a user killed (no longer DEFERRED) stops the run."""
+    from airflow.sdk.execution_time import task_runner
+
+    supervisor = FakeSupervisor(deferred=still_deferred)
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", supervisor, raising=False)
+    run_id = submit(kfp_server, compiled_pipelines["slow"], seconds=300)
+    trigger = make(run_id=run_id, cancel_on_kill=True)
+    trigger.task_instance = TaskInstanceKey()
+    trigger.hook = lambda: KfpAsyncHook("kfp_test", config=KfpConnectionConfig(api_url=kfp_server.url))
+    await trigger.on_kill()
+    (asked,) = supervisor.asked
+    assert (asked.dag_id, asked.task_ids, asked.run_ids, asked.map_index) == ("dag", ["train"], ["manual__1"], -1)
+    hook = KfpHook("t", config=KfpConnectionConfig(api_url=kfp_server.url))
+    if still_deferred:
+        await asyncio.sleep(1.0)
+        assert hook.get_run(run_id)["state"] in ("PENDING", "RUNNING")
+        hook.terminate_run(run_id)
+    else:
+        assert hook.get_run(run_id)["state"] in ("CANCELING", "CANCELED")
+    assert hook.wait_for_run(run_id, poll_interval_s=0.3, deadline_s=time.time() + 60)["state"] == "CANCELED"
