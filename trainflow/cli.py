@@ -198,14 +198,18 @@ def compile(
         raise _fail(f"compile needs the kfp extra (pip install 'trainflow[kfp]'; not in Airflow's environment: "
                     f"docs/airflow.md): {e}") from None
 
-    from pipelines.platform import PlatformSettings
-    from pipelines.training import build_pipeline
+    from pipelines.platform import ENV, PlatformSettings
 
     given = {"s3_secret": s3_secret, "s3_access_key_key": s3_access_key_key,
              "s3_secret_key_key": s3_secret_key_key, "s3_endpoint_key": s3_endpoint_key,
              "kfp_backend_version": kfp_backend_version}
+    # The flags win over the TRAINFLOW_* variables, also in pipelines/training.py's module-level
+    # pipeline (built from the environment when the module is imported: a bad variable that a flag
+    # overrides must not fail the import).
+    os.environ.update({var: given[name] for var, name in ENV.items() if given.get(name)})
     try:
         settings = replace(PlatformSettings.from_env(), **{k: v for k, v in given.items() if v})
+        from pipelines.training import build_pipeline
     except ValueError as e:
         raise _fail(str(e)) from None
     try:

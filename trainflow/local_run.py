@@ -36,7 +36,15 @@ from rich.table import Table
 from rich.text import Text
 
 from components.training.metrics import read_jsonl
-from trainflow.common.training_spec import BUILTIN_TASK, ROWS, ConfigError, TrainJobSpec, check_values, rows
+from trainflow.common.training_spec import (
+    BUILTIN_TASK,
+    ROWS,
+    WORKER_POD_ROWS,
+    ConfigError,
+    TrainJobSpec,
+    check_values,
+    rows,
+)
 from trainflow.storage import CheckpointStorageError, storage_for
 
 STAGES = ("prepare-dataset", "train", "evaluate", "register-model")
@@ -69,7 +77,7 @@ CLUSTER_ONLY = ("image", "namespace", "gpus_per_worker", "worker_cpu", "worker_m
                 "s3_secret_name", "keep_failed_job")
 #: Those of them a local run refuses when set (they shape pods it does not create); ``s3_secret_name``
 #: may come from the environment for cluster runs, and ``keep_failed_job`` changes nothing here.
-_POD_SHAPING = ("image", "namespace", "gpus_per_worker", "worker_cpu", "worker_memory", "worker_pod_settings")
+_POD_SHAPING = ("image", "namespace", *WORKER_POD_ROWS)
 
 RunOptions = make_dataclass(
     "RunOptions",

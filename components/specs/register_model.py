@@ -41,8 +41,12 @@ def register_model(
     from components.registry.store import ModelRegistry
     from components.training.data import DatasetError
     from components.training.step import pipeline_root_of, resolve_checkpoint_uri, use_s3_endpoint
+    from trainflow.common.training_spec import check_values
     from trainflow.storage import join_uri, storage_for
 
+    # The pipeline's promotion_threshold: its 0..1 bounds hold for runs started from the KFP UI too
+    # (80 meant as 80 % would never promote); ConfigError, one line.
+    check_values({"promotion_threshold": min_accuracy}, "P")
     use_s3_endpoint(s3_endpoint_url)
 
     outputs = namedtuple("RegisterOutputs", ["version", "uri", "promoted"])

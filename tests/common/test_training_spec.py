@@ -170,3 +170,20 @@ def test_the_parameters_doc_is_current() -> None:
     assert ts.markdown_table() in text, (
         "docs/training-parameters.md is stale: regenerate it with "
         "`.venv/bin/python -m trainflow.common.training_spec > docs/training-parameters.md`")
+
+
+def test_worker_pod_settings_with_the_local_backend_are_refused_not_ignored() -> None:
+    """Review (2026-11-29): a KFP run with gpus_per_worker=1 and the default backend (local) trained
+    on the step pod's CPU with no word; worker_cpu/worker_memory/worker_pod_settings did nothing."""
+    from trainflow.common.training_spec import ROWS, WORKER_POD_ROWS, ConfigError, TrainJobSpec
+
+    with pytest.raises(ConfigError, match=r"^gpus_per_worker=1: it shapes the PyTorchJob's worker pods, but backend "
+                                          r"'local' trains in this step's own process .*: set backend 'pytorchjob', "
+                                          r"or leave it at the default$"):
+        TrainJobSpec.from_kwargs({"gpus_per_worker": 1})
+    with pytest.raises(ConfigError, match=r"^worker_cpu='4', worker_memory='16Gi': they shape"):
+        TrainJobSpec.from_kwargs({"worker_cpu": "4", "worker_memory": "16Gi"})
+    TrainJobSpec.from_kwargs({name: ROWS[name].default for name in WORKER_POD_ROWS})  # defaults: fine
+    spec = TrainJobSpec.from_kwargs({"backend": "pytorchjob", "gpus_per_worker": 1, "image": "registry/trainflow:1",
+                                     "checkpoint_uri": "s3://bucket/ckpt"})
+    assert spec.gpus_per_worker == 1

@@ -191,3 +191,19 @@ def test_a_retried_register_model_returns_the_version_its_first_attempt_promoted
     )
     assert (out.version, out.promoted) == (first.version, True)
     assert [h["version"] for h in registry.history("m")] == [1]
+
+
+def test_register_model_refuses_a_promotion_threshold_outside_0_to_1(tmp_path, model_dir) -> None:
+    """Review (2026-11-29): promotion_threshold=80 (meant as 80 %) from the KFP UI registered every
+    version and never promoted one, silently; the form's and the CLI's 0..1 bounds hold here too."""
+    import types
+
+    from components.specs.register_model import register_model
+    from trainflow.common.training_spec import ConfigError
+
+    artifact = lambda **kw: types.SimpleNamespace(**{"uri": "", "metadata": {}, **kw})  # noqa: E731
+    with pytest.raises(ConfigError, match=r"^promotion_threshold must be <= 1, got 80\.0$"):
+        register_model.python_func(model=artifact(path=str(model_dir)), eval_metrics=artifact(metadata={}),
+                                   dataset=artifact(path=str(tmp_path / "no-dataset")),
+                                   registry_uri=str(tmp_path / "models"), model_name="m", min_accuracy=80.0)
+    assert ModelRegistry(LocalStorage(str(tmp_path / "models"))).history("m") == []

@@ -273,6 +273,20 @@ def test_a_bad_kfp_backend_version_is_one_line(tmp_path) -> None:
     assert not (tmp_path / "x.yaml").exists()
 
 
+def test_a_bad_environment_variable_a_flag_overrides_does_not_fail_the_compile(tmp_path) -> None:
+    """Review (2026-11-29): importing pipelines/training.py builds its module-level pipeline from the
+    TRAINFLOW_* variables, so a bad one failed with a traceback even when the flag overrode it."""
+    env = {**os.environ, "TRAINFLOW_KFP_BACKEND_VERSION": "v2"}
+    overridden = subprocess.run(
+        [sys.executable, "-m", "trainflow.cli", "compile", "--output", str(tmp_path / "x.yaml"),
+         "--kfp-backend-version", "2.14"], capture_output=True, text=True, timeout=300, env=env)
+    assert overridden.returncode == 0 and (tmp_path / "x.yaml").exists(), overridden.stderr[-2000:]
+    alone = subprocess.run([sys.executable, "-m", "trainflow.cli", "compile", "--output", str(tmp_path / "y.yaml")],
+                           capture_output=True, text=True, timeout=300, env=env)
+    assert alone.returncode == 2 and alone.stderr.strip() == (
+        "trainflow: kfp_backend_version must be MAJOR.MINOR[.PATCH], e.g. 2.14, not 'v2'")
+
+
 def test_compiled_for_kubeflow_the_s3_secret_reaches_every_step_and_the_workers(tmp_path) -> None:
     """``trainflow compile --s3-secret``: each task pod gets the Secret's keys as AWS_* variables
     (kfp-kubernetes, optional so a missing Secret fails the step with a line, not a stuck pod); the

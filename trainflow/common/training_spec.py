@@ -513,6 +513,10 @@ def _table_order() -> list[Row]:
 SPEC: tuple[Row, ...] = tuple(_table_order())
 """The table: every training parameter once, in order."""
 ROWS: dict[str, Row] = {row.name: row for row in SPEC}
+#: Rows that shape the PyTorchJob's worker pods: with ``backend="local"`` torchrun runs in the train
+#: step's own process (its pod, on a cluster) and nothing reads them, so a value other than the
+#: default is refused instead of ignored (a GPU asked for and a CPU run given).
+WORKER_POD_ROWS = ("gpus_per_worker", "worker_cpu", "worker_memory", "worker_pod_settings")
 if len(ROWS) != len(SPEC):  # pragma: no cover - a duplicate name is a programming error
     raise RuntimeError("duplicate row names in the training spec")
 
@@ -588,9 +592,18 @@ class TrainJobSpec:
 
         Raises:
             ConfigError: one line — an unknown name, a bad value, or a cross-field rule
-                (``min_workers <= max_workers``, ``max_global_batch_size >= global_batch_size``).
+                (``min_workers <= max_workers``, ``max_global_batch_size >= global_batch_size``,
+                no :data:`WORKER_POD_ROWS` setting with ``backend="local"``).
         """
         values = check_values(kwargs, "S")
+        if values["backend"] == "local":
+            shaped = [name for name in WORKER_POD_ROWS if values[name] != ROWS[name].default]
+            if shaped:
+                said = ", ".join(f"{name}={values[name]!r}" for name in shaped)
+                raise ConfigError(f"{said}: {'it shapes' if len(shaped) == 1 else 'they shape'} the PyTorchJob's "
+                                  "worker pods, but backend 'local' trains in this step's own process (its pod's "
+                                  "CPUs, memory and GPUs): set backend 'pytorchjob', or leave "
+                                  f"{'it' if len(shaped) == 1 else 'them'} at the default")
         launch = LaunchConfig(**{f.name: values[_ROW_BY_FIELD[(LaunchConfig, f.name)].name]
                                  for f in dataclasses.fields(LaunchConfig)})
         spec = cls(values=values, launch=launch, **plumbing)
