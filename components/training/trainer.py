@@ -83,6 +83,11 @@ def sample_log(where: str) -> JsonlSink:
     return JsonlSink(Path(where, f"samples-{os.getpid()}-{time.time_ns()}.jsonl"))
 
 
+#: Errors of the device (subclasses of RuntimeError) that say nothing about a checkpoint's fit.
+_DEVICE_ERRORS: tuple[type[BaseException], ...] = tuple(
+    e for e in (getattr(torch, "OutOfMemoryError", None), getattr(torch, "AcceleratorError", None)) if e is not None)
+
+
 class Preempted(Exception):
     """SIGTERM was received; a final checkpoint was attempted (the message says whether it was saved)."""
 
@@ -332,14 +337,9 @@ class Trainer:
             self._sigterm_at_s = time.monotonic()
         self._stop_requested = True
 
-    def _preemption_deadline_s(self) -> float:
-        """What is left of ``preemption_save_deadline_s``, counted from this process's SIGTERM (the
-        pod's grace period and torchrun's stop count from there, not from the end of the step that
-        was running); the full deadline on a rank that was not signalled itself."""
-        budget = self.cfg.checkpoint.preemption_save_deadline_s
-        if self._sigterm_at_s is None:
-            return budget
-        return max(0.0, budget - (time.monotonic() - self._sigterm_at_s))
+    def _since_sigterm_s(self) -> float | None:
+        """Seconds since this process's first SIGTERM (None on a rank that was not signalled)."""
+        return None if self._sigterm_at_s is None else time.monotonic() - self._sigterm_at_s
 
     def _done(self) -> bool:
         if self.adaptive is None:
@@ -487,10 +487,14 @@ class Trainer:
             raise WriterFencedError(str(self.ckpt.fenced) if self.ckpt.fenced else
                                     "a newer writer took over this job key; this run stops")
         if float(agreed[2]) > 0:  # any rank got SIGTERM: everyone saves (within the deadline), then stops
-            deadline_s = self._preemption_deadline_s()
-            self._save(blocking=True, reason="preempted", deadline_s=deadline_s)
+            # The deadline counts from the start of the save. Counting it from the signal (as the
+            # grace period does) was tried and reverted: a save that would commit within the grace
+            # period's margin was abandoned at the deadline (the process then exits at once).
+            since_sigterm_s = self._since_sigterm_s()
+            self._save(blocking=True, reason="preempted", deadline_s=self.cfg.checkpoint.preemption_save_deadline_s)
             outcome = dist_utils.broadcast_object(self._last_outcome)
-            self.metrics.record({"event": "preempted", "step": step, "outcome": outcome, "save_deadline_s": deadline_s})
+            self.metrics.record({"event": "preempted", "step": step, "outcome": outcome,
+                                 "since_sigterm_s": since_sigterm_s})
             if outcome == "committed":
                 raise Preempted(f"SIGTERM received; checkpoint saved at step {step}")
             last = self.ckpt.stats.last_committed_step
@@ -651,8 +655,11 @@ class Trainer:
         for part, target in (("model", self.model), ("optimizer", self.optimizer), ("lr_scheduler", self.scheduler)):
             try:
                 target.load_state_dict(st[part])
+            except _DEVICE_ERRORS:
+                raise  # the device, not the checkpoint: retried
             except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:
-                first = (str(e).strip().splitlines() or [""])[0][:200]
+                # load_state_dict's first line is only "Error(s) in loading state_dict for Net:"
+                first = " ".join(line.strip() for line in str(e).strip().splitlines()[:2])[:300]
                 raise ConfigError(
                     f"the checkpoint at step {step} under {self.storage.uri} does not fit this run: its {part} state "
                     f"cannot be loaded ({type(e).__name__}: {first}); resume it with the task, model and optimizer "

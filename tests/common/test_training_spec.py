@@ -184,6 +184,7 @@ def test_worker_pod_settings_with_the_local_backend_are_refused_not_ignored() ->
     with pytest.raises(ConfigError, match=r"^worker_cpu='4', worker_memory='16Gi': they shape"):
         TrainJobSpec.from_kwargs({"worker_cpu": "4", "worker_memory": "16Gi"})
     TrainJobSpec.from_kwargs({name: ROWS[name].default for name in WORKER_POD_ROWS})  # defaults: fine
+    TrainJobSpec.from_kwargs({"worker_pod_settings": " {} ", "worker_cpu": " 1 "})  # asks for nothing either
     spec = TrainJobSpec.from_kwargs({"backend": "pytorchjob", "gpus_per_worker": 1, "image": "registry/trainflow:1",
                                      "checkpoint_uri": "s3://bucket/ckpt"})
     assert spec.gpus_per_worker == 1

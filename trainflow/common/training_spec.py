@@ -333,8 +333,8 @@ class CheckpointConfig(_Section):
                              unit="checkpoints", minimum=1, section=CHECKPOINTING)
     save_final: bool = param("save_final", "R", "save once more after the last step", True)
     preemption_save_deadline_s: float = param(
-        "preemption_save_deadline_s", "RSPC", "on SIGTERM, give up the blocking checkpoint save this long after the signal (the step that was "
-        "running counts) (the worker pods' terminationGracePeriodSeconds must be at least this + 10 s, and keep it below "
+        "preemption_save_deadline_s", "RSPC", "on SIGTERM, give up the blocking checkpoint save after this long "
+        "(the worker pods' terminationGracePeriodSeconds must be at least this + 10 s, and keep it below "
         "torchrun's 30 s stop timeout)", 20.0, unit="s", exclusive_minimum=0, section=ADVANCED)
 
     def __post_init__(self) -> None:
@@ -542,6 +542,16 @@ def _r_fields() -> list[tuple[type, dataclasses.Field, Row]]:
     return out
 
 
+def _sets_worker_pods(name: str, value: Any) -> bool:
+    """Whether row ``name`` (one of :data:`WORKER_POD_ROWS`) asks for something other than its default:
+    an empty ``worker_pod_settings`` (``""``, ``"{}"``, blanks) and blanks around a quantity do not."""
+    if isinstance(value, str):
+        value = value.strip()
+        if name == "worker_pod_settings" and value == "{}":
+            return False
+    return value != ROWS[name].default
+
+
 def check_values(values: Mapping[str, Any], surface: str) -> dict[str, Any]:
     """``values`` (names of ``surface``'s rows; missing ones take the default) converted and
     checked row by row.
@@ -597,7 +607,7 @@ class TrainJobSpec:
         """
         values = check_values(kwargs, "S")
         if values["backend"] == "local":
-            shaped = [name for name in WORKER_POD_ROWS if values[name] != ROWS[name].default]
+            shaped = [name for name in WORKER_POD_ROWS if _sets_worker_pods(name, values[name])]
             if shaped:
                 said = ", ".join(f"{name}={values[name]!r}" for name in shaped)
                 raise ConfigError(f"{said}: {'it shapes' if len(shaped) == 1 else 'they shape'} the PyTorchJob's "

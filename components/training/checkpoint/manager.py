@@ -834,16 +834,19 @@ def _torch_load(f: BinaryIO, *, key: str, map_location: str | torch.device) -> A
 
 def _skeleton(tree: Any, types: set[type]) -> Any:
     """``tree`` with every tensor replaced by an empty one (what ``weights_only`` judges is the rest);
-    the type of every other node is added to ``types``. dicts, OrderedDicts, lists and tuples (exact
-    types) are rebuilt; any other value is kept whole."""
+    the type of every other node, dict keys and set members included, is added to ``types``.
+    dicts, OrderedDicts, lists and tuples (exact types) are rebuilt; any other value is kept whole."""
     if isinstance(tree, torch.Tensor):
         return _EMPTY
     kind = type(tree)
     types.add(kind)
     if kind is dict or kind is collections.OrderedDict:  # a module's state_dict() is an OrderedDict
-        return kind((k, _skeleton(v, types)) for k, v in tree.items())
+        return kind((_skeleton(k, types), _skeleton(v, types)) for k, v in tree.items())
     if kind is list or kind is tuple:
         return kind(_skeleton(v, types) for v in tree)
+    if kind is set or kind is frozenset:  # kept whole (hashable members), their types recorded
+        for v in tree:
+            _skeleton(v, types)
     return tree
 
 

@@ -202,3 +202,17 @@ def test_a_state_weights_only_refuses_is_refused_at_save_and_at_load(storage) ->
     message = str(refused.value)
     assert "\n" not in message and message.startswith("step-0000000040/")
     assert "(Unsupported global: GLOBAL collections.deque): allow the type with torch.serialization" in message
+
+
+def test_a_refused_type_is_found_in_dict_keys_and_sets_after_an_earlier_save_passed(storage) -> None:
+    """Review (2026-11-29): the check recorded the types of values only, so a later save whose new
+    type sat in a dict key (a numpy integer) or a set was taken as already checked and committed."""
+    import numpy as np
+
+    mgr = CheckpointManager(storage)
+    mgr.claim()
+    assert mgr.save(10, {**_state(10), "task_state": {"counts": {}, "seen": set()}}, blocking=True) == "committed"
+    for bad in ({"counts": {np.int64(3): 5}, "seen": set()}, {"counts": {}, "seen": {np.int64(3)}}):
+        with pytest.raises(CheckpointRefusedError, match=r"^this checkpoint could never be loaded back \(.*numpy"):
+            mgr.save(20, {**_state(20), "task_state": bad}, blocking=True)
+    assert mgr.committed_steps() == [10]

@@ -77,9 +77,8 @@ def test_sigterm_saves_then_same_command_resumes(digits_dataset, make_job, tmp_p
     assert agent.wait(120) != 0
     pre = [r for r in job.records() if r.get("event") == "preempted"]
     assert len(pre) == 1
-    # The save's deadline counts from the signal (the pod's grace period does), not from the end of
-    # the step that was running when it came.
-    assert 0 < pre[0]["save_deadline_s"] < 20.0
+    # How much of the pod's grace period the step that was running used before the save started.
+    assert 0 < pre[0]["since_sigterm_s"] < 20.0
     saved_at = pre[0]["step"]
     mgr = CheckpointManager(LocalStorage(str(tmp_path / "ckpt" / "preempt")))
     assert mgr.committed_steps()[0] == saved_at  # nothing lost: saved at the very step it stopped
