@@ -190,7 +190,6 @@ def compile(
 ) -> None:
     """Compile ``training_pipeline`` to a KFP package (YAML). Options default to the TRAINFLOW_S3_*
     environment variables (pipelines/platform.py)."""
-    from dataclasses import replace
 
     try:
         from kfp import compiler
@@ -203,13 +202,14 @@ def compile(
     given = {"s3_secret": s3_secret, "s3_access_key_key": s3_access_key_key,
              "s3_secret_key_key": s3_secret_key_key, "s3_endpoint_key": s3_endpoint_key,
              "kfp_backend_version": kfp_backend_version}
-    # The flags win over the TRAINFLOW_* variables, also in pipelines/training.py's module-level
-    # pipeline (built from the environment when the module is imported: a bad variable that a flag
-    # overrides must not fail the import).
-    os.environ.update({var: given[name] for var, name in ENV.items() if given.get(name)})
+    # The flags win over the TRAINFLOW_* variables, also in the module-level pipeline that
+    # pipelines/training.py builds from them when it is imported (a bad variable that a flag
+    # overrides must not fail the import); the environment is left as it was (compile may run
+    # in-process).
     try:
-        settings = replace(PlatformSettings.from_env(), **{k: v for k, v in given.items() if v})
-        from pipelines.training import build_pipeline
+        with _environ({var: given[name] for var, name in ENV.items() if given.get(name)}):
+            settings = PlatformSettings.from_env()
+            from pipelines.training import build_pipeline
     except ValueError as e:
         raise _fail(str(e)) from None
     try:
@@ -218,6 +218,21 @@ def compile(
     except OSError as e:
         raise _fail(f"cannot write {output}: {e.strerror or e}") from None
     typer.echo(f"wrote {output}")
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set, restored on exit."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _registry(uri: str):

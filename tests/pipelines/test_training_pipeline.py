@@ -287,6 +287,22 @@ def test_a_bad_environment_variable_a_flag_overrides_does_not_fail_the_compile(t
         "trainflow: kfp_backend_version must be MAJOR.MINOR[.PATCH], e.g. 2.14, not 'v2'")
 
 
+def test_an_in_process_compile_leaves_the_environment_as_it_was(tmp_path, monkeypatch) -> None:
+    """The flags reach pipelines/training.py's import through the TRAINFLOW_* variables; an in-process
+    compile (CliRunner, as tests/integration/test_realkfp.py does) once left them set, and every
+    later compile in that process made its packages with that Secret and backend version."""
+    from typer.testing import CliRunner
+
+    from trainflow.cli import app
+
+    monkeypatch.delenv("TRAINFLOW_S3_SECRET", raising=False)
+    monkeypatch.setenv("TRAINFLOW_KFP_BACKEND_VERSION", "2.16")
+    result = CliRunner().invoke(app, ["compile", "--output", str(tmp_path / "x.yaml"), "--s3-secret", "mine",
+                                      "--kfp-backend-version", "2.14"])
+    assert result.exit_code == 0, result.output
+    assert "TRAINFLOW_S3_SECRET" not in os.environ and os.environ["TRAINFLOW_KFP_BACKEND_VERSION"] == "2.16"
+
+
 def test_compiled_for_kubeflow_the_s3_secret_reaches_every_step_and_the_workers(tmp_path) -> None:
     """``trainflow compile --s3-secret``: each task pod gets the Secret's keys as AWS_* variables
     (kfp-kubernetes, optional so a missing Secret fails the step with a line, not a stuck pod); the
