@@ -177,9 +177,8 @@ def payload_for_run(run: dict[str, Any], *, url: str, canceling_seen: bool = Fal
         raise ValueError(f"run {run.get('run_id')} is not in a terminal state ({state.value})")
     status = _STATUS_FOR_STATE[state]
     if terminated_while_failed(run, canceling_seen=canceling_seen):
-        status = EventStatus.CANCELED
         return TriggerEventPayload(
-            status=status.value,
+            status=EventStatus.CANCELED.value,
             run_id=str(run.get("run_id")),
             state=state.value,
             message=f"KFP run {run.get('run_id')} was terminated (KFP reports a terminated run FAILED): "

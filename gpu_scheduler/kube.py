@@ -45,6 +45,7 @@ __all__ = [
     "PyTorchJobState",
     "ScaleUpWatch",
     "job_key",
+    "resource_version",
 ]
 
 #: Label the launcher puts on every PyTorchJob the scheduler may resize (and on its pods).
@@ -69,6 +70,14 @@ _EMPTY: Mapping[str, str] = MappingProxyType({})
 def job_key(namespace: str, name: str) -> str:
     """The job's name in snapshots and decisions: ``"<namespace>/<name>"``."""
     return f"{namespace}/{name}"
+
+
+def resource_version(obj: Any) -> str | None:
+    """``metadata.resourceVersion`` of a lightkube model or of a plain mapping (an object's JSON, a
+    merge patch body); None when absent or empty (a JSON patch, a list, has none)."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else getattr(obj, "metadata", None)
+    version = meta.get("resourceVersion") if isinstance(meta, Mapping) else getattr(meta, "resourceVersion", None)
+    return version if isinstance(version, str) and version else None
 
 
 def split_job_key(key: str) -> tuple[str, str]:

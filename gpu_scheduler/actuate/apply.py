@@ -41,7 +41,7 @@ from lightkube.resources.core_v1 import Event
 from lightkube.types import PatchType
 
 from gpu_scheduler.actuate.plan import Action, EventSpec, Patch, order_actions
-from gpu_scheduler.kube import FIELD_MANAGER
+from gpu_scheduler.kube import FIELD_MANAGER, resource_version
 
 __all__ = ["Actuator", "ApplyResult", "EventRecorder", "Status"]
 
@@ -82,14 +82,6 @@ def _dig(doc: Mapping[str, Any], path: tuple[str, ...]) -> Any:
             return None
         node = node.get(key)
     return node
-
-
-def _resource_version(body: Any) -> str | None:
-    """The ``metadata.resourceVersion`` a merge patch body carries (None: none, or a JSON patch)."""
-    if not isinstance(body, Mapping):
-        return None
-    version = _dig(body, ("metadata", "resourceVersion"))
-    return version if isinstance(version, str) else None
 
 
 def _with_resource_version(body: Any, version: str | None) -> dict[str, Any]:
@@ -181,9 +173,7 @@ class Actuator:
             field_manager=self.field_manager,
             dry_run=self.dry_run,
         )
-        metadata = getattr(answer, "metadata", None)
-        version = getattr(metadata, "resourceVersion", None)
-        return version if isinstance(version, str) and version else None
+        return resource_version(answer)
 
     def _retry_on_conflict(self, patch: Patch, attempts: int = 4) -> tuple[str | None, str | None]:
         """After a 409: re-read the job and resend with its fresh resourceVersion while the guard
@@ -201,9 +191,8 @@ class Actuator:
                 actual = _dig(doc, path)
                 if actual != expected and not (expected is None and actual is False):
                     return f"{'.'.join(path)} changed since it was observed ({expected!r} -> {actual!r})", None
-            fresh_version = (doc.get("metadata") or {}).get("resourceVersion")
             try:
-                return None, self._send(patch, _with_resource_version(patch.body, fresh_version))
+                return None, self._send(patch, _with_resource_version(patch.body, resource_version(doc)))
             except ApiError as exc:
                 if exc.status.code != 409:
                     raise
@@ -216,7 +205,7 @@ class Actuator:
         answered_version: str | None = None  # of the action's previous patch: the controller's own write
         for patch in action.patches:
             body = patch.body
-            if answered_version is not None and _resource_version(body) is not None:
+            if answered_version is not None and resource_version(body) is not None:
                 body = _with_resource_version(body, answered_version)
             try:
                 try:

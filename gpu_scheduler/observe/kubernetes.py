@@ -47,6 +47,7 @@ from gpu_scheduler.kube import (
     NodeState,
     PodState,
     PyTorchJobState,
+    resource_version,
 )
 from gpu_scheduler.model import SchedulerError
 
@@ -374,13 +375,6 @@ def _as_dict(obj: Any) -> Mapping[str, Any]:
     return obj.to_dict()
 
 
-def _resource_version(obj: Any) -> str | None:
-    """``metadata.resourceVersion`` of a lightkube model or a plain mapping (None if absent)."""
-    meta = obj.get("metadata") if isinstance(obj, Mapping) else getattr(obj, "metadata", None)
-    version = meta.get("resourceVersion") if isinstance(meta, Mapping) else getattr(meta, "resourceVersion", None)
-    return version if isinstance(version, str) else None
-
-
 # -------------------------------------------------------------------------------------- informer
 
 
@@ -562,18 +556,18 @@ class Informer(Generic[T]):
         self.resume_version = items.resourceVersion
         return items.resourceVersion
 
-    def _watch(self, client: Client, resource_version: str) -> None:
+    def _watch(self, client: Client, listed_version: str) -> None:
         for kind, obj in client.watch(
             self._resource,
             labels=self._labels,
             fields=self._fields,
             server_timeout=self._watch_timeout_s,
-            resource_version=resource_version,
+            resource_version=listed_version,
             **self._scope(),
         ):
             if self._stop.is_set():
                 return
-            self.resume_version = _resource_version(obj)  # lightkube's watch resumes from it too
+            self.resume_version = resource_version(obj)  # lightkube's watch resumes from it too
             if kind == "BOOKMARK":  # no object, only the server's progress
                 self.bookmarks += 1
                 continue

@@ -80,6 +80,26 @@ def operator(server: KfpServer, package: Path, **kwargs: Any) -> KfpRunPipelineO
     return op
 
 
+def execute_in_background(op: KfpRunPipelineOperator, ctx: dict[str, Any]) -> tuple[threading.Thread, list[BaseException], str]:
+    """Start ``op.execute(ctx)`` in a thread (a sync-mode task's worker); return the thread, the list
+    the exception it ends with goes to, and the run id once it is persisted in the state store."""
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            op.execute(ctx)
+        except BaseException as err:
+            outcome.append(err)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while "kfp_run_id" not in ctx["task_state_store"].data:
+        assert time.monotonic() < deadline, "the run id was not persisted"
+        time.sleep(0.1)
+    return worker, outcome, ctx["task_state_store"].data["kfp_run_id"]
+
+
 def runs_of(server: KfpServer, ctx: dict[str, Any]) -> list[dict[str, Any]]:
     hook = KfpHook("kfp", config=KfpConnectionConfig(api_url=server.url))
     return hook.find_runs(display_name_contains=TaskIdentity.from_context(ctx).marker)
@@ -301,20 +321,7 @@ def test_sync_run_timeout_terminates_the_run(kfp_server, compiled_pipelines) -> 
 def test_on_kill_in_sync_mode_terminates_the_persisted_run(kfp_server, compiled_pipelines) -> None:
     ctx = context_for("sync-kill")
     op = operator(kfp_server, compiled_pipelines["slow"], parameters={"seconds": 300}, poll_interval_s=0.3)
-    outcome: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            op.execute(ctx)
-        except BaseException as err:
-            outcome.append(err)
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    deadline = time.monotonic() + 60
-    while "kfp_run_id" not in ctx["task_state_store"].data:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    worker, outcome, _ = execute_in_background(op, ctx)
     op.on_kill()
     worker.join(60)
     assert isinstance(outcome[0], AirflowFailException) and isinstance(outcome[0].__cause__, KfpRunCanceledError)
@@ -485,21 +492,7 @@ def test_a_run_terminated_from_the_dashboard_is_canceled_though_kfp_reports_it_f
                   poll_interval_s=0.2)
     op.__dict__["hook"] = KfpHook("kfp", config=KfpConnectionConfig(api_url=kfp_server.url),
                                   transport=Kfp214Terminate())
-    outcome: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            op.execute(ctx)
-        except BaseException as err:
-            outcome.append(err)
-
-    worker = threading.Thread(target=run)
-    worker.start()
-    deadline = time.monotonic() + 60
-    while "kfp_run_id" not in store.data:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    run_id = store.data["kfp_run_id"]
+    worker, outcome, run_id = execute_in_background(op, ctx)
     wait_ready(kfp_server, run_id)
     KfpHook("dashboard", config=KfpConnectionConfig(api_url=kfp_server.url)).terminate_run(run_id)
     worker.join(120)
