@@ -119,8 +119,9 @@ class KfpApi:
             time.sleep(1)
 
     def wait_run(self, run_id: str, states: set[str], timeout_s: float | None = None) -> dict[str, Any]:
-        run = self.poll_run(run_id, lambda r: r["state"] in states, timeout_s or RUN_TIMEOUT_S[self.name])
-        assert run["state"] in states, f"run {run_id} still {run['state']}: {json.dumps(run)[:2000]}"
+        # a run just created may have no state yet: proto3 JSON omits RUNTIME_STATE_UNSPECIFIED
+        run = self.poll_run(run_id, lambda r: r.get("state") in states, timeout_s or RUN_TIMEOUT_S[self.name])
+        assert run.get("state") in states, f"run {run_id} still {run.get('state')}: {json.dumps(run)[:2000]}"
         return run
 
 
@@ -352,7 +353,7 @@ def test_terminate_stops_a_running_run(kfp_api: KfpApi) -> None:
         current = api.call("GET", f"/runs/{run.run_id}").json()
         tasks = {t.get("display_name"): t.get("state") for t in current.get("run_details", {}).get("task_details", [])}
         step_running = tasks.get("sleep-for") == "RUNNING"
-        if step_running or current["state"] in TERMINAL or time.monotonic() > deadline:
+        if step_running or current.get("state") in TERMINAL or time.monotonic() > deadline:
             break
         time.sleep(1)
     api.note("run_before_terminate", current)

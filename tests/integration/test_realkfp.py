@@ -355,7 +355,7 @@ def test_killing_the_worker_and_retrying_leaves_one_run_on_the_real_backend(
     run_id = airflow.trigger(dag_id, conf={"epochs": 8})
     airflow.wait_task(dag_id, run_id, "train", {"running"}, timeout_s=300)
     deadline = time.monotonic() + 300
-    while not (runs := _runs_of(kfp_backend, dag_id, run_id)) or runs[0]["state"] != "RUNNING":
+    while not (runs := _runs_of(kfp_backend, dag_id, run_id)) or runs[0].get("state") != "RUNNING":
         assert time.monotonic() < deadline, (runs, airflow.explain_task(dag_id, run_id, "train"))
         time.sleep(1)
     first = runs[0]["run_id"]
@@ -399,13 +399,13 @@ def test_marking_the_deferred_task_failed_terminates_the_run_on_the_real_backend
     assert ti["state"] == "deferred", airflow.explain_task("trainflow_training", run_id, "train")
     airflow.wait_trigger_running("trainflow_training", run_id, "train", ti["try_number"])
     deadline = time.monotonic() + 300
-    while (runs := _runs_of(kfp_backend, "trainflow_training", run_id)) and runs[0]["state"] != "RUNNING":
+    while (runs := _runs_of(kfp_backend, "trainflow_training", run_id)) and runs[0].get("state") != "RUNNING":
         assert time.monotonic() < deadline, runs
         time.sleep(1)
     response = airflow.set_task_state("trainflow_training", run_id, "train", "failed")
     assert response.status_code == 200, response.text
     marked = time.monotonic()
-    while (runs := _runs_of(kfp_backend, "trainflow_training", run_id))[0]["state"] not in {
+    while (runs := _runs_of(kfp_backend, "trainflow_training", run_id))[0].get("state") not in {
         "CANCELED", "SUCCEEDED", "FAILED"
     }:
         assert time.monotonic() - marked < 180, (runs, airflow.explain_task("trainflow_training", run_id, "train"))
