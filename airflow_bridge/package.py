@@ -119,6 +119,25 @@ class PipelinePackage:
             raise KfpPackageError(f"pipeline '{self.name}' needs parameter(s) {', '.join(missing)}")
         return {name: convert_argument(declared[name], value) for name, value in arguments.items()}
 
+    def uncached_tasks(self) -> list[str]:
+        """Names of the step tasks compiled not to cache (``cachingOptions.enableCache`` false or
+        absent: proto3 JSON omits ``false``), in the root DAG and in every sub-DAG, in spec order.
+
+        A task that runs a sub-DAG (a ``dsl.If`` condition, a ``dsl.ParallelFor``) is not a step and
+        is not listed; its steps are.
+        """
+        components = self.pipeline_spec.get("components") or {}
+        dags = [self.pipeline_spec.get("root", {}).get("dag")]
+        dags += [c.get("dag") for c in components.values() if isinstance(c, dict)]
+        names = []
+        for dag in dags:
+            for name, task in ((dag or {}).get("tasks") or {}).items():
+                component = components.get(((task or {}).get("componentRef") or {}).get("name"), {})
+                runs_a_dag = isinstance(component, dict) and "dag" in component
+                if not runs_a_dag and not ((task or {}).get("cachingOptions") or {}).get("enableCache"):
+                    names.append(str(name))
+        return names
+
     def api_pipeline_spec(self, *, enable_caching: bool | None = None) -> dict[str, Any]:
         """The run's ``pipeline_spec`` field, optionally with caching forced on or off.
 

@@ -476,6 +476,14 @@ class KfpHook(_HookBase):
         if package is not None:
             parameters = package.prepare_arguments(parameters or {})
             spec = package.api_pipeline_spec(enable_caching=enable_caching)
+            if enable_caching and (uncached := package.uncached_tasks()):
+                # kfp's client overrides every task too; trainflow's pipelines compile their dataset,
+                # train and register steps uncached because a cached one would reuse old data or models
+                self.log.warning(
+                    "enable_caching=True turns caching on for %s, which pipeline '%s' was compiled not "
+                    "to cache: their outputs may come from an earlier run with the same inputs",
+                    ", ".join(uncached), package.name,
+                )
         body = api.run_body(
             display_name=display_name,
             pipeline_spec=spec,

@@ -190,7 +190,8 @@ class KfpRunPipelineOperator(BaseOperator):
         namespace: Kubeflow profile namespace (templated; default: the connection's).
         pipeline_root: artifact root for the run (templated).
         service_account: Kubernetes service account for the run's pods (templated).
-        enable_caching: force step caching on or off for every task (``None``: compiled setting).
+        enable_caching: force step caching on or off for every task (``None``: compiled setting;
+            ``True`` logs a warning naming the steps the pipeline was compiled not to cache).
         kfp_conn_id: Airflow connection of type ``kubeflow_pipelines``.
         deferrable: wait in the triggerer (default ``[operators] default_deferrable``).
         poll_interval_s: seconds between reads of the run state (> 0).

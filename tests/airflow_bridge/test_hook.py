@@ -9,10 +9,12 @@ deadline); bearer-token and service-account-token auth against a server that req
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from airflow_bridge.exceptions import KfpAuthError, KfpPackageError, KfpRunTimeoutError
 from airflow_bridge.hooks import AuthMode, KfpAsyncHook, KfpConnectionConfig, KfpHook
@@ -51,6 +53,32 @@ def test_create_run_from_package_converts_parameters_and_succeeds(hook: KfpHook,
     assert run["pipeline_spec"]["root"]["dag"]["tasks"]["add"]["cachingOptions"]["enableCache"] is False
     done = hook.wait_for_run(run["run_id"], poll_interval_s=0.5, deadline_s=None)
     assert done["state"] == "SUCCEEDED"
+
+
+def test_caching_forced_on_warns_about_the_steps_compiled_not_to_cache(
+    hook: KfpHook, compiled_pipelines, tmp_path: Path, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kfp's override semantics are kept (every step cached), but the DAG author is told which steps
+    the pipeline meant never to cache (trainflow's dataset step: a cached one reuses an old file list)."""
+    spec = yaml.safe_load(Path(compiled_pipelines["tiny"]).read_text())
+    tasks = spec["root"]["dag"]["tasks"]
+    uncached = sorted(tasks)[0]
+    tasks[uncached]["cachingOptions"] = {}  # what set_caching_options(False) compiles to
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(spec))
+    arguments = {"a": 1, "b": 2}
+    with caplog.at_level(logging.WARNING):
+        run = hook.create_run(display_name="hook cached", package_path=tmp_path / "p.yaml", parameters=arguments,
+                              enable_caching=True)
+    assert run["pipeline_spec"]["root"]["dag"]["tasks"][uncached]["cachingOptions"]["enableCache"] is True
+    log = capsys.readouterr().out + caplog.text  # Airflow's structlog prints; plain logging records
+    assert f"caching on for {uncached}, which pipeline 'tiny' was compiled not to cache" in log, log
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        hook.create_run(display_name="hook compiled", package_path=tmp_path / "p.yaml", parameters=arguments)
+        hook.create_run(display_name="hook uncached", package_path=tmp_path / "p.yaml", parameters=arguments,
+                        enable_caching=False)
+    log = capsys.readouterr().out + caplog.text
+    assert "enable_caching" not in log, log
 
 
 def test_multi_document_package_is_sent_with_its_platform_spec(hook: KfpHook, compiled_pipelines) -> None:

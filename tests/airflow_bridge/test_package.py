@@ -97,6 +97,23 @@ def test_caching_override_reaches_the_tasks_inside_a_condition(tmp_path: Path) -
     assert body["root"]["dag"]["tasks"]["check"]["cachingOptions"]["enableCache"] is False
 
 
+def test_uncached_tasks_are_the_steps_compiled_not_to_cache(tmp_path: Path, training_pipeline_package: Path) -> None:
+    """Steps in sub-DAGs count, the condition task itself does not; trainflow's own pipeline
+    compiles every step but evaluate uncached."""
+    spec = {
+        "pipelineInfo": {"name": "conditional"},
+        "root": {"dag": {"tasks": {"check": {"cachingOptions": {"enableCache": True}},
+                                   "condition-1": {"componentRef": {"name": "comp-condition-1"}}}}},
+        "components": {"comp-condition-1": {"dag": {"tasks": {"prepare": {"cachingOptions": {"enableCache": True}},
+                                                              "train": {"cachingOptions": {}}}}},
+                       "comp-check": {"executorLabel": "exec-check"}},
+    }
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(spec))
+    assert load_pipeline_package(tmp_path / "p.yaml").uncached_tasks() == ["train"]
+    training = load_pipeline_package(training_pipeline_package)
+    assert sorted(training.uncached_tasks()) == ["prepare-dataset", "register-model", "train"]
+
+
 def test_archives_and_json_are_read_like_kfp(tmp_path: Path, compiled_pipelines: dict[str, Path]) -> None:
     src = compiled_pipelines["tiny"]
     with tarfile.open(tmp_path / "p.tar.gz", "w:gz") as tar:
