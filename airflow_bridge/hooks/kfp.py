@@ -194,6 +194,7 @@ class _HookBase(BaseHook):
     conn_type = CONN_TYPE
     hook_name = "Kubeflow Pipelines"
     _sleep: Callable[[float], Any]  # time.sleep (sync hook) or asyncio.sleep (async hook)
+    _clock: Callable[[], float]  # wall clock, epoch seconds
 
     def __init__(
         self, kfp_conn_id: str = DEFAULT_CONN_ID, *, config: KfpConnectionConfig | None = None
@@ -236,11 +237,29 @@ class _HookBase(BaseHook):
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         self.log.warning("KFP API call failed (attempt %d), retrying: %s", retry_state.attempt_number, exc)
 
-    def _retry_policy(self, cfg: KfpConnectionConfig, call: api.ApiCall) -> dict[str, Any]:
-        """tenacity arguments shared by the sync and async hooks: attempts, backoff, what retries."""
+    def _retry_policy(
+        self, cfg: KfpConnectionConfig, call: api.ApiCall, *, deadline_s: float | None = None
+    ) -> dict[str, Any]:
+        """tenacity arguments shared by the sync and async hooks: attempts, backoff, what retries.
+
+        With ``deadline_s`` (epoch seconds, by ``_clock``) a backoff ends no later than the deadline
+        and an attempt that fails at or after it is not retried: a wait for a run does not go on
+        retrying a down API for up to ``max_attempts`` request timeouts past its deadline.
+        """
+        stop: Any = tenacity.stop_after_attempt(cfg.max_attempts)
+        wait: Callable[[tenacity.RetryCallState], float] = self._wait
+        if deadline_s is not None:
+
+            def past_deadline(_: tenacity.RetryCallState) -> bool:
+                return self._clock() >= deadline_s
+
+            def wait_to_deadline(retry_state: tenacity.RetryCallState) -> float:
+                return max(0.0, min(self._wait(retry_state), deadline_s - self._clock()))
+
+            stop, wait = tenacity.stop_any(stop, past_deadline), wait_to_deadline
         return {
-            "stop": tenacity.stop_after_attempt(cfg.max_attempts),
-            "wait": self._wait,
+            "stop": stop,
+            "wait": wait,
             "retry": tenacity.retry_if_exception(lambda e: api.is_retryable(e, call)),
             "before_sleep": self._log_retry,
             "sleep": self._sleep,
@@ -307,8 +326,12 @@ class KfpHook(_HookBase):
             self._client.close()
             self._client = None
 
-    def call(self, call: api.ApiCall) -> dict[str, Any]:
+    def call(self, call: api.ApiCall, *, deadline_s: float | None = None) -> dict[str, Any]:
         """Send one request with the retry policy; return the decoded JSON body.
+
+        Args:
+            call: the request.
+            deadline_s: epoch seconds after which a failed attempt is not retried (``None``: none).
 
         Raises:
             KfpAuthError, KfpNotFoundError, KfpApiError: see :func:`airflow_bridge.hooks.api.decode`.
@@ -327,7 +350,7 @@ class KfpHook(_HookBase):
             )
             return api.decode(response, call, auth_mode=cfg.auth_mode.value)
 
-        retrying = tenacity.Retrying(**self._retry_policy(cfg, call))
+        retrying = tenacity.Retrying(**self._retry_policy(cfg, call, deadline_s=deadline_s))
         try:
             return retrying(attempt)
         except httpx.TransportError as err:
@@ -585,16 +608,18 @@ class KfpHook(_HookBase):
             The run in its terminal state.
 
         Raises:
-            KfpRunTimeoutError: the deadline passed first.
+            KfpRunTimeoutError: the deadline passed first (a read said the run was not terminal).
             KfpApiError: a read failed with an error that is not transient, or reads failed for
-                longer than the connection's ``outage_tolerance_s`` (:func:`outage_delay_s`).
+                longer than the connection's ``outage_tolerance_s`` or until the deadline
+                (:func:`outage_delay_s`; a read's own retries end at the deadline too, so this comes
+                at most one ``request_timeout_s`` after it).
         """
         wait = _RunWait(run_id, poll_interval_s=poll_interval_s, deadline_s=deadline_s,
                         tolerance_s=self.config.outage_tolerance_s, on_poll=on_poll, clock=self._clock)
         while True:
             read_s = self._clock()
             try:
-                run = self.call(wait.call)
+                run = self.call(wait.call, deadline_s=wait.deadline_s)
             except KfpApiError as err:
                 self._sleep(wait.after_failed_read(err, read_s, self.log))
                 continue
@@ -674,8 +699,8 @@ class KfpAsyncHook(_HookBase):
             finally:
                 self._client = None
 
-    async def call(self, call: api.ApiCall) -> dict[str, Any]:
-        """Async twin of :meth:`KfpHook.call` (same retry policy and errors)."""
+    async def call(self, call: api.ApiCall, *, deadline_s: float | None = None) -> dict[str, Any]:
+        """Async twin of :meth:`KfpHook.call` (same retry policy, ``deadline_s`` and errors)."""
         cfg = await self.get_config()
         async with contextlib.AsyncExitStack() as stack:
             client = self._client or await stack.enter_async_context(self._new_client(cfg))
@@ -686,7 +711,7 @@ class KfpAsyncHook(_HookBase):
                 )
                 return api.decode(response, call, auth_mode=cfg.auth_mode.value)
 
-            retrying = tenacity.AsyncRetrying(**self._retry_policy(cfg, call))
+            retrying = tenacity.AsyncRetrying(**self._retry_policy(cfg, call, deadline_s=deadline_s))
             try:
                 return await retrying(attempt)
             except httpx.TransportError as err:
@@ -724,7 +749,7 @@ class KfpAsyncHook(_HookBase):
             while True:
                 read_s = self._clock()
                 try:
-                    run = await self.call(wait.call)
+                    run = await self.call(wait.call, deadline_s=wait.deadline_s)
                 except KfpApiError as err:
                     await self._sleep(wait.after_failed_read(err, read_s, self.log))
                     continue

@@ -352,9 +352,9 @@ class KfpRunPipelineOperator(BaseOperator):
                 run_id, poll_interval_s=self.poll_interval_s, deadline_s=deadline_s, on_poll=log_progress
             )
         except KfpRunTimeoutError as err:
-            self._terminate(run_id, reason="the run timed out")
+            done = self._terminate(run_id, reason="the run timed out")
             raise KfpRunTimeoutError(
-                f"KFP run {run_id} was not finished {self.run_timeout_s:g} s after its creation; terminated it",
+                f"KFP run {run_id} was not finished {self.run_timeout_s:g} s after its creation; {done}",
                 run_id=run_id,
                 state=err.state,
                 url=url,
@@ -370,9 +370,9 @@ class KfpRunPipelineOperator(BaseOperator):
         self._run_id = payload["run_id"]
         status = EventStatus(payload["status"])
         if status is EventStatus.TIMEOUT:
-            self._terminate(payload["run_id"], reason="the run timed out")
+            done = self._terminate(payload["run_id"], reason="the run timed out")
             raise KfpRunTimeoutError(
-                f"{payload['message']}; terminated it",
+                f"{payload['message']}; {done}",
                 run_id=payload["run_id"],
                 state=payload["state"],
                 url=payload["url"],
@@ -536,13 +536,17 @@ class KfpRunPipelineOperator(BaseOperator):
         return run
 
     # -- kill ------------------------------------------------------------------------------
-    def _terminate(self, run_id: str, *, reason: str) -> None:
+    def _terminate(self, run_id: str, *, reason: str) -> str:
+        """Terminate the run (best effort, never raises); how it went, for the task's error:
+        ``"terminated it"`` or ``"could not terminate it (<why>): it may still run"``."""
         try:
             # A fresh hook: on_kill runs in a signal handler, maybe while self.hook is mid-request.
             KfpHook(self.kfp_conn_id, config=self.hook.config).terminate_run(run_id)
             self.log.info("terminated KFP run %s (%s)", run_id, reason)
+            return "terminated it"
         except Exception as err:
             self.log.warning("could not terminate KFP run %s (%s): %s", run_id, reason, err)
+            return f"could not terminate it ({' '.join(str(err).split())}): it may still run"
 
     def on_kill(self) -> None:
         """Terminate the run when the task is killed in sync mode (by the persisted run id)."""

@@ -5,15 +5,20 @@ Outcomes follow Airflow's sensor rules (``airflow/sdk/bases/sensor.py``): SUCCEE
 SKIPPED -> skipped; FAILED or CANCELED -> :class:`AirflowFailException` (a finished run does not
 change, so a retry cannot help; the :class:`KfpRunFailedError` / :class:`KfpRunCanceledError` with the
 run's id, state and page is its ``__cause__``); the sensor's ``timeout`` -> ``AirflowSensorTimeout``
-(never retried), which is the trigger's deadline in deferrable mode. With ``soft_fail=True`` the
-last two skip the task, as for any Airflow sensor. Losing track of the run (the KFP API unreachable
-beyond the connection's ``outage_tolerance_s``) is a :class:`KfpApiError`, which Airflow retries.
+(never retried), which is the trigger's deadline in deferrable mode (also when the KFP API cannot
+be read at that deadline). With ``soft_fail=True`` the last two skip the task, as for any Airflow
+sensor. Losing track of the run (the KFP API unreachable beyond the connection's
+``outage_tolerance_s``) is a :class:`KfpApiError`, which Airflow retries; with ``never_fail=True``
+it, like any error of the check, skips the task. The deferrable mode applies both options as
+Airflow's ``BaseSensorOperator.execute`` applies them to ``poke`` (:meth:`KfpRunSensor._fail_options`),
+to the check before the deferral and to the trigger's event alike.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -80,6 +85,15 @@ class KfpRunSensor(BaseSensorOperator):
         return True
 
     def _outcome(self, payload: dict[str, Any]) -> None:
+        """Map an event payload to the task's outcome (``success`` returns).
+
+        Raises:
+            AirflowSkipException: ``skipped``.
+            KfpApiError: ``error`` (transient: Airflow's retries apply).
+            AirflowSensorTimeout: ``timeout``; its cause is a :class:`KfpRunTimeoutError`.
+            AirflowFailException: ``failed`` or ``canceled``; its cause is a
+                :class:`KfpRunFailedError` or :class:`KfpRunCanceledError`.
+        """
         status = EventStatus(payload["status"])
         kwargs = {"run_id": payload["run_id"], "state": payload["state"], "url": payload["url"]}
         if status is EventStatus.SUCCESS:
@@ -103,18 +117,44 @@ class KfpRunSensor(BaseSensorOperator):
     def poke(self, context: Context) -> bool:
         return self._check(context)
 
+    @contextlib.contextmanager
+    def _fail_options(self) -> Iterator[None]:
+        """Apply ``soft_fail`` and ``never_fail`` to the errors raised inside, as Airflow's
+        ``BaseSensorOperator.execute`` applies them to ``poke``'s (the deferrable mode checks
+        outside ``poke``; ``resume_execution`` applies them to Airflow's own exceptions only).
+
+        Raises:
+            AirflowSkipException: for ``AirflowFailException`` or ``AirflowSensorTimeout`` with
+                ``soft_fail`` or ``never_fail``, and for any other error (a :class:`KfpApiError`
+                included) with ``never_fail``.
+        """
+        try:
+            yield
+        except AirflowSkipException:
+            raise
+        except (AirflowFailException, AirflowSensorTimeout) as err:
+            if self.soft_fail or self.never_fail:
+                option = "soft_fail" if self.soft_fail else "never_fail"
+                raise AirflowSkipException(f"skipping ({option}): {err}") from err
+            raise
+        except Exception as err:
+            if self.never_fail:
+                raise AirflowSkipException(f"skipping (never_fail): {type(err).__name__}: {err}") from err
+            raise
+
     def execute(self, context: Context) -> Any:
+        """Wait for the run: poke or reschedule through ``BaseSensorOperator``, or check once and defer.
+
+        Raises:
+            AirflowFailException, AirflowSensorTimeout, AirflowSkipException, KfpApiError: in
+                deferrable mode, as :meth:`_outcome` and :meth:`_fail_options` say.
+        """
         KfpRunLink.persist(context, self.hook.run_url(self.run_id))
         if not self.deferrable:
             return super().execute(context)
-        try:
+        with self._fail_options():
             if self._check(context):
                 return None
-        except (AirflowFailException, AirflowSensorTimeout) as err:
-            # outside poke() and resume_execution(), where BaseSensorOperator applies these itself
-            if self.soft_fail or self.never_fail:
-                raise AirflowSkipException(f"skipping (soft_fail or never_fail): {err}") from err
-            raise
         timeout_s = (
             self.timeout.total_seconds() if hasattr(self.timeout, "total_seconds") else float(self.timeout)
         )
@@ -132,4 +172,12 @@ class KfpRunSensor(BaseSensorOperator):
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
-        self._outcome(dict(parse_payload(event)))
+        """Resume after the trigger's event: its outcome (:meth:`_outcome`) under :meth:`_fail_options`.
+
+        Raises:
+            AirflowFailException, AirflowSensorTimeout, AirflowSkipException, KfpApiError: as
+                :meth:`_outcome` and :meth:`_fail_options` say.
+            ValueError: for a malformed event (skips the task with ``never_fail``).
+        """
+        with self._fail_options():
+            self._outcome(dict(parse_payload(event)))

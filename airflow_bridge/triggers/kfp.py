@@ -2,8 +2,10 @@
 
 It is a value object: ``serialize()`` returns everything needed to rebuild it in the triggerer
 (run id, connection id, poll interval, deadline, run URL, cancel-on-kill), and ``run()`` never
-raises -- API errors become an ``error`` event. While it waits it logs the run's progress (state,
-each task's state as it changes, the trainer's last step and loss where exposed:
+raises -- API errors become an ``error`` event, or a ``timeout`` event once the deadline has passed
+(an API down at the deadline must not bypass the task's timeout handling: ``error`` is transient,
+retried and reattached, so the run's time limit would never be enforced). While it waits it logs
+the run's progress (state, each task's state as it changes, the trainer's last step and loss where exposed:
 :func:`airflow_bridge.events.progress_lines`); Airflow shows the trigger's log in the task's log. ``on_kill()`` (Airflow >= 3.3, called when a user
 marks the deferred task failed/success or clears it) terminates the run by its persisted id.
 ``cleanup()`` is left alone: it also runs on every triggerer restart, where the run must go on.
@@ -34,11 +36,12 @@ from airflow_bridge.events import (
     EventStatus,
     RunProgress,
     RunState,
+    TriggerEventPayload,
     payload_for_problem,
     payload_for_run,
     progress_lines,
 )
-from airflow_bridge.exceptions import KfpRunTimeoutError
+from airflow_bridge.exceptions import KfpApiError, KfpRunTimeoutError
 from airflow_bridge.hooks.config import DEFAULT_CONN_ID
 from airflow_bridge.hooks.kfp import KfpAsyncHook
 from airflow_bridge.version_compat import BaseTrigger, TriggerEvent, task_instance_is_deferred
@@ -60,7 +63,8 @@ class KfpRunTrigger(BaseTrigger):
         run_id: KFP run id.
         kfp_conn_id: Airflow connection id.
         poll_interval_s: seconds between reads of the run (> 0).
-        deadline_s: epoch seconds after which a ``timeout`` event is sent (``None``: wait forever).
+        deadline_s: epoch seconds after which a ``timeout`` event is sent, also when the KFP API
+            cannot be read then (``None``: wait forever).
         run_url: the run's UI link, echoed in the event (computed from the connection if empty).
         cancel_on_kill: terminate the run when the deferred task is killed by a user.
         not_before_s: epoch seconds before which no event is yielded (``None``: at once).
@@ -142,6 +146,8 @@ class KfpRunTrigger(BaseTrigger):
                 url=url,
                 state=RunState.parse(err.state),
             )
+        except KfpApiError as err:
+            payload = self._api_failure(err, url=url, state=last[-1].state if last else None)
         except Exception as err:  # the trigger must not raise: report the problem to the task
             self.log.warning("cannot follow KFP run %s: %s", self.run_id, err)
             payload = payload_for_problem(
@@ -154,6 +160,29 @@ class KfpRunTrigger(BaseTrigger):
         if self.not_before_s is not None and (wait_s := self.not_before_s - time.time()) > 0:
             await asyncio.sleep(wait_s)
         yield TriggerEvent(dict(payload))
+
+    def _api_failure(self, err: KfpApiError, *, url: str, state: RunState | None) -> TriggerEventPayload:
+        """The event for a wait the KFP API ended: ``timeout`` when the deadline has passed (by the
+        wall clock: the hook gave up at the deadline, or its error came after it), else ``error``;
+        either carries ``state``, the run's last state read (``None``: never read)."""
+        if self.deadline_s is not None and time.time() >= self.deadline_s:
+            seen = f" (last seen {state.value})" if state is not None else ""
+            self.log.warning("KFP run %s reached its deadline while the KFP API failed: %s", self.run_id, err)
+            return payload_for_problem(
+                EventStatus.TIMEOUT,
+                run_id=self.run_id,
+                message=f"KFP run {self.run_id}: the KFP API could not be read at its deadline{seen}: {err}",
+                url=url,
+                state=state,
+            )
+        self.log.warning("cannot follow KFP run %s: %s", self.run_id, err)
+        return payload_for_problem(
+            EventStatus.ERROR,
+            run_id=self.run_id,
+            message=f"{type(err).__name__}: {err}",
+            url=url,
+            state=state,
+        )
 
     async def on_kill(self) -> None:
         """Terminate the KFP run when the user kills the deferred task (best effort, never raises).

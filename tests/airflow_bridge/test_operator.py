@@ -299,6 +299,10 @@ def test_execute_complete_maps_every_event(kfp_server, compiled_pipelines) -> No
     with pytest.raises(KfpRunTimeoutError, match="late; terminated it"):
         op.execute_complete(ctx, dict(event))
     assert op.hook.wait_for_run(run["run_id"], poll_interval_s=0.3)["state"] == "CANCELED"
+    # a terminate that fails is said so, not reported as done
+    gone = payload_for_problem(EventStatus.TIMEOUT, run_id="no-such-run", message="late", url="u")
+    with pytest.raises(KfpRunTimeoutError, match=r"late; could not terminate it \(.*\): it may still run$"):
+        op.execute_complete(ctx, dict(gone))
 
 
 @slow

@@ -1,7 +1,8 @@
 """KfpRunSensor against the real local KFP server: poke results for each terminal state (a finished
 run fails the task without retries, the KFP error as its cause; ``soft_fail`` skips instead, through
 Airflow's own sensor code), the deferral (poke_interval and timeout reach the trigger; it never
-cancels a run it does not own; its timeout is Airflow's sensor timeout)."""
+cancels a run it does not own; its timeout is Airflow's sensor timeout). Without a server: an
+unreachable API and an ``error`` event meet ``soft_fail``/``never_fail`` as Airflow's poke does."""
 
 from __future__ import annotations
 
@@ -16,13 +17,12 @@ from airflow.sdk.exceptions import (
     TaskDeferred,
 )
 
-from airflow_bridge.exceptions import KfpRunCanceledError, KfpRunFailedError, KfpRunTimeoutError
+from airflow_bridge.exceptions import KfpApiError, KfpRunCanceledError, KfpRunFailedError, KfpRunTimeoutError
 from airflow_bridge.hooks import KfpConnectionConfig, KfpHook
 from airflow_bridge.links.kfp import KfpRunLink
 from airflow_bridge.sensors.kfp import KfpRunSensor
 from tests.support.kfp_server import FAILURE_MESSAGE, KfpServer
-
-pytestmark = pytest.mark.slow
+from tests.support.processes import free_port
 
 
 class TI:
@@ -39,6 +39,7 @@ def sensor(server: KfpServer, run_id: str, **kwargs) -> KfpRunSensor:
     return s
 
 
+@pytest.mark.slow
 def test_poke_follows_the_run_to_success(kfp_server: KfpServer, compiled_pipelines) -> None:
     hook = KfpHook("kfp", config=KfpConnectionConfig(api_url=kfp_server.url))
     run_id = hook.create_run(display_name="sensed", package_path=compiled_pipelines["tiny"])["run_id"]
@@ -51,6 +52,7 @@ def test_poke_follows_the_run_to_success(kfp_server: KfpServer, compiled_pipelin
     assert ti.xcoms[KfpRunLink.XCOM_KEY] == f"{kfp_server.url}/#/runs/details/{run_id}"
 
 
+@pytest.mark.slow
 def test_poke_raises_for_failed_and_canceled_runs(kfp_server: KfpServer, compiled_pipelines) -> None:
     hook = KfpHook("kfp", config=KfpConnectionConfig(api_url=kfp_server.url))
     failed = hook.create_run(display_name="sensed failing", package_path=compiled_pipelines["failing"])[
@@ -78,6 +80,7 @@ def test_poke_raises_for_failed_and_canceled_runs(kfp_server: KfpServer, compile
     assert isinstance(raised.value.__cause__, KfpRunCanceledError)
 
 
+@pytest.mark.slow
 def test_deferrable_sensor_hands_its_knobs_to_a_non_cancelling_trigger(
     kfp_server, compiled_pipelines
 ) -> None:
@@ -104,3 +107,50 @@ def test_deferrable_sensor_hands_its_knobs_to_a_non_cancelling_trigger(
         soft.resume_execution("execute_complete", {"event": {**timeout_event, "status": "failed"}}, {})
     assert hook.get_run(run_id)["state"] in ("PENDING", "RUNNING")  # the sensor does not own the run
     hook.terminate_run(run_id)
+
+
+def api_error_in(err: BaseException | None) -> KfpApiError:
+    """The KfpApiError along ``err``'s ``__cause__`` chain (Airflow's skips name no cause)."""
+    while err is not None and not isinstance(err, KfpApiError):
+        err = err.__cause__
+    assert err is not None, "no KfpApiError in the cause chain"
+    return err
+
+
+FAIL_OPTIONS = [{}, {"soft_fail": True}, {"never_fail": True}]
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["poke", "deferrable"])
+@pytest.mark.parametrize("options", FAIL_OPTIONS, ids=["plain", "soft_fail", "never_fail"])
+def test_an_unreachable_api_meets_soft_fail_and_never_fail_as_in_poke_mode(
+    deferrable: bool, options: dict
+) -> None:
+    """Airflow's poke path (``BaseSensorOperator.execute``): ``never_fail`` skips on any error of the
+    check, ``soft_fail`` only on AirflowFailException/AirflowSensorTimeout. The deferrable mode
+    checks once before deferring, outside ``poke``, and must do the same."""
+    s = KfpRunSensor(task_id="wait", run_id="run-1", deferrable=deferrable, **options)
+    cfg = KfpConnectionConfig(api_url=f"http://127.0.0.1:{free_port()}", max_attempts=1)
+    s.__dict__["hook"] = KfpHook("kfp", config=cfg)
+    expected = AirflowSkipException if options.get("never_fail") else KfpApiError
+    with pytest.raises(expected) as raised:
+        s.execute({"ti": TI()})
+    assert "cannot reach the KFP API" in str(api_error_in(raised.value))
+
+
+@pytest.mark.parametrize("options", FAIL_OPTIONS, ids=["plain", "soft_fail", "never_fail"])
+def test_an_error_event_meets_soft_fail_and_never_fail_as_in_poke_mode(options: dict) -> None:
+    """Resuming through Airflow's ``BaseSensorOperator.resume_execution``, which applies both options
+    to Airflow's own exceptions only: the ``error`` event's KfpApiError (the run lost beyond
+    ``outage_tolerance_s``) skips with ``never_fail``, and a malformed event too; ``soft_fail`` keeps both errors."""
+    s = KfpRunSensor(task_id="wait", run_id="run-1", deferrable=True, **options)
+    error_event = {"status": "error", "run_id": "run-1", "state": "RUNNING", "message": "API down"}
+    error_event["url"] = "u"
+    skips = bool(options.get("never_fail"))
+    with pytest.raises(AirflowSkipException if skips else KfpApiError) as raised:
+        s.resume_execution("execute_complete", {"event": error_event}, {})
+    assert "lost track of KFP run run-1 (last seen RUNNING): API down" in str(api_error_in(raised.value))
+    with pytest.raises(AirflowSkipException if skips else ValueError) as malformed:
+        s.resume_execution("execute_complete", {"event": {"run_id": "run-1"}}, {})
+    assert skips or "lacks status" in str(malformed.value)
+    with pytest.raises(AirflowSkipException if skips else KfpApiError, match="API down"):
+        s.execute_complete({}, error_event)  # as Airflow's resume_execution calls it

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import signal
 import time
 
 import httpx
@@ -21,7 +22,7 @@ import pytest
 from airflow_bridge.hooks import KfpAsyncHook, KfpConnectionConfig, KfpHook
 from airflow_bridge.triggers.kfp import CLASSPATH, KfpRunTrigger
 from tests.airflow_bridge.kfp214_terminate import AsyncKfp214Terminate
-from tests.support.kfp_server import FAILURE_MESSAGE, KfpServer
+from tests.support.kfp_server import FAILURE_MESSAGE, KfpServer, start_kfp_server
 from tests.support.processes import free_port
 
 
@@ -200,6 +201,87 @@ async def test_unreachable_api_is_an_error_event_not_an_exception() -> None:
     (event,) = await collect(trigger)
     assert event["status"] == "error" and event["state"] is None and event["url"] == "http://ui/x"
     assert event["message"].startswith("KfpApiError: cannot reach the KFP API")
+
+
+async def test_an_api_unreachable_past_the_deadline_is_a_timeout_event_not_an_error() -> None:
+    """An ``error`` event is transient (the task retries and reattaches), so one sent at the deadline
+    would let the run outlive its time limit: past the deadline, a failing API is a ``timeout``."""
+    cfg = KfpConnectionConfig(
+        api_url=f"http://127.0.0.1:{free_port()}", max_attempts=2, retry_initial_s=0.01, outage_tolerance_s=0
+    )
+    trigger = make(run_url="http://ui/x", deadline_s=time.time() - 1)
+    trigger.hook = lambda: KfpAsyncHook("kfp_test", config=cfg)
+    (event,) = await collect(trigger)
+    assert (event["status"], event["state"], event["url"]) == ("timeout", None, "http://ui/x"), event
+    assert event["message"].startswith("KFP run run-1: the KFP API could not be read at its deadline: ")
+    assert "cannot reach the KFP API" in event["message"]
+
+
+async def test_the_retries_of_a_failing_read_end_at_the_deadline() -> None:
+    """Pure (recorded sleep and clock, scripted answers): the API refuses every read after the first.
+    The read's backoffs stop at the deadline (15 s after the first read) instead of spending its whole
+    retry budget (5 attempts, 2 + 4 + 4 + 4 s of backoff from the read at 10 s: ~24 s)."""
+    first = [httpx.Response(200, json={"run_id": "run-1", "state": "RUNNING"})]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if first:
+            return first.pop()
+        raise httpx.ConnectError("refused", request=request)
+
+    now_s, sleeps = [1000.0], []
+
+    async def asleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now_s[0] += seconds
+
+    cfg = KfpConnectionConfig(api_url="http://kfp.test", max_attempts=5, retry_initial_s=2.0, retry_max_s=4.0)
+    # the deadline is long past by the wall clock too: the event is a timeout whatever the hook's clock says
+    trigger = make(poll_interval_s=10.0, deadline_s=1015.0, run_url="http://ui/x")
+    trigger.hook = lambda: KfpAsyncHook(
+        "kfp_test", config=cfg, transport=httpx.MockTransport(answer), sleep=asleep, clock=lambda: now_s[0]
+    )
+    (event,) = await collect(trigger)
+    assert (event["status"], event["state"]) == ("timeout", "RUNNING"), event
+    assert now_s[0] == pytest.approx(1015.0), sleeps  # the last attempt is at the deadline, none after it
+    assert sleeps[0] == 10.0 and len(sleeps) == 3, sleeps
+
+
+@pytest.mark.slow
+async def test_an_api_that_stops_answering_before_the_deadline_ends_the_wait_at_it_with_a_timeout(
+    tmp_path, compiled_pipelines
+) -> None:
+    """The KFP API freezes (SIGSTOP: connections are accepted, nothing answers) while the run runs:
+    the event at the deadline is ``timeout`` with the last state read, and it comes about one
+    ``request_timeout_s`` after the deadline, not after a read's whole retry budget (here 5 attempts
+    of 1 s with 2-4 s backoffs: ~19 s)."""
+    server = start_kfp_server(tmp_path, name="kfp-frozen")
+    try:
+        run_id = submit(server, compiled_pipelines["slow"], seconds=300)
+        reader = KfpHook("t", config=KfpConnectionConfig(api_url=server.url))
+        until = time.monotonic() + 60
+        while reader.get_run(run_id)["state"] != "RUNNING":
+            assert time.monotonic() < until, "the slow run did not start"
+            time.sleep(0.2)
+        cfg = KfpConnectionConfig(
+            api_url=server.url, request_timeout_s=1.0, max_attempts=5, retry_initial_s=2.0, retry_max_s=4.0
+        )
+        deadline_s = time.time() + 6.0
+        trigger = make(run_id=run_id, poll_interval_s=0.5, deadline_s=deadline_s, run_url="http://ui/x")
+        trigger.hook = lambda: KfpAsyncHook("kfp_test", config=cfg)
+        waiter = asyncio.ensure_future(collect(trigger))
+        await asyncio.sleep(1.5)  # a few reads say RUNNING
+        assert not waiter.done()
+        server.process.signal(signal.SIGSTOP)
+        (event,) = await asyncio.wait_for(waiter, timeout=60)
+        late_s = time.time() - deadline_s
+    finally:
+        server.process.signal(signal.SIGCONT)
+        server.process.stop()
+    assert (event["status"], event["state"]) == ("timeout", "RUNNING"), event
+    assert event["message"].startswith(
+        f"KFP run {run_id}: the KFP API could not be read at its deadline (last seen RUNNING): "
+    ), event
+    assert 0 <= late_s < 5.0, f"the event came {late_s:.1f} s after the deadline"
 
 
 async def test_a_run_lost_mid_wait_is_an_error_event_with_its_last_state() -> None:
