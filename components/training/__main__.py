@@ -8,12 +8,13 @@ Flags are listed by ``--help``; ``--config FILE`` / ``--config-json`` give the w
 the checkpoints, and running the same command again resumes them.
 
 Exit codes: 0 done; 2 permanent — bad input (config, dataset, checkpoint storage that is
-misconfigured, refuses these credentials or has no such bucket — :func:`transient_storage_failure`
-decides —, a checkpoint of another dataset or model under the job key) or a newer run took over the
-job key — not worth a retry; 143 preempted by SIGTERM (a checkpoint save was attempted within
-``--preemption-save-deadline-s``; the log says whether it was saved; retryable); 1 any other failure
-(e.g. a peer died, or the storage unreachable or answering 5xx/429 for now), after which torchrun
-restarts the worker group.
+misconfigured, refuses these credentials or has no such bucket — at start or while checkpoints are
+read back, e.g. a policy that denies GetObject or a step file that cannot be opened;
+:func:`transient_storage_failure` decides —, a checkpoint of another dataset or model under the job key)
+or a newer run took over the job key — not worth a retry; 143 preempted by SIGTERM (a checkpoint save
+was attempted within ``--preemption-save-deadline-s``; the log says whether it was saved; retryable);
+1 any other failure (e.g. a peer died, or the storage unreachable or answering 5xx/429 for now — one
+``trainflow: storage unavailable for now ...`` line), after which torchrun restarts the worker group.
 
 torchrun turns every worker failure into its own exit 1 and restarts the group first. So that a
 permanent failure still reaches the caller as one, the worker also writes it to torchelastic's error
@@ -163,6 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         # found on load / a newer run took the key / a state weights_only refuses (at save or load)
         except (config_mod.ConfigError, WriterFencedError, CheckpointRefusedError) as e:
             return _permanent(str(e))
+        # reading checkpoints failed (resume, or the final verification): sorted like a failure at start,
+        # a denied read or an unreadable step file is permanent — never skipped as a corrupt checkpoint
+        except CheckpointStorageError as e:
+            code = _storage_unavailable(e) if transient_storage_failure(e) else _permanent(str(e))
+            if not trainer.ckpt.wait(timeout_s=PERSIST_GRACE_S):  # a checkpoint being written is still worth having
+                _leave(code)
+            return code
         except Exception:
             traceback.print_exc()
             trainer.ckpt.wait(timeout_s=PERSIST_GRACE_S)  # a checkpoint being written is still worth having

@@ -309,7 +309,18 @@ class Trainer:
 
     # --------------------------------------------------------------------------------- loop
     def train(self) -> TrainResult:
-        """Run to the last step (or until SIGTERM: save, then raise :class:`Preempted`)."""
+        """Run to the last step (or until SIGTERM: save, then raise :class:`Preempted`).
+
+        Raises:
+            Preempted: SIGTERM received (a checkpoint save was attempted first).
+            ConfigError: the checkpoint under the job key belongs to another task, dataset, model or
+                optimizer, or cannot be applied to this one.
+            WriterFencedError: a newer run took over the job key.
+            CheckpointRefusedError: a state ``torch.load(weights_only=True)`` refuses (at save or load).
+            CheckpointStorageError: reading a checkpoint failed for another reason than corruption
+                (resuming, or verifying the last step at the end): a read the storage refuses (denied,
+                a step file that cannot be opened) or an outage; the original error is its cause.
+        """
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         t0 = self.clock()
         try:

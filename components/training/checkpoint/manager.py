@@ -26,9 +26,11 @@ deadline (the final save) also waits for its retention.
 Loading walks committed checkpoints newest first; a checkpoint whose manifest is missing or invalid, or
 whose files are missing, truncated, fail their SHA-256 or cannot be unpickled, is skipped with a warning
 and the previous one is used. A read that fails for another reason (an ``OSError`` such as EIO or
-ESTALE, an S3 transport error, memory running out) says nothing about the checkpoint: it is a
-:class:`CheckpointStorageError`, which fails the load (the run is retried) and makes retention skip
-its round instead of deleting. Retention keeps the newest ``keep_last_k`` checkpoints that are known
+ESTALE, an S3 transport error, a denied read, memory running out) says nothing about the checkpoint:
+it is a :class:`CheckpointStorageError` with the original error as its cause, which fails the load (the
+worker exits 1 and is retried for an outage, 2 for a refusal such as AccessDenied or EACCES:
+``components.training.__main__.transient_storage_failure`` decides) and makes retention skip its round
+instead of deleting. Retention keeps the newest ``keep_last_k`` checkpoints that are known
 good — committed by this manager, or verified (sizes + SHA-256) once — never deletes a good one newer
 than its own newest commit, and deletes checkpoints found corrupt; deleting removes the manifest
 first, so a half-deleted checkpoint is never seen as committed. Leftovers of interrupted writes (local temp

@@ -1,8 +1,9 @@
 """Review findings on a real S3 server (MinIO on 127.0.0.1, marker s3): the write probe against a
 policy that denies PutObject under the prefix (5), credentials re-read from a rotated Secret folder
 (5), per-key errors of quiet deletes (12), unfinished multipart uploads aborted when a writer claims
-the key (7), create-only writer claims with ``If-None-Match: *`` (2), and the SIGTERM save's deadline
-while the store is down (8).
+the key (7), create-only writer claims with ``If-None-Match: *`` (2), the SIGTERM save's deadline
+while the store is down (8), and a policy that denies reading checkpoints back (a permanent resume
+failure: exit 2, one line).
 
 Restricted credentials come from MinIO's STS ``AssumeRole`` with an inline session policy (the root
 user's own rights, minus what the policy denies) — MinIO's real policy engine, no admin tool needed.
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from components.training.__main__ import transient_storage_failure
 from components.training.checkpoint.manager import CheckpointManager
 from components.training.metrics import read_jsonl
 from trainflow.storage import CheckpointStorageError, read_bytes, write_bytes
@@ -153,6 +155,47 @@ def test_sigterm_while_the_store_is_down_says_not_saved_within_the_deadline(s3_s
     assert "checkpoint NOT saved at step" in stderr and "checkpoint saved at step" not in stderr
     assert [r["outcome"] for r in read_jsonl(metrics) if r.get("event") == "preempted"] == ["failed"]
     assert Path(metrics).exists()
+
+
+@pytest.mark.slow
+def test_a_policy_that_denies_reading_checkpoints_fails_the_resume_for_good(s3_server, s3_bucket, digits_dataset,
+                                                                           tmp_path) -> None:
+    """Credentials that may list and write under the prefix but not read (GetObject denied) pass the
+    start-up check; the resume then failed with a traceback and exit 1, retried for ever. Now: exit 2
+    with one line naming the object and S3's answer, recorded for torchrun's caller, and the
+    checkpoint is neither skipped as corrupt (training rolled back to step 0) nor deleted."""
+    def worker(creds: dict[str, str], *extra: str, error_file: Path | None = None) -> subprocess.CompletedProcess:
+        env = {**__import__("os").environ, **s3_server.env(), **creds}
+        env.pop("TORCHELASTIC_ERROR_FILE", None)
+        if error_file is not None:
+            env["TORCHELASTIC_ERROR_FILE"] = str(error_file)
+        return subprocess.run([sys.executable, "-m", "components.training", "--dataset", str(digits_dataset),
+                               "--checkpoint-uri", f"s3://{s3_bucket}/ckpt", "--job-key", "noread", "--epochs", "1",
+                               "--global-batch-size", "32", "--threads-per-rank", "1",
+                               "--checkpoint-interval-steps", "5", *extra],
+                              env=env, capture_output=True, text=True, timeout=240)
+
+    first = worker({}, "--max-steps", "5")
+    assert first.returncode == 0, first.stderr[-2000:]
+    error_file = tmp_path / "error.json"
+    creds = _restricted_credentials(s3_server, s3_bucket, ["s3:GetObject"], "ckpt/")
+    refused = worker(creds, "--max-steps", "10", error_file=error_file)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    last = refused.stderr.strip().splitlines()[-1]
+    assert last == (f"trainflow: reading step-0000000005/MANIFEST.json from s3://{s3_bucket}/ckpt/noread at "
+                    f"{s3_server.endpoint_url} failed: An error occurred (AccessDenied) when calling the GetObject "
+                    "operation: Access Denied."), last
+    recorded = json.loads(error_file.read_text())["message"]
+    assert recorded["extraInfo"]["trainflow_exit_code"] == "2" and recorded["message"] == last
+    assert "skipping checkpoint" not in refused.stderr
+    assert CheckpointManager(_storage(s3_server, f"s3://{s3_bucket}/ckpt/noread")).committed_steps() == [5]
+    from botocore.exceptions import ClientError
+
+    with pytest.raises(CheckpointStorageError) as raised:  # what the worker sorted: S3's answer is the cause
+        CheckpointManager(_storage(s3_server, f"s3://{s3_bucket}/ckpt/noread", creds)).load_latest()
+    cause = raised.value.__cause__
+    assert isinstance(cause, ClientError) and cause.response["Error"]["Code"] == "AccessDenied"
+    assert not transient_storage_failure(raised.value)
 
 
 def test_a_dataset_prefix_is_read_with_read_only_credentials_and_nothing_is_written_into_it(
