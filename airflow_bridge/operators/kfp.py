@@ -334,8 +334,9 @@ class KfpRunPipelineOperator(BaseOperator):
         ``_canceling_seen`` (KFP 2.14 then reports the terminated run FAILED).
 
         Raises:
-            KfpRunTimeoutError: the run was not terminal at ``deadline_s`` (it is terminated first).
-            KfpApiError: as :meth:`KfpHook.wait_for_run`.
+            KfpRunTimeoutError: the run was not terminal at ``deadline_s``, or the KFP API could not
+                be read then (it is terminated first, best effort), as the deferrable mode's trigger.
+            KfpApiError: as :meth:`KfpHook.wait_for_run`, before ``deadline_s``.
         """
         last: list[RunProgress] = []
 
@@ -357,6 +358,21 @@ class KfpRunPipelineOperator(BaseOperator):
                 f"KFP run {run_id} was not finished {self.run_timeout_s:g} s after its creation; {done}",
                 run_id=run_id,
                 state=err.state,
+                url=url,
+            ) from err
+        except KfpApiError as err:
+            if deadline_s is None or time.time() < deadline_s:
+                raise  # transient: Airflow's retries reattach to the run
+            # the API failed through the deadline: the run's time limit still holds (a retry would
+            # reattach and wait on, past it)
+            state = last[-1].state.value if last else None
+            seen = f" (last seen {state})" if state else ""
+            done = self._terminate(run_id, reason="the run timed out")
+            raise KfpRunTimeoutError(
+                f"KFP run {run_id}: the KFP API could not be read at its deadline, {self.run_timeout_s:g} s "
+                f"after its creation{seen}: {err}; {done}",
+                run_id=run_id,
+                state=state,
                 url=url,
             ) from err
 

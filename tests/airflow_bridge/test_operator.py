@@ -17,6 +17,7 @@ test_airflow_e2e.py.
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from datetime import timedelta
@@ -37,7 +38,7 @@ from airflow_bridge.package import load_pipeline_package
 from airflow_bridge.triggers.kfp import DEFER_SETTLE_S
 from airflow_bridge.version_compat import AirflowFailException, AirflowSkipException, Asset
 from tests.airflow_bridge.kfp214_terminate import Kfp214Terminate
-from tests.support.kfp_server import FAILURE_MESSAGE, KfpServer
+from tests.support.kfp_server import FAILURE_MESSAGE, KfpServer, start_kfp_server
 
 
 class StateStore:
@@ -319,6 +320,40 @@ def test_sync_run_timeout_terminates_the_run(kfp_server, compiled_pipelines) -> 
         op.execute(ctx)
     (run,) = runs_of(kfp_server, ctx)
     assert op.hook.wait_for_run(run["run_id"], poll_interval_s=0.3)["state"] == "CANCELED"
+
+
+@slow
+def test_an_api_frozen_through_the_run_timeout_fails_the_sync_task_as_a_timeout(tmp_path, compiled_pipelines) -> None:
+    """The deferrable mode's trigger sends ``timeout`` when the API cannot be read at the deadline; the
+    sync mode does the same (before, its ``KfpApiError`` was retried: the retry reattached and waited
+    on past the run's time limit). The frozen API (SIGSTOP) cannot take the terminate either: said so."""
+    server = start_kfp_server(tmp_path, name="kfp-frozen-sync")
+    try:
+        ctx = context_for("sync-frozen")
+        op = operator(server, compiled_pipelines["slow"], parameters={"seconds": 300}, run_timeout_s=10,
+                      poll_interval_s=0.5)
+        op.__dict__["hook"] = KfpHook("kfp", config=KfpConnectionConfig(
+            api_url=server.url, request_timeout_s=1.0, max_attempts=2, retry_initial_s=0.5, retry_max_s=1.0))
+        worker, outcome, run_id = execute_in_background(op, ctx)
+        reader = KfpHook("kfp", config=KfpConnectionConfig(api_url=server.url))
+        until = time.monotonic() + 60
+        while reader.get_run(run_id).get("state") != "RUNNING":
+            assert time.monotonic() < until, "the slow run did not start"
+            time.sleep(0.2)
+        time.sleep(1.0)  # the operator reads RUNNING too
+        server.process.signal(signal.SIGSTOP)
+        worker.join(120)
+        assert not worker.is_alive(), "the sync wait outlived its deadline"
+    finally:
+        server.process.signal(signal.SIGCONT)
+        server.process.stop()
+    (err,) = outcome
+    assert isinstance(err, KfpRunTimeoutError), repr(err)
+    assert str(err).startswith(
+        f"KFP run {run_id}: the KFP API could not be read at its deadline, 10 s after its creation (last seen RUNNING): "
+    ), str(err)
+    assert "could not terminate it (" in str(err) and str(err).endswith("it may still run"), str(err)
+    assert err.state == "RUNNING"
 
 
 @slow
