@@ -4,14 +4,14 @@ Usage::
 
     python -m components.launcher --spec spec.json [--output job.json] [--poll-interval-s 10]
         [--timeout-s SECONDS] [--cleanup always|on-success|never] [--keep-failed] [--stream-logs]
-        [--no-fail-fast] [--capacity-grace-s SECONDS]
+        [--no-fail-fast] [--capacity-grace-s SECONDS] [--max-oom-kills N]
 
 ``spec.json`` holds the keyword arguments of :class:`~components.launcher.pytorchjob.PyTorchJobSpec`
 (``-`` reads standard input). The Kubernetes client is configured from ``KUBECONFIG`` or, inside a
 pod, from its service account; inside a pod the job is owned by that pod (garbage-collected with
 it) unless the spec names other owners or another namespace. Exit codes: 0 succeeded, 1 the job
-failed or its workers could not start (the cause is printed), 2 bad input, 3 another launcher
-error, 143 terminated by SIGTERM.
+failed, its workers could not start or were OOM-killed ``--max-oom-kills`` times (the cause is
+printed), 2 bad input, 3 another launcher error, 143 terminated by SIGTERM.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--capacity-grace-s", type=float, default=None,
                         help="fail if workers wait this long for capacity (Insufficient nvidia.com/gpu, cpu...); "
                              "default: wait as long as the job is queued")
+    parser.add_argument("--max-oom-kills", type=int, default=RunnerSettings.max_oom_kills,
+                        help="fail once the workers were OOM-killed this many times in all (the operator "
+                             "recreates them forever under ExitCode); 0: never (default: %(default)s)")
     return parser.parse_args(argv)
 
 
@@ -75,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             stream_logs=args.stream_logs,
             fail_fast=not args.no_fail_fast,
             capacity_grace_s=args.capacity_grace_s,
+            max_oom_kills=args.max_oom_kills or None,
         )
     except (OSError, json.JSONDecodeError, TypeError, ValueError) as err:
         print(f"launcher: bad input: {err}", file=sys.stderr)

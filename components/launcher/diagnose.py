@@ -243,6 +243,46 @@ def pod_problems(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]] = (
     return out
 
 
+#: The container status reason the kubelet reports for a container the kernel's OOM killer ended
+#: (exit 137; ``pkg/kubelet/kuberuntime``, from the runtime's ``OOMKilled`` flag).
+OOM_KILLED_REASON = "OOMKilled"
+
+
+@dataclass(frozen=True)
+class OomKill:
+    """One end of a worker container by the OOM killer.
+
+    Attributes:
+        key: identity across reads: pod uid, container name and the end's ``finishedAt`` (a
+            container restarted in place shows its last end as ``lastState`` after the restart).
+        subject: ``pod <namespace>/<name>``.
+        memory_limit: the container's ``resources.limits.memory`` (``""`` when it has none).
+    """
+
+    key: tuple[str, str, str]
+    subject: str
+    memory_limit: str
+
+
+def oom_kills(pod: Mapping[str, Any], container: str) -> list[OomKill]:
+    """The OOM kills of ``container`` that ``pod`` shows: its current state and, for a container
+    restarted in place (``OnFailure``), its last state; each end once (keyed by ``finishedAt``)."""
+    meta = pod.get("metadata") or {}
+    subject = f"pod {meta.get('namespace', '')}/{meta.get('name', '')}"
+    limits = [((c.get("resources") or {}).get("limits") or {}).get("memory") or ""
+              for c in (pod.get("spec") or {}).get("containers") or [] if c.get("name") == container]
+    out = []
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if cs.get("name") != container:
+            continue
+        for state in (cs.get("state"), cs.get("lastState")):
+            ended = (state or {}).get("terminated") or {}
+            if ended.get("reason") == OOM_KILLED_REASON:
+                key = (_uid(pod), container, str(ended.get("finishedAt") or ended.get("containerID") or ""))
+                out.append(OomKill(key, subject, str(limits[0]) if limits else ""))
+    return out
+
+
 def waits_for_capacity(message: str) -> bool:
     """Whether the scheduler's ``Unschedulable`` message says some node matched the pod but lacked
     room (``0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node

@@ -67,6 +67,11 @@ Cleanup = Literal["always", "on-success", "never"]
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 
 
+#: Seconds each watch of the worker pods (:meth:`PyTorchJobRunner.wait`'s OOM kill count) lasts on
+#: the API server before it is reopened.
+OOM_WATCH_TIMEOUT_S = 60
+
+
 class LauncherError(RuntimeError):
     """The launcher could not see the job through (the message says why)."""
 
@@ -110,6 +115,16 @@ class LaunchStuck(LauncherError):
     def __init__(self, ref: JobRef, problem: diagnose.Problem) -> None:
         self.problem = problem
         super().__init__(problem.line())
+
+
+class WorkersOutOfMemory(LaunchStuck):
+    """The job's worker containers were OOM-killed ``RunnerSettings.max_oom_kills`` times.
+
+    Under the ``ExitCode`` restart policy the training operator recreates an OOM-killed pod (exit
+    137 is "retryable" to it) forever, and ``runPolicy.backoffLimit`` cannot count those restarts
+    (:attr:`~components.launcher.pytorchjob.PyTorchJobSpec.backoff_limit`), so a worker whose memory
+    limit is too small would loop until the run's timeout.
+    """
 
 
 @dataclass(frozen=True)
@@ -180,6 +195,10 @@ class RunnerSettings:
             created a pod within this many seconds (it is not installed, or not watching the
             namespace).
         stream_logs: follow the worker pods' logs into this process's standard output.
+        max_oom_kills: fail the launch (:class:`WorkersOutOfMemory`; the job is deleted unless
+            ``cleanup`` is ``never``: it would go on looping) once the workers' containers were
+            OOM-killed this many times in all (``None``: never). A watch on the worker pods sees
+            each kill, also those of pods the operator deletes and recreates between two polls.
     """
 
     poll_interval_s: float = 10.0
@@ -193,6 +212,7 @@ class RunnerSettings:
     capacity_grace_s: float | None = None
     operator_grace_s: float = 60.0
     stream_logs: bool = False
+    max_oom_kills: int | None = 3
 
     def __post_init__(self) -> None:
         if self.poll_interval_s <= 0:
@@ -208,6 +228,8 @@ class RunnerSettings:
                              f"and {self.operator_grace_s}")
         if self.capacity_grace_s is not None and self.capacity_grace_s < 0:
             raise ValueError(f"capacity_grace_s must be >= 0 or None, got {self.capacity_grace_s}")
+        if self.max_oom_kills is not None and self.max_oom_kills < 1:
+            raise ValueError(f"max_oom_kills must be >= 1 or None, got {self.max_oom_kills}")
 
 
 def pytorchjob_resource() -> Any:
@@ -291,6 +313,8 @@ class PyTorchJobRunner:
         self._resource = pytorchjob_resource()
         self._errors = 0
         self._first_seen: dict[tuple[str, str], float] = {}  # problem key -> when first seen (clock)
+        self._oom_kills: dict[tuple[str, str, str], diagnose.OomKill] = {}  # written by the pod watch too
+        self._oom_lock = threading.Lock()
 
     # -- steps ------------------------------------------------------------------------------------
 
@@ -408,17 +432,25 @@ class PyTorchJobRunner:
             LaunchTerminated: :attr:`stop_requested` was set (SIGTERM).
             LaunchTimeout: ``timeout_s`` passed.
             LaunchStuck: workers cannot start (``fail_fast``).
+            WorkersOutOfMemory: the workers were OOM-killed ``max_oom_kills`` times.
             LauncherError: the job vanished or was replaced, or the API kept failing.
         """
         start = self.clock()
         self._errors = 0
         self._first_seen = {}
+        with self._oom_lock:
+            self._oom_kills = {}
         last_phase = ""
         logs = None
         if self.settings.stream_logs:
             from components.launcher.logs import WorkerLogs
 
             logs = WorkerLogs(self.client, ref.namespace, container=CONTAINER_NAME)
+        watching = threading.Event()
+        if self.settings.max_oom_kills is not None:
+            watching.set()
+            threading.Thread(target=self._watch_oom_kills, args=(ref, watching), name="oom-watch",
+                             daemon=True).start()
         try:
             while True:
                 outcome, last_phase = self._check(ref, created, last_phase, spec=spec, logs=logs, start=start)
@@ -429,10 +461,47 @@ class PyTorchJobRunner:
                 if self.stop_requested.wait(self.settings.poll_interval_s):
                     raise LaunchTerminated(f"the launcher was terminated while PyTorchJob {ref} was running")
         finally:
+            watching.clear()
             if logs is not None:
                 for t in logs.threads:  # let finished streams drain their last lines
                     t.join(timeout=2.0)
                 logs.close()
+
+    def _note_oom_kills(self, pods: list[dict[str, Any]]) -> None:
+        with self._oom_lock:
+            for pod in pods:
+                for kill in diagnose.oom_kills(pod, CONTAINER_NAME):
+                    self._oom_kills.setdefault(kill.key, kill)
+
+    def _watch_oom_kills(self, ref: JobRef, watching: threading.Event) -> None:
+        """Record the OOM kills of the job's worker pods until ``watching`` is cleared (a daemon
+        thread; each watch ends on the server after :data:`OOM_WATCH_TIMEOUT_S`, so it notices)."""
+        from lightkube.resources.core_v1 import Pod
+
+        while watching.is_set():
+            try:
+                for _, pod in self.client.watch(Pod, namespace=ref.namespace, labels={JOB_NAME_LABEL: ref.name},
+                                                server_timeout=OOM_WATCH_TIMEOUT_S):
+                    self._note_oom_kills([_as_dict(pod)])
+                    if not watching.is_set():
+                        return
+            except Exception as err:  # the polls still see the kills they catch; never fail the wait here
+                log.debug("watching the worker pods of PyTorchJob %s: %s", ref, err)
+                time.sleep(self.settings.poll_interval_s)
+
+    def _fail_if_out_of_memory(self, ref: JobRef) -> None:
+        limit = self.settings.max_oom_kills
+        with self._oom_lock:
+            kills = list(self._oom_kills.values())
+        if limit is None or len(kills) < limit:
+            return
+        last = kills[-1]
+        memory = f"memory limit {last.memory_limit}" if last.memory_limit else "no memory limit"
+        raise WorkersOutOfMemory(ref, diagnose.Problem(
+            last.subject, diagnose.OOM_KILLED_REASON,
+            f"out of memory: the workers were OOM-killed {len(kills)} times ({memory})",
+            "the training operator would recreate them forever; give the workers more memory "
+            "(worker_memory) or make them need less (a smaller batch per worker)", 0.0))
 
     def _check(self, ref: JobRef, created: bool, last_phase: str, *, spec: PyTorchJobSpec | None = None,
                logs: Any = None, start: float = 0.0) -> tuple[JobOutcome | None, str]:
@@ -462,6 +531,8 @@ class PyTorchJobRunner:
             state, reason, message = done
             failures = self.pod_failures(ref) if state == "Failed" else ""
             return JobOutcome(ref, state, reason, message, created, failures), last_phase  # type: ignore[arg-type]
+        self._note_oom_kills(pods)
+        self._fail_if_out_of_memory(ref)
         problems = self._problems(ref, job, pods, spec)
         phase = f"{_latest_condition(job) or 'waiting for the operator'}; {summarize_workers(pods)}"
         if problems:
@@ -594,6 +665,12 @@ class PyTorchJobRunner:
             outcome = self.wait(ref, created=created, spec=spec)
         except (LaunchTerminated, LaunchTimeout):
             # The run was stopped: free the GPUs unless the user asked to keep everything.
+            if self.settings.cleanup != "never":
+                with contextlib.suppress(Exception):
+                    self.delete(ref)
+            raise
+        except WorkersOutOfMemory:
+            # The operator would recreate the killed workers forever: free the memory and GPUs.
             if self.settings.cleanup != "never":
                 with contextlib.suppress(Exception):
                     self.delete(ref)

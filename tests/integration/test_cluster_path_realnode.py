@@ -106,6 +106,33 @@ def test_bad_input_fails_within_two_minutes_from_the_kubelets_own_status(
     assert not list(k8s_testbed.client().list(pytorchjob_resource(), namespace=namespace))
 
 
+def test_workers_oom_killed_at_every_start_fail_the_train_step_and_their_job_is_deleted(
+    k8s_testbed: KubeTestBed, real_node: RealNode, real_node_env: S3Server, s3_namespace: str,
+    digits_dataset: Path, tmp_path: Path,
+) -> None:
+    """A memory limit too small for the trainer: the kernel OOM-kills the worker container (exit 137)
+    and, under the ``ExitCode`` restart policy, the training operator deletes and recreates the pod
+    forever (137 is "retryable" to it, and ``backoffLimit`` cannot count those restarts). The
+    launcher counts the kills (a watch sees the pods the operator deletes between two polls) and
+    fails the train step after ``RunnerSettings.max_oom_kills``, naming the limit; the job is deleted."""
+    from components.launcher.runner import RunnerSettings, pytorchjob_resource
+    from components.training.step import TrainStepError, run_train_step
+
+    bucket = real_node_env.make_bucket("ckpt")
+    req = _request(real_node, real_node_env, s3_namespace, bucket, digits_dataset, worker_memory="128Mi",
+                   max_workers=1)
+    t0 = time.monotonic()
+    with pytest.raises(TrainStepError) as failed:
+        run_train_step(req, model_dir=tmp_path / "m", work_dir=tmp_path / "w")
+    took_s = time.monotonic() - t0
+    message = str(failed.value)
+    kills = RunnerSettings().max_oom_kills
+    assert f"out of memory: the workers were OOM-killed {kills} times (memory limit 128Mi) (OOMKilled)" in message, message
+    assert "worker_memory" in message and "\n" not in message, message
+    assert not list(k8s_testbed.client().list(pytorchjob_resource(), namespace=s3_namespace))
+    print(f"FIGURE workers OOM-killed at every start: the train step failed after {took_s:.0f} s ({kills} kills)")
+
+
 def test_a_job_is_garbage_collected_with_its_launcher_pod(
     k8s_testbed: KubeTestBed, real_node: RealNode, k8s_namespace: str
 ) -> None:

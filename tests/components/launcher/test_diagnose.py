@@ -15,6 +15,7 @@ from components.launcher.diagnose import (
     Problem,
     job_problems,
     one_line,
+    oom_kills,
     pod_problems,
     running_workers,
     waits_for_capacity,
@@ -236,3 +237,23 @@ def test_running_workers_and_one_line() -> None:
     long = one_line("x" * 1000)
     assert len(long) == 400 and long.endswith("...")
     assert Problem("s", "R", "w", "", 0).line() == "s: w (R): no message"
+
+
+def test_oom_kills_are_read_from_the_state_and_the_last_state_once_each() -> None:
+    """``ExitCode``: the pod ends Failed with the kill as its state (the operator recreates it under
+    the same name, a new uid); ``OnFailure``: the container restarts in place and the kill moves to
+    ``lastState``; a container that ended otherwise, or another container, does not count."""
+    killed = {"exitCode": 137, "reason": "OOMKilled", "finishedAt": "2026-11-23T10:00:07Z"}
+    failed = pod(phase="Failed", terminated=killed)
+    failed["spec"] = {"containers": [{"name": "pytorch", "resources": {"limits": {"memory": "128Mi"}}}]}
+    (kill,) = oom_kills(failed, "pytorch")
+    assert (kill.key, kill.subject, kill.memory_limit) == (
+        ("uid-0", "pytorch", "2026-11-23T10:00:07Z"), "pod team-a/train-1a2b-worker-0", "128Mi")
+    assert oom_kills(failed, "sidecar") == []
+    recreated = pod(phase="Failed", terminated=killed, uid="uid-1")
+    assert [k.key[0] for k in oom_kills(recreated, "pytorch")] == ["uid-1"] and oom_kills(recreated, "pytorch")[0].memory_limit == ""
+    restarted = pod(phase="Running", waiting={"reason": "ContainerCreating"})
+    restarted["status"]["containerStatuses"][0].update(restartCount=1, lastState={"terminated": killed})
+    assert [k.key for k in oom_kills(restarted, "pytorch")] == [kill.key]  # the same end, seen again
+    for ended in ({**killed, "reason": "Error", "exitCode": 1}, {**killed, "reason": "Completed", "exitCode": 0}):
+        assert oom_kills(pod(phase="Failed", terminated=ended), "pytorch") == []
