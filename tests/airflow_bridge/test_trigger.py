@@ -281,7 +281,7 @@ async def test_an_api_that_stops_answering_before_the_deadline_ends_the_wait_at_
     assert event["message"].startswith(
         f"KFP run {run_id}: the KFP API could not be read at its deadline (last seen RUNNING): "
     ), event
-    assert 0 <= late_s < 5.0, f"the event came {late_s:.1f} s after the deadline"
+    assert 0 <= late_s < 8.0, f"the event came {late_s:.1f} s after the deadline"  # 16 s before the fix
 
 
 async def test_a_run_lost_mid_wait_is_an_error_event_with_its_last_state() -> None:
