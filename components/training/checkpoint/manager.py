@@ -19,7 +19,9 @@ At most one save is in flight: a periodic save that comes due while the previous
 waits (:meth:`CheckpointManager.ready_for_periodic`, logged and counted once per persist) and is made
 at the first step after it, so a slow or unreachable store never stalls training. Blocking saves
 (the final one, and the one made on SIGTERM) wait for the in-flight persist to commit first — a
-retention still running after it stops early. A blocking save with a deadline (SIGTERM) returns once
+retention still running after it stops early: between deletions, and within the verification of an
+older checkpoint, which reads on a thread of its own and is abandoned (nothing deleted that round) so
+the save never waits for the read of a big checkpoint. A blocking save with a deadline (SIGTERM) returns once
 its own manifest is committed: retention runs after it, never inside the deadline; one without a
 deadline (the final save) also waits for its retention.
 
@@ -72,6 +74,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, BinaryIO
@@ -117,6 +120,15 @@ class CheckpointRefusedError(ValueError):
 
 STALE_WRITE_AGE_S = 600.0
 """Retention removes leftovers of interrupted writes once they are this old (a claim removes all)."""
+
+HURRY_POLL_S = 0.05
+"""How often (seconds) retention, while a verification reads an older checkpoint, looks whether a
+blocking save is waiting: the most such a save waits for a verification under way."""
+
+
+class _VerificationAbandoned(Exception):
+    """Retention gave up the verification that raises this (a blocking save was waiting): the
+    checkpoint is neither good nor corrupt as far as anyone knows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,10 +184,23 @@ class _HashingWriter:
         self._f.flush()
 
 
-def _verify(f: BinaryIO, *, size_bytes: int, sha256: str, what: str) -> None:
+def _verify(f: BinaryIO, *, size_bytes: int, sha256: str, what: str,
+            abandon: threading.Event | None = None) -> None:
+    """Check that ``f`` holds ``size_bytes`` bytes whose SHA-256 is ``sha256``, reading it in 1 MiB
+    chunks, then rewind it.
+
+    Raises:
+        CheckpointCorruptError: the size or the SHA-256 differs.
+        _VerificationAbandoned: ``abandon`` was set before a chunk was read.
+    """
     h = hashlib.sha256()
     n = 0
-    for chunk in iter(lambda: f.read(1 << 20), b""):
+    while True:
+        if abandon is not None and abandon.is_set():
+            raise _VerificationAbandoned(f"{what}: verification abandoned after {n} bytes")
+        chunk = f.read(1 << 20)
+        if not chunk:
+            break
         h.update(chunk)
         n += len(chunk)
     if n != size_bytes:
@@ -307,6 +332,8 @@ class CheckpointManager:
         self._stager = _Stager()
         self._staging_event: Any = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-persist")
+        # retention's verifications read here, so the persist thread is free for a blocking save at once
+        self._verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-verify")
         self._in_flight: _InFlight | None = None
         self._lock = threading.Lock()
         self._hurry = threading.Event()  # a blocking save waits: the running retention stops early
@@ -409,22 +436,30 @@ class CheckpointManager:
                 permission, an ``OSError`` such as EIO/ESTALE, a transport error, memory running out):
                 the checkpoint may be good, so it is neither skipped nor deleted over it.
         """
+        return self._load_step(step, map_location=map_location, load_state=load_state, abandon=None)
+
+    def _load_step(self, step: int, *, map_location: str | torch.device, load_state: bool,
+                   abandon: threading.Event | None) -> LoadedCheckpoint:
+        """:meth:`load_step`, given up (:class:`_VerificationAbandoned`, ``step`` not marked good) once
+        ``abandon`` is set: checked before each file of the step and each 1 MiB chunk read of it."""
         t0 = self.clock()
         prefix = layout.step_prefix(step)
         manifest = self.read_manifest(step)
         state = None
         for name, meta in manifest["files"].items():
             key = f"{prefix}/{name}"
+            if abandon is not None and abandon.is_set():
+                raise _VerificationAbandoned(f"{prefix}: verification abandoned before {name}")
             try:
                 validate_key(key)
             except ValueError as e:  # the manifest names something no writer of ours wrote
                 raise CheckpointCorruptError(f"{prefix}: bad manifest: {e}") from e
             try:
                 with self.storage.open_read(key) as f:
-                    _verify(f, size_bytes=meta["size_bytes"], sha256=meta["sha256"], what=key)
+                    _verify(f, size_bytes=meta["size_bytes"], sha256=meta["sha256"], what=key, abandon=abandon)
                     if load_state and layout.is_state_name(name):
                         state = _torch_load(f, key=key, map_location=map_location)
-            except (CheckpointCorruptError, CheckpointRefusedError):
+            except (CheckpointCorruptError, CheckpointRefusedError, _VerificationAbandoned):
                 raise
             except ObjectNotFoundError as e:
                 raise CheckpointCorruptError(f"{key} is missing") from e
@@ -603,8 +638,10 @@ class CheckpointManager:
         return True
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Wait for the in-flight persist (up to ``timeout_s``) and stop the persist thread."""
-        self.wait(timeout_s)
+        """Wait for the in-flight persist and its retention (up to ``timeout_s`` seconds; ``None``: no
+        limit) and stop the persist thread, and the verify thread unless that retention still runs."""
+        if self.wait(timeout_s):  # else the retention still running may need the verify thread
+            self._verifier.shutdown(wait=False)  # an abandoned read stops at its next chunk
         self._executor.shutdown(wait=timeout_s is None, cancel_futures=False)
 
     def _emit(self, event: dict[str, Any]) -> None:
@@ -764,12 +801,41 @@ class CheckpointManager:
             return True
         return False
 
+    def _verified_unless_hurried(self, step: int) -> bool:
+        """Verify ``step`` (sizes + SHA-256, :meth:`load_step` without loading) on the verify thread,
+        while this thread (the persist thread) waits for it and looks every :data:`HURRY_POLL_S`
+        seconds whether a blocking save is waiting. If one is, the verification is abandoned (its
+        read stops at its next 1 MiB chunk; a read the storage makes whole in ``open_read``, as S3's
+        download, ends first) and the persist thread is free for the save at once, however big the
+        checkpoint or slow the store.
+
+        Returns:
+            ``True`` once ``step`` verified; ``False`` if the verification was abandoned: nothing is
+            known about ``step``, so nothing may be deleted on its account.
+
+        Raises:
+            CheckpointCorruptError: ``step`` fails verification.
+            CheckpointStorageError: reading it failed for another reason (see :meth:`load_step`).
+        """
+        abandon = threading.Event()
+        future = self._verifier.submit(self._load_step, step, map_location="cpu", load_state=False, abandon=abandon)
+        while not wait_futures([future], timeout=HURRY_POLL_S).done:
+            if self._hurry.is_set():
+                abandon.set()
+                log.info("checkpoint retention stopped early: a blocking save is waiting; verifying step %d "
+                         "abandoned, nothing deleted (the next retention goes on)", step)
+                return False
+        future.result()
+        return True
+
     def _apply_retention(self, newest_own: int) -> None:
         """Keep ``newest_own`` and the newest ``keep_last_k - 1`` other known-good checkpoints below it,
         every good one above it, uncommitted steps above it (may be in flight); delete the rest.
 
-        Stops early, between two verifications or deletions, when a blocking save is waiting (the
-        next retention finishes the job): a slow store never holds up the SIGTERM or final save."""
+        Stops early when a blocking save is waiting (the next retention finishes the job): between two
+        deletions, and also within a verification, which is then abandoned before any deletion (see
+        :meth:`_verified_unless_hurried`): a slow store or a big checkpoint never holds up the
+        SIGTERM or final save by more than :data:`HURRY_POLL_S` seconds."""
         try:
             self.check_fence()
             keys = self._list("step-")
@@ -791,7 +857,8 @@ class CheckpointManager:
                     if self._hurried():
                         return
                     try:
-                        self.load_step(s, load_state=False)  # sizes + SHA-256, once per step
+                        if not self._verified_unless_hurried(s):  # sizes + SHA-256, once per step
+                            return
                     except CheckpointCorruptError as e:
                         log.warning("checkpoint at step %d is corrupt (%s): deleting it", s, e)
                         corrupt.add(s)
