@@ -81,6 +81,15 @@ def poll_delay_s(
     return poll_interval_s
 
 
+def api_outage(err: KfpApiError, call: api.ApiCall) -> bool:
+    """Whether ``err`` of a failed ``call`` says the KFP API could not answer — no answer (refused,
+    timed out, dropped: :func:`api.transport_error`'s errors) or a retryable one
+    (:func:`api.is_retryable`: HTTP 5xx, 429) — rather than that it refused (401/403/404, a bad
+    request). A wait rides out the first (:func:`outage_delay_s`); at the wait's deadline it is a
+    timeout, while a refusal stays an error."""
+    return err.status_code is None or api.is_retryable(err, call)
+
+
 def outage_delay_s(
     err: KfpApiError,
     *,
@@ -115,8 +124,7 @@ def outage_delay_s(
         KfpApiError: ``err`` itself when it is not retryable (401/403/404, a bad request), or one
             naming the outage's length when the tolerance or the deadline has passed.
     """
-    no_answer = err.status_code is None  # refused, timed out, dropped: api.transport_error's errors
-    if not (no_answer or api.is_retryable(err, call)):
+    if not api_outage(err, call):
         raise err
     tolerated_until_s = failing_since_s + tolerance_s
     by_deadline = deadline_s is not None and deadline_s <= tolerated_until_s
@@ -243,18 +251,24 @@ class _HookBase(BaseHook):
         """tenacity arguments shared by the sync and async hooks: attempts, backoff, what retries.
 
         With ``deadline_s`` (epoch seconds, by ``_clock``) a backoff ends no later than the deadline
-        and an attempt that fails at or after it is not retried: a wait for a run does not go on
-        retrying a down API for up to ``max_attempts`` request timeouts past its deadline.
+        and an attempt that fails at or after it is not retried, but for the first (after its usual
+        backoff: one 503 must not turn a run that ended just in time into a timeout): a wait for a
+        run does not go on retrying a down API for up to ``max_attempts`` request timeouts past its
+        deadline.
         """
         stop: Any = tenacity.stop_after_attempt(cfg.max_attempts)
         wait: Callable[[tenacity.RetryCallState], float] = self._wait
         if deadline_s is not None:
 
-            def past_deadline(_: tenacity.RetryCallState) -> bool:
-                return self._clock() >= deadline_s
+            def past_deadline(retry_state: tenacity.RetryCallState) -> bool:
+                # one retry at least: a run that ended just before the deadline is not lost to one 503
+                return retry_state.attempt_number >= 2 and self._clock() >= deadline_s
 
             def wait_to_deadline(retry_state: tenacity.RetryCallState) -> float:
-                return max(0.0, min(self._wait(retry_state), deadline_s - self._clock()))
+                backoff_s, left_s = self._wait(retry_state), deadline_s - self._clock()
+                if left_s <= 0 and retry_state.attempt_number == 1:
+                    return backoff_s  # the one retry past the deadline
+                return max(0.0, min(backoff_s, left_s))
 
             stop, wait = tenacity.stop_any(stop, past_deadline), wait_to_deadline
         return {

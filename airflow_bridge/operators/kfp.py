@@ -83,8 +83,9 @@ from airflow_bridge.exceptions import (
     KfpRunFailedError,
     KfpRunTimeoutError,
 )
+from airflow_bridge.hooks import api
 from airflow_bridge.hooks.config import DEFAULT_CONN_ID
-from airflow_bridge.hooks.kfp import KfpHook
+from airflow_bridge.hooks.kfp import KfpHook, api_outage
 from airflow_bridge.identity import TaskIdentity
 from airflow_bridge.links.kfp import KfpRunLink
 from airflow_bridge.package import PipelinePackage, load_pipeline_package
@@ -361,8 +362,8 @@ class KfpRunPipelineOperator(BaseOperator):
                 url=url,
             ) from err
         except KfpApiError as err:
-            if deadline_s is None or time.time() < deadline_s:
-                raise  # transient: Airflow's retries reattach to the run
+            if deadline_s is None or self.hook._clock() < deadline_s or not api_outage(err, api.get_run(run_id)):
+                raise  # an outage before the deadline (retried: a retry reattaches), or a refusal
             # the API failed through the deadline: the run's time limit still holds (a retry would
             # reattach and wait on, past it)
             state = last[-1].state.value if last else None

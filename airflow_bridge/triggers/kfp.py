@@ -42,8 +42,9 @@ from airflow_bridge.events import (
     progress_lines,
 )
 from airflow_bridge.exceptions import KfpApiError, KfpRunTimeoutError
+from airflow_bridge.hooks.api import get_run as get_run_call
 from airflow_bridge.hooks.config import DEFAULT_CONN_ID
-from airflow_bridge.hooks.kfp import KfpAsyncHook
+from airflow_bridge.hooks.kfp import KfpAsyncHook, api_outage
 from airflow_bridge.version_compat import BaseTrigger, TriggerEvent, task_instance_is_deferred
 
 CLASSPATH = "airflow_bridge.triggers.kfp.KfpRunTrigger"
@@ -147,7 +148,7 @@ class KfpRunTrigger(BaseTrigger):
                 state=RunState.parse(err.state),
             )
         except KfpApiError as err:
-            payload = self._api_failure(err, url=url, state=last[-1].state if last else None)
+            payload = self._api_failure(err, url=url, state=last[-1].state if last else None, now_s=hook._clock())
         except Exception as err:  # the trigger must not raise: report the problem to the task
             self.log.warning("cannot follow KFP run %s: %s", self.run_id, err)
             payload = payload_for_problem(
@@ -161,11 +162,15 @@ class KfpRunTrigger(BaseTrigger):
             await asyncio.sleep(wait_s)
         yield TriggerEvent(dict(payload))
 
-    def _api_failure(self, err: KfpApiError, *, url: str, state: RunState | None) -> TriggerEventPayload:
-        """The event for a wait the KFP API ended: ``timeout`` when the deadline has passed (by the
-        wall clock: the hook gave up at the deadline, or its error came after it), else ``error``;
-        either carries ``state``, the run's last state read (``None``: never read)."""
-        if self.deadline_s is not None and time.time() >= self.deadline_s:
+    def _api_failure(
+        self, err: KfpApiError, *, url: str, state: RunState | None, now_s: float
+    ) -> TriggerEventPayload:
+        """The event for a wait the KFP API ended: ``timeout`` when it could not answer
+        (:func:`~airflow_bridge.hooks.kfp.api_outage`) and the deadline has passed by ``now_s`` (the
+        hook's clock: it gave up at the deadline, or its error came after it), else ``error`` (a
+        refusal, 401/403/404, stays one after the deadline); either carries ``state``, the run's
+        last state read (``None``: never read)."""
+        if self.deadline_s is not None and now_s >= self.deadline_s and api_outage(err, get_run_call(self.run_id)):
             seen = f" (last seen {state.value})" if state is not None else ""
             self.log.warning("KFP run %s reached its deadline while the KFP API failed: %s", self.run_id, err)
             return payload_for_problem(

@@ -246,6 +246,34 @@ async def test_the_retries_of_a_failing_read_end_at_the_deadline() -> None:
     assert sleeps[0] == 10.0 and len(sleeps) == 3, sleeps
 
 
+@pytest.mark.parametrize(
+    ("after_running", "status", "state"),
+    [
+        # the run ended just before the deadline; the read at the deadline gets one 503, its one retry the answer
+        ([httpx.Response(503), httpx.Response(200, json={"run_id": "run-1", "state": "SUCCEEDED"})], "success", "SUCCEEDED"),
+        # a refusal is no outage: it stays an error after the deadline too (the run was deleted)
+        ([httpx.Response(404)], "error", "RUNNING"),
+    ],
+    ids=["one-503-at-the-deadline", "404-after-the-deadline"],
+)
+async def test_past_the_deadline_a_read_gets_one_retry_and_only_an_outage_is_a_timeout(
+    after_running: list[httpx.Response], status: str, state: str
+) -> None:
+    answers = [httpx.Response(200, json={"run_id": "run-1", "state": "RUNNING"}), *after_running]
+    now_s = [1000.0]
+
+    async def asleep(seconds: float) -> None:
+        now_s[0] += seconds
+
+    cfg = KfpConnectionConfig(api_url="http://kfp.test", max_attempts=5, retry_initial_s=2.0, retry_max_s=4.0)
+    trigger = make(poll_interval_s=10.0, deadline_s=1010.0, run_url="http://ui/x")
+    trigger.hook = lambda: KfpAsyncHook("kfp_test", config=cfg, transport=httpx.MockTransport(lambda _: answers.pop(0)),
+                                        sleep=asleep, clock=lambda: now_s[0])
+    (event,) = await collect(trigger)
+    assert (event["status"], event["state"]) == (status, state), event
+    assert not answers
+
+
 @pytest.mark.slow
 async def test_an_api_that_stops_answering_before_the_deadline_ends_the_wait_at_it_with_a_timeout(
     tmp_path, compiled_pipelines

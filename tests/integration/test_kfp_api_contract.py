@@ -357,7 +357,7 @@ def test_terminate_stops_a_running_run(kfp_api: KfpApi) -> None:
             break
         time.sleep(1)
     api.note("run_before_terminate", current)
-    assert current["state"] == "RUNNING", current
+    assert current.get("state") == "RUNNING", current
     response = api.call("POST", f"/runs/{run.run_id}:terminate", "terminate")
     assert response.status_code == 200 and response.json() == {}, response.text
     terminated = time.monotonic()
