@@ -56,8 +56,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="fail if workers wait this long for capacity (Insufficient nvidia.com/gpu, cpu...); "
                              "default: wait as long as the job is queued")
     parser.add_argument("--max-oom-kills", type=int, default=RunnerSettings.max_oom_kills,
-                        help="fail once the workers were OOM-killed this many times in all (the operator "
-                             "recreates them forever under ExitCode); 0: never (default: %(default)s)")
+                        help="fail once a worker was OOM-killed this many times within 15 minutes (the "
+                             "operator recreates it forever under ExitCode); 0: never (default: %(default)s)")
     return parser.parse_args(argv)
 
 

@@ -46,6 +46,7 @@ kuberuntime_container.go`` (``CreateContainerConfigError``, ``CreateContainerErr
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -255,19 +256,37 @@ class OomKill:
     Attributes:
         key: identity across reads: pod uid, container name and the end's ``finishedAt`` (a
             container restarted in place shows its last end as ``lastState`` after the restart).
-        subject: ``pod <namespace>/<name>``.
+        subject: ``pod <namespace>/<name>`` (a recreated worker keeps its name: one worker).
         memory_limit: the container's ``resources.limits.memory`` (``""`` when it has none).
+        finished_s: ``finishedAt`` in epoch seconds (``None`` when absent or unreadable).
     """
 
     key: tuple[str, str, str]
     subject: str
     memory_limit: str
+    finished_s: float | None = None
 
 
-def oom_kills(pod: Mapping[str, Any], container: str) -> list[OomKill]:
+def _epoch_s(timestamp: Any) -> float | None:
+    """RFC 3339 (``2026-11-23T10:00:07Z``) as epoch seconds; ``None`` if it does not parse."""
+    try:
+        return dt.datetime.fromisoformat(str(timestamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def oom_kills(pod: Mapping[str, Any], container: str, *, owner_uid: str = "") -> list[OomKill]:
     """The OOM kills of ``container`` that ``pod`` shows: its current state and, for a container
-    restarted in place (``OnFailure``), its last state; each end once (keyed by ``finishedAt``)."""
+    restarted in place (``OnFailure``), its last state; each end once (keyed by ``finishedAt``).
+
+    Args:
+        owner_uid: count only a pod whose controller (``ownerReferences``) has this uid: a job
+            replaced under the same name leaves pods with the same labels behind for a while.
+    """
     meta = pod.get("metadata") or {}
+    if owner_uid and not any(o.get("controller") and o.get("uid") == owner_uid
+                             for o in meta.get("ownerReferences") or []):
+        return []
     subject = f"pod {meta.get('namespace', '')}/{meta.get('name', '')}"
     limits = [((c.get("resources") or {}).get("limits") or {}).get("memory") or ""
               for c in (pod.get("spec") or {}).get("containers") or [] if c.get("name") == container]
@@ -279,8 +298,33 @@ def oom_kills(pod: Mapping[str, Any], container: str) -> list[OomKill]:
             ended = (state or {}).get("terminated") or {}
             if ended.get("reason") == OOM_KILLED_REASON:
                 key = (_uid(pod), container, str(ended.get("finishedAt") or ended.get("containerID") or ""))
-                out.append(OomKill(key, subject, str(limits[0]) if limits else ""))
+                out.append(OomKill(key, subject, str(limits[0]) if limits else "", _epoch_s(ended.get("finishedAt"))))
     return out
+
+
+def oom_kill_burst(kills: Iterable[OomKill], window_s: float) -> list[OomKill]:
+    """The most OOM kills of one worker (by :attr:`OomKill.subject`) that fall within ``window_s``
+    seconds of each other, oldest first (``[]`` for none). Kills without a time (rare: the kubelet
+    sets ``finishedAt``) go last and are grouped only with each other.
+
+    A memory limit too small for the trainer kills a worker again at every start, minutes apart; a
+    job that runs out of memory now and then (hours apart), or one incident that kills every worker
+    once, is not such a burst.
+    """
+    by_worker: dict[str, list[OomKill]] = {}
+    for kill in kills:
+        by_worker.setdefault(kill.subject, []).append(kill)
+    best: list[OomKill] = []
+    for worker in by_worker.values():
+        worker.sort(key=lambda k: math.inf if k.finished_s is None else k.finished_s)
+        first = 0
+        for last, kill in enumerate(worker):
+            end = math.inf if kill.finished_s is None else kill.finished_s
+            while first < last and worker[first].finished_s is not None and end - worker[first].finished_s > window_s:
+                first += 1
+            if last - first + 1 > len(best):
+                best = worker[first:last + 1]
+    return best
 
 
 def waits_for_capacity(message: str) -> bool:

@@ -118,7 +118,7 @@ class LaunchStuck(LauncherError):
 
 
 class WorkersOutOfMemory(LaunchStuck):
-    """The job's worker containers were OOM-killed ``RunnerSettings.max_oom_kills`` times.
+    """A worker was OOM-killed ``RunnerSettings.max_oom_kills`` times within ``oom_window_s``.
 
     Under the ``ExitCode`` restart policy the training operator recreates an OOM-killed pod (exit
     137 is "retryable" to it) forever, and ``runPolicy.backoffLimit`` cannot count those restarts
@@ -195,10 +195,15 @@ class RunnerSettings:
             created a pod within this many seconds (it is not installed, or not watching the
             namespace).
         stream_logs: follow the worker pods' logs into this process's standard output.
-        max_oom_kills: fail the launch (:class:`WorkersOutOfMemory`; the job is deleted unless
-            ``cleanup`` is ``never``: it would go on looping) once the workers' containers were
-            OOM-killed this many times in all (``None``: never). A watch on the worker pods sees
-            each kill, also those of pods the operator deletes and recreates between two polls.
+        max_oom_kills: under the ``ExitCode`` restart policy, fail the launch
+            (:class:`WorkersOutOfMemory`; the job is deleted unless ``cleanup`` is ``never``: it
+            would go on looping) once one worker was OOM-killed this many times within
+            ``oom_window_s`` (``None``: never). A watch on the worker pods sees each kill, also
+            those of pods the operator deletes and recreates between two polls. ``OnFailure`` and
+            ``Always`` are bounded by ``backoff_limit`` instead.
+        oom_window_s: the window of ``max_oom_kills``, by the kills' ``finishedAt``: a worker
+            killed again at every start is a memory limit too small; one that runs out of memory
+            now and then (hours apart) resumes from its checkpoint each time, as before.
     """
 
     poll_interval_s: float = 10.0
@@ -213,6 +218,7 @@ class RunnerSettings:
     operator_grace_s: float = 60.0
     stream_logs: bool = False
     max_oom_kills: int | None = 3
+    oom_window_s: float = 900.0
 
     def __post_init__(self) -> None:
         if self.poll_interval_s <= 0:
@@ -230,6 +236,83 @@ class RunnerSettings:
             raise ValueError(f"capacity_grace_s must be >= 0 or None, got {self.capacity_grace_s}")
         if self.max_oom_kills is not None and self.max_oom_kills < 1:
             raise ValueError(f"max_oom_kills must be >= 1 or None, got {self.max_oom_kills}")
+        if self.oom_window_s <= 0:
+            raise ValueError(f"oom_window_s must be > 0, got {self.oom_window_s}")
+
+
+def _build_decoders() -> None:
+    """Have lightkube build, in this thread, the msgspec decoders of every type the launcher reads
+    while its pod watch runs (pods and their lists, watch events, events), before another thread
+    decodes. msgspec builds a type's decoder on its first use, and two threads doing that at once
+    crashed the launcher (SIGSEGV in msgspec's ``get_class_annotations``: a watch decoding its first
+    pod while a poll decoded its first pod list; lightkube 1.0, msgspec 0.22)."""
+    from lightkube.core import decoders
+    from lightkube.resources.core_v1 import Event, Pod
+
+    decoders.decode_object(b"{}", Pod)
+    decoders.decode_list(b'{"items": []}', Pod)
+    decoders.decode_list(b'{"items": []}', Event)
+    decoders.decode_watch_event(b'{"type": "ADDED", "object": {}}')
+
+
+class _OomKills:
+    """The OOM kills of one job's worker containers: from the runner's polls (:meth:`note`) and from
+    a watch on the job's pods in a daemon thread, which sees the pods the operator deletes and
+    recreates between two polls.
+
+    :meth:`close` only asks the thread to stop: lightkube's watch reopens itself when the server
+    ends it, so the thread notices at the next pod event (the job's deletion brings some) and
+    otherwise lives on with the process, one idle watch reopened every
+    :data:`OOM_WATCH_TIMEOUT_S` (closing the connection under a read in progress is not safe
+    across threads). A stale thread writes to its own counter only. A client without ``watch``
+    (a test's fake) gets none.
+    """
+
+    def __init__(self, client: Any, ref: JobRef, retry_s: float) -> None:
+        self.ref, self.retry_s, self.client = ref, retry_s, client
+        self._kills: dict[tuple[str, str, str], diagnose.OomKill] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._watching = False
+
+    def note(self, pods: list[dict[str, Any]]) -> None:
+        """Record the kills ``pods`` show (pods of another job under the same name are ignored).
+
+        The first call (from a poll) starts the watch, once :func:`_build_decoders` has run here.
+        """
+        with self._lock:
+            for pod in pods:
+                for kill in diagnose.oom_kills(pod, CONTAINER_NAME, owner_uid=self.ref.uid):
+                    self._kills.setdefault(kill.key, kill)
+        if not self._watching and hasattr(self.client, "watch"):
+            self._watching = True
+            _build_decoders()
+            threading.Thread(target=self._watch, name="oom-watch", daemon=True).start()
+
+    def kills(self) -> list[diagnose.OomKill]:
+        with self._lock:
+            return list(self._kills.values())
+
+    def close(self) -> None:
+        """Ask the watch thread to stop (see the class docstring)."""
+        self._stop.set()
+
+    def _watch(self) -> None:
+        from lightkube.resources.core_v1 import Pod
+
+        while not self._stop.is_set():
+            try:
+                for _, pod in self.client.watch(Pod, namespace=self.ref.namespace,
+                                                labels={JOB_NAME_LABEL: self.ref.name},
+                                                server_timeout=OOM_WATCH_TIMEOUT_S):
+                    if self._stop.is_set():
+                        return
+                    self.note([_as_dict(pod)])
+            except Exception as err:  # the API failed: the polls still count what they see
+                if self._stop.is_set():
+                    return
+                log.debug("watching the worker pods of PyTorchJob %s: %s", self.ref, err)
+            self._stop.wait(self.retry_s)
 
 
 def pytorchjob_resource() -> Any:
@@ -313,8 +396,7 @@ class PyTorchJobRunner:
         self._resource = pytorchjob_resource()
         self._errors = 0
         self._first_seen: dict[tuple[str, str], float] = {}  # problem key -> when first seen (clock)
-        self._oom_kills: dict[tuple[str, str, str], diagnose.OomKill] = {}  # written by the pod watch too
-        self._oom_lock = threading.Lock()
+        self._oom_kills: _OomKills | None = None  # the current wait's
 
     # -- steps ------------------------------------------------------------------------------------
 
@@ -432,25 +514,20 @@ class PyTorchJobRunner:
             LaunchTerminated: :attr:`stop_requested` was set (SIGTERM).
             LaunchTimeout: ``timeout_s`` passed.
             LaunchStuck: workers cannot start (``fail_fast``).
-            WorkersOutOfMemory: the workers were OOM-killed ``max_oom_kills`` times.
+            WorkersOutOfMemory: a worker was OOM-killed ``max_oom_kills`` times (``ExitCode``).
             LauncherError: the job vanished or was replaced, or the API kept failing.
         """
         start = self.clock()
         self._errors = 0
         self._first_seen = {}
-        with self._oom_lock:
-            self._oom_kills = {}
+        counting = self.settings.max_oom_kills is not None and (spec is None or spec.restart_policy == "ExitCode")
+        self._oom_kills = _OomKills(self.client, ref, self.settings.poll_interval_s) if counting else None
         last_phase = ""
         logs = None
         if self.settings.stream_logs:
             from components.launcher.logs import WorkerLogs
 
             logs = WorkerLogs(self.client, ref.namespace, container=CONTAINER_NAME)
-        watching = threading.Event()
-        if self.settings.max_oom_kills is not None:
-            watching.set()
-            threading.Thread(target=self._watch_oom_kills, args=(ref, watching), name="oom-watch",
-                             daemon=True).start()
         try:
             while True:
                 outcome, last_phase = self._check(ref, created, last_phase, spec=spec, logs=logs, start=start)
@@ -461,46 +538,27 @@ class PyTorchJobRunner:
                 if self.stop_requested.wait(self.settings.poll_interval_s):
                     raise LaunchTerminated(f"the launcher was terminated while PyTorchJob {ref} was running")
         finally:
-            watching.clear()
+            if self._oom_kills is not None:
+                self._oom_kills.close()
             if logs is not None:
                 for t in logs.threads:  # let finished streams drain their last lines
                     t.join(timeout=2.0)
                 logs.close()
 
-    def _note_oom_kills(self, pods: list[dict[str, Any]]) -> None:
-        with self._oom_lock:
-            for pod in pods:
-                for kill in diagnose.oom_kills(pod, CONTAINER_NAME):
-                    self._oom_kills.setdefault(kill.key, kill)
-
-    def _watch_oom_kills(self, ref: JobRef, watching: threading.Event) -> None:
-        """Record the OOM kills of the job's worker pods until ``watching`` is cleared (a daemon
-        thread; each watch ends on the server after :data:`OOM_WATCH_TIMEOUT_S`, so it notices)."""
-        from lightkube.resources.core_v1 import Pod
-
-        while watching.is_set():
-            try:
-                for _, pod in self.client.watch(Pod, namespace=ref.namespace, labels={JOB_NAME_LABEL: ref.name},
-                                                server_timeout=OOM_WATCH_TIMEOUT_S):
-                    self._note_oom_kills([_as_dict(pod)])
-                    if not watching.is_set():
-                        return
-            except Exception as err:  # the polls still see the kills they catch; never fail the wait here
-                log.debug("watching the worker pods of PyTorchJob %s: %s", ref, err)
-                time.sleep(self.settings.poll_interval_s)
-
-    def _fail_if_out_of_memory(self, ref: JobRef) -> None:
-        limit = self.settings.max_oom_kills
-        with self._oom_lock:
-            kills = list(self._oom_kills.values())
-        if limit is None or len(kills) < limit:
+    def _fail_if_out_of_memory(self, ref: JobRef, pods: list[dict[str, Any]]) -> None:
+        limit, counter = self.settings.max_oom_kills, self._oom_kills
+        if limit is None or counter is None:
             return
-        last = kills[-1]
+        counter.note(pods)
+        burst = diagnose.oom_kill_burst(counter.kills(), self.settings.oom_window_s)
+        if len(burst) < limit:
+            return
+        last = burst[-1]
         memory = f"memory limit {last.memory_limit}" if last.memory_limit else "no memory limit"
         raise WorkersOutOfMemory(ref, diagnose.Problem(
             last.subject, diagnose.OOM_KILLED_REASON,
-            f"out of memory: the workers were OOM-killed {len(kills)} times ({memory})",
-            "the training operator would recreate them forever; give the workers more memory "
+            f"out of memory: OOM-killed {len(burst)} times within {self.settings.oom_window_s:g} s ({memory})",
+            "the training operator would recreate it forever; give the workers more memory "
             "(worker_memory) or make them need less (a smaller batch per worker)", 0.0))
 
     def _check(self, ref: JobRef, created: bool, last_phase: str, *, spec: PyTorchJobSpec | None = None,
@@ -531,8 +589,7 @@ class PyTorchJobRunner:
             state, reason, message = done
             failures = self.pod_failures(ref) if state == "Failed" else ""
             return JobOutcome(ref, state, reason, message, created, failures), last_phase  # type: ignore[arg-type]
-        self._note_oom_kills(pods)
-        self._fail_if_out_of_memory(ref)
+        self._fail_if_out_of_memory(ref, pods)
         problems = self._problems(ref, job, pods, spec)
         phase = f"{_latest_condition(job) or 'waiting for the operator'}; {summarize_workers(pods)}"
         if problems:

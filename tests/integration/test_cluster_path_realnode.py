@@ -126,8 +126,10 @@ def test_workers_oom_killed_at_every_start_fail_the_train_step_and_their_job_is_
         run_train_step(req, model_dir=tmp_path / "m", work_dir=tmp_path / "w")
     took_s = time.monotonic() - t0
     message = str(failed.value)
-    kills = RunnerSettings().max_oom_kills
-    assert f"out of memory: the workers were OOM-killed {kills} times (memory limit 128Mi) (OOMKilled)" in message, message
+    settings = RunnerSettings()
+    kills = settings.max_oom_kills
+    assert (f"-worker-0: out of memory: OOM-killed {kills} times within {settings.oom_window_s:g} s "
+            "(memory limit 128Mi) (OOMKilled)") in message, message
     assert "worker_memory" in message and "\n" not in message, message
     assert not list(k8s_testbed.client().list(pytorchjob_resource(), namespace=s3_namespace))
     print(f"FIGURE workers OOM-killed at every start: the train step failed after {took_s:.0f} s ({kills} kills)")

@@ -12,9 +12,11 @@ import pytest
 
 from components.launcher.diagnose import (
     UNSCHEDULABLE_GRACE_S,
+    OomKill,
     Problem,
     job_problems,
     one_line,
+    oom_kill_burst,
     oom_kills,
     pod_problems,
     running_workers,
@@ -257,3 +259,27 @@ def test_oom_kills_are_read_from_the_state_and_the_last_state_once_each() -> Non
     assert [k.key for k in oom_kills(restarted, "pytorch")] == [kill.key]  # the same end, seen again
     for ended in ({**killed, "reason": "Error", "exitCode": 1}, {**killed, "reason": "Completed", "exitCode": 0}):
         assert oom_kills(pod(phase="Failed", terminated=ended), "pytorch") == []
+
+
+def test_only_the_jobs_own_pods_are_counted() -> None:
+    """A job replaced under the same name leaves its pods (same labels) behind for a while."""
+    killed = pod(phase="Failed", terminated={"exitCode": 137, "reason": "OOMKilled", "finishedAt": "2026-11-23T10:00:07Z"})
+    killed["metadata"]["ownerReferences"] = [{"kind": "PyTorchJob", "uid": "job-new", "controller": True}]
+    assert len(oom_kills(killed, "pytorch", owner_uid="job-new")) == 1
+    assert oom_kills(killed, "pytorch", owner_uid="job-old") == []
+
+
+def kill(worker: int, at_s: float | None, n: int = 0) -> OomKill:
+    return OomKill((f"uid-{worker}-{n}", "pytorch", str(at_s)), f"pod team-a/train-worker-{worker}", "1Gi", at_s)
+
+
+def test_a_burst_is_one_workers_kills_within_the_window() -> None:
+    again_and_again = [kill(0, t, n) for n, t in enumerate((0.0, 40.0, 90.0))]
+    assert [k.finished_s for k in oom_kill_burst(again_and_again, 900.0)] == [0.0, 40.0, 90.0]
+    assert len(oom_kill_burst(again_and_again, 60.0)) == 2  # 40 and 90 s
+    now_and_then = [kill(0, t, n) for n, t in enumerate((0.0, 3600.0, 7200.0, 10800.0))]
+    assert len(oom_kill_burst(now_and_then, 900.0)) == 1
+    every_worker_once = [kill(w, 10.0 + w) for w in range(4)]
+    assert len(oom_kill_burst(every_worker_once, 900.0)) == 1
+    assert oom_kill_burst([], 900.0) == []
+    assert len(oom_kill_burst([kill(1, None, 0), kill(1, None, 1), kill(1, 5.0, 2)], 900.0)) == 2

@@ -41,7 +41,7 @@ def test_a_false_terminal_condition_does_not_count() -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [{"poll_interval_s": 0}, {"timeout_s": -1}, {"cleanup": "sometimes"}, {"max_consecutive_errors": -1},
-     {"max_oom_kills": 0}],
+     {"max_oom_kills": 0}, {"oom_window_s": 0}],
 )
 def test_bad_settings_are_rejected(kwargs: dict) -> None:
     with pytest.raises(ValueError):
