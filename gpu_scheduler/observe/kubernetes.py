@@ -385,6 +385,22 @@ WATCH_BACKOFF_S = (0.2, 30.0)
 WATCH_STABLE_S = 60.0
 
 
+def build_decoders(resources: Iterable[type]) -> None:
+    """Have lightkube build, in this thread, the msgspec decoders of ``resources`` (objects, lists)
+    and of watch events, before the informers' threads decode. msgspec builds a type's decoder on
+    its first use, and two threads doing that at once can crash the process: trainflow's launcher
+    died of SIGSEGV in msgspec's ``get_class_annotations`` when a watch decoded its first pod while
+    a list decoded its first pod list (lightkube 1.0, msgspec 0.22); the informers start at once.
+    """
+    from lightkube.core import decoders
+
+    for resource in resources:
+        with contextlib.suppress(Exception):  # a generic resource refuses "{}": nothing to build
+            decoders.decode_object(b"{}", resource)
+        decoders.decode_list(b'{"items": []}', resource)
+    decoders.decode_watch_event(b'{"type": "ADDED", "object": {}}')
+
+
 class Informer(Generic[T]):
     """LIST + WATCH of one resource kind into a local store of converted values.
 
@@ -766,6 +782,7 @@ class KubernetesObserver:
             self._informers.append(self.configmap)
 
     def start(self) -> KubernetesObserver:
+        build_decoders(informer._resource for informer in self._informers)
         for informer in self._informers:
             informer.start()
         return self
