@@ -158,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
             trainer.train()
         except Preempted as e:
             logging.getLogger("trainflow.trainer").warning("%s", e)
-            if not trainer.ckpt.wait(timeout_s=0):  # a save past its deadline: do not wait for it at exit
+            # a save past its deadline, or an abandoned verification still downloading: do not wait
+            # for them at exit (Python joins their threads), the grace period is running out
+            if not trainer.ckpt.wait(timeout_s=0) or trainer.ckpt.verifying():
                 _leave(EXIT_PREEMPTED)
             return EXIT_PREEMPTED
         # found on load / a newer run took the key / a state weights_only refuses (at save or load)

@@ -334,6 +334,7 @@ class CheckpointManager:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-persist")
         # retention's verifications read here, so the persist thread is free for a blocking save at once
         self._verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-verify")
+        self._verifying: Future[Any] | None = None  # the newest verification submitted
         self._in_flight: _InFlight | None = None
         self._lock = threading.Lock()
         self._hurry = threading.Event()  # a blocking save waits: the running retention stops early
@@ -637,6 +638,13 @@ class CheckpointManager:
             return False
         return True
 
+    def verifying(self) -> bool:
+        """Whether a retention verification (maybe an abandoned one) still reads on the verify thread.
+        Python joins that thread at exit: a process that must exit now uses ``os._exit`` then (an
+        abandoned S3 read ends only when its object is downloaded, :meth:`_verified_unless_hurried`)."""
+        future = self._verifying
+        return future is not None and not future.done()
+
     def close(self, timeout_s: float | None = None) -> None:
         """Wait for the in-flight persist and its retention (up to ``timeout_s`` seconds; ``None``: no
         limit) and stop the persist thread, and the verify thread unless that retention still runs."""
@@ -806,8 +814,8 @@ class CheckpointManager:
         while this thread (the persist thread) waits for it and looks every :data:`HURRY_POLL_S`
         seconds whether a blocking save is waiting. If one is, the verification is abandoned (its
         read stops at its next 1 MiB chunk; a read the storage makes whole in ``open_read``, as S3's
-        download, ends first) and the persist thread is free for the save at once, however big the
-        checkpoint or slow the store.
+        download, ends first) and the persist thread is free for the save within
+        :data:`HURRY_POLL_S`, however big the checkpoint being verified.
 
         Returns:
             ``True`` once ``step`` verified; ``False`` if the verification was abandoned: nothing is
@@ -819,6 +827,7 @@ class CheckpointManager:
         """
         abandon = threading.Event()
         future = self._verifier.submit(self._load_step, step, map_location="cpu", load_state=False, abandon=abandon)
+        self._verifying = future
         while not wait_futures([future], timeout=HURRY_POLL_S).done:
             if self._hurry.is_set():
                 abandon.set()
@@ -834,8 +843,9 @@ class CheckpointManager:
 
         Stops early when a blocking save is waiting (the next retention finishes the job): between two
         deletions, and also within a verification, which is then abandoned before any deletion (see
-        :meth:`_verified_unless_hurried`): a slow store or a big checkpoint never holds up the
-        SIGTERM or final save by more than :data:`HURRY_POLL_S` seconds."""
+        :meth:`_verified_unless_hurried`): a big checkpoint being verified holds up the SIGTERM or
+        final save by at most :data:`HURRY_POLL_S` seconds. A store call already under way (the
+        fence check, a listing, one deletion, the cleanup of unfinished uploads) still ends first."""
         try:
             self.check_fence()
             keys = self._list("step-")
@@ -874,6 +884,8 @@ class CheckpointManager:
                 manifest = [k for k in ks if layout.is_manifest_key(k)]
                 self.storage.delete(manifest)  # un-commit first
                 self.storage.delete([k for k in ks if k not in manifest])
+            if self._hurried():
+                return
             self.storage.cleanup_incomplete(older_than_s=STALE_WRITE_AGE_S)
         except WriterFencedError as e:
             log.error("checkpoint retention skipped: %s", e)
