@@ -4,7 +4,7 @@ Usage::
 
     python -m components.launcher --spec spec.json [--output job.json] [--poll-interval-s 10]
         [--timeout-s SECONDS] [--cleanup always|on-success|never] [--keep-failed] [--stream-logs]
-        [--no-fail-fast] [--capacity-grace-s SECONDS] [--max-oom-kills N]
+        [--no-fail-fast] [--capacity-grace-s SECONDS] [--max-oom-kills N] [--oom-window-s SECONDS]
 
 ``spec.json`` holds the keyword arguments of :class:`~components.launcher.pytorchjob.PyTorchJobSpec`
 (``-`` reads standard input). The Kubernetes client is configured from ``KUBECONFIG`` or, inside a
@@ -56,8 +56,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="fail if workers wait this long for capacity (Insufficient nvidia.com/gpu, cpu...); "
                              "default: wait as long as the job is queued")
     parser.add_argument("--max-oom-kills", type=int, default=RunnerSettings.max_oom_kills,
-                        help="fail once a worker was OOM-killed this many times within 15 minutes (the "
+                        help="fail once a worker was OOM-killed this many times within --oom-window-s (the "
                              "operator recreates it forever under ExitCode); 0: never (default: %(default)s)")
+    parser.add_argument("--oom-window-s", type=float, default=RunnerSettings.oom_window_s,
+                        help="the window of --max-oom-kills, seconds (default: %(default)s)")
     return parser.parse_args(argv)
 
 
@@ -79,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             fail_fast=not args.no_fail_fast,
             capacity_grace_s=args.capacity_grace_s,
             max_oom_kills=args.max_oom_kills or None,
+            oom_window_s=args.oom_window_s,
         )
     except (OSError, json.JSONDecodeError, TypeError, ValueError) as err:
         print(f"launcher: bad input: {err}", file=sys.stderr)

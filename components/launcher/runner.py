@@ -202,8 +202,9 @@ class RunnerSettings:
             those of pods the operator deletes and recreates between two polls. ``OnFailure`` and
             ``Always`` are bounded by ``backoff_limit`` instead.
         oom_window_s: the window of ``max_oom_kills``, by the kills' ``finishedAt``: a worker
-            killed again at every start is a memory limit too small; one that runs out of memory
-            now and then (hours apart) resumes from its checkpoint each time, as before.
+            killed again at every start (minutes apart, even with a slow start or a checkpoint
+            load before each kill) is a memory limit too small; one that runs out of memory now and
+            then (hours apart) resumes from its checkpoint each time, as before.
     """
 
     poll_interval_s: float = 10.0
@@ -218,7 +219,7 @@ class RunnerSettings:
     operator_grace_s: float = 60.0
     stream_logs: bool = False
     max_oom_kills: int | None = 3
-    oom_window_s: float = 900.0
+    oom_window_s: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.poll_interval_s <= 0:
@@ -242,17 +243,21 @@ class RunnerSettings:
 
 def _build_decoders() -> None:
     """Have lightkube build, in this thread, the msgspec decoders of every type the launcher reads
-    while its pod watch runs (pods and their lists, watch events, events), before another thread
+    while its pod watch runs (pods and their lists, watch events, events, API errors' Status),
+    before another thread
     decodes. msgspec builds a type's decoder on its first use, and two threads doing that at once
     crashed the launcher (SIGSEGV in msgspec's ``get_class_annotations``: a watch decoding its first
     pod while a poll decoded its first pod list; lightkube 1.0, msgspec 0.22)."""
     from lightkube.core import decoders
+    from lightkube.models.meta_v1 import Status
     from lightkube.resources.core_v1 import Event, Pod
 
     decoders.decode_object(b"{}", Pod)
     decoders.decode_list(b'{"items": []}', Pod)
     decoders.decode_list(b'{"items": []}', Event)
     decoders.decode_watch_event(b'{"type": "ADDED", "object": {}}')
+    decoders.decode_status(b"{}")  # a watch's error line, and every ApiError
+    Status.from_dict({})
 
 
 class _OomKills:

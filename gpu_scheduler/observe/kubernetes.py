@@ -386,19 +386,22 @@ WATCH_STABLE_S = 60.0
 
 
 def build_decoders(resources: Iterable[type]) -> None:
-    """Have lightkube build, in this thread, the msgspec decoders of ``resources`` (objects, lists)
-    and of watch events, before the informers' threads decode. msgspec builds a type's decoder on
+    """Have lightkube build, in this thread, the msgspec decoders of ``resources`` (objects, lists),
+    of watch events and of API errors' ``Status``, before the informers' threads decode. msgspec builds a type's decoder on
     its first use, and two threads doing that at once can crash the process: trainflow's launcher
     died of SIGSEGV in msgspec's ``get_class_annotations`` when a watch decoded its first pod while
     a list decoded its first pod list (lightkube 1.0, msgspec 0.22); the informers start at once.
     """
     from lightkube.core import decoders
+    from lightkube.models.meta_v1 import Status
 
     for resource in resources:
         with contextlib.suppress(Exception):  # a generic resource refuses "{}": nothing to build
             decoders.decode_object(b"{}", resource)
         decoders.decode_list(b'{"items": []}', resource)
     decoders.decode_watch_event(b'{"type": "ADDED", "object": {}}')
+    decoders.decode_status(b"{}")  # a watch's error line (410 Gone), and every ApiError
+    Status.from_dict({})
 
 
 class Informer(Generic[T]):
