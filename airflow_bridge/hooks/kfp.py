@@ -250,11 +250,11 @@ class _HookBase(BaseHook):
     ) -> dict[str, Any]:
         """tenacity arguments shared by the sync and async hooks: attempts, backoff, what retries.
 
-        With ``deadline_s`` (epoch seconds, by ``_clock``) a backoff ends no later than the deadline
-        and an attempt that fails at or after it is not retried, but for the first (after its usual
-        backoff: one 503 must not turn a run that ended just in time into a timeout): a wait for a
-        run does not go on retrying a down API for up to ``max_attempts`` request timeouts past its
-        deadline.
+        With ``deadline_s`` (epoch seconds, by ``_clock``) the first retry comes after its usual
+        backoff (one 503 must not turn a run that ended just in time into a timeout), later ones no
+        later than the deadline, and an attempt that fails at or after the deadline is not retried
+        but for the first: a wait for a run does not go on retrying a down API for up to
+        ``max_attempts`` request timeouts past its deadline.
         """
         stop: Any = tenacity.stop_after_attempt(cfg.max_attempts)
         wait: Callable[[tenacity.RetryCallState], float] = self._wait
@@ -265,10 +265,10 @@ class _HookBase(BaseHook):
                 return retry_state.attempt_number >= 2 and self._clock() >= deadline_s
 
             def wait_to_deadline(retry_state: tenacity.RetryCallState) -> float:
-                backoff_s, left_s = self._wait(retry_state), deadline_s - self._clock()
-                if left_s <= 0 and retry_state.attempt_number == 1:
-                    return backoff_s  # the one retry past the deadline
-                return max(0.0, min(backoff_s, left_s))
+                backoff_s = self._wait(retry_state)
+                if retry_state.attempt_number == 1:
+                    return backoff_s  # the one retry: a 503 just before the deadline gets it too
+                return max(0.0, min(backoff_s, deadline_s - self._clock()))
 
             stop, wait = tenacity.stop_any(stop, past_deadline), wait_to_deadline
         return {

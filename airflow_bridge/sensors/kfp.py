@@ -12,8 +12,8 @@ sensor. Losing track of the run (the KFP API unreachable beyond the connection's
 it, like any error of the check, skips the task. The deferrable mode applies both options as
 Airflow's ``BaseSensorOperator.execute`` applies them to ``poke`` (:meth:`KfpRunSensor._fail_options`),
 to the check before the deferral and to the trigger's event alike. Not mirrored: ``silent_fail``
-(a deferred sensor has no next poke), nor ``soft_fail`` for an ``execution_timeout`` that fires
-during the check before the deferral (``AirflowTaskTimeout``).
+(a deferred sensor has no next poke), nor ``soft_fail`` and ``never_fail`` for an
+``execution_timeout`` that fires during the check before the deferral (``AirflowTaskTimeout``).
 """
 
 from __future__ import annotations

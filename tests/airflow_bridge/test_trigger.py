@@ -279,9 +279,9 @@ async def test_an_api_that_stops_answering_before_the_deadline_ends_the_wait_at_
     tmp_path, compiled_pipelines
 ) -> None:
     """The KFP API freezes (SIGSTOP: connections are accepted, nothing answers) while the run runs:
-    the event at the deadline is ``timeout`` with the last state read, and it comes about one
-    ``request_timeout_s`` after the deadline, not after a read's whole retry budget (here 5 attempts
-    of 1 s with 2-4 s backoffs: ~19 s)."""
+    the event at the deadline is ``timeout`` with the last state read, and it comes within the
+    read in flight, one backoff and one retry after the deadline (~6 s here), not after a read's
+    whole retry budget (5 attempts of 1 s with 2-4 s backoffs: ~19 s; 16 s measured before the fix)."""
     server = start_kfp_server(tmp_path, name="kfp-frozen")
     try:
         run_id = submit(server, compiled_pipelines["slow"], seconds=300)
@@ -309,7 +309,7 @@ async def test_an_api_that_stops_answering_before_the_deadline_ends_the_wait_at_
     assert event["message"].startswith(
         f"KFP run {run_id}: the KFP API could not be read at its deadline (last seen RUNNING): "
     ), event
-    assert 0 <= late_s < 8.0, f"the event came {late_s:.1f} s after the deadline"  # 16 s before the fix
+    assert 0 <= late_s < 11.0, f"the event came {late_s:.1f} s after the deadline"
 
 
 async def test_a_run_lost_mid_wait_is_an_error_event_with_its_last_state() -> None:
