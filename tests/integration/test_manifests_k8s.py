@@ -80,6 +80,14 @@ MONITORING_CRDS = [
 ]
 
 
+#: Kinds the overlays hold that have no namespace.
+CLUSTER_SCOPED_KINDS = frozenset({
+    "Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "PriorityClass",
+    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+})
+
+
 def can_i(bed: KubeTestBed, verb: str, resource: str, *, sa: str, namespace: str) -> bool:
     result = bed.kubectl(
         "auth", "can-i", verb, resource, f"--as=system:serviceaccount:{sa}", "-n", namespace, check=False
@@ -113,6 +121,11 @@ def test_every_overlay_builds_and_names_its_namespace(k8s_testbed: KubeTestBed, 
             for rule in d["rules"]
             for r in rule["resources"]
         }
+        # every namespaced object names its namespace: `kubectl apply -k` would put one without it
+        # into the current context's namespace (the monitoring objects landed in `default`)
+        unplaced = [f"{d['kind']}/{d['metadata']['name']}" for d in built
+                    if d["kind"] not in CLUSTER_SCOPED_KINDS and not d["metadata"].get("namespace")]
+        assert not unplaced, (overlay, unplaced)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
