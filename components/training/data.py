@@ -302,8 +302,25 @@ def global_batch(perm: torch.Tensor, samples_in_epoch: int, global_batch_size: i
 
 
 def shard(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
-    """Rank ``rank``'s contiguous slice of a global batch; sizes differ by at most one."""
-    return torch.tensor_split(batch, world_size)[rank]
+    """Rank ``rank``'s contiguous slice of a global batch of ``n`` sample ids (int64 tensor (n,)).
+
+    The samples go to the first ``min(world_size, n // 2)`` ranks (at least one), whose sizes differ
+    by at most one; the other ranks get none (an empty slice). So no rank holds exactly one sample
+    unless the whole batch is one: a BatchNorm layer in training mode refuses a batch of one sample
+    whose feature map is 1x1 (``Expected more than 1 value per channel``), and with an even split an
+    epoch's short last batch (``n < 2 x world_size``) gave some ranks one sample, which crashed the
+    job at the same step after every restart. Full batches (``n >= 2 x world_size``) split over every
+    rank as before.
+    """
+    active = max(1, min(world_size, len(batch) // 2))
+    if rank >= active:
+        return batch[:0]
+    return torch.tensor_split(batch, active)[rank]
+
+
+#: Samples in the placeholder batch of a rank that holds none in a step (weighted 0): two, not one,
+#: for the reason :func:`shard` gives (a one-sample global batch has only one to give).
+PLACEHOLDER_SAMPLES = 2
 
 
 # --------------------------------------------------------------------------------- sample access
@@ -488,14 +505,15 @@ def iter_task_batches(
     the same plan as :func:`iter_local_batches`, read from a task's map-style dataset and
     ``collate``\\ d (``trainflow.task``).
 
-    A rank with no samples in a step (the epoch's last global batch smaller than the world size)
-    gets ``local_ids`` empty and a *placeholder* batch of one sample, the global batch's first: the
-    task's loss needs at least one sample, and the trainer weights it by 0 so that the rank still
-    takes part in DDP's gradient all-reduce. With ``loader_workers`` > 0 the reads go through a
+    A rank with no samples in a step (the epoch's short last global batch: :func:`shard`) gets
+    ``local_ids`` empty and a *placeholder* batch of the global batch's first
+    :data:`PLACEHOLDER_SAMPLES` samples: the task's loss needs samples (and BatchNorm more than
+    one), and the trainer weights it by 0 so that the rank still takes part in DDP's gradient
+    all-reduce. With ``loader_workers`` > 0 the reads go through a
     DataLoader whose batch sampler yields exactly these ids, with its own seeded generator so creating
     the iterator never consumes the global RNG (which would break bit-exact resume).
     """
-    plan = [(ids, len(batch), (ids if len(ids) else batch[:1]).tolist())
+    plan = [(ids, len(batch), (ids if len(ids) else batch[:PLACEHOLDER_SAMPLES]).tolist())
             for batch, ids in _epoch_steps(perm, start, global_batch_size, rank, world_size)]
     if loader_workers == 0:
         for ids, n, read in plan:

@@ -29,7 +29,10 @@ def test_every_sample_once_per_epoch_across_resizes(world_sizes) -> None:
         world = world_sizes[min(step // 4, len(world_sizes) - 1)]  # resize every 4 steps
         gb = d.global_batch(perm, pos, batch)
         shards = [d.shard(gb, r, world) for r in range(world)]
-        assert sum(len(s) for s in shards) == len(gb) and max(map(len, shards)) - min(map(len, shards)) <= 1
+        held = [len(s) for s in shards if len(s)]
+        assert sum(len(s) for s in shards) == len(gb) and max(held) - min(held) <= 1
+        if len(gb) >= 2 * world:
+            assert len(held) == world  # a full batch: every rank
         for s in shards:
             seen.update(s.tolist())
         pos += len(gb)
@@ -107,3 +110,25 @@ def test_missing_dataset_folder(tmp_path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(d.DatasetError, match="not a prepared dataset"):
         d.PreparedDataset(tmp_path / "empty")
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8, 16])
+def test_no_rank_holds_a_single_sample_unless_the_batch_is_one(world) -> None:
+    """BatchNorm in training mode refuses one sample on a 1x1 map: digits (1,438 samples) with a
+    global batch of 64 ends each epoch with 30, which an even split over 16 ranks gave as 1 or 2."""
+    for n in range(1, 3 * world + 2):
+        batch = torch.arange(100, 100 + n)
+        shards = [d.shard(batch, r, world) for r in range(world)]
+        assert torch.equal(torch.cat(shards), batch)  # contiguous, in order, each sample once
+        sizes = [len(s) for s in shards]
+        assert all(size != 1 for size in sizes) if n >= 2 else sizes[0] == 1
+        assert sizes == sorted(sizes, reverse=True) and sizes[0] >= 1  # the holders come first
+
+
+def test_a_rank_without_samples_gets_a_two_sample_placeholder() -> None:
+    perm = torch.arange(30)  # the last global batch of 64 over digits' 1,438: 30 samples
+    dataset = list(range(30))
+    steps = list(d.iter_task_batches(dataset, collate=lambda xs: xs, perm=perm, start=0, global_batch_size=64,
+                                     rank=15, world_size=16, loader_workers=0, loader_seed=0))
+    ((placeholder, ids, n),) = steps
+    assert (placeholder, ids.tolist(), n) == ([0, 1], [], 30)
