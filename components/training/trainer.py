@@ -494,7 +494,22 @@ class Trainer:
                 "incarnation": self.incarnation["id"], "incarnation_started": self.incarnation["started"],
                 "ids": ids.tolist()})
         stall = 0.0
+
+        def record_step() -> dict[str, Any]:
+            dt = time.perf_counter() - t_start
+            rec = {"step": step, "epoch": epoch, "loss": loss, "samples_per_s": n_global / dt if dt > 0 else 0.0,
+                   "step_seconds": dt, "world_size": self.env.world_size, "lr": self._step_lr, "ckpt_stall_s": stall,
+                   **adaptive_rec}
+            self.metrics.record(rec)
+            if self._pending_first_step_event:
+                self._pending_first_step_event = False
+                self.metrics.record({"event": "first_step_after_resume", "step": step})
+            return rec
+
+        # The step is recorded before a stop too: a SIGTERM save commits this step, so the resumed run
+        # never trains it again, and its loss would be missing from the metrics for good.
         if float(agreed[3]) > 0:  # rank 0's writer was fenced: another run owns the key now
+            record_step()
             raise WriterFencedError(str(self.ckpt.fenced) if self.ckpt.fenced else
                                     "a newer writer took over this job key; this run stops")
         if float(agreed[2]) > 0:  # any rank got SIGTERM: everyone saves (within the deadline), then stops
@@ -502,6 +517,7 @@ class Trainer:
             # grace period does) was tried and reverted: a save that would commit within the grace
             # period's margin was abandoned at the deadline (the process then exits at once).
             since_sigterm_s = self._since_sigterm_s()
+            record_step()
             self._save(blocking=True, reason="preempted", deadline_s=self.cfg.checkpoint.preemption_save_deadline_s)
             outcome = dist_utils.broadcast_object(self._last_outcome)
             self.metrics.record({"event": "preempted", "step": step, "outcome": outcome,
@@ -514,13 +530,7 @@ class Trainer:
                             + (newest if self.env.is_main else ""))
         if float(agreed[1]) > 0 and not self._done():
             stall = self._save(blocking=False, reason="periodic")
-        dt = time.perf_counter() - t_start
-        rec = {"step": step, "epoch": epoch, "loss": loss, "samples_per_s": n_global / dt if dt > 0 else 0.0, "step_seconds": dt,
-               "world_size": self.env.world_size, "lr": self._step_lr, "ckpt_stall_s": stall, **adaptive_rec}
-        self.metrics.record(rec)
-        if self._pending_first_step_event:
-            self._pending_first_step_event = False
-            self.metrics.record({"event": "first_step_after_resume", "step": step})
+        rec = record_step()
         if self.env.is_main and (step % self.cfg.log_every_steps == 0 or self._done()):
             log.info("step %d/%d epoch %d loss %.4f %.0f samples/s world %d", step, self.total_steps, epoch, loss,
                      rec["samples_per_s"], self.env.world_size)
