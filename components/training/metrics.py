@@ -73,6 +73,23 @@ class NullSink:
         pass
 
 
+class IdleMetricsSink(NullSink):
+    """Serves ``/metrics`` with no trainflow series on ``addr:port``: what local rank 0 of a worker
+    pod that does not hold rank 0 runs. The trainer pods' PodMonitor scrapes every worker pod
+    (elastic rendezvous decides which one holds rank 0, so no label tells it apart), and a pod that
+    served nothing was a target down (``up`` 0) for every worker but one, firing kube-prometheus'
+    ``TargetDown`` for each multi-worker job. Never fails the worker: a port already taken (two
+    agents on one machine) is logged and nothing is served."""
+
+    def __init__(self, *, port: int, addr: str) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        try:
+            start_http_server(port, addr=addr, registry=CollectorRegistry())
+        except OSError as e:
+            logging.getLogger(__name__).warning("not serving /metrics on %s:%d: %s", addr, port, e)
+
+
 class JsonlSink:
     """Appends one JSON line per record: to a local file (flushed per line, so a reader can tail it),
     or to segment objects under a storage URI (see the module docstring).

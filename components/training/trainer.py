@@ -55,7 +55,14 @@ from components.training import goodput, rng
 from components.training.checkpoint.manager import CheckpointManager, LoadedCheckpoint, WriterFencedError
 from components.training.distributed import DistEnv
 from components.training.faults import FaultInjector
-from components.training.metrics import FanOut, JsonlSink, MetricsSink, NullSink, PrometheusSink
+from components.training.metrics import (
+    FanOut,
+    IdleMetricsSink,
+    JsonlSink,
+    MetricsSink,
+    NullSink,
+    PrometheusSink,
+)
 from trainflow.common.cpus import threads_per_rank
 from trainflow.common.training_spec import ConfigError, TrainConfig
 from trainflow.storage import CheckpointStorage, join_uri, storage_for
@@ -297,6 +304,9 @@ class Trainer:
 
     def _build_metrics(self) -> MetricsSink:
         if not self.env.is_main:
+            if self.cfg.metrics_port and self.env.local_rank == 0:  # torchrun numbers ranks per agent:
+                # rank 0 is local rank 0 of one pod; the other pods answer their scrapes empty
+                return IdleMetricsSink(port=self.cfg.metrics_port, addr=self.cfg.metrics_addr)
             return NullSink()
         sinks: list[MetricsSink] = []
         if self.cfg.metrics_path:
