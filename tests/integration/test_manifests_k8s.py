@@ -159,6 +159,13 @@ def test_overlay_applies_server_side(k8s_testbed: KubeTestBed, manifests: Path, 
         "deployment.apps/trainflow-gpu-scheduler",
         "configmap/trainflow-gpu-scheduler-policy",
     ]
+    if overlay.endswith("monitoring"):
+        # kube-prometheus' Prometheus discovers only where it has a Role: the scheduler's Service and
+        # the trainer pods here, nothing more
+        for verb, resource in [("list", "pods"), ("watch", "services"), ("list", "endpointslices.discovery.k8s.io")]:
+            assert can_i(k8s_testbed, verb, resource, sa="monitoring:prometheus-k8s", namespace=namespace), resource
+        assert not can_i(k8s_testbed, "list", "secrets", sa="monitoring:prometheus-k8s", namespace=namespace)
+        assert not can_i(k8s_testbed, "list", "pods", sa="monitoring:prometheus-k8s", namespace="team-a")
 
 
 @pytest.mark.parametrize("namespace", ["trainflow", "kubeflow"])
