@@ -335,6 +335,7 @@ class Trainer:
         t0 = self.clock()
         try:
             self._load()
+            self._stop_if_signalled_while_loading()
             while not self._done():
                 self._run_epoch()
             self._close()
@@ -352,6 +353,23 @@ class Trainer:
             checkpoint_stall_seconds_total=self.ckpt.stats.stall_seconds_total,
             train_seconds=self.clock() - t0,
         )
+
+    def _stop_if_signalled_while_loading(self) -> None:
+        """Stop without a step or a save when a rank got SIGTERM before training began (while the
+        checkpoint loaded: seconds to minutes for a big one). The run stands at the step it resumed
+        from, committed already; a step and a full save more could outlast the pod's grace period,
+        and would save little. The ranks agree through one gather on the control group.
+
+        Raises:
+            Preempted: a rank was signalled.
+        """
+        if not any(dist_utils.gather_objects(self._stop_requested)):
+            return
+        step = self.state.step
+        self.metrics.record({"event": "preempted", "step": step, "outcome": "nothing_to_save",
+                             "since_sigterm_s": self._since_sigterm_s()})
+        raise Preempted(f"SIGTERM received before the first step; stopped at step {step}, which is "
+                        f"{'the checkpoint resumed from' if self.resumed_from else 'the start'}: nothing to save")
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         if self._sigterm_at_s is None:
