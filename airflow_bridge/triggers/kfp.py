@@ -150,14 +150,7 @@ class KfpRunTrigger(BaseTrigger):
         except KfpApiError as err:
             payload = self._api_failure(err, url=url, state=last[-1].state if last else None, now_s=hook._clock())
         except Exception as err:  # the trigger must not raise: report the problem to the task
-            self.log.warning("cannot follow KFP run %s: %s", self.run_id, err)
-            payload = payload_for_problem(
-                EventStatus.ERROR,
-                run_id=self.run_id,
-                message=f"{type(err).__name__}: {err}",
-                url=url,
-                state=last[-1].state if last else None,  # the last state read, for the task's log
-            )
+            payload = self._error(err, url=url, state=last[-1].state if last else None)
         if self.not_before_s is not None and (wait_s := self.not_before_s - time.time()) > 0:
             await asyncio.sleep(wait_s)
         yield TriggerEvent(dict(payload))
@@ -180,6 +173,10 @@ class KfpRunTrigger(BaseTrigger):
                 url=url,
                 state=state,
             )
+        return self._error(err, url=url, state=state)
+
+    def _error(self, err: Exception, *, url: str, state: RunState | None) -> TriggerEventPayload:
+        """The ``error`` event for ``err``, with the run's last state read (for the task's log)."""
         self.log.warning("cannot follow KFP run %s: %s", self.run_id, err)
         return payload_for_problem(
             EventStatus.ERROR,
