@@ -128,6 +128,31 @@ def test_every_overlay_builds_and_names_its_namespace(k8s_testbed: KubeTestBed, 
         assert not unplaced, (overlay, unplaced)
 
 
+def test_platform_overlay_refuses_a_base_whose_patched_entries_moved(
+    k8s_testbed: KubeTestBed, manifests: Path, tmp_path: Path
+) -> None:
+    """The kubeflow-platform overlay patches the scheduler's env and args by list position; a base
+    that moved them made it remove another flag silently. Its JSON-patch `test` ops refuse that."""
+    built = build(k8s_testbed, manifests, "kubeflow-platform")
+    (scheduler,) = [d for d in built if d["kind"] == "Deployment"]
+    container = scheduler["spec"]["template"]["spec"]["containers"][0]
+    assert not any(a.startswith("--watch-namespace") for a in container["args"])  # every namespace
+    assert {"--policy-configmap=trainflow-gpu-scheduler-policy", "--metrics-port=9400"} <= set(container["args"])
+    assert {"name": "PROMETHEUS_URL", "value": "http://prometheus-k8s.monitoring:9090"} in container["env"]
+    copy = tmp_path / "manifests"
+    shutil.copytree(REPO / "manifests", copy)
+    deployment = copy / "base" / "scheduler" / "deployment.yaml"
+    text = deployment.read_text()
+    moved = text.replace("        - --metrics-addr=0.0.0.0\n", "").replace(
+        "        - --policy-configmap=trainflow-gpu-scheduler-policy\n",
+        "        - --policy-configmap=trainflow-gpu-scheduler-policy\n        - --metrics-addr=0.0.0.0\n",
+    )
+    assert moved != text
+    deployment.write_text(moved)
+    refused = k8s_testbed.kubectl("kustomize", str(copy / "overlays" / "kubeflow-platform"), check=False)
+    assert refused.returncode != 0 and "args/2" in refused.stderr, refused.stderr
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_applies_server_side(k8s_testbed: KubeTestBed, manifests: Path, overlay: str) -> None:
     if overlay.endswith("monitoring"):
