@@ -7,6 +7,7 @@ Issue 5, integration test (1).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import pytest
 from components.launcher.pytorchjob import PyTorchJobSpec
 from components.launcher.runner import (
     JOB_NAME_LABEL,
+    LaunchStuck,
     PyTorchJobFailed,
     PyTorchJobRunner,
     RunnerSettings,
@@ -337,3 +339,86 @@ def test_waiting_launcher_says_why_workers_are_pending(
 
     summary = wait_until(explained, timeout_s=60, what="the scheduler's reason in the summary")
     assert summary.startswith("workers: 1 Pending (0/")
+
+
+def _runner_identity(k8s_testbed: KubeTestBed, namespace: str, tmp_path: Path) -> tuple[Path, str]:
+    """A ServiceAccount in ``namespace`` bound (RoleBinding) to a copy of the shipped
+    ``trainflow-pipeline-runner`` ClusterRole, and a kubeconfig with its token: what a KFP step runs
+    as (the platform's default-editor gets the role through the kubeflow-edit aggregation).
+    Returns ``(kubeconfig, the copy's name)``; the caller deletes the ClusterRole copy."""
+    import yaml
+    from lightkube.models.authentication_v1 import TokenRequestSpec
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import ServiceAccountToken as TokenRequest
+
+    role = yaml.safe_load((REPO_ROOT / "manifests/base/pipeline-runner/clusterrole.yaml").read_text())
+    role["metadata"] = {"name": f"{namespace}-pipeline-runner"}  # no aggregation label: this role only
+    k8s_testbed.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(role))
+    k8s_testbed.kubectl("create", "serviceaccount", "step", "-n", namespace)
+    k8s_testbed.kubectl("create", "rolebinding", "step", f"--clusterrole={role['metadata']['name']}",
+                        f"--serviceaccount={namespace}:step", "-n", namespace)
+    token = k8s_testbed.client().create(
+        TokenRequest(metadata=ObjectMeta(name="step", namespace=namespace),
+                     spec=TokenRequestSpec(audiences=[], expirationSeconds=3600)),
+        "step", namespace=namespace).status.token
+    kubeconfig = tmp_path / "step.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "bed", "cluster": {"server": k8s_testbed.server,
+                                                 "certificate-authority": str(k8s_testbed.root / "pki" / "ca.crt")}}],
+        "users": [{"name": "step", "user": {"token": token}}],
+        "contexts": [{"name": "bed", "context": {"cluster": "bed", "user": "step", "namespace": namespace}}],
+        "current-context": "bed",
+    }))
+    return kubeconfig, role["metadata"]["name"]
+
+
+def test_the_launcher_needs_no_more_than_the_pipeline_runner_role(
+    k8s_testbed: KubeTestBed, k8s_namespace: str, kwok_gpu_nodes: Any, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every test above runs the launcher as cluster-admin; a KFP step runs it with the shipped
+    ClusterRole only. Under that role it creates, polls, watches the pods of (the OOM count), explains
+    (pods, Warning events), reattaches to and deletes a job, and no API call it makes is refused
+    (refusals of its best-effort reads are logged at DEBUG, so the log must hold none)."""
+    from lightkube import Client
+    from lightkube.config.kubeconfig import KubeConfig
+
+    kwok_gpu_nodes(1, 8, labels={"pool": k8s_namespace})
+    kubeconfig, role = _runner_identity(k8s_testbed, k8s_namespace, tmp_path)
+    try:
+        caplog.set_level(logging.DEBUG, logger="components.launcher")
+        client = Client(KubeConfig.from_file(kubeconfig), field_manager="trainflow-launcher")
+        runner = PyTorchJobRunner(client, RunnerSettings(poll_interval_s=0.5, timeout_s=120, cleanup="on-success"))
+        # waiting: the summary names the scheduler's reason (pods and events read as the step)
+        pending = make_spec(k8s_namespace, k8s_namespace, task_name="pending", max_replicas=1, gpus_per_worker=16)
+        ref, created = runner.create_or_reattach(pending)
+        assert created
+        wait_until(lambda: "Insufficient nvidia.com/gpu" in runner.workers_summary(ref) or None, timeout_s=60,
+                   what="the scheduler's reason in the summary")
+        assert runner.create_or_reattach(pending) == (ref, False)  # a retried step reattaches
+        assert runner.delete(ref)
+        # stuck: the operator's FailedCreatePod event on the job names the cause (events read as the step)
+        stuck = make_spec(k8s_namespace, k8s_namespace, task_name="stuck", max_replicas=1,
+                          service_account_name="no-such-sa")
+        fast = RunnerSettings(poll_interval_s=0.5, max_grace_s=2.0, capacity_grace_s=2.0, cleanup="always")
+        with pytest.raises(LaunchStuck, match=r"cannot create worker pods \(FailedCreatePod\)"):
+            PyTorchJobRunner(client, fast).run(stuck)
+        # success: created, polled, its pods watched, deleted
+        ok = make_spec(k8s_namespace, k8s_namespace, task_name="ok", max_replicas=1,
+                       pod_annotations={OUTCOME_ANNOTATION: "Succeeded", DELAY_ANNOTATION: "3s"})
+        outcome = runner.run(ok)
+        assert (outcome.state, outcome.created, outcome.deleted) == ("Succeeded", True, True)
+        # failure: the workers' own cause, read from their pods
+        bad = make_spec(k8s_namespace, k8s_namespace, task_name="bad", max_replicas=1,
+                        pod_annotations={OUTCOME_ANNOTATION: "Failed", EXIT_CODE_ANNOTATION: "2",
+                                         DELAY_ANNOTATION: "2s", TERMINATION_MESSAGE_ANNOTATION: "no dataset"})
+        with pytest.raises(PyTorchJobFailed) as failed:
+            runner.run(bad)
+        assert failed.value.outcome.pod_failures == f"{bad.name}-worker-0=exit 2 (Error): no dataset"
+        # a refusal names the step's identity (the API server's message) or the HTTP status (a watch)
+        refused = [r.getMessage() for r in caplog.records
+                   if f'{k8s_namespace}:step" cannot' in r.getMessage() or "Status/403" in r.getMessage()]
+        assert not refused, refused
+    finally:
+        k8s_testbed.kubectl("delete", "clusterrole", role, "--ignore-not-found")

@@ -88,9 +88,16 @@ CLUSTER_SCOPED_KINDS = frozenset({
 })
 
 
+#: What ``can_i`` reads as a subresource after ``/`` (anything else there is an object's name):
+#: ``kubectl auth can-i get pods/log`` asks about a pod *named* log, not its log.
+SUBRESOURCES = frozenset({"scale", "status", "log", "exec"})
+
+
 def can_i(bed: KubeTestBed, verb: str, resource: str, *, sa: str, namespace: str) -> bool:
+    kind, _, tail = resource.partition("/")
+    target = [kind, f"--subresource={tail}"] if tail in SUBRESOURCES else [resource]
     result = bed.kubectl(
-        "auth", "can-i", verb, resource, f"--as=system:serviceaccount:{sa}", "-n", namespace, check=False
+        "auth", "can-i", verb, *target, f"--as=system:serviceaccount:{sa}", "-n", namespace, check=False
     )
     answer = result.stdout.strip()
     assert answer in ("yes", "no"), result.stderr
@@ -230,6 +237,10 @@ def test_scheduler_can_patch_pytorchjobs_but_not_read_secrets(
     ]:
         assert not can_i(k8s_testbed, verb, resource, sa=sa, namespace="team-a"), (verb, resource)
         assert not can_i(k8s_testbed, verb, resource, sa=sa, namespace=namespace), (verb, resource)
+    # least privilege: what the actuator never sends (test_controller_k8s runs it under this RBAC)
+    for verb, resource in [("update", "pytorchjobs.kubeflow.org/scale"), ("get", "pytorchjobs.kubeflow.org/scale"),
+                           ("patch", "events"), ("create", "events.events.k8s.io")]:
+        assert not can_i(k8s_testbed, verb, resource, sa=sa, namespace=namespace), (verb, resource)
     # Its own namespace: the policy ConfigMap and the leader-election Lease, nothing more.
     assert can_i(
         k8s_testbed, "watch", "configmaps/trainflow-gpu-scheduler-policy", sa=sa, namespace=namespace
@@ -250,12 +261,18 @@ def test_scheduler_can_patch_pytorchjobs_but_not_read_secrets(
 def test_pipeline_runner_can_run_pytorchjobs_in_its_namespace_only(k8s_testbed: KubeTestBed, manifests: Path) -> None:
     k8s_testbed.kubectl("apply", "--server-side", "-k", str(manifests / "overlays" / "standalone"))
     for sa in ("trainflow:trainflow-pipeline-runner", "kubeflow:pipeline-runner"):
-        for verb in ("create", "get", "watch", "delete"):
+        for verb in ("create", "get", "list", "patch", "delete"):
             assert can_i(k8s_testbed, verb, "pytorchjobs.kubeflow.org", sa=sa, namespace="trainflow"), (
                 sa,
                 verb,
             )
         assert can_i(k8s_testbed, "get", "pods/log", sa=sa, namespace="trainflow")
+        assert can_i(k8s_testbed, "watch", "pods", sa=sa, namespace="trainflow")
+        assert can_i(k8s_testbed, "list", "events", sa=sa, namespace="trainflow")
+        # least privilege: what the launcher never does (test_launcher_k8s runs it under this role)
+        for verb, resource in [("watch", "pytorchjobs.kubeflow.org"), ("get", "pytorchjobs.kubeflow.org/status"),
+                               ("watch", "events"), ("list", "pods/log"), ("delete", "pods")]:
+            assert not can_i(k8s_testbed, verb, resource, sa=sa, namespace="trainflow"), (sa, verb, resource)
         assert not can_i(k8s_testbed, "create", "pytorchjobs.kubeflow.org", sa=sa, namespace="team-a"), sa
         assert not can_i(k8s_testbed, "get", "secrets", sa=sa, namespace="trainflow"), sa
 
