@@ -402,6 +402,7 @@ class PyTorchJobRunner:
         self._errors = 0
         self._first_seen: dict[tuple[str, str], float] = {}  # problem key -> when first seen (clock)
         self._oom_kills: _OomKills | None = None  # the current wait's
+        self._events_refused = ""  # why listing events failed last (they are a help, not a need)
 
     # -- steps ------------------------------------------------------------------------------------
 
@@ -639,7 +640,9 @@ class PyTorchJobRunner:
             raise LauncherError(
                 f"PyTorchJob {ref}: the training operator set no condition and created no pod within "
                 f"{self.settings.operator_grace_s:.0f} s; is the Kubeflow training operator installed and "
-                f"watching namespace {ref.namespace}?")
+                f"watching namespace {ref.namespace}?"
+                + (f" (its events, which would say why, cannot be read: {self._events_refused})"
+                   if self._events_refused else ""))
 
     def grace_s(self, problem: diagnose.Problem) -> float | None:
         """How long ``problem`` may last before the launch fails (``None``: never): its own grace
@@ -661,9 +664,11 @@ class PyTorchJobRunner:
             for reason in diagnose.SCALE_UP_EVENT_REASONS:  # a node being added for a pod: it waits
                 events += [_as_dict(e) for e in self.client.list(Event, namespace=namespace,
                                                                  fields={"type": "Normal", "reason": reason})]
+            self._events_refused = ""
             return events
         except Exception as err:  # events are a help, not a need (RBAC may not grant them)
             log.debug("cannot list events in %s: %s", namespace, err)
+            self._events_refused = " ".join(str(getattr(getattr(err, "status", None), "message", "") or err).split())
             return []
 
     def workers_summary(self, ref: JobRef) -> str:

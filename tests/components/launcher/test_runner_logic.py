@@ -273,3 +273,37 @@ def test_the_progress_line_says_a_worker_restarted_in_place_was_oom_killed() -> 
         {"name": "pytorch", "restartCount": 0, "state": {"running": {}}, "lastState": {}}]}}
     assert summarize_workers([fresh, oom]) == "workers: 2 Running; train-x-worker-1 restarted 3x, last OOMKilled exit 137"
     assert summarize_workers([fresh]) == "workers: 1 Running"
+
+
+def test_a_job_with_no_pod_says_when_its_events_cannot_be_read() -> None:
+    """Without ``events list`` (an identity with less than the pipeline-runner role) the operator's
+    FailedCreatePod event is invisible; the launcher's guess (no operator?) then says so."""
+    from lightkube.core.exceptions import ApiError
+
+    from components.launcher.runner import JobRef, LauncherError, PyTorchJobRunner
+
+    class _NoEvents:
+        def list(self, resource: Any, **_: Any) -> list:
+            raise ApiError(response=_Response(403, 'events is forbidden: User "system:serviceaccount:team-a:step" '
+                                                   'cannot list resource "events" in API group ""'))
+
+    clock = _Clock()
+    ref, spec, job_ = JobRef("team-a", "train-x", "uid-job"), _job_spec(), {"status": {"conditions": []}}
+    for client, says in ((_NoEvents(), True), (_FakeCluster(), False)):
+        runner = PyTorchJobRunner(client, RunnerSettings(), clock=clock)
+        problems = runner._problems(ref, job_, [], spec)
+        with pytest.raises(LauncherError, match="created no pod within") as failed:
+            runner._fail_if_stuck(ref, job_, [], problems, spec, start=clock.now - 3600)
+        assert ("its events, which would say why, cannot be read: events is forbidden" in str(failed.value)) is says
+
+
+class _Response:
+    """The httpx response ``lightkube.ApiError`` reads its Status from."""
+
+    def __init__(self, code: int, message: str) -> None:
+        self.status_code = code
+        self._status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": message, "reason": "Forbidden", "code": code}
+
+    def json(self) -> dict:
+        return self._status
