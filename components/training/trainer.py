@@ -180,6 +180,21 @@ def _lr_lambda(total_steps: int, warmup_steps: int, schedule: str):
     return f
 
 
+def step_optimizer(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
+    """``scaler.step(optimizer)`` then ``scaler.update()``; returns whether the optimizer stepped.
+
+    With fp16 loss scaling, a step whose gradients hold inf/NaN is skipped and the scale falls
+    (``torch.amp.GradScaler``); the caller then leaves the LR schedule where it is, as Hugging Face
+    Accelerate does (``AcceleratedScheduler``: no scheduler step where the optimizer step was
+    skipped), so that overflow steps do not eat the warmup. A disabled scaler always steps. With
+    fp16 on, reading the scale synchronises with the device once per step.
+    """
+    before = scaler.get_scale() if scaler.is_enabled() else None
+    scaler.step(optimizer)
+    scaler.update()
+    return before is None or scaler.get_scale() >= before
+
+
 class Trainer:
     """Owns one rank's training job. Build with a validated :class:`TrainConfig`.
 
@@ -482,9 +497,8 @@ class Trainer:
         self.ckpt.wait_for_staging()  # the weights must not change while a snapshot reads them
         waited_s = time.perf_counter() - t_wait
         self._step_lr = float(self.optimizer.param_groups[0]["lr"])  # the LR this step uses (the record's)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        if self.adaptive is None:
+        stepped = step_optimizer(self.scaler, self.optimizer)
+        if self.adaptive is None and stepped:
             self.scheduler.step()
         else:  # compute time only: a wait for a checkpoint snapshot is no property of the batch size
             self._step_s = time.perf_counter() - t0 - waited_s
