@@ -195,6 +195,39 @@ def step_optimizer(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimize
     return before is None or scaler.get_scale() >= before
 
 
+def lr_plan_change(saved: dict[str, Any] | None, ours: dict[str, Any], schedule_step: int) -> str | None:
+    """How this run's built-in LR plan differs from the one a checkpoint was written under, in one
+    line for a warning, or None (the same plan, or a checkpoint that stored none).
+
+    A plan is ``{"learning_rate", "total_steps", "warmup_steps", "lr_schedule"}``. The checkpoint's
+    LR schedule state carries its base learning rate (``LambdaLR.state_dict``), so a changed
+    ``--learning-rate`` does not apply on resume; the schedule's shape is this run's (its lambda is
+    code, not state), so a changed ``--epochs``/``--max-steps`` (total steps), warmup or schedule moves
+    the learning rate at once.
+
+    Args:
+        saved: the checkpoint's plan (``train_state["lr_plan"]``), or None.
+        ours: this run's plan.
+        schedule_step: the LR schedule's step count after the resume (``LambdaLR.last_epoch``).
+    """
+    if not saved or saved == ours:
+        return None
+    base = float(saved["learning_rate"])
+    before = base * _lr_lambda(saved["total_steps"], saved["warmup_steps"], saved["lr_schedule"])(schedule_step)
+    after = base * _lr_lambda(ours["total_steps"], ours["warmup_steps"], ours["lr_schedule"])(schedule_step)
+    changed = [f"{name} {saved[key]} -> {ours[key]}" for key, name in
+               (("total_steps", "total steps"), ("warmup_steps", "warmup steps"), ("lr_schedule", "schedule"))
+               if saved[key] != ours[key]]
+    said = []
+    if changed:
+        said.append(f"the LR schedule changed ({', '.join(changed)}): the learning rate goes from {before:.6g} to "
+                    f"{after:.6g} at once")
+    if float(ours["learning_rate"]) != base:
+        said.append(f"--learning-rate {ours['learning_rate']:g} does not apply: the checkpoint's {base:g} is kept "
+                    "(its LR schedule state carries it; start afresh under another --job-key to change it)")
+    return "; ".join(said) or None
+
+
 class Trainer:
     """Owns one rank's training job. Build with a validated :class:`TrainConfig`.
 
@@ -243,6 +276,7 @@ class Trainer:
             raise ConfigError(f"task {cfg.model.task!r} brings its own learning-rate schedule, which adaptive batch "
                               "cannot drive (it sets the learning rate each step): drop --adaptive-batch or the "
                               "task's configure_lr_scheduler")
+        self._builtin_schedule = task_scheduler is None
         self.scheduler = task_scheduler or torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, _lr_lambda(self.total_steps, cfg.optim.warmup_steps, cfg.optim.lr_schedule)
         )
@@ -614,11 +648,20 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "lr_scheduler": self.scheduler.state_dict(),
             "grad_scaler": self.scaler.state_dict(),
-            "train_state": {**asdict(self.state), "world_size": self.env.world_size, "seed": self.cfg.seed},
+            "train_state": {**asdict(self.state), "world_size": self.env.world_size, "seed": self.cfg.seed,
+                            "lr_plan": self._lr_plan()},
             "rng": {"world_size": self.env.world_size, "ranks": rng_by_rank},
             **({"adaptive_batch": self.adaptive.state_dict()} if self.adaptive is not None else {}),
             "task_state": self.task.state_dict(),
         }
+
+    def _lr_plan(self) -> dict[str, Any] | None:
+        """The built-in LR schedule's inputs (see :func:`lr_plan_change`); None where a task brings its
+        own schedule or adaptive batch sets the learning rate each step."""
+        if self.adaptive is not None or not self._builtin_schedule:
+            return None
+        return {"learning_rate": self.cfg.optim.learning_rate, "total_steps": self.total_steps,
+                "warmup_steps": self.cfg.optim.warmup_steps, "lr_schedule": self.cfg.optim.lr_schedule}
 
     def _save(self, *, blocking: bool, reason: str, deadline_s: float | None = None) -> float:
         """Checkpoint at the current step on every rank's behalf; returns the blocking seconds.
@@ -691,6 +734,17 @@ class Trainer:
                 log.warning("world size changed %d -> %d: data continues exactly-once from sample %d of epoch %d; "
                             "RNG streams re-derived (not a bit-exact resume)", saved_world, self.env.world_size,
                             self.state.samples_in_epoch, self.state.epoch)
+        ours = self._lr_plan()
+        plan_change = lr_plan_change(ts.get("lr_plan"), ours, self.scheduler.last_epoch) if ours else None
+        if plan_change:
+            # the restored optimizer holds the old plan's learning rate for the next step: this plan's
+            # instead, so the change is at once (an unchanged plan is left alone: a bit-exact resume)
+            for group, base_lr, f in zip(self.optimizer.param_groups, self.scheduler.base_lrs,
+                                         self.scheduler.lr_lambdas, strict=True):
+                group["lr"] = base_lr * f(self.scheduler.last_epoch)
+            self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # get_last_lr()
+            if self.env.is_main:
+                log.warning("resuming step %d: %s", self.state.step, plan_change)
         if "task_state" in st:  # after model, optimizer, scheduler, scaler, RNG and data position
             self.task.load_state_dict(st["task_state"])
         self.schedule.mark(self.state.step)
