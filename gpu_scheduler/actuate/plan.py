@@ -204,7 +204,12 @@ def _merge_patch(
     replicas: int | None = None,
     suspend: bool | None = None,
     settings: PlanSettings,
+    scale_first: bool = False,
 ) -> tuple[Patch, ...]:
+    """The action's patches: one guarded merge patch (annotations, replicas, suspend), and with
+    ``replicas_via="scale"`` the worker count through the scale subresource, after it (a scale-up:
+    the watch is recorded before the pods are asked for) or, with ``scale_first``, before it (a
+    rollback: the worker count is lowered before the watch is cleared)."""
     job = view.job
     meta: dict[str, Any] = {}
     if job.resource_version:
@@ -235,7 +240,7 @@ def _merge_patch(
     if spec or annotations:
         patches.append(Patch(namespace=job.namespace, name=job.name, body=body, guard=_guard(view)))
     if scale is not None:
-        patches.append(scale)
+        patches.insert(0, scale) if scale_first else patches.append(scale)
     return tuple(patches)
 
 
@@ -326,6 +331,8 @@ def plan_safety(
         job = view.job
         requested_gpw = _requested_gpus_per_worker(job.annotations)
         if job.memo.reshape is None and job.memo.scale_up is None and requested_gpw is None:
+            if view.pending_workers and 0 < view.bound_workers < job.min_workers and not job.suspended:
+                out.append(_watch_below_min(view, memos.get(key, job.memo), now_s, settings))
             continue  # nothing in flight (the common case: no memo is built)
         memo = _base_memo(view, memos.get(key, job.memo), now_s)
         watch = memo.scale_up
@@ -369,23 +376,46 @@ def plan_safety(
     return tuple(out)
 
 
+def _watch_below_min(view: JobView, memo: JobMemo, now_s: float, settings: PlanSettings) -> Action:
+    """A job that lost workers below elasticPolicy minReplicas (eviction, a node drained) while their
+    replacements wait for a node: it cannot train, yet holds the GPUs of the workers it kept. Watched
+    like a scale-up, so that after ``pending_timeout_s`` the rollback suspends it (kubeflow/trainer#1751:
+    an elastic job stuck below its minimum holds its GPUs forever); confirmed if the pods bind."""
+    job, bound = view.job, view.bound_workers
+    new = _base_memo(view, memo, now_s).but(
+        scale_up=ScaleUpWatch(from_workers=bound, to_workers=job.spec_workers, at_s=now_s))
+    message = (f"{bound} of {job.spec_workers} workers bound, below elasticPolicy minReplicas {job.min_workers}: "
+               f"watching the {view.pending_workers} pending for {settings.pending_timeout_s:.0f} s")
+    return Action(job=view.key, uid=job.uid, kind=ActionKind.WATCH, from_workers=bound, to_workers=job.spec_workers,
+                  patches=_merge_patch(view, annotations=new.changed_annotations(job.annotations), settings=settings),
+                  reason=message)
+
+
 def _rollback(view: JobView, memo: JobMemo, watch: ScaleUpWatch, now_s: float, settings: PlanSettings) -> Action:
     job = view.job
     waited = now_s - watch.at_s
     pending = max(watch.to_workers - view.bound_workers, 0)
     hold_until = now_s + settings.rollback_hold_s
-    if watch.from_workers >= 1:
-        back = max(job.min_workers, min(watch.from_workers, job.max_workers))
+    back = max(job.min_workers, min(watch.from_workers, job.max_workers))
+    # Back to the size it had, if it could train there. From below elasticPolicy.minReplicas (a
+    # worker lost and its replacement pending), "back" is the size it already asks for: patching it
+    # would change nothing and roll back again every timeout, holding GPUs it cannot train on;
+    # it is suspended instead, like a start whose pods never bound.
+    if watch.from_workers >= job.min_workers and watch.from_workers >= 1 and back < job.spec_workers:
         new = memo.but(scale_up=None, hold_until_s=hold_until, hold_max_workers=back)
+        # The worker count first: if the second request fails, the watch is still there and the
+        # next tick rolls back again (clearing the watch first would lose the rollback).
         patches = _merge_patch(view, annotations=new.changed_annotations(job.annotations), replicas=back,
-                               settings=settings)
+                               settings=settings, scale_first=True)
         what = f"back to {back} worker(s)"
     else:
         back = 0
         new = memo.but(scale_up=None, hold_until_s=hold_until, hold_max_workers=0, suspended_by_scheduler=True)
         patches = _merge_patch(view, annotations=new.changed_annotations(job.annotations), suspend=True,
                                settings=settings)
-        what = "suspended again"
+        what = ("suspended again" if watch.from_workers == 0 else
+                f"suspended ({watch.from_workers} worker(s) cannot train below elasticPolicy minReplicas "
+                f"{job.min_workers})")
     message = (f"{pending} worker pod(s) still not bound {waited:.0f} s after scaling "
                f"{watch.from_workers}->{watch.to_workers}; {what}; no scale-up for {settings.rollback_hold_s:.0f} s")
     return Action(

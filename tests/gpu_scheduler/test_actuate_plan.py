@@ -332,3 +332,48 @@ def test_a_job_that_ran_and_has_no_live_worker_is_left_alone() -> None:
     never_ran = {"ns/a": jview(replicas=1)}
     decision, snap = decide(never_ran, {})
     only(plan_decision(decision, snap, never_ran, T0, SETTINGS), ActionKind.QUEUE)
+
+
+def test_a_job_below_its_minimum_is_watched_and_then_suspended_not_rolled_back_to_itself() -> None:
+    """Review finding: a job (min 2) lost a worker; its replacement stays pending. The rollback went
+    "back" to max(min, 1) = 2 replicas, the size it already asked for: a no-op patch and a Warning
+    every timeout, forever, the job holding the GPUs of a worker that cannot train alone."""
+    views = {"ns/a": jview(bound={"n0": 1}, pending=1, replicas=2, min_replicas=2, max_replicas=2)}
+    watch = only(plan_safety(views, T0, SETTINGS), ActionKind.WATCH)
+    assert (watch.from_workers, watch.to_workers) == (1, 2) and watch.event is None
+    (patch,) = watch.patches
+    assert "spec" not in patch.body
+    recorded = json.loads(patch.body["metadata"]["annotations"][SCALE_UP])
+    assert recorded == {"from": 1, "to": 2, "at": T0}
+    watched = {"ns/a": jview(bound={"n0": 1}, pending=1, replicas=2, min_replicas=2, max_replicas=2,
+                             annotations={SCALE_UP: json.dumps(recorded)})}
+    assert plan_safety(watched, T0 + 60, SETTINGS) == ()  # waiting
+    rollback = only(plan_safety(watched, T0 + 120, SETTINGS), ActionKind.ROLLBACK)
+    body = rollback.patches[0].body
+    assert body["spec"] == {"runPolicy": {"suspend": True}}  # not replicas 2 again
+    assert body["metadata"]["annotations"][SUSPENDED_BY] == FIELD_MANAGER
+    assert "suspended (1 worker(s) cannot train below elasticPolicy minReplicas 2)" in rollback.event.message
+    # bound again in time: confirmed, nothing suspended
+    bound = {"ns/a": jview(bound={"n0": 2}, replicas=2, min_replicas=2, max_replicas=2,
+                           annotations={SCALE_UP: json.dumps(recorded)})}
+    assert only(plan_safety(bound, T0 + 60, SETTINGS), ActionKind.CONFIRM).to_workers == 2
+    # at or above the minimum, pending workers are the policy's (a scale-up it asked for is watched there)
+    assert plan_safety({"ns/b": jview("b", bound={"n0": 1}, pending=1, replicas=2, min_replicas=1)}, T0,
+                       SETTINGS) == ()
+
+
+def test_a_rollback_through_the_scale_subresource_lowers_the_workers_before_clearing_the_watch() -> None:
+    """Review finding: the merge patch (watch cleared, hold set) went first; if the scale patch then
+    failed, nothing tracked the rollback and the pending pods stayed. The worker count goes first now."""
+    watch = json.dumps({"from": 2, "to": 4, "at": T0 - 121})
+    views = {"ns/a": jview(bound={"n0": 2}, pending=2, replicas=4, annotations={SCALE_UP: watch})}
+    a = only(plan_safety(views, T0, PlanSettings(pending_timeout_s=120, rollback_hold_s=600, replicas_via="scale")),
+             ActionKind.ROLLBACK)
+    scale, merge = a.patches
+    assert scale.subresource == "scale" and scale.body["spec"] == {"replicas": 2}
+    assert merge.subresource == "" and merge.body["metadata"]["annotations"][SCALE_UP] is None
+    # a scale-up records its watch first, then asks for the pods
+    views = {"ns/a": jview(bound={"n0": 2}, replicas=2, rv="7")}
+    decision, snap = decide(views, {"ns/a": {"n0": 2, "n1": 2}})
+    up = only(plan_decision(decision, snap, views, T0, PlanSettings(replicas_via="scale")), ActionKind.SCALE_UP)
+    assert [p.subresource for p in up.patches] == ["", "scale"]

@@ -307,3 +307,22 @@ def test_incremental_view_equals_the_full_join_through_random_changes(seed: int)
         seen_foreign += bool(got.foreign_gpus)
         seen_terminating += any(jv.terminating_workers for jv in got.jobs.values())
     assert min(seen_placed, seen_foreign, seen_terminating) > 10  # the walk reached the interesting states
+
+
+
+def test_a_job_with_bound_workers_outside_its_elastic_bounds_can_be_kept_as_it_is() -> None:
+    """Review finding: a job that lost a worker below minReplicas, or whose bounds were edited below
+    its size, is in the snapshot as it is; fifo, fifo_backfill and round_robin keep such a job as it
+    is, which failed the decision's validation, so no job of the cluster was scheduled that tick."""
+    from gpu_scheduler.policies import create
+
+    below, below_pods = running_job("ns", "below", ["n0"], min_replicas=2)
+    above, above_pods = running_job("ns", "above", ["n1", "n1", "n1"], min_replicas=1, max_replicas=2)
+    plain, plain_pods = running_job("ns", "plain", ["n1"])
+    view = view_of([node("n0", 4), node("n1", 4)], below_pods + above_pods + plain_pods, [below, above, plain])
+    ledger = Ledger()
+    ledger.advance(view, T0)
+    build = build_snapshot(view, metrics(dcgm_for(view)), ledger, T0)
+    assert [j.name for j in build.snapshot.jobs] == ["ns/above", "ns/below", "ns/plain"]
+    for name in ("fifo", "fifo_backfill", "round_robin", "elastic_fifo", "tiresias", "default"):
+        create(name).decide(build.snapshot, T0).validate(build.snapshot)
