@@ -462,6 +462,10 @@ class Controller:
             if self._metrics is not None:
                 self._metrics.metrics_up.set(0)
             raise _NoChange(f"keeping every job as it is: {exc}") from None
+        except Exception:  # a port's unexpected failure: Prometheus was not read either ("tick failed", logged)
+            if self._metrics is not None:
+                self._metrics.metrics_up.set(0)
+            raise
         if self._metrics is not None:
             self._metrics.metrics_up.set(1)
         return metrics
@@ -712,6 +716,20 @@ def build_runtime(settings: ControllerSettings, *, clock: Callable[[], float] = 
                    leader=leader, metrics=metrics, wake=wake, connector=connector, actuator=actuator)
 
 
+def _wait_synced(observer: KubernetesObserver, timeout_s: float, stop: threading.Event, poll_s: float = 0.2) -> bool:
+    """``observer.wait_synced(timeout_s)``, given up as soon as ``stop`` is set (checked every
+    ``poll_s``: a signal handler sets it while the main thread waits, and a wait in the main
+    thread resumes after the handler). True once synced."""
+    deadline = time.monotonic() + timeout_s
+    while not stop.is_set():
+        left_s = deadline - time.monotonic()
+        if observer.wait_synced(max(0.0, min(poll_s, left_s))):
+            return True
+        if left_s <= poll_s:
+            return False
+    return False
+
+
 def run(settings: ControllerSettings, *, stop: threading.Event | None = None, sync_timeout_s: float = 60.0) -> int:
     """Serve ``/metrics``, ``/healthz`` and ``/readyz``, start the watches and leader election,
     tick until ``stop`` or SIGTERM.
@@ -720,7 +738,8 @@ def run(settings: ControllerSettings, *, stop: threading.Event | None = None, sy
     tick stuck that long needs a restart. ``/readyz`` fails while a watch cache is not synced.
 
     Returns:
-        The process exit code (0 after a clean stop, 1 if the caches never synced).
+        The process exit code (0 after a clean stop, a stop before the caches synced included; 1
+        if the caches did not sync within ``sync_timeout_s``).
     """
     from gpu_scheduler.serve import KubernetesAuth, serve
 
@@ -764,7 +783,10 @@ def run(settings: ControllerSettings, *, stop: threading.Event | None = None, sy
     try:
         runtime.observer.start()
         sync_started = time.monotonic()
-        if not runtime.observer.wait_synced(sync_timeout_s):
+        if not _wait_synced(runtime.observer, sync_timeout_s, stop):
+            if stop.is_set():  # SIGTERM during start-up: stop within the grace period, not after the sync timeout
+                log.info("stopped before the Kubernetes caches synced", extra={"unsynced": runtime.observer.unsynced()})
+                return 0
             log.error("Kubernetes caches did not sync", extra={"unsynced": runtime.observer.unsynced(),
                                                                 "timeout_s": sync_timeout_s})
             return 1

@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import httpx2
 from lightkube import Client
 from lightkube.core.exceptions import ApiError
 from lightkube.models.coordination_v1 import LeaseSpec
@@ -165,15 +164,20 @@ class LeaderElector:
         return self.is_leader()
 
     def release(self) -> None:
-        """Give the Lease up (holder cleared) if we hold it, so a successor need not wait."""
+        """Give the Lease up (holder cleared) if we hold it, so a successor need not wait. Never
+        raises: a failure (logged) leaves the Lease to expire, and shutting down goes on."""
         if not self._leader:
             return
-        with contextlib.suppress(ApiError, httpx2.HTTPError, OSError):
+        try:
             lease = self._client.get(Lease, self.name, namespace=self.namespace)
             if lease.spec and lease.spec.holderIdentity == self.identity:
                 lease.spec.holderIdentity = None
                 lease.spec.leaseDurationSeconds = 1
                 self._client.replace(lease, field_manager=FIELD_MANAGER)
+        except Exception as exc:  # as in try_acquire_or_renew, lightkube's KeyError on a bare 5xx included:
+            # Runtime.close() must still flush the Events and stop the informers and the Prometheus client
+            log.warning("lease not released; it expires after lease_duration_s", extra={
+                "lease": f"{self.namespace}/{self.name}", "error": f"{type(exc).__name__}: {exc}"})
         with self._state_lock:
             self._renewed_at = None
             self._set(False)

@@ -9,7 +9,9 @@ annotations' merge patch) is sent with the ``resourceVersion`` the previous answ
 GPU-releasing ones first, then the rest; one job's patches stay in order. Errors never escape: each action ends with an :class:`ApplyResult` whose status
 names what happened (``conflict`` for a 409 from a stale ``resourceVersion``, ``not_found`` for a
 job deleted meanwhile, ``invalid`` for a 422 from validation, ``error`` for anything else, e.g.
-the API server being unreachable), and the caller logs it.
+the API server being unreachable, or an exception of any other type, such as the ``KeyError``
+lightkube raises on a proxy's bare 5xx without Content-Type), and the caller logs it; one
+action's failure never keeps the others from being sent.
 
 After an action's patches succeed, one Kubernetes Event (``core/v1``, ``involvedObject`` = the
 PyTorchJob) records it; ``kubectl describe pytorchjob`` shows them. Events are best-effort and sent
@@ -89,6 +91,11 @@ def _with_resource_version(body: Any, version: str | None) -> dict[str, Any]:
     out = copy.deepcopy(dict(body))
     out.setdefault("metadata", {})["resourceVersion"] = version
     return out
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 def _status_of(exc: Exception) -> Status:
@@ -200,6 +207,16 @@ class Actuator:
         return f"still conflicting after {attempts} fresh reads", None
 
     def _apply_one(self, action: Action) -> ApplyResult:
+        """Send one action; never raises: an exception of an unexpected type (e.g. lightkube's
+        ``KeyError: 'Content-Type'`` on a proxy's bare 503) becomes its ``error`` result, so the
+        other actions still go out and every result is reported."""
+        try:
+            return self._send_action(action)
+        except Exception as exc:
+            log.debug("action failed", exc_info=exc, extra={"job": action.job, "action": action.kind.value})
+            return ApplyResult(action=action, status="error", message=_one_line(exc))
+
+    def _send_action(self, action: Action) -> ApplyResult:
         if self._proceed is not None and not self._proceed():
             return ApplyResult(action=action, status="not_leader", message="lost the lease before sending")
         answered_version: str | None = None  # of the action's previous patch: the controller's own write
@@ -252,9 +269,9 @@ class Actuator:
         )
         try:
             self._client.create(event, namespace=namespace, field_manager=self.field_manager, dry_run=self.dry_run)
-        except (ApiError, httpx2.HTTPError, OSError) as exc:
+        except Exception as exc:  # best-effort, and the action's patches went through: any failure is logged
             log.warning("event not recorded", extra={"job": f"{namespace}/{involved.name}", "reason": spec.reason,
-                                                     "error": str(exc)})
+                                                     "error": _one_line(exc)})
             return False
         return True
 

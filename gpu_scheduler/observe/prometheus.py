@@ -337,7 +337,8 @@ class PrometheusObserver:
         client: an httpx client to use (tests may inject one); a new one otherwise.
         bearer_token_file: a file holding a bearer token sent with every query (e.g. a projected
             service-account token in front of kube-rbac-proxy or an OAuth proxy); re-read when it
-            changes, so a rotated token is picked up.
+            changes, so a rotated token is picked up. Should it go missing or empty later, each
+            query raises :class:`PrometheusUnavailable` naming the file.
         ca_file: PEM bundle that verifies an ``https://`` Prometheus (default: the system's).
         query_stats: ask Prometheus for its own timings (``stats=all``); :attr:`last_query_s`
             then holds Prometheus' ``execTotalTime`` of each query of the last observation.
@@ -409,7 +410,12 @@ class PrometheusObserver:
         form = {"query": promql, "time": f"{at_s:.3f}"}
         if self.query_stats:
             form["stats"] = "all"
-        headers = {"Authorization": f"Bearer {self._token.read()}"} if self._token is not None else None
+        headers = None
+        if self._token is not None:
+            try:
+                headers = {"Authorization": f"Bearer {self._token.read()}"}
+            except ValueError as exc:  # the file went missing or empty since start-up: no query can be sent
+                raise PrometheusUnavailable(f"Prometheus at {self.url} not queried: {exc}") from None
         try:
             response = self._client.post(f"{self.url}/api/v1/query", data=form, headers=headers)
             raw = response.content
@@ -470,6 +476,7 @@ class _TokenFile:
         self._token = ""
 
     def read(self) -> str:
+        """The token. Raises ValueError (naming the file) if it is missing, unreadable or empty."""
         try:
             st = self.path.stat()
             if (st.st_mtime, st.st_size) != self._seen:
@@ -479,4 +486,6 @@ class _TokenFile:
                 self._token, self._seen = token, (st.st_mtime, st.st_size)
         except OSError as exc:
             raise ValueError(f"bearer token file {self.path}: {exc.strerror or exc}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"bearer token file {self.path} is not UTF-8 text") from None
         return self._token
