@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from trainflow.common.training_spec import ROWS
+
 #: Environment variable → field of :class:`PlatformSettings`.
 ENV = {
     "TRAINFLOW_S3_SECRET": "s3_secret",
@@ -44,21 +46,25 @@ class PlatformSettings:
         s3_access_key_key: the Secret's key holding the access key id (KFP's own
             ``mlpipeline-minio-artifact`` Secret: ``accesskey``).
         s3_secret_key_key: the Secret's key holding the secret access key (KFP: ``secretkey``).
-        s3_endpoint_key: the Secret's optional key holding the endpoint URL.
+        s3_endpoint_key: the Secret's optional key holding the endpoint URL (``AWS_ENDPOINT_URL_S3``;
+            used where the ``s3_endpoint_url`` parameter is empty): the task pods' and, through the
+            train step, the workers'.
         kfp_backend_version: the KFP backend the package is for, ``"2.14"`` or ``"2.14.3"``; empty: a
             current one (>= 2.15). Before 2.15 the wiring cannot be ``optional``
             (:data:`SECRET_OPTIONAL_SINCE`): the access and secret keys are then *required* (a
             missing Secret holds the pod in ``CreateContainerConfigError``, which KFP does not fail),
-            and the endpoint key is not wired (give the ``s3_endpoint_url`` parameter instead).
+            and the endpoint key is not wired into the task pods (give the ``s3_endpoint_url``
+            parameter instead).
 
     Raises:
         ValueError: a key name is empty, or ``kfp_backend_version`` is not ``MAJOR.MINOR[.PATCH]``.
     """
 
     s3_secret: str = ""
-    s3_access_key_key: str = "AWS_ACCESS_KEY_ID"
-    s3_secret_key_key: str = "AWS_SECRET_ACCESS_KEY"
-    s3_endpoint_key: str = "AWS_ENDPOINT_URL_S3"
+    # The key names' defaults are the train component's (rows of trainflow/common/training_spec.py).
+    s3_access_key_key: str = ROWS["s3_access_key_key"].default
+    s3_secret_key_key: str = ROWS["s3_secret_key_key"].default
+    s3_endpoint_key: str = ROWS["s3_endpoint_key"].default
     kfp_backend_version: str = ""
 
     def __post_init__(self) -> None:

@@ -117,6 +117,7 @@ def build_pipeline(platform: PlatformSettings) -> object:
             kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, kfp_task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
             pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
             s3_access_key_key=platform.s3_access_key_key, s3_secret_key_key=platform.s3_secret_key_key,
+            s3_endpoint_key=platform.s3_endpoint_key,
         )
         training.set_display_name("train (elastic DDP)").set_retry(num_retries=TRAIN_RETRIES, backoff_duration="5s")
         training.set_caching_options(False)

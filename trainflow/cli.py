@@ -183,7 +183,9 @@ def compile(
         help="The Secret's key of the access key id (KFP's mlpipeline-minio-artifact: accesskey)")] = "",
     s3_secret_key_key: Annotated[str, typer.Option(
         help="The Secret's key of the secret access key (KFP's mlpipeline-minio-artifact: secretkey)")] = "",
-    s3_endpoint_key: Annotated[str, typer.Option(help="The Secret's optional key of the endpoint URL")] = "",
+    s3_endpoint_key: Annotated[str, typer.Option(
+        help="The Secret's optional key of the endpoint URL, read by every step and training worker when "
+        "s3_endpoint_url is empty [default: AWS_ENDPOINT_URL_S3]")] = "",
     kfp_backend_version: Annotated[str, typer.Option(
         help="The KFP backend the package is for, e.g. 2.14; before 2.15 the Secret's keys are required and "
         "its endpoint key is not read (pass s3_endpoint_url) [default: a current backend]")] = "",

@@ -45,7 +45,7 @@ Choices and their sources:
   training the same checkpoint key (an orphan of an earlier launcher) by it;
 * S3 credentials only through ``secretKeyRef`` (never as values: a manifest may be logged or read
   by anyone who can list PyTorchJobs); the endpoint from ``s3_endpoint_url`` or, when that is unset,
-  from the Secret's optional ``AWS_ENDPOINT_URL_S3`` key.
+  from the Secret's optional ``s3_endpoint_key`` (default ``AWS_ENDPOINT_URL_S3``).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from trainflow.common.cpus import CPU_REQUEST_ENV
+from trainflow.common.training_spec import ROWS as _TRAINING_ROWS
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -217,7 +218,8 @@ class PyTorchJobSpec:
         s3_secret_key_key: key of the secret access key in that Secret (KFP: ``secretkey``).
         s3_endpoint_url: S3 endpoint (``AWS_ENDPOINT_URL_S3``), e.g. ``http://minio.kubeflow:9000``;
             ``None`` with a Secret: the Secret's optional ``s3_endpoint_key`` is used if present.
-        s3_endpoint_key: key of the endpoint in the Secret, read with ``optional: true``.
+        s3_endpoint_key: key of the endpoint in the Secret (default ``AWS_ENDPOINT_URL_S3``), read
+            with ``optional: true``; the train step passes the compile-time ``--s3-endpoint-key``.
         env: extra environment variables for the training containers (not credentials: the
             ``AWS_*`` key variables are refused; they come from ``s3_secret_name``).
         restart_policy: worker restart policy. ``ExitCode`` (default): the operator recreates a
@@ -283,10 +285,11 @@ class PyTorchJobSpec:
     resources: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     checkpoint_uri: str | None = None
     s3_secret_name: str | None = None
-    s3_access_key_key: str = "AWS_ACCESS_KEY_ID"
-    s3_secret_key_key: str = "AWS_SECRET_ACCESS_KEY"
+    # The key names' defaults are the train component's (rows of trainflow/common/training_spec.py).
+    s3_access_key_key: str = _TRAINING_ROWS["s3_access_key_key"].default
+    s3_secret_key_key: str = _TRAINING_ROWS["s3_secret_key_key"].default
     s3_endpoint_url: str | None = None
-    s3_endpoint_key: str = "AWS_ENDPOINT_URL_S3"
+    s3_endpoint_key: str = _TRAINING_ROWS["s3_endpoint_key"].default
     env: Mapping[str, str] = field(default_factory=dict)
     restart_policy: RestartPolicy = "ExitCode"
     clean_pod_policy: CleanPodPolicy = "Running"

@@ -54,6 +54,7 @@ def train(
     s3_secret_name: str = "",
     s3_access_key_key: str = "AWS_ACCESS_KEY_ID",
     s3_secret_key_key: str = "AWS_SECRET_ACCESS_KEY",
+    s3_endpoint_key: str = "AWS_ENDPOINT_URL_S3",
     s3_endpoint_url: str = "",
     keep_failed_job: bool = False,
     kfp_run_id: str = "",
@@ -79,7 +80,7 @@ def train(
     JSON object: resources, tolerations, node_selector, service_account_name, priority_class_name,
     termination_grace_period_s, image_pull_policy, labels, pod_annotations, env), S3 credentials from
     Secret ``s3_secret_name`` (keys ``s3_access_key_key``/``s3_secret_key_key``) and the endpoint
-    ``s3_endpoint_url`` (or the Secret's ``AWS_ENDPOINT_URL_S3``). Workers that cannot start fail the
+    ``s3_endpoint_url`` (or the Secret's optional key ``s3_endpoint_key``). Workers that cannot start fail the
     step within about a minute with the cause; the job is deleted then unless ``keep_failed_job``.
     Workers waiting for capacity (``Insufficient nvidia.com/gpu``) queue instead.
     Outputs the final model, scalar metrics, the job key, a JSON training summary (resumes, lost

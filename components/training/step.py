@@ -12,7 +12,7 @@ workers' credentials can read it, else a copy published under ``<checkpoint uri>
 write the model to ``<...>/final-model`` (copied back into this step's output artifact) and their
 metrics to ``<...>/metrics`` (segment objects), from which the summary is built. Their logs are
 followed into this step's log. S3 credentials reach them only as ``secretKeyRef``s to
-``s3_secret_name``; the endpoint as ``s3_endpoint_url`` or the Secret's ``AWS_ENDPOINT_URL_S3``.
+``s3_secret_name``; the endpoint as ``s3_endpoint_url`` or the Secret's key ``s3_endpoint_key``.
 This step also hosts the job's c10d rendezvous store (:func:`rendezvous_host`), so that losing any
 worker pod, worker 0 included, leaves the others training (docs/launcher.md, "Rendezvous").
 
@@ -420,7 +420,8 @@ def worker_job_spec(spec: TrainJobSpec, cfg: TrainConfig, *, namespace: str, ima
             max_restarts=spec.max_restarts, gpus_per_worker=spec.gpus_per_worker, cpu=spec.worker_cpu or None,
             memory=spec.worker_memory or None, checkpoint_uri=cfg.checkpoint.uri,
             s3_secret_name=spec.s3_secret_name or None, s3_access_key_key=spec.s3_access_key_key,
-            s3_secret_key_key=spec.s3_secret_key_key, s3_endpoint_url=spec.s3_endpoint_url or None,
+            s3_secret_key_key=spec.s3_secret_key_key, s3_endpoint_key=spec.s3_endpoint_key,
+            s3_endpoint_url=spec.s3_endpoint_url or None,
             env=env, job_key=cfg.checkpoint.job_key, metrics_port=TRAINER_METRICS_PORT, **more, **settings,
         )
     except InvalidSpecError as e:

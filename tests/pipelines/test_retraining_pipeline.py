@@ -120,6 +120,28 @@ def test_compiled_for_kubeflow_the_s3_secret_reaches_every_step_and_the_workers(
     assert params["namespace"]["defaultValue"] == ""
 
 
+def test_compiled_with_an_endpoint_key_the_train_step_passes_it_to_the_workers(tmp_path) -> None:
+    """As ``training_pipeline``: the Secret's endpoint key (``TRAINFLOW_S3_ENDPOINT_KEY`` /
+    ``--s3-endpoint-key``) reaches the train step, which gives it to the workers."""
+    import yaml
+    from kfp import compiler
+
+    from pipelines.platform import PlatformSettings
+    from pipelines.retraining import build_retraining_pipeline
+
+    out = tmp_path / "retraining.yaml"
+    settings = PlatformSettings.from_env({"TRAINFLOW_S3_SECRET": "minio-creds", "TRAINFLOW_S3_ENDPOINT_KEY": "endpoint"})
+    compiler.Compiler().compile(build_retraining_pipeline(settings), str(out))
+    spec, platform = list(yaml.safe_load_all(out.read_text()))
+    for name, config in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"].items():
+        (wiring,) = config["secretAsEnv"]
+        assert ("endpoint", "AWS_ENDPOINT_URL_S3") in {(m["secretKey"], m["envVar"]) for m in wiring["keyToEnv"]}, name
+    (train,) = [dag["tasks"]["train"]["inputs"]["parameters"] for dag in
+                (c.get("dag", {}) for c in spec["components"].values()) if "train" in dag.get("tasks", {})]
+    assert train["s3_endpoint_key"] == {"runtimeValue": {"constant": "endpoint"}}
+    assert train["s3_endpoint_url"] == {"componentInputParameter": "pipelinechannel--s3_endpoint_url"}
+
+
 def test_retraining_train_parameters_have_the_components_defaults() -> None:
     """One home per parameter: each retraining pipeline parameter that the train step takes has the
     train component's default (``epochs`` and ``checkpoint_interval_steps`` are pipeline demo

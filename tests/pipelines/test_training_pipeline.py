@@ -346,3 +346,24 @@ def test_compiled_for_kubeflow_the_s3_secret_reaches_every_step_and_the_workers(
     assert len(_docs(laptop)) == 1  # no platform settings without a Secret
 
 
+
+
+
+def test_compiled_with_an_endpoint_key_the_train_step_passes_it_to_the_workers(tmp_path) -> None:
+    """``--s3-endpoint-key endpoint`` with ``s3_endpoint_url`` left empty (the endpoint comes from the
+    Secret): the task pods read the Secret's ``endpoint`` key, and the train step gets that key name
+    for the workers' secretKeyRef (it once got none, and the workers read the default key)."""
+    out = tmp_path / "kubeflow.yaml"
+    subprocess.run(
+        [sys.executable, "-m", "trainflow.cli", "compile", "--output", str(out), "--s3-secret", "minio-creds",
+         "--s3-endpoint-key", "endpoint"],
+        check=True, capture_output=True, timeout=300,
+    )
+    spec, platform = _docs(out)
+    for name, config in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"].items():
+        (wiring,) = config["secretAsEnv"]
+        assert ("endpoint", "AWS_ENDPOINT_URL_S3") in {(m["secretKey"], m["envVar"]) for m in wiring["keyToEnv"]}, name
+    train = spec["root"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
+    assert train["s3_endpoint_key"] == {"runtimeValue": {"constant": "endpoint"}}
+    assert train["s3_endpoint_url"] == {"componentInputParameter": "s3_endpoint_url"}
+    assert spec["root"]["inputDefinitions"]["parameters"]["s3_endpoint_url"]["defaultValue"] == ""

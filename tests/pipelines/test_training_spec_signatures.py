@@ -118,6 +118,7 @@ def test_every_train_input_is_wired_from_the_parameter_of_its_name(tmp_path) -> 
             assert wired.get(row.name) == {"componentInputParameter": row.name}, (
                 f"pipelines/training.py: train input {row.name!r} is not wired from the pipeline parameter")
     assert wired["s3_access_key_key"]["runtimeValue"]["constant"] == platform.s3_access_key_key
+    assert wired["s3_endpoint_key"]["runtimeValue"]["constant"] == platform.s3_endpoint_key
 
     retraining = build_retraining_pipeline(platform)
     spec = _compiled(retraining, tmp_path)
@@ -127,6 +128,31 @@ def test_every_train_input_is_wired_from_the_parameter_of_its_name(tmp_path) -> 
         if row.name in params:  # inside the dsl.If, a pipeline input arrives as pipelinechannel--<name>
             assert wired.get(row.name, {}).get("componentInputParameter") in (
                 row.name, f"pipelinechannel--{row.name}"), f"pipelines/retraining.py: {row.name!r} not wired"
+
+
+def test_the_train_inputs_that_are_not_parameters_are_the_compile_time_secret_keys(tmp_path) -> None:
+    """The S rows that are not pipeline parameters are exactly the Secret's key names of
+    ``PlatformSettings`` (same defaults), and both pipelines pass the compiled ones to ``train`` (which
+    puts them in the workers' secretKeyRefs): a key name the task pods read but the workers do not
+    would point the workers at another endpoint or at no credentials."""
+    import dataclasses
+
+    from pipelines.platform import PlatformSettings
+    from pipelines.retraining import build_retraining_pipeline
+    from pipelines.training import build_pipeline
+
+    keys = [f for f in dataclasses.fields(PlatformSettings) if f.name.endswith("_key")]
+    compile_time = [row for row in ts.rows("S") if not row.on("P")]
+    assert [row.name for row in compile_time] == [f.name for f in keys]
+    assert [row.default for row in compile_time] == [f.default for f in keys]
+
+    platform = PlatformSettings(s3_secret="minio-creds", **{f.name: f"k-{f.name}" for f in keys})
+    for where, build in (("pipelines/training.py", build_pipeline),
+                         ("pipelines/retraining.py", build_retraining_pipeline)):
+        wired = _train_task_inputs(_compiled(build(platform), tmp_path))
+        for row in compile_time:
+            assert wired.get(row.name) == {"runtimeValue": {"constant": getattr(platform, row.name)}}, (
+                f"{where}: train input {row.name!r} is not the compile-time setting")
 
 
 def test_run_options_and_the_cli_are_the_c_rows() -> None:

@@ -475,8 +475,11 @@ class LaunchConfig(_Section):
                                    "time, pipelines/platform.py)", "AWS_ACCESS_KEY_ID", non_empty=True)
     s3_secret_key_key: str = param("s3_secret_key_key", "S", "the Secret's key holding the secret access key "
                                    "(compile time, pipelines/platform.py)", "AWS_SECRET_ACCESS_KEY", non_empty=True)
+    s3_endpoint_key: str = param("s3_endpoint_key", "S", "the Secret's optional key holding the endpoint URL, "
+                                 "read when s3_endpoint_url is empty (compile time, pipelines/platform.py)",
+                                 "AWS_ENDPOINT_URL_S3", non_empty=True)
     s3_endpoint_url: str = param("s3_endpoint_url", "SPC", "S3 endpoint for every step and worker (empty = the "
-                                 "Secret's AWS_ENDPOINT_URL_S3, or the SDK's default)", "", unit="URL",
+                                 "Secret's endpoint key, s3_endpoint_key, or the SDK's default)", "", unit="URL",
                                  ops_variable="trainflow_s3_endpoint_url")
     keep_failed_job: bool = param("keep_failed_job", "SPC", "keep a failed PyTorchJob and its pods for inspection "
                                   "instead of deleting them", False, ops_variable="trainflow_keep_failed_job")
@@ -719,8 +722,9 @@ error.
 
 """
 _DOC_TAIL = """
-Runtime-only rows (R) are set by the `train` step or by tests. `s3_access_key_key` and
-`s3_secret_key_key` (S) are fixed when the pipeline is compiled (`pipelines/platform.py`).
+Runtime-only rows (R) are set by the `train` step or by tests. `s3_access_key_key`,
+`s3_secret_key_key` and `s3_endpoint_key` (S) are fixed when the pipeline is compiled
+(`pipelines/platform.py`); the train step gives the PyTorchJob's workers the same keys.
 """
 
 

@@ -91,3 +91,38 @@ def test_an_address_the_step_cannot_listen_at_is_one_line(monkeypatch: pytest.Mo
         _host_rendezvous(None, "k", stack)
     assert str(err.value).startswith("cannot host the workers' rendezvous store at TRAINFLOW_RDZV_HOST=203.0.113.7: ")
     assert "\n" not in str(err.value)
+
+
+# -- the S3 Secret's keys reach the workers --------------------------------------------------------
+
+
+def _worker_env(**rows: object) -> dict[str, dict]:
+    """The rendered worker env of the PyTorchJob the train step creates for these S rows."""
+    from components.launcher.pytorchjob import render_pytorchjob
+    from components.training.step import worker_job_spec
+    from trainflow.common.training_spec import TrainJobSpec
+
+    spec = TrainJobSpec.build(backend="pytorchjob", checkpoint_uri="s3://ckpt/run-1", s3_secret_name="minio-creds",
+                              kfp_run_id="run-1", kfp_task_name="train", **rows)
+    cfg = spec.train_config(dataset="s3://data/ds", job_key="run-1/train", checkpoint_uri="s3://ckpt/run-1")
+    job = render_pytorchjob(worker_job_spec(spec, cfg, namespace="team-a", image="img"))
+    (container,) = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    return {e["name"]: e for e in container["env"]}
+
+
+def test_the_workers_read_the_endpoint_from_the_secrets_compile_time_key() -> None:
+    """``trainflow compile --s3-secret minio-creds --s3-endpoint-key endpoint`` with ``s3_endpoint_url``
+    empty: the task pods get AWS_ENDPOINT_URL_S3 from the Secret's ``endpoint`` key, and so must the
+    workers (they once read the default key, absent from such a Secret, and so talked to AWS)."""
+    env = _worker_env(s3_access_key_key="accesskey", s3_secret_key_key="secretkey", s3_endpoint_key="endpoint")
+    assert env["AWS_ENDPOINT_URL_S3"] == {"name": "AWS_ENDPOINT_URL_S3", "valueFrom": {"secretKeyRef": {
+        "name": "minio-creds", "key": "endpoint", "optional": True}}}
+    assert {name: env[name]["valueFrom"]["secretKeyRef"]["key"]
+            for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")} == {
+        "AWS_ACCESS_KEY_ID": "accesskey", "AWS_SECRET_ACCESS_KEY": "secretkey"}
+
+
+def test_the_workers_endpoint_key_defaults_to_aws_endpoint_url_s3_and_a_url_wins() -> None:
+    assert _worker_env()["AWS_ENDPOINT_URL_S3"]["valueFrom"]["secretKeyRef"]["key"] == "AWS_ENDPOINT_URL_S3"
+    given = _worker_env(s3_endpoint_key="endpoint", s3_endpoint_url="http://minio.kubeflow:9000")
+    assert given["AWS_ENDPOINT_URL_S3"] == {"name": "AWS_ENDPOINT_URL_S3", "value": "http://minio.kubeflow:9000"}
