@@ -72,6 +72,38 @@ def test_train_step_trains_in_pods_streams_their_logs_and_summarizes_from_s3(
     assert (tmp_path / "work" / "train-metrics.jsonl").read_text()  # mirrored for trainflow run's display
 
 
+@pytest.mark.timeout(600)  # a worker that cannot reach S3 is retried by torchrun: fail in bounded time
+def test_workers_read_the_endpoint_and_keys_from_the_secret_keys_given_at_compile_time(
+    k8s_testbed: KubeTestBed, real_node: RealNode, real_node_env: S3Server, s3_namespace: str,
+    digits_dataset: Path, tmp_path: Path,
+) -> None:
+    """KFP's own MinIO Secret layout (``accesskey``/``secretkey``, plus an ``endpoint`` key) and no
+    ``s3_endpoint_url``: what ``trainflow compile --s3-secret minio-creds --s3-access-key-key accesskey
+    --s3-secret-key-key secretkey --s3-endpoint-key endpoint`` passes. The workers reached no S3
+    before the endpoint key was passed on to them (they read the Secret's absent default key, so
+    boto3 went to AWS): they train and checkpoint on the bed's MinIO now."""
+    import base64
+
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Secret
+
+    from components.training.step import run_train_step
+
+    env = real_node_env.env()
+    values = {"accesskey": env["AWS_ACCESS_KEY_ID"], "secretkey": env["AWS_SECRET_ACCESS_KEY"],
+              "endpoint": real_node_env.endpoint_url}
+    k8s_testbed.client().create(Secret(
+        metadata=ObjectMeta(name="minio-creds", namespace=s3_namespace),
+        data={k: base64.b64encode(v.encode()).decode() for k, v in values.items()}))
+    bucket = real_node_env.make_bucket("ckpt")
+    req = _request(real_node, real_node_env, s3_namespace, bucket, digits_dataset, s3_secret_name="minio-creds",
+                   s3_access_key_key="accesskey", s3_secret_key_key="secretkey", s3_endpoint_key="endpoint",
+                   s3_endpoint_url="", max_workers=1)
+    result = run_train_step(req, model_dir=tmp_path / "model", work_dir=tmp_path / "work")
+    assert result.summary.steps == result.summary.total_steps > 0
+    assert result.summary.checkpoints_committed >= 1
+
+
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
