@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -25,6 +26,18 @@ def test_the_old_protocol_name_is_the_same_protocol() -> None:
     assert storage.CheckpointStorage is storage.ObjectStore
     assert issubclass(storage.ObjectExistsError, storage.CheckpointStorageError)
     assert issubclass(storage.ObjectNotFoundError, storage.CheckpointStorageError)
+    assert not issubclass(storage.ReadAbandoned, storage.CheckpointStorageError)  # a stopped read is no failure
+
+
+def test_a_local_read_ignores_abandon(tmp_path) -> None:
+    """Local storage opens the file lazily (nothing read ahead to stop): the caller, reading in
+    chunks, checks its event itself."""
+    store = storage.storage_for(str(tmp_path))
+    storage.write_bytes(store, "a.bin", b"abc")
+    abandon = threading.Event()
+    abandon.set()
+    with store.open_read("a.bin", abandon=abandon) as f:
+        assert f.read() == b"abc"
 
 
 def test_bytes_round_trip_through_the_package_helpers(tmp_path) -> None:

@@ -3,7 +3,8 @@ S3 bucket prefix, used by the checkpoint manager, the model registry, the datase
 metrics segments and the CLI.
 
 * :mod:`trainflow.storage.base` — the protocol, its atomicity contract, ``read_bytes``/``write_bytes``;
-* :mod:`trainflow.storage.errors` — :class:`CheckpointStorageError` and its two subclasses;
+* :mod:`trainflow.storage.errors` — :class:`CheckpointStorageError` and its two subclasses, and
+  :class:`ReadAbandoned` (a read the reader stopped: no failure);
 * :mod:`trainflow.storage.resolve` — :func:`storage_for` (URI → backend), :func:`join_uri`;
 * :mod:`trainflow.storage.local`, :mod:`trainflow.storage.s3` — the backends (boto3 only for s3://).
 
@@ -11,7 +12,12 @@ Imports no torch, kfp or airflow (pyproject's import-linter contracts).
 """
 
 from trainflow.storage.base import CheckpointStorage, ObjectStore, read_bytes, validate_key, write_bytes
-from trainflow.storage.errors import CheckpointStorageError, ObjectExistsError, ObjectNotFoundError
+from trainflow.storage.errors import (
+    CheckpointStorageError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    ReadAbandoned,
+)
 from trainflow.storage.resolve import join_uri, storage_for
 
 __all__ = [
@@ -20,6 +26,7 @@ __all__ = [
     "ObjectExistsError",
     "ObjectNotFoundError",
     "ObjectStore",
+    "ReadAbandoned",
     "join_uri",
     "read_bytes",
     "storage_for",

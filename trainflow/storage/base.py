@@ -20,7 +20,8 @@ Contract every backend honours:
 * ``cleanup_incomplete(older_than_s)`` removes what interrupted writes left behind (local: hidden
   temp files; S3: unfinished multipart uploads) under the root.
 * Every failure surfaces as :class:`~trainflow.storage.errors.CheckpointStorageError` (or a subclass)
-  with the cause chained.
+  with the cause chained. A read stopped through ``open_read(key, abandon=event)`` is no failure: it
+  raises :class:`~trainflow.storage.errors.ReadAbandoned` (only where the backend reads ahead: S3).
 
 Backends claim URIs through a ``accepts(uri)`` classmethod, the way
 ``torch/distributed/checkpoint/_storage_utils.py`` asks each writer ``validate_checkpoint_id``;
@@ -29,6 +30,7 @@ Backends claim URIs through a ``accepts(uri)`` classmethod, the way
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import BinaryIO, Protocol, runtime_checkable
@@ -50,8 +52,22 @@ class ObjectStore(Protocol):
         """A writable binary file; its content is committed atomically when the block exits cleanly."""
         ...
 
-    def open_read(self, key: str) -> AbstractContextManager[BinaryIO]:
-        """A readable, seekable binary file. Raises :class:`ObjectNotFoundError` if absent."""
+    def open_read(self, key: str, *, abandon: threading.Event | None = None) -> AbstractContextManager[BinaryIO]:
+        """A readable, seekable binary file.
+
+        Args:
+            key: the object to read.
+            abandon: a stop signal for a read the reader may give up (a verification that a more
+                urgent upload preempts). Once it is set, a storage that reads the object ahead of the
+                caller (S3 downloads it whole before yielding the file) stops that transfer at its
+                next progress report and raises :class:`ReadAbandoned`; a storage that opens the file
+                lazily (local) ignores it: the caller, reading in chunks, checks the event itself.
+
+        Raises:
+            ObjectNotFoundError: ``key`` does not exist.
+            CheckpointStorageError: the storage failed.
+            ReadAbandoned: ``abandon`` was set before or during the read ahead (no failure).
+        """
         ...
 
     def list(self, prefix: str = "") -> list[str]:

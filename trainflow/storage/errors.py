@@ -1,4 +1,6 @@
-"""The object store's errors: every backend failure surfaces as one of these, the cause chained."""
+"""The object store's errors: every backend failure surfaces as one of these, the cause chained
+(:class:`CheckpointStorageError` and its subclasses). :class:`ReadAbandoned` is no failure: the
+reader asked a read to stop."""
 
 from __future__ import annotations
 
@@ -15,3 +17,12 @@ class ObjectExistsError(CheckpointStorageError):
 
 class ObjectNotFoundError(CheckpointStorageError):
     """``open_read`` asked for a key that does not exist."""
+
+
+class ReadAbandoned(Exception):
+    """``open_read(..., abandon=event)`` stopped because ``event`` was set: the reader gave the read
+    up (it wants the bandwidth for something else), so nothing is known about the object.
+
+    Not a :class:`CheckpointStorageError`: the storage did not fail. Raised only by a storage that
+    reads the object ahead (S3: the download stops at its next progress callback, the ranged GETs
+    not yet started are not made); one that opens the file lazily (local) ignores ``abandon``."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -97,7 +98,14 @@ class LocalStorage:
             tmp.unlink(missing_ok=True)
 
     @contextlib.contextmanager
-    def open_read(self, key: str) -> Iterator[BinaryIO]:
+    def open_read(self, key: str, *, abandon: threading.Event | None = None) -> Iterator[BinaryIO]:
+        """The file at ``key``, opened for reading. ``abandon`` is ignored: nothing is read ahead, so
+        a caller that wants to stop reads in chunks and checks its event itself.
+
+        Raises:
+            ObjectNotFoundError: ``key`` does not exist.
+            CheckpointStorageError: it could not be opened.
+        """
         path = self._path(key)
         try:
             f = path.open("rb")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -36,7 +37,12 @@ from typing import Any, BinaryIO
 from botocore.credentials import CredentialProvider, RefreshableCredentials
 
 from trainflow.storage.base import validate_key
-from trainflow.storage.errors import CheckpointStorageError, ObjectExistsError, ObjectNotFoundError
+from trainflow.storage.errors import (
+    CheckpointStorageError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    ReadAbandoned,
+)
 
 _SPOOL_MAX_BYTES = 64 * 1024 * 1024
 _MULTIPART_THRESHOLD_BYTES = 64 * 1024 * 1024
@@ -174,6 +180,9 @@ class S3Storage:
             multipart_threshold=_MULTIPART_THRESHOLD_BYTES,
             multipart_chunksize=_MULTIPART_CHUNK_BYTES,
             max_concurrency=4,
+            # s3transfer's own client: an abandoned read stops through its progress callback (see
+            # open_read); boto3 could pick the CRT client where awscrt is installed ("auto")
+            preferred_transfer_client="classic",
         )
 
     @classmethod
@@ -278,13 +287,35 @@ class S3Storage:
                 raise self._error(f"writing {key} to", e) from e
 
     @contextlib.contextmanager
-    def open_read(self, key: str) -> Iterator[BinaryIO]:
+    def open_read(self, key: str, *, abandon: threading.Event | None = None) -> Iterator[BinaryIO]:
+        """The object at ``key``, downloaded whole into a spooled temp file (in memory up to 64 MiB)
+        before it is yielded, rewound.
+
+        Args:
+            key: the object to read.
+            abandon: once set, the download stops: checked before it starts, then at each progress
+                report of the transfer (every read of a GET's body, at most ``io_chunksize``,
+                256 KiB), which fails the transfer, so the ranged GETs under way stop at their next
+                chunk and those not started are not made.
+
+        Raises:
+            ObjectNotFoundError: ``key`` does not exist.
+            CheckpointStorageError: the download failed (credentials, endpoint, transport).
+            ReadAbandoned: ``abandon`` was set before or during the download.
+        """
         from botocore.exceptions import BotoCoreError, ClientError
 
         full_key = self._key(key)
+        if abandon is not None and abandon.is_set():
+            raise ReadAbandoned(f"reading {key} from {self._where()} abandoned before it started")
+        progress = None if abandon is None else _StopWhenSet(abandon)
         with tempfile.SpooledTemporaryFile(max_size=_SPOOL_MAX_BYTES) as spool:
             try:
-                self._client.download_fileobj(self.bucket, full_key, spool, Config=self._transfer)
+                self._client.download_fileobj(self.bucket, full_key, spool, Config=self._transfer,
+                                              Callback=progress)
+            except _DownloadStopped:  # raised by ``progress`` (so never None here)
+                done = progress.bytes_transferred if progress is not None else 0
+                raise ReadAbandoned(f"reading {key} from {self._where()} abandoned after {done} bytes") from None
             except ClientError as e:
                 code = e.response.get("Error", {}).get("Code", "")
                 if code in ("404", "NoSuchKey"):
@@ -350,6 +381,35 @@ class S3Storage:
         except (BotoCoreError, ClientError) as e:
             raise self._error("listing unfinished uploads of", e) from e
         return aborted
+
+
+class _DownloadStopped(Exception):
+    """Raised by :class:`_StopWhenSet` inside s3transfer; :meth:`S3Storage.open_read` turns it into
+    :class:`ReadAbandoned`."""
+
+
+class _StopWhenSet:
+    """The progress ``Callback`` of an abandonable download: raises :class:`_DownloadStopped` once
+    ``abandon`` is set.
+
+    s3transfer calls it from its request threads after each read of a GET's body
+    (``StreamReaderProgress.read``, ``s3transfer/utils.py``). An exception raised there fails the
+    transfer (``Task.__call__`` → ``TransferCoordinator.set_exception``, ``s3transfer/tasks.py``):
+    the other GETs under way stop at their next chunk (``GetObjectTask._main`` checks
+    ``transfer_coordinator.done()``), the queued ones never run, and ``download_fileobj`` re-raises
+    it once its transfer manager has shut its threads down.
+    """
+
+    def __init__(self, abandon: threading.Event) -> None:
+        self.abandon = abandon
+        self.bytes_transferred = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, bytes_transferred: int) -> None:
+        with self._lock:  # called from several request threads
+            self.bytes_transferred += bytes_transferred
+        if self.abandon.is_set():
+            raise _DownloadStopped
 
 
 def _code(e: Exception) -> str:

@@ -95,6 +95,7 @@ from trainflow.storage import (
     CheckpointStorageError,
     ObjectExistsError,
     ObjectNotFoundError,
+    ReadAbandoned,
     read_bytes,
     validate_key,
     write_bytes,
@@ -442,7 +443,8 @@ class CheckpointManager:
     def _load_step(self, step: int, *, map_location: str | torch.device, load_state: bool,
                    abandon: threading.Event | None) -> LoadedCheckpoint:
         """:meth:`load_step`, given up (:class:`_VerificationAbandoned`, ``step`` not marked good) once
-        ``abandon`` is set: checked before each file of the step and each 1 MiB chunk read of it."""
+        ``abandon`` is set: checked before each file of the step and each 1 MiB chunk read of it, and
+        passed to the storage's ``open_read``, whose download (S3) stops at its next progress report."""
         t0 = self.clock()
         prefix = layout.step_prefix(step)
         manifest = self.read_manifest(step)
@@ -456,12 +458,14 @@ class CheckpointManager:
             except ValueError as e:  # the manifest names something no writer of ours wrote
                 raise CheckpointCorruptError(f"{prefix}: bad manifest: {e}") from e
             try:
-                with self.storage.open_read(key) as f:
+                with self.storage.open_read(key, abandon=abandon) as f:
                     _verify(f, size_bytes=meta["size_bytes"], sha256=meta["sha256"], what=key, abandon=abandon)
                     if load_state and layout.is_state_name(name):
                         state = _torch_load(f, key=key, map_location=map_location)
             except (CheckpointCorruptError, CheckpointRefusedError, _VerificationAbandoned):
                 raise
+            except ReadAbandoned as e:  # the storage stopped its download of the file (S3)
+                raise _VerificationAbandoned(f"{prefix}: verification abandoned while reading {name}") from e
             except ObjectNotFoundError as e:
                 raise CheckpointCorruptError(f"{key} is missing") from e
             except CheckpointStorageError:
@@ -641,7 +645,8 @@ class CheckpointManager:
     def verifying(self) -> bool:
         """Whether a retention verification (maybe an abandoned one) still reads on the verify thread.
         Python joins that thread at exit: a process that must exit now uses ``os._exit`` then (an
-        abandoned S3 read ends only when its object is downloaded, :meth:`_verified_unless_hurried`)."""
+        abandoned read ends at its next chunk, an S3 download at its next progress report — on a
+        stalled connection only at its read timeout —, :meth:`_verified_unless_hurried`)."""
         future = self._verifying
         return future is not None and not future.done()
 
@@ -813,8 +818,9 @@ class CheckpointManager:
         """Verify ``step`` (sizes + SHA-256, :meth:`load_step` without loading) on the verify thread,
         while this thread (the persist thread) waits for it and looks every :data:`HURRY_POLL_S`
         seconds whether a blocking save is waiting. If one is, the verification is abandoned (its
-        read stops at its next 1 MiB chunk; a read the storage makes whole in ``open_read``, as S3's
-        download, ends first) and the persist thread is free for the save within
+        read stops at its next 1 MiB chunk; S3's download in ``open_read`` stops at its next
+        progress report, within 256 KiB per ranged GET under way, so it stops competing with the
+        save's upload for bandwidth) and the persist thread is free for the save within
         :data:`HURRY_POLL_S`, however big the checkpoint being verified.
 
         Returns:

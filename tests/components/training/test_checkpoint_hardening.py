@@ -235,8 +235,8 @@ class _FlakyReadStorage(LocalStorage):
         self.error: BaseException = OSError(5, "Input/output error")
         self.after_verify = False
 
-    def open_read(self, key):
-        inner = super().open_read(key)
+    def open_read(self, key, *, abandon=None):
+        inner = super().open_read(key, abandon=abandon)
         if self.fail_step is None or not key.startswith(f"{layout.step_prefix(self.fail_step)}/state"):
             return inner
         return _FailingReads(inner, self.error, armed=not self.after_verify)
@@ -373,10 +373,10 @@ class _SlowStateReads(LocalStorage):
         self.delay_s = delay_s
         self.slow = False
 
-    def open_read(self, key):
+    def open_read(self, key, *, abandon=None):
         if self.slow and layout.is_state_name(key.rsplit("/", 1)[-1]):
             time.sleep(self.delay_s)
-        return super().open_read(key)
+        return super().open_read(key, abandon=abandon)
 
 
 #: One state-file read of a retention that verifies older checkpoints (2 of them below: 8 s in all).

@@ -2,8 +2,9 @@
 policy that denies PutObject under the prefix (5), credentials re-read from a rotated Secret folder
 (5), per-key errors of quiet deletes (12), unfinished multipart uploads aborted when a writer claims
 the key (7), create-only writer claims with ``If-None-Match: *`` (2), the SIGTERM save's deadline
-while the store is down (8), and a policy that denies reading checkpoints back (a permanent resume
-failure: exit 2, one line).
+while the store is down (8), a policy that denies reading checkpoints back (a permanent resume
+failure: exit 2, one line), and an abandoned verification whose download stops mid-way instead of
+fetching the rest of a big object while the SIGTERM save uploads.
 
 Restricted credentials come from MinIO's STS ``AssumeRole`` with an inline session policy (the root
 user's own rights, minus what the policy denies) — MinIO's real policy engine, no admin tool needed.
@@ -12,9 +13,11 @@ user's own rights, minus what the policy denies) — MinIO's real policy engine,
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -25,7 +28,7 @@ import torch
 from components.training.__main__ import transient_storage_failure
 from components.training.checkpoint.manager import CheckpointManager
 from components.training.metrics import read_jsonl
-from trainflow.storage import CheckpointStorageError, read_bytes, write_bytes
+from trainflow.storage import CheckpointStorageError, ReadAbandoned, read_bytes, write_bytes
 from trainflow.storage.s3 import S3Settings, S3Storage
 
 pytestmark = pytest.mark.s3
@@ -237,3 +240,124 @@ def test_check_refuses_an_endpoint_that_ignores_if_none_match(s3_server, s3_buck
                                                      r"create-only writes .*fencing cannot work"):
         storage.check()
     assert _bucket_keys(s3_server, s3_bucket) == []
+
+
+# --------------------------------------------------------------- an abandoned read stops its download
+#: A big object: 4 ranged GETs of S3Storage's 16 MiB parts, ~256 progress reports (256 KiB reads).
+BIG_OBJECT_BYTES = 64 * 1024 * 1024
+#: Less than one part: the download stopped inside its first ranged GET.
+ONE_PART_BYTES = 16 * 1024 * 1024
+
+
+def _count_downloads(storage: S3Storage, monkeypatch, on_first_bytes=None) -> dict:
+    """Count what ``storage``'s downloads transfer, through a progress callback wrapped around the
+    one ``open_read`` passes (if any): ``calls`` (downloads started) and ``bytes`` (what their GETs
+    read). ``on_first_bytes(key)`` runs in the transfer's request thread on each download's first
+    report, before the storage's own callback sees it."""
+    seen = {"calls": 0, "bytes": 0}
+    lock = threading.Lock()
+    real = storage._client.download_fileobj
+
+    def download_fileobj(bucket, key, fileobj, Callback=None, **kwargs):  # boto3 names it Callback
+        seen["calls"] += 1
+        first = threading.Event()
+
+        def counting(n: int) -> None:
+            with lock:
+                seen["bytes"] += n
+            if not first.is_set():
+                first.set()
+                if on_first_bytes is not None:
+                    on_first_bytes(key)
+            if Callback is not None:
+                Callback(n)
+
+        return real(bucket, key, fileobj, Callback=counting, **kwargs)
+
+    monkeypatch.setattr(storage._client, "download_fileobj", download_fileobj)
+    return seen
+
+
+def test_an_abandoned_read_stops_its_download_mid_way(s3_server, s3_bucket, monkeypatch) -> None:
+    """``open_read(key, abandon=event)``: set once the first bytes arrived, the download stops within
+    its first part and raises ReadAbandoned (before: it fetched all 64 MiB, then yielded the file);
+    an event never set changes nothing; one set before it starts makes no request at all."""
+    storage = _storage(s3_server, f"s3://{s3_bucket}/ckpt/job")
+    data = os.urandom(BIG_OBJECT_BYTES)
+    write_bytes(storage, "big.bin", data)
+
+    seen = _count_downloads(storage, monkeypatch)
+    with storage.open_read("big.bin", abandon=threading.Event()) as f:
+        assert f.read() == data
+    assert seen == {"calls": 1, "bytes": BIG_OBJECT_BYTES}
+
+    # the transfer's request thread holds its first report until the test, on another thread, abandons
+    abandon, arrived = threading.Event(), threading.Event()
+
+    def hold(key: str) -> None:
+        arrived.set()
+        abandon.wait(30)
+
+    seen = _count_downloads(storage, monkeypatch, on_first_bytes=hold)
+    outcome: dict = {}
+
+    def read() -> None:
+        try:
+            with storage.open_read("big.bin", abandon=abandon) as f:
+                outcome["read"] = len(f.read())
+        except BaseException as e:
+            outcome["error"] = e
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert arrived.wait(30)
+    abandon.set()
+    reader.join(30)
+    assert not reader.is_alive()
+    assert isinstance(outcome.get("error"), ReadAbandoned), (
+        f"the abandoned download went on: {outcome}, {seen['bytes']} bytes transferred")
+    assert not isinstance(outcome["error"], CheckpointStorageError)  # no failure: nothing to retry or report
+    assert str(outcome["error"]).startswith("reading big.bin from ") and " abandoned after " in str(outcome["error"])
+    transferred = seen["bytes"]
+    assert 0 < transferred < ONE_PART_BYTES, f"{transferred} of {BIG_OBJECT_BYTES} bytes transferred"
+    time.sleep(0.2)
+    assert seen["bytes"] == transferred  # nothing goes on in the background: the transfer's threads ended
+
+    seen = _count_downloads(storage, monkeypatch)
+    with pytest.raises(ReadAbandoned, match=r"^reading big.bin from .* abandoned before it started$"), \
+            storage.open_read("big.bin", abandon=abandon):
+        pass
+    assert seen == {"calls": 0, "bytes": 0}
+
+
+def test_an_abandoned_s3_download_abandons_the_verification(s3_server, s3_bucket, monkeypatch) -> None:
+    """Retention's verification (``_load_step`` with an ``abandon`` event) passes its event to S3:
+    set while the state file downloads, the read stops and the verification is abandoned (the step is
+    not marked good), and a later verification of the same step passes."""
+    from components.training.checkpoint.manager import _VerificationAbandoned
+
+    storage = _storage(s3_server, f"s3://{s3_bucket}/ckpt/job")
+    writer = CheckpointManager(storage)
+    state = {"model": {"w": torch.arange(8 << 20, dtype=torch.float32)}, "train_state": {"step": 30}}
+    assert writer.save(30, state, blocking=True) == "committed"
+    writer.close()
+    size = next(m["size_bytes"] for n, m in writer.read_manifest(30)["files"].items() if n.startswith("state"))
+    assert size > 2 * ONE_PART_BYTES
+
+    manager = CheckpointManager(storage)
+    abandon = threading.Event()
+
+    def abandon_state_reads(key: str) -> None:
+        if "/state" in key:
+            abandon.set()
+
+    seen = _count_downloads(storage, monkeypatch, on_first_bytes=abandon_state_reads)
+    with pytest.raises(_VerificationAbandoned, match=r"^step-0000000030: verification abandoned while reading state"
+                       ) as raised:
+        manager._load_step(30, map_location="cpu", load_state=False, abandon=abandon)
+    assert isinstance(raised.value.__cause__, ReadAbandoned)
+    assert seen["bytes"] < ONE_PART_BYTES + 1024 * 1024  # the manifest and < one part of the state file
+    assert 30 not in manager._good  # (has_good would verify it now)
+    assert manager._load_step(30, map_location="cpu", load_state=False, abandon=threading.Event()).step == 30
+    assert 30 in manager._good
+    manager.close()

@@ -36,11 +36,11 @@ class _Failing:
         raise OSError(errno.EIO, "Input/output error")
 
 @contextlib.contextmanager
-def open_read(self, key):
+def open_read(self, key, *, abandon=None):
     if "/state-" in key:  # a step's state file: the disk answers EIO (a transient fault)
         yield _Failing()
         return
-    with real_open_read(self, key) as f:
+    with real_open_read(self, key, abandon=abandon) as f:
         yield f
 
 LocalStorage.open_read = open_read

@@ -7,8 +7,10 @@ ended and missed its deadline. Now the verification reads on a thread of its own
 nothing: no checkpoint is deleted on its account.
 
 Real stores, slowed down for one step, stand for the two ways a backend reads: ``slow_chunks`` (a
-local file read chunk by chunk) and ``slow_open`` (S3's ``open_read``, which downloads the whole
-object before it yields the file; also on the MinIO the tests start, marker s3).
+local file read chunk by chunk) and ``slow_open`` (a store whose ``open_read`` reads the whole object
+before it yields the file and cannot be stopped meanwhile, as S3's download could not before it took
+``abandon``; also on the MinIO the tests start, marker s3). That S3's download now stops mid-way is
+tested on MinIO in test_checkpoint_s3_hardening.py.
 """
 
 from __future__ import annotations
@@ -76,17 +78,17 @@ class _SlowStep:
         return self.slow and key.startswith(self.slow_prefix) and layout.is_state_name(key.rsplit("/", 1)[-1])
 
     @contextlib.contextmanager
-    def open_read(self, key):
+    def open_read(self, key, *, abandon=None):
         if not self._is_slow(key):
-            with super().open_read(key) as f:
+            with super().open_read(key, abandon=abandon) as f:
                 yield f
             return
         record = {"bytes": 0, "eof": False}
         self.reads.append(record)
         self.reading.set()
         if self.mode == "slow_open":
-            time.sleep(DOWNLOAD_S)  # S3: the whole object is downloaded before the file is yielded
-        with super().open_read(key) as f:
+            time.sleep(DOWNLOAD_S)  # a whole-object download that cannot be stopped (S3's before abandon)
+        with super().open_read(key, abandon=abandon) as f:
             yield _SlowFile(f, CHUNK_S if self.mode == "slow_chunks" else 0.0, record)
 
     def delete(self, keys):

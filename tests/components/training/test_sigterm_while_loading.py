@@ -31,11 +31,11 @@ from trainflow.storage.local import LocalStorage
 real_open_read = LocalStorage.open_read
 
 @contextlib.contextmanager
-def open_read(self, key):
+def open_read(self, key, *, abandon=None):
     if "/state-" in key:
         Path(os.environ["LOADING_MARKER"]).touch()
         time.sleep(10)
-    with real_open_read(self, key) as f:
+    with real_open_read(self, key, abandon=abandon) as f:
         yield f
 
 LocalStorage.open_read = open_read
