@@ -67,6 +67,17 @@ class ModelVersion:
     files: dict[str, dict[str, Any]] = field(default_factory=dict)
     uri: str = ""
 
+    def holds_model(self, model_dir: str | Path) -> bool:
+        """Whether this version stores exactly the model files (:data:`MODEL_FILES`) of the exported
+        model folder ``model_dir``: same SHA-256 each; ``False`` when one is missing on either side."""
+        model_dir = Path(model_dir)
+        for fname in MODEL_FILES:
+            path = model_dir / fname
+            recorded = self.files.get(fname, {}).get("sha256")
+            if not recorded or not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != recorded:
+                return False
+        return True
+
 
 @dataclass(frozen=True, slots=True)
 class Pointer:
@@ -201,15 +212,17 @@ class ModelRegistry:
         version; the entry is created only at ``expected.seq + 1``.
 
         Returns:
-            ``True`` when ``version`` was promoted — also when its registration had promoted it already
-            (a retry). ``False`` when another move of the pointer landed after ``expected``: nothing is
-            written; read :meth:`pointer` again, compare with its version, and call again with it.
+            ``True`` when ``version`` is current now: promoted by this call, or current already (a
+            retry whose first attempt promoted it; nothing is written). ``False`` when another move of
+            the pointer landed after ``expected``: nothing is written; read :meth:`pointer` again,
+            compare with its version, and call again with it. A version promoted once and no longer
+            current is no exception: it is promoted again only over ``expected``, like any other.
 
         Raises:
             RegistryError: bad name, or the version does not exist.
         """
         self.get(name, version)
-        if any(h["version"] == version and h["reason"] == "registered" for h in self.history(name)):
+        if self.pointer(name).version == version:
             return True
         return self._append_pointer(name, expected.seq + 1, version, reason="registered")
 

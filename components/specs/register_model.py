@@ -64,10 +64,15 @@ def register_model(
     job_key = model.metadata.get("job_key", "")
     if must_beat_current and job_key:
         # A retry of this task whose first attempt registered and promoted this job's model: that
-        # version is current, and this model would be compared with itself (and "lose").
+        # version is current, and this model would be compared with itself (and "lose"). Only the
+        # same model: the same job key also trains on (a resume with more epochs), and that model
+        # is compared and stored like any other. Same model = the current version stores these
+        # very files, or this KFP run (a retry of this task) registered it.
         at = registry.pointer(model_name).version
         current = registry.get(model_name, at) if at is not None else None
-        if current is not None and current.lineage.get("job_key") == job_key:
+        same_run = bool(kfp_run_id) and "{{" not in kfp_run_id
+        if current is not None and current.lineage.get("job_key") == job_key and (
+                current.holds_model(model.path) or (same_run and current.lineage.get("kfp_run_id") == kfp_run_id)):
             print(f"register_model: version {current.version} of job {job_key} (an earlier attempt of this task) "
                   "is current already")
             return outputs(current.version, current.uri, True)

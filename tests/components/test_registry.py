@@ -207,3 +207,104 @@ def test_register_model_refuses_a_promotion_threshold_outside_0_to_1(tmp_path, m
                                    dataset=artifact(path=str(tmp_path / "no-dataset")),
                                    registry_uri=str(tmp_path / "models"), model_name="m", min_accuracy=80.0)
     assert ModelRegistry(LocalStorage(str(tmp_path / "models"))).history("m") == []
+
+
+def test_a_version_promoted_once_but_no_longer_current_is_promoted_only_over_the_pointer(registry, model_dir) -> None:
+    """Review (2026-11-29): promote returned True for any version that had ever had a "registered"
+    entry. Job A's v1 promoted, another run's v2 promoted, then a retry of A's promotion (an Airflow
+    clear of its register step) got True, and register_model reported v1 promoted, while v2 stayed
+    current. Now True means current: a stale pointer writes nothing, the fresh one moves it."""
+    seen = registry.pointer("again")
+    v1 = _register_scored(registry, model_dir, "again", 0.95, promote=False)
+    assert registry.promote("again", v1, expected=seen)
+    v2 = _register_scored(registry, model_dir, "again", 0.90, promote=True)
+    assert not registry.promote("again", v1, expected=seen)  # the pointer A's first attempt read
+    assert registry.pointer("again") == Pointer(seq=2, version=v2)  # nothing written
+    assert registry.promote("again", v1, expected=registry.pointer("again"))
+    assert registry.pointer("again") == Pointer(seq=3, version=v1)
+    assert registry.promote("again", v1, expected=seen)  # current: a retry, nothing written
+    assert [h["version"] for h in registry.history("again")] == [v1, v2, v1]
+
+
+def _register_step(tmp_path, model_dir, monkeypatch, *, job_key: str, accuracy: float, kfp_run_id: str = "",
+                   must_beat_current: bool = True):
+    """register_model as the pipeline runs it, each version scored by the accuracy its lineage records
+    (accuracy_of would evaluate it on the held-out split)."""
+    import types
+
+    import components.registry.promotion as promotion
+    from components.specs.register_model import register_model
+
+    monkeypatch.setattr(promotion, "accuracy_of", lambda registry, name, version, dataset_dir:
+                        registry.get(name, version).lineage["metrics"]["test_accuracy"])
+    artifact = lambda **kw: types.SimpleNamespace(**{"uri": "", "metadata": {}, **kw})  # noqa: E731
+    return register_model.python_func(
+        model=artifact(path=str(model_dir), metadata={"job_key": job_key}),
+        eval_metrics=artifact(metadata={"test_accuracy": accuracy}),
+        dataset=artifact(path=str(tmp_path / "no-dataset")),  # synthetic: no data profile stored
+        registry_uri=str(tmp_path / "models"), model_name="m", must_beat_current=must_beat_current,
+        kfp_run_id=kfp_run_id)
+
+
+def test_a_longer_run_under_the_same_job_key_is_compared_and_stored(tmp_path, model_dir, monkeypatch) -> None:
+    """Review (2026-11-29): with must_beat_current, a current version of the same job key counted as
+    an earlier attempt of this task: run B (job_key=prod, more epochs: a resume that trains on) got
+    run A's version back as "current already", promoted=True, and its better weights were never
+    stored. Only the same model (same files, or the same KFP run) takes that shortcut now."""
+    registry = ModelRegistry(LocalStorage(str(tmp_path / "models")))
+    (model_dir / "model.pt").write_bytes(b"weights after 8 epochs")
+    a = _register_step(tmp_path, model_dir, monkeypatch, job_key="prod", accuracy=0.90, kfp_run_id="run-a")
+    assert (a.version, a.promoted) == (1, True)
+
+    (model_dir / "model.pt").write_bytes(b"weights after 16 epochs")
+    b = _register_step(tmp_path, model_dir, monkeypatch, job_key="prod", accuracy=0.95, kfp_run_id="run-b")
+    assert (b.version, b.promoted) == (2, True)
+    assert registry.current("m").version == 2 and registry.current("m").holds_model(model_dir)
+    assert registry.get("m", 2).lineage["previous_version"] == 1
+
+    (model_dir / "model.pt").write_bytes(b"weights after 24 epochs, overfit")
+    c = _register_step(tmp_path, model_dir, monkeypatch, job_key="prod", accuracy=0.93, kfp_run_id="run-c")
+    assert (c.version, c.uri, c.promoted) == (0, "", False)  # compared, and it does not beat v2
+    assert registry.current("m").version == 2 and len(registry.versions("m")) == 2
+
+    # The same model again (a retry of B's register task): the shortcut, by its files ...
+    (model_dir / "model.pt").write_bytes(b"weights after 16 epochs")
+    assert _register_step(tmp_path, model_dir, monkeypatch, job_key="prod", accuracy=0.95,
+                          kfp_run_id="run-b2")[::2] == (2, True)
+    # ... or by its KFP run (a retry of this task within run B), whatever the files.
+    (model_dir / "model.json").write_text(json.dumps({"model": "small_cnn", "exported": "again"}))
+    assert _register_step(tmp_path, model_dir, monkeypatch, job_key="prod", accuracy=0.95,
+                          kfp_run_id="run-b")[::2] == (2, True)
+    assert [h["version"] for h in registry.history("m")] == [1, 2]
+
+    # An unresolved run id placeholder is no run: other files are compared (and lose here).
+    (model_dir / "model.pt").write_bytes(b"weights after 32 epochs")
+    unresolved = "{{$.pipeline_job_uuid}}"
+    assert _register_step(tmp_path, model_dir, monkeypatch, job_key="prod", accuracy=0.97,
+                          kfp_run_id=unresolved)[::2] == (3, True)
+    (model_dir / "model.pt").write_bytes(b"weights after 40 epochs")
+    assert _register_step(tmp_path, model_dir, monkeypatch, job_key="prod", accuracy=0.96,
+                          kfp_run_id=unresolved)[::2] == (0, False)
+    assert registry.current("m").version == 3
+
+
+def test_a_retried_register_step_after_another_promotion_reports_what_is_current(tmp_path, model_dir,
+                                                                               monkeypatch) -> None:
+    """Review (2026-11-29), the register_model side of promote's fix: job A's v1 promoted, another run
+    (without must_beat_current) promoted v2, then A's register step ran again (an Airflow clear): it
+    output version 1, promoted=True, while v2 stayed current. Now v1 is compared with v2 and, as it
+    beats it, made current again over it; the output matches the pointer."""
+    registry = ModelRegistry(LocalStorage(str(tmp_path / "models")))
+    (model_dir / "model.pt").write_bytes(b"job A's weights")
+    assert _register_step(tmp_path, model_dir, monkeypatch, job_key="job-a", accuracy=0.95,
+                          kfp_run_id="run-a")[::2] == (1, True)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model.pt").write_bytes(b"another run's weights")
+    (other / "model.json").write_text("{}")
+    assert _register_step(tmp_path, other, monkeypatch, job_key="job-b", accuracy=0.90, kfp_run_id="run-b",
+                          must_beat_current=False)[::2] == (2, True)
+    retry = _register_step(tmp_path, model_dir, monkeypatch, job_key="job-a", accuracy=0.95, kfp_run_id="run-a2")
+    assert (retry.version, retry.promoted) == (1, True)
+    assert registry.current("m").version == 1
+    assert [h["version"] for h in registry.history("m")] == [1, 2, 1]
