@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from components.training.data import DatasetError, DatasetInfo
+from trainflow.common.listing import is_data_key
 
 _SYNTHETIC = {"synthetic-imagenet": (224, 1000, 12_800), "synthetic-cifar": (32, 10, 10_000)}
 """name -> (image size, classes, default samples)."""
@@ -183,9 +184,35 @@ def decode_image(data: bytes, channels: int, size: tuple[int, int]) -> np.ndarra
     return arr[None] if channels == 1 else arr.transpose(2, 0, 1).copy()
 
 
+def _read_image(reader: SourceReader, root: str, rel_path: str, channels: int, size: tuple[int, int]) -> tuple[bytes, np.ndarray]:
+    """The bytes of one image of the source and the image decoded (:func:`decode_image`).
+
+    Raises:
+        DatasetError: naming the file, when it cannot be read or decoded.
+    """
+    from PIL import UnidentifiedImageError
+
+    from trainflow.storage import CheckpointStorageError
+
+    where = f"{root.rstrip('/')}/{rel_path}"
+    try:
+        data = reader.read(rel_path)
+    except (OSError, CheckpointStorageError) as e:
+        raise DatasetError(f"{where} cannot be read: {e.strerror if isinstance(e, OSError) and e.strerror else e}") from e
+    try:
+        return data, decode_image(data, channels, size)
+    except UnidentifiedImageError as e:  # its message names an in-memory buffer, not the file
+        raise DatasetError(f"{where} is not a readable image: not a format PIL can identify") from e
+    except Exception as e:  # PIL raises several types for a bad file
+        raise DatasetError(f"{where} is not a readable image: {e}") from e
+
+
 def _prepare_imagefolder(root: str, out: Path, *, test_fraction: float, seed: int, image_size: int, channels: int) -> DatasetInfo:
     reader = open_source(root)
-    files = [(p, n, tag) for p, n, tag in reader.list() if p.lower().endswith(_IMAGE_SUFFIXES) and "/" in p]
+    # Not data (is_data_key): hidden files such as macOS's AppleDouble "._x.png", upload temp files;
+    # the listing fingerprint leaves them out too.
+    files = [(p, n, tag) for p, n, tag in reader.list()
+             if is_data_key(p) and p.lower().endswith(_IMAGE_SUFFIXES) and "/" in p]
     if not files:
         raise DatasetError(f"{root} holds no images in ImageFolder layout (<class>/<image>.png|jpg|...)")
     classes = sorted({p.split("/", 1)[0] for p, _, _ in files})
@@ -195,9 +222,9 @@ def _prepare_imagefolder(root: str, out: Path, *, test_fraction: float, seed: in
     sq = np.zeros(channels)
     count = 0
     for p, _, _ in files:
-        data = reader.read(p)
+        data, img = _read_image(reader, root, p, channels, (image_size, image_size))
         h.update(p.encode() + b"\0" + hashlib.sha256(data).digest())
-        arr = decode_image(data, channels, (image_size, image_size)).astype(np.float64) / 255.0
+        arr = img.astype(np.float64) / 255.0
         sums += arr.mean(axis=(1, 2))
         sq += (arr**2).mean(axis=(1, 2))
         count += 1
@@ -272,7 +299,8 @@ def prepare(
         image_size, channels: target size for ImageFolder sources (others keep their own).
 
     Raises:
-        DatasetError: unknown source, missing folder, unreachable S3, no images.
+        DatasetError: unknown source, missing folder, unreachable S3, no images, an image that cannot
+            be read or decoded (named).
     """
     out = Path(out)
     kind = source_kind(source)  # one line for a source that is none of these

@@ -216,3 +216,41 @@ def test_registry_extra_files_are_verified(trained_model, tmp_path) -> None:
         registry.read_file("m", 1, PROFILE_FILE)
     with pytest.raises(RegistryError, match="extra file name"):
         registry.register("m", trained_model[0], {}, extra_files={"model.pt": b""})
+
+
+def test_prepare_skips_hidden_files_and_names_an_unreadable_image(tmp_path, monkeypatch) -> None:
+    """Review (2026-11-29): one undecodable .png ended prepare (so `trainflow drift` and the
+    prepare_dataset step) in a bare PIL.UnidentifiedImageError traceback; macOS's AppleDouble
+    ``._x.png`` files did too, though the listing fingerprint leaves dot-files out. Now prepare leaves
+    them out the same way (is_data_key), and an unreadable image is one DatasetError naming it."""
+    import re
+
+    from components.training import sources
+    from trainflow.common.listing import list_folder
+
+    rng = np.random.default_rng(0)
+    src = tmp_path / "src"
+    for label in range(2):
+        _write_folder(src, rng.integers(0, 256, (3, 1, 8, 8), dtype=np.uint8), np.full(3, label))
+    clean = prepare(str(src), tmp_path / "clean", image_size=8, channels=1)
+    listing = list_folder(src)
+    (src / "0" / "._00000.png").write_bytes(b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X")
+    (src / "1" / ".upload.png").write_bytes(b"")
+    assert list_folder(src) == listing  # the listing fingerprint's rule ...
+    again = prepare(str(src), tmp_path / "again", image_size=8, channels=1)
+    assert again.fingerprint == clean.fingerprint and again.splits == clean.splits  # ... is prepare's
+    assert "._00000.png" not in (tmp_path / "again" / "index.json").read_text()
+
+    bad = re.escape(f"{src}/1/bad.png")
+    (src / "1" / "bad.png").write_bytes(b"not a png")
+    with pytest.raises(DatasetError, match=rf"^{bad} is not a readable image: not a format PIL can identify$"):
+        prepare(str(src), tmp_path / "bad", image_size=8, channels=1)
+    png = (src / "1" / "00001.png").read_bytes()
+    (src / "1" / "bad.png").write_bytes(png[: len(png) // 2])  # an upload cut short
+    with pytest.raises(DatasetError, match=rf"^{bad} is not a readable image: image file is truncated"):
+        prepare(str(src), tmp_path / "bad", image_size=8, channels=1)
+    (src / "1" / "bad.png").unlink()
+    listed = sources._LocalReader.list  # a file removed between the listing and the read
+    monkeypatch.setattr(sources._LocalReader, "list", lambda self: [*listed(self), ("1/gone.png", 1, "")])
+    with pytest.raises(DatasetError, match=rf"^{re.escape(str(src))}/1/gone\.png cannot be read: No such file"):
+        prepare(str(src), tmp_path / "bad", image_size=8, channels=1)

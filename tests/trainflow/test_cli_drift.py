@@ -58,3 +58,41 @@ def test_s3_missing_prefix_missing_bucket_and_bad_credentials(s3_server, s3_buck
     bad = {**env, "AWS_SECRET_ACCESS_KEY": "not-the-secret"}
     _one_line_exit_2(_drift([f"s3://{s3_bucket}/data", *registry], tmp_path, bad),
                      f"listing s3://{s3_bucket}/data failed: S3 credentials rejected (SignatureDoesNotMatch)")
+
+
+def test_an_unreadable_image_in_the_new_data_is_one_line(tmp_path) -> None:
+    """Review (2026-11-29): one undecodable .png in the new data ended `trainflow drift` in a
+    PIL.UnidentifiedImageError traceback (an OSError: no ValueError, so no one line); an AppleDouble
+    ``._x.png`` (macOS) did too. Now the dot-file is left out and the bad image named in one line."""
+    import numpy as np
+    from PIL import Image
+
+    from components.drift.profile import PROFILE_FILE, profile_prepared
+    from components.registry.store import ModelRegistry
+    from components.training.sources import prepare
+    from trainflow.common.listing import list_folder, listing_fingerprint
+    from trainflow.storage.local import LocalStorage
+
+    rng = np.random.default_rng(0)
+    for folder in ("train", "new"):
+        for label in ("a", "b"):
+            (tmp_path / folder / label).mkdir(parents=True)
+            for i in range(4):
+                Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8)).save(tmp_path / folder / label / f"{i}.png")
+    prepare(str(tmp_path / "train"), tmp_path / "prepared", image_size=8, channels=1)
+    listing_fp = listing_fingerprint(list_folder(tmp_path / "train"))
+    model = tmp_path / "model"  # never read: the new data fails first
+    model.mkdir()
+    (model / "model.pt").write_bytes(b"weights")
+    (model / "model.json").write_text("{}")
+    ModelRegistry(LocalStorage(str(tmp_path / "models"))).register(
+        "m", model, {"dataset": {"listing_fingerprint": listing_fp}},
+        extra_files={PROFILE_FILE: profile_prepared(tmp_path / "prepared", listing_fingerprint=listing_fp).dumps()})
+    args = ["--registry", str(tmp_path / "models"), "--model-name", "m"]
+
+    (tmp_path / "new" / "a" / "._0.png").write_bytes(b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X")
+    proc = _drift([str(tmp_path / "new"), *args], tmp_path)
+    assert proc.returncode == 0 and proc.stdout.split(" ", 1)[0] in ("no-drift", "drift"), proc.stderr
+    (tmp_path / "new" / "b" / "bad.png").write_bytes(b"not a png")
+    _one_line_exit_2(_drift([str(tmp_path / "new"), *args], tmp_path),
+                     f"{tmp_path / 'new' / 'b' / 'bad.png'} is not a readable image: not a format PIL can identify")
