@@ -120,10 +120,19 @@ def validate(opts: RunOptions) -> None:
     Raises:
         RunInputError: a dataset source that is none of those ``prepare`` reads (or a missing folder),
             an invalid hyper-parameter, worker pod settings the train step would refuse, or such
-            settings given for the local backend.
+            settings given for the local backend, or a bad ``TRAINFLOW_*`` compile setting in the
+            environment (``pipelines.platform``: importing the pipeline would fail on it).
     """
     from components.training.data import DatasetError
     from components.training.sources import source_kind
+    from pipelines.platform import ENV, PlatformSettings
+
+    try:  # read when pipelines.training is imported; meaningless under kfp.local, but fatal there
+        PlatformSettings.from_env()
+    except ValueError as e:
+        given = [var for var, name in ENV.items() if os.environ.get(var) and str(e).startswith(name)]
+        where = " and ".join(given) or "the " + ", ".join(ENV) + " variables"
+        raise RunInputError(f"{where}: {e} (a compile setting that trainflow run does not use: unset it)") from e
 
     src = opts.dataset_source
     try:

@@ -84,6 +84,18 @@ def test_bad_input_is_one_line(tmp_path, args, message) -> None:
     assert not (tmp_path / "out").exists()  # rejected before anything started
 
 
+def test_a_bad_compile_setting_in_the_environment_is_one_line_before_a_run_folder(tmp_path) -> None:
+    """Review (2026-11-29): TRAINFLOW_KFP_BACKEND_VERSION=2.x (a compile setting, meaningless for a
+    local run) ended `trainflow run` in a ValueError traceback from importing pipelines.training, after
+    runs/<timestamp> was made and runs/latest moved to it. Now one line, before anything is made."""
+    proc = _run(["run"], tmp_path, {"TRAINFLOW_KFP_BACKEND_VERSION": "2.x"})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    assert proc.stderr.strip() == (
+        "trainflow: TRAINFLOW_KFP_BACKEND_VERSION: kfp_backend_version must be MAJOR.MINOR[.PATCH], e.g. 2.14, "
+        "not '2.x' (a compile setting that trainflow run does not use: unset it)")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_an_output_dir_that_cannot_be_made_is_one_line(tmp_path) -> None:
     (tmp_path / "file").write_text("")
     proc = _run(["run", "--output-dir", str(tmp_path / "file" / "out")], tmp_path)
