@@ -40,7 +40,13 @@ from typing import Any
 
 import numpy as np
 
-from components.drift.profile import PROFILE_FILE, DataProfile, load_prepared_arrays, profile_arrays
+from components.drift.profile import (
+    PROFILE_FILE,
+    DataProfile,
+    load_prepared_arrays,
+    profile_arrays,
+    split_rows,
+)
 from components.training.data import DatasetError
 from trainflow.common.listing import ListingEntry, list_folder, list_s3, listing_fingerprint
 
@@ -282,7 +288,7 @@ def run_drift_check(source: str, *, registry_uri: str, model_name: str, threshol
 
     Steps: the current version and its data profile (registry) ▶ the source's listing fingerprint
     (unchanged → done) ▶ prepare the new data at the reference's image shape ▶ profile it ▶ score the
-    current model on it ▶ :func:`compare`.
+    current model on its held-out split ▶ :func:`compare`.
 
     Raises:
         DatasetError: one line — the source does not exist or holds no images, bad credentials or
@@ -326,8 +332,11 @@ def run_drift_check(source: str, *, registry_uri: str, model_name: str, threshol
         recorded = current.lineage.get("metrics", {})
         if recorded.get("test_accuracy") is not None:
             model_dir = registry.download(model_name, current.version, Path(tmp, "model"))
-            accuracy = observe_accuracy(model_dir, images, labels, info.classes, float(recorded["test_accuracy"]),
-                                        int(recorded.get("test_samples", 0)))
+            # the new data's held-out split only: its training split holds what the current model
+            # trained on (an image folder's split is keyed by path, so it stays put as the folder grows)
+            held_out = split_rows(info).get("test", slice(0, 0))
+            accuracy = observe_accuracy(model_dir, images[held_out], labels[held_out], info.classes,
+                                        float(recorded["test_accuracy"]), int(recorded.get("test_samples", 0)))
     report = compare(reference, new, accuracy=accuracy, thresholds=th)
     report.reference.update(ref_info)
     return report

@@ -123,8 +123,19 @@ def profile_arrays(images: np.ndarray, labels: np.ndarray, classes: list[str], *
                        **meta)
 
 
+def split_rows(info: DatasetInfo) -> dict[str, slice]:
+    """The rows each split holds in :func:`load_prepared_arrays`' arrays (they follow ``info.splits``'
+    order), e.g. ``{"train": slice(0, 192), "test": slice(192, 240)}``."""
+    rows, start = {}, 0
+    for split, n in info.splits.items():
+        rows[split] = slice(start, start + int(n))
+        start += int(n)
+    return rows
+
+
 def load_prepared_arrays(dataset_dir: str | Path) -> tuple[np.ndarray, np.ndarray, DatasetInfo]:
-    """Every sample of a prepared dataset (both splits) as uint8 images (N, C, H, W), labels (N,).
+    """Every sample of a prepared dataset (both splits, in ``info.splits``' order: :func:`split_rows`)
+    as uint8 images (N, C, H, W), labels (N,).
 
     Raises:
         DatasetError: not a prepared dataset, a synthetic one (no real data to compare), an

@@ -12,7 +12,8 @@ Sources (the ``source`` string of ``prepare_dataset``):
   ``torchvision.datasets.ImageFolder`` reads) — images stay where they are; an index is written.
 
 The held-out test split is stratified by class and seeded, so it is the same for every run with the
-same seed. The fingerprint is a SHA-256 over the content (pixels and labels, or every image's bytes).
+same seed; an image folder's is keyed by each image's path, so that it stays put as the folder
+grows (:func:`stratified_split`). The fingerprint is a SHA-256 over the content (pixels and labels, or every image's bytes).
 """
 
 from __future__ import annotations
@@ -49,15 +50,34 @@ class PreparedSummary:
     info: DatasetInfo
 
 
-def stratified_split(labels: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Indices (train, test): each class contributes ``round(n_c * test_fraction)`` test samples."""
+def stratified_split(labels: np.ndarray, test_fraction: float, seed: int,
+                     keys: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Indices (train, test), sorted: each class of ``n_c`` samples contributes
+    ``max(1, round(n_c * test_fraction))`` test samples (none from a class of one).
+
+    Without ``keys`` the test samples are drawn by a generator seeded with ``seed``: a fixed
+    dataset (mnist, digits) splits the same way every time. With ``keys`` (one name per sample,
+    e.g. an image's path) they are each class's samples of lowest SHA-256 of ``seed`` and key, so
+    a sample keeps its split when samples are added to or removed from the dataset, but for the
+    few at the boundary the count moves: a model retrained on a grown image folder is scored on
+    held-out samples its predecessor did not train on either (a seeded shuffle of the grown list
+    moved about half of the old training samples into the new test split).
+
+    Raises:
+        DatasetError: ``test_fraction`` outside (0, 1).
+    """
     if not 0 < test_fraction < 1:
         raise DatasetError(f"test_fraction must be in (0, 1), got {test_fraction}")
     rng = np.random.default_rng(seed)
+    rank = None if keys is None else np.array(
+        [hashlib.sha256(f"{seed}\0{key}".encode()).digest() for key in keys], dtype=object)
     train, test = [], []
     for c in np.unique(labels):
         idx = np.flatnonzero(labels == c)
-        rng.shuffle(idx)
+        if rank is None:
+            rng.shuffle(idx)
+        else:
+            idx = idx[np.argsort(rank[idx], kind="stable")]
         n_test = max(1, round(len(idx) * test_fraction)) if len(idx) > 1 else 0
         test.append(idx[:n_test])
         train.append(idx[n_test:])
@@ -228,7 +248,7 @@ def _prepare_imagefolder(root: str, out: Path, *, test_fraction: float, seed: in
         sums += arr.mean(axis=(1, 2))
         sq += (arr**2).mean(axis=(1, 2))
         count += 1
-    train_idx, test_idx = stratified_split(labels, test_fraction, seed)
+    train_idx, test_idx = stratified_split(labels, test_fraction, seed, keys=[p for p, _, _ in files])
     h.update(train_idx.tobytes() + test_idx.tobytes())
     mean = sums / count
     std = np.sqrt(np.maximum(sq / count - mean**2, 1e-12))

@@ -61,6 +61,25 @@ def test_prepared_mnist_has_held_out_split_and_fingerprint(tmp_path) -> None:
     assert abs(float(ds.split("train").fetch(torch.arange(4000))[0].mean())) < 1e-3  # normalized
 
 
+
+def test_a_keyed_split_keeps_its_samples_where_they_were_when_the_dataset_grows() -> None:
+    """Review finding: an image folder was split by a seeded shuffle of its listing, so 40 images
+    added to 200 moved about half of the old training images into the new test split, where the
+    promotion step and the drift check scored the current model on data it had trained on."""
+    keys = [f"c{i % 2}/{i}.png" for i in range(240)]
+    labels = np.array([i % 2 for i in range(240)])
+    for seed in range(5):
+        train, _ = stratified_split(labels[:200], 0.2, seed, keys=keys[:200])
+        grown_train, grown_test = stratified_split(labels, 0.2, seed, keys=keys)
+        assert (len(grown_train), len(grown_test)) == (192, 48)  # the same per-class counts as before
+        assert np.array_equal(grown_test, stratified_split(labels, 0.2, seed, keys=keys)[1])  # seeded
+        moved = {keys[i] for i in train} & {keys[i] for i in grown_test}
+        assert len(moved) <= 4, (seed, sorted(moved))  # only boundary samples (seeded shuffle: 21-30)
+    # the listing's order does not matter, only the keys
+    order = np.random.default_rng(0).permutation(240)
+    _, shuffled_test = stratified_split(labels[order], 0.2, 1, keys=[keys[i] for i in order])
+    assert {keys[order[i]] for i in shuffled_test} == {keys[i] for i in stratified_split(labels, 0.2, 1, keys=keys)[1]}
+
 def test_image_folder_source(tmp_path) -> None:
     from PIL import Image
 
