@@ -238,21 +238,24 @@ def _merge_patch(
         body["spec"] = spec
     patches = []
     if spec or annotations:
-        patches.append(Patch(namespace=job.namespace, name=job.name, body=body, guard=_guard(view)))
+        # after a scale patch sent first, a 409 re-read finds the worker count that patch set
+        guard = _guard(view, replicas=replicas if scale is not None and scale_first else None)
+        patches.append(Patch(namespace=job.namespace, name=job.name, body=body, guard=guard))
     if scale is not None:
         patches.insert(0, scale) if scale_first else patches.append(scale)
     return tuple(patches)
 
 
-def _guard(view: JobView) -> tuple[tuple[tuple[str, ...], Any], ...]:
+def _guard(view: JobView, *, replicas: int | None = None) -> tuple[tuple[tuple[str, ...], Any], ...]:
     """The fields a decision about ``view`` depends on, with their observed values; the job's UID
     first: a job deleted and recreated under the same name (the launcher does, after a stale
-    rendezvous) is another job, which a patch planned for the old one must not reach."""
+    rendezvous) is another job, which a patch planned for the old one must not reach. ``replicas``:
+    the worker count expected instead of the observed one (set by an earlier patch of the action)."""
     job = view.job
     identity = ((("metadata", "uid"), job.uid),) if job.uid else ()
     return (
         *identity,
-        (("spec", "pytorchReplicaSpecs", "Worker", "replicas"), job.spec_workers),
+        (("spec", "pytorchReplicaSpecs", "Worker", "replicas"), job.spec_workers if replicas is None else replicas),
         (("spec", "runPolicy", "suspend"), job.suspended or None),
     )
 
@@ -331,7 +334,8 @@ def plan_safety(
         job = view.job
         requested_gpw = _requested_gpus_per_worker(job.annotations)
         if job.memo.reshape is None and job.memo.scale_up is None and requested_gpw is None:
-            if view.pending_workers and 0 < view.bound_workers < job.min_workers and not job.suspended:
+            if (view.pending_workers and 0 < view.bound_workers < job.min_workers and not job.suspended
+                    and job.gpus_per_worker >= 1 and not job.hpa_metrics):  # jobs the scheduler manages
                 out.append(_watch_below_min(view, memos.get(key, job.memo), now_s, settings))
             continue  # nothing in flight (the common case: no memo is built)
         memo = _base_memo(view, memos.get(key, job.memo), now_s)
@@ -396,12 +400,13 @@ def _rollback(view: JobView, memo: JobMemo, watch: ScaleUpWatch, now_s: float, s
     waited = now_s - watch.at_s
     pending = max(watch.to_workers - view.bound_workers, 0)
     hold_until = now_s + settings.rollback_hold_s
-    back = max(job.min_workers, min(watch.from_workers, job.max_workers))
-    # Back to the size it had, if it could train there. From below elasticPolicy.minReplicas (a
-    # worker lost and its replacement pending), "back" is the size it already asks for: patching it
-    # would change nothing and roll back again every timeout, holding GPUs it cannot train on;
-    # it is suspended instead, like a start whose pods never bound.
-    if watch.from_workers >= job.min_workers and watch.from_workers >= 1 and back < job.spec_workers:
+    # Back to the workers it has bound (at least the size it had), if it can train there. Below
+    # elasticPolicy.minReplicas (a worker lost and its replacement pending), "back" would be the size
+    # it already asks for: patching it would change nothing and roll back again every timeout,
+    # holding GPUs it cannot train on; it is suspended instead, like a start whose pods never bound.
+    have = max(watch.from_workers, view.bound_workers)
+    back = max(job.min_workers, min(have, job.max_workers))
+    if have >= job.min_workers and have >= 1 and back < job.spec_workers:
         new = memo.but(scale_up=None, hold_until_s=hold_until, hold_max_workers=back)
         # The worker count first: if the second request fails, the watch is still there and the
         # next tick rolls back again (clearing the watch first would lose the rollback).
@@ -413,9 +418,8 @@ def _rollback(view: JobView, memo: JobMemo, watch: ScaleUpWatch, now_s: float, s
         new = memo.but(scale_up=None, hold_until_s=hold_until, hold_max_workers=0, suspended_by_scheduler=True)
         patches = _merge_patch(view, annotations=new.changed_annotations(job.annotations), suspend=True,
                                settings=settings)
-        what = ("suspended again" if watch.from_workers == 0 else
-                f"suspended ({watch.from_workers} worker(s) cannot train below elasticPolicy minReplicas "
-                f"{job.min_workers})")
+        what = ("suspended again" if have == 0 else
+                f"suspended ({have} worker(s) cannot train below elasticPolicy minReplicas {job.min_workers})")
     message = (f"{pending} worker pod(s) still not bound {waited:.0f} s after scaling "
                f"{watch.from_workers}->{watch.to_workers}; {what}; no scale-up for {settings.rollback_hold_s:.0f} s")
     return Action(
@@ -601,7 +605,8 @@ def plan_decision(
                 suspend = True
                 changes = {"suspended_by_scheduler": True, "scale_up": None}
         else:
-            target = max(job.min_workers, min(job.max_workers, target))
+            if target != bound:  # kept as it is, a job outside its bounds stays so (Decision.validate)
+                target = max(job.min_workers, min(job.max_workers, target))
             ran_before = job.started_at_s is not None or job.memo.restarts > 0 or bound > 0
             if job.suspended:
                 kind = ActionKind.RESUME if ran_before else ActionKind.START

@@ -377,3 +377,83 @@ def test_a_rollback_through_the_scale_subresource_lowers_the_workers_before_clea
     decision, snap = decide(views, {"ns/a": {"n0": 2, "n1": 2}})
     up = only(plan_decision(decision, snap, views, T0, PlanSettings(replicas_via="scale")), ActionKind.SCALE_UP)
     assert [p.subresource for p in up.patches] == ["", "scale"]
+
+
+def test_a_rollback_through_the_scale_subresource_survives_a_409_on_its_second_patch() -> None:
+    """Review finding: the merge patch sent after the scale patch guarded on the old worker count; a
+    409 (the operator wrote the status in between) re-read the job, found the count the scale patch
+    had set, and dropped the action: no hold, no watch cleared by the rollback, a scale-up loop."""
+    from lightkube.core.exceptions import ApiError
+
+    from gpu_scheduler.actuate.apply import Actuator
+
+    class Conflict:
+        status_code = 409
+
+        def json(self) -> dict:
+            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": "the object has been modified", "reason": "Conflict", "code": 409}
+
+    class Client:
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, dict]] = []
+            self.replicas, self.conflicts = 4, 1
+
+        def patch(self, resource: Any, name: str, body: Any, **kw: Any) -> dict:
+            if getattr(resource, "__name__", "") == "Scale" or "Scale" in str(resource):
+                self.replicas = body["spec"]["replicas"]
+                self.sent.append(("scale", body))
+                return {"metadata": {"resourceVersion": "8"}}
+            if self.conflicts:
+                self.conflicts -= 1
+                raise ApiError(response=Conflict())  # type: ignore[arg-type]
+            self.sent.append(("merge", body))
+            return {"metadata": {"resourceVersion": "10"}}
+
+        def get(self, resource: Any, name: str, **kw: Any) -> dict:
+            return {"metadata": {"uid": "uid-a", "resourceVersion": "9"},
+                    "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": self.replicas}}, "runPolicy": {}}}
+
+    watch = json.dumps({"from": 2, "to": 4, "at": T0 - 121})
+    views = {"ns/a": jview(bound={"n0": 2}, pending=2, replicas=4, uid="uid-a", annotations={SCALE_UP: watch})}
+    rollback = only(plan_safety(views, T0, PlanSettings(pending_timeout_s=120, replicas_via="scale")),
+                    ActionKind.ROLLBACK)
+    client = Client()
+    actuator = Actuator(client, record_events=False)  # type: ignore[arg-type]
+    try:
+        (result,) = actuator.apply([rollback])
+    finally:
+        actuator.close()
+    assert (result.status, result.message) == ("applied", "")
+    assert [kind for kind, _ in client.sent] == ["scale", "merge"]
+    merge = client.sent[1][1]
+    assert merge["metadata"]["resourceVersion"] == "9"  # resent on the fresh read
+    assert merge["metadata"]["annotations"][SCALE_UP] is None and HOLD in merge["metadata"]["annotations"]
+
+
+def test_a_rollback_keeps_the_workers_bound_by_then_and_spares_jobs_the_scheduler_does_not_manage() -> None:
+    """Review findings: the rollback chose by the size the watch started from (1, below min 2) and
+    suspended a job that had 3 workers bound by the timeout; and a CPU-only or HPA-resized job below
+    its minimum was watched and then suspended, though the scheduler leaves such jobs alone."""
+    watch = json.dumps({"from": 1, "to": 4, "at": T0 - 121})
+    views = {"ns/a": jview(bound={"n0": 3}, pending=1, replicas=4, min_replicas=2, annotations={SCALE_UP: watch})}
+    a = only(plan_safety(views, T0, SETTINGS), ActionKind.ROLLBACK)
+    assert a.patches[0].body["spec"] == {"pytorchReplicaSpecs": {"Worker": {"replicas": 3}}}  # not suspended
+    assert json.loads(a.patches[0].body["metadata"]["annotations"][HOLD])["max_workers"] == 3
+    hpa = [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization",
+                                                                         "averageUtilization": 80}}}]
+    others = {"ns/cpu": jview("cpu", bound={"n0": 1}, pending=1, replicas=2, min_replicas=2, gpus=0),
+              "ns/hpa": jview("hpa", bound={"n0": 1}, pending=1, replicas=2, min_replicas=2, elastic_metrics=hpa)}
+    assert plan_safety(others, T0, SETTINGS) == ()
+
+
+def test_a_job_kept_outside_its_bounds_is_not_moved_into_them_by_the_planner() -> None:
+    """Review finding: Decision.validate let a policy keep a job at 1 worker below min 2, but the
+    planner clamped the target and scaled it to 2, asking for GPUs the decision never placed."""
+    views = {"ns/a": jview(bound={"n0": 1}, replicas=1, min_replicas=2, max_replicas=4)}
+    jobs = (Job(name="ns/a", submit_time_s=T0, min_workers=2, max_workers=4, gpus_per_worker=1,
+                placement=Placement.of({"n0": 1})),)
+    snap = ClusterSnapshot(nodes=(Node(name="n0", gpus=8),), jobs=jobs, taken_at_s=T0)
+    decision = Decision.from_placements(snap, {"ns/a": Placement.of({"n0": 1})}, policy="p", now_s=T0)
+    decision.validate(snap)
+    assert plan_decision(decision, snap, views, T0, SETTINGS) == ()
