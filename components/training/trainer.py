@@ -649,18 +649,21 @@ class Trainer:
             "lr_scheduler": self.scheduler.state_dict(),
             "grad_scaler": self.scaler.state_dict(),
             "train_state": {**asdict(self.state), "world_size": self.env.world_size, "seed": self.cfg.seed,
-                            "lr_plan": self._lr_plan()},
+                            "lr_plan": self._lr_plan(in_use=True)},
             "rng": {"world_size": self.env.world_size, "ranks": rng_by_rank},
             **({"adaptive_batch": self.adaptive.state_dict()} if self.adaptive is not None else {}),
             "task_state": self.task.state_dict(),
         }
 
-    def _lr_plan(self) -> dict[str, Any] | None:
+    def _lr_plan(self, *, in_use: bool = False) -> dict[str, Any] | None:
         """The built-in LR schedule's inputs (see :func:`lr_plan_change`); None where a task brings its
-        own schedule or adaptive batch sets the learning rate each step."""
+        own schedule or adaptive batch sets the learning rate each step. ``in_use``: the base
+        learning rate the schedule runs on (a resumed checkpoint's, which a changed
+        ``--learning-rate`` does not replace), else this run's ``--learning-rate``."""
         if self.adaptive is not None or not self._builtin_schedule:
             return None
-        return {"learning_rate": self.cfg.optim.learning_rate, "total_steps": self.total_steps,
+        rate = float(self.scheduler.base_lrs[0]) if in_use else self.cfg.optim.learning_rate
+        return {"learning_rate": rate, "total_steps": self.total_steps,
                 "warmup_steps": self.cfg.optim.warmup_steps, "lr_schedule": self.cfg.optim.lr_schedule}
 
     def _save(self, *, blocking: bool, reason: str, deadline_s: float | None = None) -> float:

@@ -56,3 +56,23 @@ def test_a_resume_with_more_steps_warns_and_follows_the_new_schedule(digits_data
             "at once") in more.stderr
     lrs = {r["step"]: r["lr"] for r in map(json.loads, metrics.read_text().splitlines()) if "lr" in r}
     assert round(lrs[5], 6) == 0.05  # step 5 trains at the new plan's step-4 value, cos(pi/2)
+
+
+
+@pytest.mark.slow
+def test_the_rate_in_use_is_what_a_later_resume_compares_with(digits_dataset, tmp_path: Path) -> None:
+    """Review finding: a checkpoint stored the command line's rate; after a resume with another rate
+    (not applied), the next resume with the original rate was told its rate did not apply."""
+
+    def train(rate: str, max_steps: int) -> str:
+        run = subprocess.run(
+            [sys.executable, "-m", "components.training", "--dataset", str(digits_dataset), "--checkpoint-uri",
+             str(tmp_path / "ckpt"), "--job-key", "rate", "--epochs", "1", "--global-batch-size", "32",
+             "--threads-per-rank", "1", "--learning-rate", rate, "--lr-schedule", "constant",
+             "--max-steps", str(max_steps)], capture_output=True, text=True, timeout=240)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return run.stderr
+
+    train("0.1", 2)
+    assert "--learning-rate 0.2 does not apply: the checkpoint's 0.1 is kept" in train("0.2", 4)
+    assert "does not apply" not in train("0.1", 6)
