@@ -42,6 +42,7 @@ import numpy as np
 
 from components.drift.profile import (
     PROFILE_FILE,
+    SPLIT_KEY,
     DataProfile,
     load_prepared_arrays,
     profile_arrays,
@@ -324,7 +325,11 @@ def run_drift_check(source: str, *, registry_uri: str, model_name: str, threshol
     reference = DataProfile.from_json(json.loads(registry.read_file(model_name, current.version, PROFILE_FILE)))
     with tempfile.TemporaryDirectory(prefix="trainflow-drift-", dir=work_dir) as tmp:
         channels, height, _ = reference.image_shape
-        info = prepare(source, Path(tmp, "data"), seed=seed, image_size=height, channels=channels)
+        # split as the current version's data was (keyed by path: its training images stay in training)
+        split = reference.extra.get(SPLIT_KEY) or {}
+        info = prepare(source, Path(tmp, "data"), seed=int(split.get("seed", seed)), image_size=height,
+                       channels=channels, **({"test_fraction": float(split["test_fraction"])}
+                                             if "test_fraction" in split else {}))
         images, labels, info = load_prepared_arrays(Path(tmp, "data"))
         new = profile_arrays(images, labels, info.classes, seed=seed, dataset_fingerprint=info.fingerprint,
                              source=source, listing_fingerprint=new_listing_fp)

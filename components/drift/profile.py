@@ -168,10 +168,18 @@ def load_prepared_arrays(dataset_dir: str | Path) -> tuple[np.ndarray, np.ndarra
     raise DatasetError(f"a drift check needs real data; dataset {info.name!r} is {info.kind}")
 
 
+#: ``DataProfile.extra`` key: how the profiled dataset was split (``seed``, ``test_fraction``), so
+#: that a drift check prepares new data with the same held-out split (:func:`stratified_split`).
+SPLIT_KEY = "split"
+
+
 def profile_prepared(dataset_dir: str | Path, *, listing_fingerprint: str = "",
                      max_feature_samples: int = MAX_FEATURE_SAMPLES) -> DataProfile:
-    """:func:`profile_arrays` of a prepared dataset folder (see :func:`load_prepared_arrays`)."""
+    """:func:`profile_arrays` of a prepared dataset folder (see :func:`load_prepared_arrays`), with
+    the dataset's split settings under ``extra[SPLIT_KEY]``."""
     images, labels, info = load_prepared_arrays(dataset_dir)
+    split = {k: info.extra[k] for k in ("seed", "test_fraction") if k in info.extra}
     return profile_arrays(images, labels, info.classes, max_feature_samples=max_feature_samples,
                           seed=int(info.extra.get("seed", 0)), dataset_fingerprint=info.fingerprint,
-                          source=str(info.extra.get("source", "")), listing_fingerprint=listing_fingerprint)
+                          source=str(info.extra.get("source", "")), listing_fingerprint=listing_fingerprint,
+                          extra={SPLIT_KEY: split} if split else {})

@@ -160,8 +160,8 @@ def test_accuracy_family_needs_a_significant_and_large_drop() -> None:
         DriftThresholds(alpha=0)
 
 
-def _write_folder(root: Path, images: np.ndarray, labels: np.ndarray) -> Path:
-    for i, (img, lbl) in enumerate(zip(images, labels, strict=True)):
+def _write_folder(root: Path, images: np.ndarray, labels: np.ndarray, *, start: int = 0) -> Path:
+    for i, (img, lbl) in enumerate(zip(images, labels, strict=True), start=start):
         (root / str(lbl)).mkdir(parents=True, exist_ok=True)
         Image.fromarray(img[0]).save(root / str(lbl) / f"{i:05d}.png")
     return root
@@ -256,3 +256,42 @@ def test_prepare_skips_hidden_files_and_names_an_unreadable_image(tmp_path, monk
     monkeypatch.setattr(sources._LocalReader, "list", lambda self: [*listed(self), ("1/gone.png", 1, "")])
     with pytest.raises(DatasetError, match=rf"^{re.escape(str(src))}/1/gone\.png cannot be read: No such file"):
         prepare(str(src), tmp_path / "bad", image_size=8, channels=1)
+
+
+def test_the_drift_check_splits_new_data_as_the_current_versions_data_was(mnist, trained_model, tmp_path,
+                                                                          monkeypatch) -> None:
+    """Review finding: the check prepared the new data with its own seed (0) and test fraction (0.2);
+    a model trained on data split with another seed or fraction was scored on a "held-out" split
+    made mostly of its own training images. The profile now records the split; the check uses it."""
+    from components.training.sources import stratified_split
+
+    images, labels, ref, new = mnist
+    base = _write_folder(tmp_path / "base", images[ref[:400]], labels[ref[:400]])
+    prepared = tmp_path / "prepared"
+    prepare(str(base), prepared, image_size=28, channels=1, seed=7, test_fraction=0.1)
+    profile = profile_prepared(prepared)
+    assert profile.extra == {"split": {"seed": 7, "test_fraction": 0.1}}
+    registry = ModelRegistry(LocalStorage(str(tmp_path / "models")))
+    model_dir, held_out_accuracy, held_out_total = trained_model
+    registry.register("digits", model_dir, {"metrics": {"test_accuracy": held_out_accuracy,
+                                                        "test_samples": held_out_total}},
+                      extra_files={PROFILE_FILE: profile.dumps()})
+    trained_on = {p for p, _ in json.loads((prepared / "index.json").read_text())["train"]}
+    grown = _write_folder(tmp_path / "base", images[new[:100]], labels[new[:100]], start=400)  # 100 more
+    calls: list[dict] = []
+    real_prepare = prepare
+
+    def spy(source, out, **kw):
+        calls.append(kw)
+        return real_prepare(source, out, **kw)
+
+    monkeypatch.setattr("components.training.sources.prepare", spy)
+    report = run_drift_check(str(grown), registry_uri=str(tmp_path / "models"), model_name="digits")
+    assert [(c["seed"], c["test_fraction"]) for c in calls] == [(7, 0.1)]
+    keys = sorted(p.relative_to(grown).as_posix() for p in grown.rglob("*.png"))
+    lab = np.array([int(k.split("/", 1)[0]) for k in keys])
+    _, test = stratified_split(lab, 0.1, 7, keys=keys)
+    assert report.accuracy["total"] == len(test) < 0.15 * len(keys)  # the fraction 0.1, not 0.2
+    # boundary samples only: about one per class (a class of ~40 grown by ~10 at fraction 0.1 has one more
+    # test sample); the seeded shuffle it replaced put most of its 50 test samples among trained_on
+    assert len({keys[i] for i in test} & trained_on) <= 10
