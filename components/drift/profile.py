@@ -168,6 +168,32 @@ def load_prepared_arrays(dataset_dir: str | Path) -> tuple[np.ndarray, np.ndarra
     raise DatasetError(f"a drift check needs real data; dataset {info.name!r} is {info.kind}")
 
 
+def store_profile(dataset_dir: str | Path, *, listing_fingerprint: str = "") -> DataProfile | None:
+    """Profile a prepared dataset now and write it into the folder as :data:`PROFILE_FILE`; None
+    (nothing written) for a dataset with no real data to compare (synthetic). The register step
+    stores this file with the model version (:func:`stored_profile`): an image folder read again
+    then may have changed since the model trained on it."""
+    try:
+        profile = profile_prepared(dataset_dir, listing_fingerprint=listing_fingerprint)
+    except DatasetError:
+        return None
+    (Path(dataset_dir) / PROFILE_FILE).write_bytes(profile.dumps())
+    return profile
+
+
+def stored_profile(dataset_dir: str | Path, *, listing_fingerprint: str = "") -> bytes:
+    """The profile :func:`store_profile` wrote with a prepared dataset, else one made now (a dataset
+    prepared before profiles were stored with it).
+
+    Raises:
+        DatasetError: no profile stored and none can be made (synthetic data, an unreadable image).
+    """
+    stored = Path(dataset_dir) / PROFILE_FILE
+    if stored.is_file():
+        return stored.read_bytes()
+    return profile_prepared(dataset_dir, listing_fingerprint=listing_fingerprint).dumps()
+
+
 #: ``DataProfile.extra`` key: how the profiled dataset was split (``seed``, ``test_fraction``), so
 #: that a drift check prepares new data with the same held-out split (:func:`stratified_split`).
 SPLIT_KEY = "split"

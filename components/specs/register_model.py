@@ -36,7 +36,7 @@ def register_model(
     from collections import namedtuple
     from importlib.metadata import version as pkg_version
 
-    from components.drift.profile import PROFILE_FILE, profile_prepared
+    from components.drift.profile import PROFILE_FILE, stored_profile
     from components.registry.promotion import accuracy_of, compare_with_current, promote_if_better
     from components.registry.store import ModelRegistry
     from components.training.data import DatasetError
@@ -100,7 +100,7 @@ def register_model(
         "kfp_run_id": kfp_run_id,
     }
     try:
-        extra = {PROFILE_FILE: profile_prepared(dataset.path, listing_fingerprint=lineage["dataset"]["listing_fingerprint"]).dumps()}
+        extra = {PROFILE_FILE: stored_profile(dataset.path, listing_fingerprint=lineage["dataset"]["listing_fingerprint"])}
     except DatasetError as e:  # synthetic data: nothing real to compare new data with
         print(f"register_model: no data profile stored: {e}")
         extra = {}

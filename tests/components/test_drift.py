@@ -295,3 +295,31 @@ def test_the_drift_check_splits_new_data_as_the_current_versions_data_was(mnist,
     # boundary samples only: about one per class (a class of ~40 grown by ~10 at fraction 0.1 has one more
     # test sample); the seeded shuffle it replaced put most of its 50 test samples among trained_on
     assert len({keys[i] for i in test} & trained_on) <= 10
+
+
+def test_the_profile_registered_is_the_data_as_prepared_not_as_read_hours_later(mnist, trained_model, tmp_path) -> None:
+    """Review finding: the register step profiled the dataset by reading the image folder again,
+    hours after prepare; images replaced meanwhile gave a profile of data the model never saw
+    (and images deleted, no profile: every later check said no-reference and retrained). The
+    prepare step stores the profile with the dataset; the register step keeps that one."""
+    import types
+
+    from components.specs.prepare_dataset import prepare_dataset
+    from components.specs.register_model import register_model
+
+    images, labels, ref, _ = mnist
+    source = _write_folder(tmp_path / "src", images[ref[:200]], labels[ref[:200]])
+    dataset = types.SimpleNamespace(path=str(tmp_path / "prepared"), uri="", metadata={})
+    prepare_dataset.python_func(dataset=dataset, source=str(source), image_size=28, channels=1)
+    as_prepared = (tmp_path / "prepared" / PROFILE_FILE).read_bytes()
+    for png in source.rglob("*.png"):  # hours later: every image replaced by its negative
+        png.write_bytes(b"")
+    _write_folder(source, 255 - images[ref[:200]], labels[ref[:200]])
+    model_dir, accuracy, _ = trained_model
+    artifact = lambda **kw: types.SimpleNamespace(**{"uri": "", "metadata": {}, **kw})  # noqa: E731
+    out = register_model.python_func(model=artifact(path=str(model_dir)),
+                                     eval_metrics=artifact(metadata={"test_accuracy": accuracy}),
+                                     dataset=dataset, registry_uri=str(tmp_path / "models"), model_name="m")
+    registry = ModelRegistry(LocalStorage(str(tmp_path / "models")))
+    assert registry.read_file("m", out.version, PROFILE_FILE) == as_prepared
+    assert DataProfile.from_json(json.loads(as_prepared)).listing_fingerprint == dataset.metadata["listing_fingerprint"]
