@@ -108,6 +108,12 @@ def register_model(
     # With must_beat_current it is promoted after registering, over the version it was compared with.
     mv = registry.register(model_name, model.path, lineage, promote=promote and compared is None,
                            extra_files=extra, idempotency_key=lineage["job_key"] or kfp_run_id or None)
+    if compared is None and promote:  # promoted once: a retry after another run's promotion leaves that one current
+        current = registry.pointer(model_name).version
+        if current != mv.version:
+            print(f"register_model: version {mv.version} was promoted by an earlier attempt of this task; version "
+                  f"{current} has been made current since, and stays so")
+            promote = False
     if compared is not None:
         promote, last = promote_if_better(registry, model_name, mv.version, accuracy, compared, score)
         if not promote:

@@ -308,3 +308,20 @@ def test_a_retried_register_step_after_another_promotion_reports_what_is_current
     assert (retry.version, retry.promoted) == (1, True)
     assert registry.current("m").version == 1
     assert [h["version"] for h in registry.history("m")] == [1, 2, 1]
+
+
+def test_a_retried_register_without_comparison_does_not_claim_a_promotion_another_run_replaced(
+        tmp_path, model_dir, monkeypatch) -> None:
+    """Review (2026-11-29): without must_beat_current, job A's v1 was promoted, another run promoted
+    v2, then a retry of A's register step reported promoted=True for v1 while v2 stayed current."""
+    a_weights = (model_dir / "model.pt").read_bytes()
+    a = _register_step(tmp_path, model_dir, monkeypatch, job_key="a", accuracy=0.9, must_beat_current=False)
+    assert (a.version, a.promoted) == (1, True)
+    (model_dir / "model.pt").write_bytes(b"another run's weights")
+    b = _register_step(tmp_path, model_dir, monkeypatch, job_key="b", accuracy=0.8, must_beat_current=False)
+    assert (b.version, b.promoted) == (2, True)
+    (model_dir / "model.pt").write_bytes(a_weights)  # the retry of A: the same job key and weights
+    registry = ModelRegistry(LocalStorage(str(tmp_path / "models")))
+    retry = _register_step(tmp_path, model_dir, monkeypatch, job_key="a", accuracy=0.9, must_beat_current=False)
+    assert retry.version == 1 and retry.promoted is False
+    assert registry.pointer("m").version == 2
