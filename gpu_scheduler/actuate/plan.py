@@ -406,7 +406,15 @@ def _rollback(view: JobView, memo: JobMemo, watch: ScaleUpWatch, now_s: float, s
     # holding GPUs it cannot train on; it is suspended instead, like a start whose pods never bound.
     have = max(watch.from_workers, view.bound_workers)
     back = max(job.min_workers, min(have, job.max_workers))
-    if have >= job.min_workers and have >= 1 and back < job.spec_workers:
+    if have >= job.min_workers and back >= job.spec_workers:  # as many bound as it asks for: nothing to undo
+        new = memo.but(scale_up=None)
+        return Action(job=view.key, uid=job.uid, kind=ActionKind.CONFIRM, from_workers=watch.from_workers,
+                      to_workers=view.bound_workers, reason=f"{view.bound_workers} workers bound, as many as it asks for",
+                      patches=_merge_patch(view, annotations=new.changed_annotations(job.annotations),
+                                           settings=settings))
+    # The operator removes the pods of the highest indices: a bound one may go and a pending one stay
+    # (it usually binds on the GPUs just freed); the old rollback to the starting size removed only new ones.
+    if have >= job.min_workers and have >= 1:
         new = memo.but(scale_up=None, hold_until_s=hold_until, hold_max_workers=back)
         # The worker count first: if the second request fails, the watch is still there and the
         # next tick rolls back again (clearing the watch first would lose the rollback).
@@ -605,7 +613,9 @@ def plan_decision(
                 suspend = True
                 changes = {"suspended_by_scheduler": True, "scale_up": None}
         else:
-            if target != bound:  # kept as it is, a job outside its bounds stays so (Decision.validate)
+            if not (target == bound == job.spec_workers and not job.suspended):
+                # a job kept exactly as it is stays so, even outside its bounds (Decision.validate);
+                # any change of its worker count lands inside them
                 target = max(job.min_workers, min(job.max_workers, target))
             ran_before = job.started_at_s is not None or job.memo.restarts > 0 or bound > 0
             if job.suspended:

@@ -457,3 +457,22 @@ def test_a_job_kept_outside_its_bounds_is_not_moved_into_them_by_the_planner() -
     decision = Decision.from_placements(snap, {"ns/a": Placement.of({"n0": 1})}, policy="p", now_s=T0)
     decision.validate(snap)
     assert plan_decision(decision, snap, views, T0, SETTINGS) == ()
+
+
+def test_a_kept_job_below_its_minimum_with_no_pending_pod_is_clamped_not_trimmed_and_a_full_one_is_confirmed() -> None:
+    """Second review: a job at 1 bound worker (min 2) whose replacement pod did not exist yet was kept
+    by the policy; the planner trimmed it to replicas 1, below minReplicas, and nothing watched it
+    after. A kept job changes nothing only when it asks for what it has; else the target is clamped.
+    And a rollback whose job has as many workers bound as it asks for only clears the watch."""
+    views = {"ns/a": jview(bound={"n0": 1}, replicas=2, min_replicas=2, max_replicas=4)}
+    jobs = (Job(name="ns/a", submit_time_s=T0, min_workers=2, max_workers=4, gpus_per_worker=1,
+                placement=Placement.of({"n0": 1})),)
+    snap = ClusterSnapshot(nodes=(Node(name="n0", gpus=8),), jobs=jobs, taken_at_s=T0)
+    decision = Decision.from_placements(snap, {"ns/a": Placement.of({"n0": 1})}, policy="p", now_s=T0)
+    actions = plan_decision(decision, snap, views, T0, SETTINGS)
+    assert all(p.body.get("spec", {}).get("pytorchReplicaSpecs", {}).get("Worker", {}).get("replicas") != 1
+               for a in actions for p in a.patches)
+    watch = json.dumps({"from": 2, "to": 4, "at": T0 - 121})
+    full = {"ns/b": jview("b", bound={"n0": 4}, pending=1, replicas=4, annotations={SCALE_UP: watch})}
+    a = only(plan_safety(full, T0, SETTINGS), ActionKind.CONFIRM)
+    assert a.patches[0].body["metadata"]["annotations"][SCALE_UP] is None and "spec" not in a.patches[0].body
