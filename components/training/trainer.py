@@ -277,6 +277,7 @@ class Trainer:
                               "cannot drive (it sets the learning rate each step): drop --adaptive-batch or the "
                               "task's configure_lr_scheduler")
         self._builtin_schedule = task_scheduler is None
+        self._plan_rate = float(cfg.optim.learning_rate)  # the resumed plan's, once a checkpoint is loaded
         self.scheduler = task_scheduler or torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, _lr_lambda(self.total_steps, cfg.optim.warmup_steps, cfg.optim.lr_schedule)
         )
@@ -657,12 +658,13 @@ class Trainer:
 
     def _lr_plan(self, *, in_use: bool = False) -> dict[str, Any] | None:
         """The built-in LR schedule's inputs (see :func:`lr_plan_change`); None where a task brings its
-        own schedule or adaptive batch sets the learning rate each step. ``in_use``: the base
-        learning rate the schedule runs on (a resumed checkpoint's, which a changed
-        ``--learning-rate`` does not replace), else this run's ``--learning-rate``."""
+        own schedule or adaptive batch sets the learning rate each step. ``in_use``: the
+        ``--learning-rate`` the schedule's base rate came from (a resumed checkpoint's, which a
+        changed flag does not replace; carried from plan to plan, so that a task whose optimizer
+        scales it per parameter group is not told its flag did not apply), else this run's flag."""
         if self.adaptive is not None or not self._builtin_schedule:
             return None
-        rate = float(self.scheduler.base_lrs[0]) if in_use else self.cfg.optim.learning_rate
+        rate = self._plan_rate if in_use else self.cfg.optim.learning_rate
         return {"learning_rate": rate, "total_steps": self.total_steps,
                 "warmup_steps": self.cfg.optim.warmup_steps, "lr_schedule": self.cfg.optim.lr_schedule}
 
@@ -739,6 +741,8 @@ class Trainer:
                             self.state.samples_in_epoch, self.state.epoch)
         ours = self._lr_plan()
         plan_change = lr_plan_change(ts.get("lr_plan"), ours, self.scheduler.last_epoch) if ours else None
+        if ours and ts.get("lr_plan"):
+            self._plan_rate = float(ts["lr_plan"]["learning_rate"])
         if plan_change:
             # the restored optimizer holds the old plan's learning rate for the next step: this plan's
             # instead, so the change is at once (an unchanged plan is left alone: a bit-exact resume)

@@ -127,3 +127,10 @@ class VectorLoss(Regression):
     def loss(self, model, batch) -> torch.Tensor:
         x, y = batch
         return (model(x).squeeze(1) - y) ** 2
+
+
+class TenthRate(Regression):
+    """An optimizer at a tenth of ``--learning-rate`` (a task that scales the flag, e.g. per group)."""
+
+    def configure_optimizer(self, model, *, learning_rate):
+        return torch.optim.SGD(model.parameters(), lr=learning_rate / 10)

@@ -212,3 +212,20 @@ def test_each_step_records_the_learning_rate_it_used(tmp_path, torch_globals) ->
     trainer.train()
     logged = [rec["lr"] for rec in records if "lr" in rec and "step" in rec]
     assert logged == used and len(used) >= 4 and used[-1] > 0
+
+
+def test_a_task_that_scales_the_learning_rate_is_not_told_its_flag_did_not_apply(tmp_path, torch_globals,
+                                                                                caplog) -> None:
+    """Review (2026-11-29): the checkpoint's LR plan stored the schedule's base rate (a tenth of the
+    flag here), so every resume with the same --learning-rate warned that it did not apply."""
+    import logging
+
+    flat = {"task": "tests.trainflow.example_tasks:TenthRate", "task_args": '{"num_samples": 32}',
+            "learning_rate": 0.5, "lr_schedule": "constant", "warmup_steps": 0}
+    Trainer(_cfg(tmp_path, **flat, max_steps=2), DistEnv.from_env({})).train()
+    caplog.set_level(logging.WARNING)
+    resumed = Trainer(_cfg(tmp_path, **flat, max_steps=4), DistEnv.from_env({}))
+    resumed.train()
+    assert resumed.resumed_from == 2
+    assert not [r for r in caplog.records if "does not apply" in r.getMessage()]  # (total steps 2 -> 4 is said)
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
