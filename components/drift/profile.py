@@ -175,7 +175,8 @@ def store_profile(dataset_dir: str | Path, *, listing_fingerprint: str = "") -> 
     then may have changed since the model trained on it."""
     try:
         profile = profile_prepared(dataset_dir, listing_fingerprint=listing_fingerprint)
-    except DatasetError:
+    except DatasetError as e:  # synthetic data; else said: the register step then profiles it itself
+        print(f"no data profile stored with the dataset: {e}")
         return None
     (Path(dataset_dir) / PROFILE_FILE).write_bytes(profile.dumps())
     return profile

@@ -111,8 +111,8 @@ def register_model(
     if compared is None and promote:  # promoted once: a retry after another run's promotion leaves that one current
         current = registry.pointer(model_name).version
         if current != mv.version:
-            print(f"register_model: version {mv.version} was promoted by an earlier attempt of this task; version "
-                  f"{current} has been made current since, and stays so")
+            print(f"register_model: version {mv.version} was promoted (by this or an earlier attempt of this task); "
+                  f"version {current} is current now, made so by another run since, and stays so")
             promote = False
     if compared is not None:
         promote, last = promote_if_better(registry, model_name, mv.version, accuracy, compared, score)
