@@ -400,21 +400,27 @@ def _rollback(view: JobView, memo: JobMemo, watch: ScaleUpWatch, now_s: float, s
     waited = now_s - watch.at_s
     pending = max(watch.to_workers - view.bound_workers, 0)
     hold_until = now_s + settings.rollback_hold_s
-    # Back to the workers it has bound (at least the size it had), if it can train there. Below
-    # elasticPolicy.minReplicas (a worker lost and its replacement pending), "back" would be the size
-    # it already asks for: patching it would change nothing and roll back again every timeout,
-    # holding GPUs it cannot train on; it is suspended instead, like a start whose pods never bound.
-    have = max(watch.from_workers, view.bound_workers)
-    back = max(job.min_workers, min(have, job.max_workers))
-    if have >= job.min_workers and back >= job.spec_workers:  # as many bound as it asks for: nothing to undo
+    if view.bound_workers >= job.spec_workers:  # as many bound as it asks for: nothing to undo
         new = memo.but(scale_up=None)
         return Action(job=view.key, uid=job.uid, kind=ActionKind.CONFIRM, from_workers=watch.from_workers,
                       to_workers=view.bound_workers, reason=f"{view.bound_workers} workers bound, as many as it asks for",
                       patches=_merge_patch(view, annotations=new.changed_annotations(job.annotations),
                                            settings=settings))
-    # The operator removes the pods of the highest indices: a bound one may go and a pending one stay
-    # (it usually binds on the GPUs just freed); the old rollback to the starting size removed only new ones.
-    if have >= job.min_workers and have >= 1:
+    # Back to the size it had (its pods of the lowest indices: the operator removes the highest), if
+    # it could train there. One that started below elasticPolicy.minReplicas (a worker lost, its
+    # replacement pending) keeps the workers bound by now if they are enough to train (the operator
+    # may then remove a bound pod of a high index and keep a pending one, which usually binds on the
+    # GPUs just freed); otherwise "back" would be the size it already asks for, a no-op patch that
+    # rolls back again every timeout while it holds GPUs it cannot train on: it is suspended instead,
+    # like a start whose pods never bound.
+    if watch.from_workers >= max(job.min_workers, 1):
+        have = watch.from_workers
+    elif view.bound_workers >= max(job.min_workers, 1):
+        have = view.bound_workers
+    else:
+        have = 0
+    back = max(job.min_workers, min(have, job.max_workers))
+    if have:
         new = memo.but(scale_up=None, hold_until_s=hold_until, hold_max_workers=back)
         # The worker count first: if the second request fails, the watch is still there and the
         # next tick rolls back again (clearing the watch first would lose the rollback).
@@ -426,8 +432,9 @@ def _rollback(view: JobView, memo: JobMemo, watch: ScaleUpWatch, now_s: float, s
         new = memo.but(scale_up=None, hold_until_s=hold_until, hold_max_workers=0, suspended_by_scheduler=True)
         patches = _merge_patch(view, annotations=new.changed_annotations(job.annotations), suspend=True,
                                settings=settings)
-        what = ("suspended again" if have == 0 else
-                f"suspended ({have} worker(s) cannot train below elasticPolicy minReplicas {job.min_workers})")
+        kept = max(watch.from_workers, view.bound_workers)
+        what = ("suspended again" if kept == 0 else
+                f"suspended ({kept} worker(s) cannot train below elasticPolicy minReplicas {job.min_workers})")
     message = (f"{pending} worker pod(s) still not bound {waited:.0f} s after scaling "
                f"{watch.from_workers}->{watch.to_workers}; {what}; no scale-up for {settings.rollback_hold_s:.0f} s")
     return Action(
