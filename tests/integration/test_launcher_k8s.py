@@ -347,9 +347,6 @@ def _runner_identity(k8s_testbed: KubeTestBed, namespace: str, tmp_path: Path) -
     as (the platform's default-editor gets the role through the kubeflow-edit aggregation).
     Returns ``(kubeconfig, the copy's name)``; the caller deletes the ClusterRole copy."""
     import yaml
-    from lightkube.models.authentication_v1 import TokenRequestSpec
-    from lightkube.models.meta_v1 import ObjectMeta
-    from lightkube.resources.core_v1 import ServiceAccountToken as TokenRequest
 
     role = yaml.safe_load((REPO_ROOT / "manifests/base/pipeline-runner/clusterrole.yaml").read_text())
     role["metadata"] = {"name": f"{namespace}-pipeline-runner"}  # no aggregation label: this role only
@@ -357,19 +354,7 @@ def _runner_identity(k8s_testbed: KubeTestBed, namespace: str, tmp_path: Path) -
     k8s_testbed.kubectl("create", "serviceaccount", "step", "-n", namespace)
     k8s_testbed.kubectl("create", "rolebinding", "step", f"--clusterrole={role['metadata']['name']}",
                         f"--serviceaccount={namespace}:step", "-n", namespace)
-    token = k8s_testbed.client().create(
-        TokenRequest(metadata=ObjectMeta(name="step", namespace=namespace),
-                     spec=TokenRequestSpec(audiences=[], expirationSeconds=3600)),
-        "step", namespace=namespace).status.token
-    kubeconfig = tmp_path / "step.kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "bed", "cluster": {"server": k8s_testbed.server,
-                                                 "certificate-authority": str(k8s_testbed.root / "pki" / "ca.crt")}}],
-        "users": [{"name": "step", "user": {"token": token}}],
-        "contexts": [{"name": "bed", "context": {"cluster": "bed", "user": "step", "namespace": namespace}}],
-        "current-context": "bed",
-    }))
+    kubeconfig = k8s_testbed.service_account_kubeconfig(namespace, "step", tmp_path / "step.kubeconfig")
     return kubeconfig, role["metadata"]["name"]
 
 

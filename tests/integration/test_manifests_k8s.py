@@ -423,10 +423,6 @@ def test_the_schedulers_own_patches_pass_its_admission_policy(
     the real actuator as the scheduler's ServiceAccount, pass the policy above."""
     import json
 
-    from lightkube.models.authentication_v1 import TokenRequestSpec
-    from lightkube.models.meta_v1 import ObjectMeta
-    from lightkube.resources.core_v1 import ServiceAccountToken as TokenRequest
-
     from components.launcher.pytorchjob import PyTorchJobSpec, render_pytorchjob
     from gpu_scheduler.actuate.apply import Actuator
     from gpu_scheduler.actuate.plan import GPUS_PER_WORKER_REQUEST, ActionKind, PlanSettings, plan_safety
@@ -443,18 +439,7 @@ def test_the_schedulers_own_patches_pass_its_admission_policy(
     manifest["metadata"]["annotations"][GPUS_PER_WORKER_REQUEST] = "2"
     k8s_testbed.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(manifest))
     client = k8s_testbed.client()
-    token = client.create(TokenRequest(metadata=ObjectMeta(name="trainflow-gpu-scheduler", namespace=ns),
-                                       spec=TokenRequestSpec(audiences=[], expirationSeconds=3600)),
-                          "trainflow-gpu-scheduler", namespace=ns).status.token
-    kubeconfig = tmp_path / "scheduler.kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "bed", "cluster": {"server": k8s_testbed.server,
-                                                 "certificate-authority": str(k8s_testbed.root / "pki" / "ca.crt")}}],
-        "users": [{"name": "sa", "user": {"token": token}}],
-        "contexts": [{"name": "bed", "context": {"cluster": "bed", "user": "sa", "namespace": ns}}],
-        "current-context": "bed",
-    }))
+    kubeconfig = k8s_testbed.service_account_kubeconfig(ns, "trainflow-gpu-scheduler", tmp_path / "scheduler.kubeconfig")
     actuator = Actuator(KubeConnector(kubeconfig).client(), record_events=False, async_events=False)
 
     def step(now_s: float, pods: tuple[str, ...] = ()) -> list:

@@ -902,6 +902,28 @@ class KubeTestBed:
             self._client = Client(KubeConfig.from_file(self.kubeconfig), field_manager="trainflow-tests")
         return self._client
 
+    def service_account_kubeconfig(self, namespace: str, service_account: str, path: Path) -> Path:
+        """Write to ``path`` a kubeconfig that authenticates as ``namespace/service_account`` with a
+        1-hour token (TokenRequest), for running code under that account's RBAC; returns ``path``."""
+        from lightkube.models.authentication_v1 import TokenRequestSpec
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.core_v1 import ServiceAccountToken as TokenRequest
+
+        token = self.client().create(
+            TokenRequest(metadata=ObjectMeta(name=service_account, namespace=namespace),
+                         spec=TokenRequestSpec(audiences=[], expirationSeconds=3600)),
+            service_account, namespace=namespace).status.token
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "bed", "cluster": {"server": self.server,
+                                                     "certificate-authority": str(self.root / "pki" / "ca.crt")}}],
+            "users": [{"name": service_account, "user": {"token": token}}],
+            "contexts": [{"name": "bed", "context": {"cluster": "bed", "user": service_account,
+                                                     "namespace": namespace}}],
+            "current-context": "bed",
+        }))
+        return path
+
     def kubectl(
         self, *args: str, check: bool = True, input: str | None = None, timeout_s: float = 120.0
     ) -> subprocess.CompletedProcess[str]:
