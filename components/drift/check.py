@@ -44,8 +44,10 @@ from components.drift.profile import (
     PROFILE_FILE,
     SPLIT_KEY,
     DataProfile,
-    load_prepared_arrays,
-    profile_arrays,
+    feature_rows,
+    load_prepared_images,
+    load_prepared_labels,
+    profile_sample,
     split_rows,
 )
 from components.training.data import DatasetError
@@ -330,17 +332,24 @@ def run_drift_check(source: str, *, registry_uri: str, model_name: str, threshol
         info = prepare(source, Path(tmp, "data"), seed=int(split.get("seed", seed)), image_size=height,
                        channels=channels, **({"test_fraction": float(split["test_fraction"])}
                                              if "test_fraction" in split else {}))
-        images, labels, info = load_prepared_arrays(Path(tmp, "data"))
-        new = profile_arrays(images, labels, info.classes, seed=seed, dataset_fingerprint=info.fingerprint,
-                             source=source, listing_fingerprint=new_listing_fp)
+        labels, info = load_prepared_labels(Path(tmp, "data"))
+        if len(labels) == 0:
+            raise DatasetError(f"{source} holds no samples")
+        # decode only what is compared: the profile's sampled rows and the held-out split (for the
+        # accuracy check below: its training split holds what the current model trained on, an
+        # image folder's split being keyed by path, so it stays put as the folder grows)
+        sampled = feature_rows(len(labels), seed=seed)
+        held_out = np.arange(len(labels))[split_rows(info).get("test", slice(0, 0))]
+        rows = np.union1d(sampled, held_out)
+        images = load_prepared_images(Path(tmp, "data"), rows, info)
+        new = profile_sample(images[np.searchsorted(rows, sampled)], labels, info.classes,
+                             dataset_fingerprint=info.fingerprint, source=source,
+                             listing_fingerprint=new_listing_fp)
         accuracy = None
         recorded = current.lineage.get("metrics", {})
         if recorded.get("test_accuracy") is not None:
             model_dir = registry.download(model_name, current.version, Path(tmp, "model"))
-            # the new data's held-out split only: its training split holds what the current model
-            # trained on (an image folder's split is keyed by path, so it stays put as the folder grows)
-            held_out = split_rows(info).get("test", slice(0, 0))
-            accuracy = observe_accuracy(model_dir, images[held_out], labels[held_out], info.classes,
+            accuracy = observe_accuracy(model_dir, images[np.searchsorted(rows, held_out)], labels[held_out], info.classes,
                                         float(recorded["test_accuracy"]), int(recorded.get("test_samples", 0)))
     report = compare(reference, new, accuracy=accuracy, thresholds=th)
     report.reference.update(ref_info)

@@ -100,6 +100,15 @@ def image_features(images: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
+def feature_rows(num_samples: int, *, max_feature_samples: int = MAX_FEATURE_SAMPLES, seed: int = 0) -> np.ndarray:
+    """The rows (sorted int64 indices into ``num_samples`` samples) whose features a profile holds:
+    a seeded draw of at most ``max_feature_samples`` without replacement. The one sampling rule of
+    :func:`profile_arrays`, :func:`profile_prepared` and the drift check, so a profile can be made
+    from those rows' images alone."""
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(num_samples, size=min(num_samples, max_feature_samples), replace=False))
+
+
 def profile_arrays(images: np.ndarray, labels: np.ndarray, classes: list[str], *,
                    max_feature_samples: int = MAX_FEATURE_SAMPLES, seed: int = 0, **meta: Any) -> DataProfile:
     """The profile of uint8 images (N, C, H, W) with int labels (N,) indexing ``classes``.
@@ -111,15 +120,26 @@ def profile_arrays(images: np.ndarray, labels: np.ndarray, classes: list[str], *
     """
     if len(images) == 0:
         raise DatasetError("the dataset holds no samples")
+    rows = feature_rows(len(images), max_feature_samples=max_feature_samples, seed=seed)
+    return profile_sample(images[rows], labels, classes, **meta)
+
+
+def profile_sample(sampled_images: np.ndarray, labels: np.ndarray, classes: list[str], **meta: Any) -> DataProfile:
+    """The profile of a dataset given every label (N,) but only the images (M, C, H, W), uint8, of
+    its :func:`feature_rows` — what :func:`profile_arrays` computes, without decoding the rest.
+
+    Raises:
+        DatasetError: no samples, or a label outside ``classes``.
+    """
     labels = np.asarray(labels, dtype=np.int64)
+    if len(labels) == 0:
+        raise DatasetError("the dataset holds no samples")
     if labels.min() < 0 or labels.max() >= len(classes):
         raise DatasetError(f"labels outside 0..{len(classes) - 1}")
-    rng = np.random.default_rng(seed)
-    pick = np.sort(rng.choice(len(images), size=min(len(images), max_feature_samples), replace=False))
-    feats = image_features(images[pick])
+    feats = image_features(sampled_images)
     return DataProfile(classes=list(classes), label_counts=np.bincount(labels, minlength=len(classes)).tolist(),
-                       image_shape=tuple(int(v) for v in images.shape[1:]),  # type: ignore[arg-type]
-                       num_samples=len(images), features={k: [round(float(x), 7) for x in v] for k, v in feats.items()},
+                       image_shape=tuple(int(v) for v in sampled_images.shape[1:]),  # type: ignore[arg-type]
+                       num_samples=len(labels), features={k: [round(float(x), 7) for x in v] for k, v in feats.items()},
                        **meta)
 
 
@@ -138,34 +158,63 @@ def load_prepared_arrays(dataset_dir: str | Path) -> tuple[np.ndarray, np.ndarra
     as uint8 images (N, C, H, W), labels (N,).
 
     Raises:
-        DatasetError: not a prepared dataset, a synthetic one (no real data to compare), an
-            unreadable image.
+        DatasetError: as :func:`load_prepared_labels` and :func:`load_prepared_images`.
     """
-    from components.training.sources import decode_image, open_source
+    labels, info = load_prepared_labels(dataset_dir)
+    return load_prepared_images(dataset_dir, np.arange(len(labels)), info), labels, info
 
+
+def load_prepared_labels(dataset_dir: str | Path) -> tuple[np.ndarray, DatasetInfo]:
+    """The labels, int64 (N,), of every sample of a prepared dataset, in the rows of
+    :func:`load_prepared_arrays`, without decoding an image.
+
+    Raises:
+        DatasetError: not a prepared dataset, a synthetic one (no real data to compare).
+    """
     dataset_dir = Path(dataset_dir)
     info = DatasetInfo.read(dataset_dir)
     if info.kind == "tensors":
-        parts = []
-        for split in info.splits:
-            try:
-                with np.load(dataset_dir / f"{split}.npz") as z:
-                    parts.append((z["images"], z["labels"]))
-            except (OSError, KeyError, ValueError) as e:
-                raise DatasetError(f"{dataset_dir / (split + '.npz')} is unreadable: {e}") from e
-        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]).astype(np.int64), info)
+        return np.concatenate([_split_arrays(dataset_dir, split)[1] for split in info.splits]).astype(np.int64), info
     if info.kind == "imagefolder":
         index = json.loads((dataset_dir / "index.json").read_text())
-        reader = open_source(index["root"])
-        items = [(p, int(lbl)) for split in info.splits for p, lbl in index[split]]
-        images = np.empty((len(items), info.channels, *info.image_size), dtype=np.uint8)
-        for i, (path, _) in enumerate(items):
-            try:
-                images[i] = decode_image(reader.read(path), info.channels, info.image_size)
-            except Exception as e:  # PIL raises several types for a bad file
-                raise DatasetError(f"{index['root'].rstrip('/')}/{path} is not a readable image: {e}") from e
-        return images, np.array([lbl for _, lbl in items], dtype=np.int64), info
+        return np.array([int(lbl) for split in info.splits for _, lbl in index[split]], dtype=np.int64), info
     raise DatasetError(f"a drift check needs real data; dataset {info.name!r} is {info.kind}")
+
+
+def load_prepared_images(dataset_dir: str | Path, rows: np.ndarray, info: DatasetInfo) -> np.ndarray:
+    """The uint8 images (len(rows), C, H, W) of the given rows (int indices into
+    :func:`load_prepared_arrays`' rows) of a prepared dataset; an image folder's other images are
+    not read.
+
+    Raises:
+        DatasetError: an unreadable split file or image (named), a synthetic dataset.
+    """
+    dataset_dir = Path(dataset_dir)
+    rows = np.asarray(rows, dtype=np.int64)
+    if info.kind == "tensors":
+        return np.concatenate([_split_arrays(dataset_dir, split)[0] for split in info.splits])[rows]
+    if info.kind != "imagefolder":
+        raise DatasetError(f"a drift check needs real data; dataset {info.name!r} is {info.kind}")
+    from components.training.sources import decode_image, open_source
+
+    index = json.loads((dataset_dir / "index.json").read_text())
+    reader = open_source(index["root"])
+    paths = [p for split in info.splits for p, _ in index[split]]
+    images = np.empty((len(rows), info.channels, *info.image_size), dtype=np.uint8)
+    for i, row in enumerate(rows):
+        try:
+            images[i] = decode_image(reader.read(paths[row]), info.channels, info.image_size)
+        except Exception as e:  # PIL raises several types for a bad file
+            raise DatasetError(f"{index['root'].rstrip('/')}/{paths[row]} is not a readable image: {e}") from e
+    return images
+
+
+def _split_arrays(dataset_dir: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with np.load(dataset_dir / f"{split}.npz") as z:
+            return z["images"], z["labels"]
+    except (OSError, KeyError, ValueError) as e:
+        raise DatasetError(f"{dataset_dir / (split + '.npz')} is unreadable: {e}") from e
 
 
 def store_profile(dataset_dir: str | Path, *, listing_fingerprint: str = "") -> DataProfile | None:
@@ -203,10 +252,18 @@ SPLIT_KEY = "split"
 def profile_prepared(dataset_dir: str | Path, *, listing_fingerprint: str = "",
                      max_feature_samples: int = MAX_FEATURE_SAMPLES) -> DataProfile:
     """:func:`profile_arrays` of a prepared dataset folder (see :func:`load_prepared_arrays`), with
-    the dataset's split settings under ``extra[SPLIT_KEY]``."""
-    images, labels, info = load_prepared_arrays(dataset_dir)
+    the dataset's split settings under ``extra[SPLIT_KEY]``. Of an image folder it reads only the
+    images of the :func:`feature_rows` (at most ``max_feature_samples``), not the whole folder.
+
+    Raises:
+        DatasetError: as :func:`load_prepared_labels` and :func:`load_prepared_images`, or an
+            empty dataset.
+    """
+    labels, info = load_prepared_labels(dataset_dir)
+    if len(labels) == 0:
+        raise DatasetError("the dataset holds no samples")
+    rows = feature_rows(len(labels), max_feature_samples=max_feature_samples, seed=int(info.extra.get("seed", 0)))
     split = {k: info.extra[k] for k in ("seed", "test_fraction") if k in info.extra}
-    return profile_arrays(images, labels, info.classes, max_feature_samples=max_feature_samples,
-                          seed=int(info.extra.get("seed", 0)), dataset_fingerprint=info.fingerprint,
-                          source=str(info.extra.get("source", "")), listing_fingerprint=listing_fingerprint,
-                          extra={SPLIT_KEY: split} if split else {})
+    return profile_sample(load_prepared_images(dataset_dir, rows, info), labels, info.classes,
+                          dataset_fingerprint=info.fingerprint, source=str(info.extra.get("source", "")),
+                          listing_fingerprint=listing_fingerprint, extra={SPLIT_KEY: split} if split else {})

@@ -323,3 +323,48 @@ def test_the_profile_registered_is_the_data_as_prepared_not_as_read_hours_later(
     registry = ModelRegistry(LocalStorage(str(tmp_path / "models")))
     assert registry.read_file("m", out.version, PROFILE_FILE) == as_prepared
     assert DataProfile.from_json(json.loads(as_prepared)).listing_fingerprint == dataset.metadata["listing_fingerprint"]
+
+
+def test_a_profile_and_a_drift_check_decode_only_the_images_they_compare(mnist, trained_model, tmp_path,
+                                                                         monkeypatch) -> None:
+    """The profile's features come from a sample (at most ``max_feature_samples`` images): an image
+    folder's other images are not decoded (the prepare step already read each once), and the
+    drift check decodes the sample and the held-out split only — with the same profile as from
+    every image."""
+    import components.training.sources as sources
+    from components.drift.profile import feature_rows, load_prepared_arrays
+
+    images, labels, ref, new = mnist
+    folder = _write_folder(tmp_path / "data", images[ref[:300]], labels[ref[:300]])
+    prepared = tmp_path / "prepared"
+    prepare(str(folder), prepared, image_size=28, channels=1)
+    decoded: list[int] = []
+    real_decode = sources.decode_image
+
+    def counting(data, channels, size):
+        decoded.append(1)
+        return real_decode(data, channels, size)
+
+    monkeypatch.setattr(sources, "decode_image", counting)
+    sampled = profile_prepared(prepared, max_feature_samples=40)
+    assert len(decoded) == 40
+    all_images, all_labels, info = load_prepared_arrays(prepared)
+    assert len(decoded) == 40 + 300
+    assert sampled == profile_arrays(all_images, all_labels, info.classes, max_feature_samples=40, seed=0,
+                                     dataset_fingerprint=info.fingerprint, source=str(folder),
+                                     extra={"split": {"seed": 0, "test_fraction": 0.2}})
+    assert sampled.num_samples == 300 and len(sampled.features["rp[0]"]) == 40
+
+    # the drift check on 2,500 new images: MAX_FEATURE_SAMPLES (2,000) sampled ∪ the held-out split
+    registry = ModelRegistry(LocalStorage(str(tmp_path / "models")))
+    model_dir, held_out_accuracy, held_out_total = trained_model
+    registry.register("digits", model_dir, {"metrics": {"test_accuracy": held_out_accuracy,
+                                                        "test_samples": held_out_total}},
+                      extra_files={PROFILE_FILE: profile_prepared(prepared).dumps()})
+    fresh = _write_folder(tmp_path / "fresh", images[new], labels[new])
+    decoded.clear()
+    report = run_drift_check(str(fresh), registry_uri=str(tmp_path / "models"), model_name="digits")
+    held_out = report.accuracy["total"]
+    assert 490 < held_out < 510 and report.new["num_samples"] == 2500  # test fraction 0.2, stratified
+    rows = np.union1d(feature_rows(2500), np.arange(2500 - held_out, 2500))  # the test split's rows come last
+    assert len(decoded) == 2500 + len(rows) < 2 * 2500  # prepare reads each once; the check, the rows compared
