@@ -1,12 +1,16 @@
 """Leader election with a ``coordination.k8s.io/v1`` Lease, so only one controller replica acts.
 
-The protocol is client-go's (``k8s.io/client-go/tools/leaderelection/leaderelection.go``): the
-holder renews ``spec.renewTime`` every ``retry_period_s``; another candidate takes the Lease over
-once it has seen the same record unchanged for ``lease_duration_s`` — measured on its *own*
-monotonic clock since it last saw the record change, so clock skew between machines does not
-matter. Every write is an update guarded by ``resourceVersion`` (a 409 means another candidate won
-the race). A leader that could not renew for ``lease_duration_s`` stops acting before anyone else
-may take over (``renew_deadline_s`` < ``lease_duration_s``).
+The protocol is client-go's (``k8s.io/client-go/tools/leaderelection/leaderelection.go``,
+``tryAcquireOrRenew``): the holder renews ``spec.renewTime`` every ``retry_period_s``; another
+candidate takes the Lease over once it has seen the same record unchanged for the record's own
+``spec.leaseDurationSeconds`` (its holder's setting, not the candidate's; the candidate's
+``lease_duration_s`` only when the record has none) — measured on the candidate's *own* monotonic
+clock since it last saw the record change, so clock skew between machines does not matter. Every
+write is an update guarded by ``resourceVersion`` (a 409 means another candidate won the race). A
+leader that could not renew for ``renew_deadline_s``, counted from the moment its last successful
+renewal was *sent* (not answered), stops acting before anyone else may take over
+(``renew_deadline_s`` < ``lease_duration_s``, and a candidate starts counting only once it has
+seen that renewal).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -38,9 +43,13 @@ class LeaderElector:
         client: lightkube client.
         namespace, name: the Lease.
         identity: this candidate's holder identity (pod name + random suffix is typical).
-        lease_duration_s: how long a silent holder keeps the Lease (client-go default 15 s).
-        renew_deadline_s: the holder gives up leadership if it could not renew for this long
-            (client-go default 10 s); must be < ``lease_duration_s``.
+        lease_duration_s: seconds a silent holder keeps the Lease (client-go default 15 s); written
+            to the Lease as ``spec.leaseDurationSeconds`` (rounded up to whole seconds), where the
+            other candidates read it. To judge another holder's Lease, the duration in its record
+            counts, and this one only when the record has none.
+        renew_deadline_s: seconds; the holder gives up leadership if it could not renew for this
+            long, counted from when its last successful renewal was sent (client-go default 10 s);
+            must be < ``lease_duration_s``.
         retry_period_s: time between attempts (client-go default 2 s).
         clock: monotonic clock (injectable for tests).
         on_change: called with the new leadership state (True/False) when it changes.
@@ -63,8 +72,10 @@ class LeaderElector:
         on_change: Callable[[bool], None] | None = None,
     ) -> None:
         if not 0 < retry_period_s < renew_deadline_s < lease_duration_s:
-            raise ValueError("need 0 < retry_period_s < renew_deadline_s < lease_duration_s, got "
-                             f"{retry_period_s}, {renew_deadline_s}, {lease_duration_s}")
+            raise ValueError(
+                "need 0 < retry_period_s < renew_deadline_s < lease_duration_s, got "
+                f"{retry_period_s}, {renew_deadline_s}, {lease_duration_s}"
+            )
         self._client = client
         self.namespace = namespace
         self.name = name
@@ -74,9 +85,12 @@ class LeaderElector:
         self.retry_period_s = retry_period_s
         self._clock = clock
         self._on_change = on_change
-        self._renewed_at: float | None = None  # our clock, last successful acquire/renew
-        self._observed: tuple[str | None, object] | None = None  # (holder, renewTime) last seen
-        self._observed_at = 0.0
+        # our clock (s), when the last successful acquire/renew was sent
+        self._renewed_at: float | None = None
+        # (holder, renewTime, leaseDurationSeconds) last seen
+        self._observed: tuple[str | None, object, int | None] | None = None
+        self._observed_at = 0.0  # our clock (s), when _observed was first seen
+        self._observed_duration_s: float = lease_duration_s  # _observed's duration, or ours if it has none
         self._leader = False
         # Guards _renewed_at and _leader together: is_leader() runs in the controller's thread while
         # the election thread renews; without it a check that read the renewal time just before a
@@ -88,8 +102,8 @@ class LeaderElector:
     # -- state ----------------------------------------------------------------------------------
 
     def is_leader(self) -> bool:
-        """True while this candidate holds the Lease (renewed within ``renew_deadline_s``).
-        Safe to call from any thread."""
+        """True while this candidate holds the Lease: its last successful renewal was sent less
+        than ``renew_deadline_s`` ago. Safe to call from any thread."""
         with self._state_lock:
             renewed_at = self._renewed_at
             age_s = None if renewed_at is None else self._clock() - renewed_at
@@ -101,10 +115,17 @@ class LeaderElector:
         """Record the state; call with ``_state_lock`` held (``on_change`` runs under it)."""
         if leader != self._leader:
             self._leader = leader
-            log.info("leadership changed", extra={
-                "leader": leader, "lease": f"{self.namespace}/{self.name}", "identity": self.identity,
-                "since_renewal_s": None if since_renewal_s is None else round(since_renewal_s, 3),
-                "renew_deadline_s": self.renew_deadline_s, "thread_name": threading.current_thread().name})
+            log.info(
+                "leadership changed",
+                extra={
+                    "leader": leader,
+                    "lease": f"{self.namespace}/{self.name}",
+                    "identity": self.identity,
+                    "since_renewal_s": None if since_renewal_s is None else round(since_renewal_s, 3),
+                    "renew_deadline_s": self.renew_deadline_s,
+                    "thread_name": threading.current_thread().name,
+                },
+            )
             if self._on_change is not None:
                 with contextlib.suppress(Exception):
                     self._on_change(leader)
@@ -112,8 +133,17 @@ class LeaderElector:
     # -- one attempt ----------------------------------------------------------------------------
 
     def try_acquire_or_renew(self) -> bool:
-        """One attempt to acquire or renew; returns whether we hold the Lease now. Never raises."""
+        """One attempt to acquire or renew; returns whether we hold the Lease now. Never raises.
+
+        As client-go's ``tryAcquireOrRenew`` (``k8s.io/client-go/tools/leaderelection/leaderelection.go``):
+        another holder's Lease has expired once its record was seen unchanged for the record's
+        ``spec.leaseDurationSeconds`` (seconds, on our monotonic clock since we first saw that
+        record; our ``lease_duration_s`` if the record has none), and a successful write keeps us
+        leader for ``renew_deadline_s`` from the moment this attempt started, before any request
+        was sent: a candidate can only have seen the renewal after that.
+        """
         now_wall = dt.datetime.now(dt.UTC)
+        sent_at = self._clock()  # before the requests, so our deadline never outlasts what others saw
         try:
             try:
                 lease = self._client.get(Lease, self.name, namespace=self.namespace)
@@ -123,42 +153,64 @@ class LeaderElector:
                 self._client.create(
                     Lease(
                         metadata=ObjectMeta(name=self.name, namespace=self.namespace),
-                        spec=LeaseSpec(holderIdentity=self.identity, leaseDurationSeconds=round(self.lease_duration_s),
-                                       acquireTime=now_wall, renewTime=now_wall, leaseTransitions=0),
+                        spec=LeaseSpec(
+                            holderIdentity=self.identity,
+                            leaseDurationSeconds=self._record_duration(),
+                            acquireTime=now_wall,
+                            renewTime=now_wall,
+                            leaseTransitions=0,
+                        ),
                     ),
                     field_manager=FIELD_MANAGER,
                 )
-                return self._won()
+                return self._won(sent_at)
             spec = lease.spec or LeaseSpec()
-            record = (spec.holderIdentity, spec.renewTime)
+            record = (spec.holderIdentity, spec.renewTime, spec.leaseDurationSeconds)
             if record != self._observed:
                 self._observed, self._observed_at = record, self._clock()
+                # the holder's duration, as client-go's observedRecord.LeaseDurationSeconds; the API
+                # server rejects a duration <= 0, so in practice only a missing one falls back to ours
+                self._observed_duration_s = (
+                    float(spec.leaseDurationSeconds) if spec.leaseDurationSeconds else self.lease_duration_s
+                )
             if spec.holderIdentity == self.identity:
                 spec.renewTime = now_wall
-                spec.leaseDurationSeconds = round(self.lease_duration_s)
+                spec.leaseDurationSeconds = self._record_duration()
             else:
-                expired = self._clock() - self._observed_at >= self.lease_duration_s
+                expired = self._clock() - self._observed_at >= self._observed_duration_s
                 if spec.holderIdentity and not expired:
                     return self._lost_or_not()
                 spec.holderIdentity = self.identity
                 spec.acquireTime = spec.renewTime = now_wall
-                spec.leaseDurationSeconds = round(self.lease_duration_s)
+                spec.leaseDurationSeconds = self._record_duration()
                 spec.leaseTransitions = (spec.leaseTransitions or 0) + 1
             lease.spec = spec
             self._client.replace(lease, field_manager=FIELD_MANAGER)  # carries resourceVersion
-            return self._won()
+            return self._won(sent_at)
         except Exception as exc:  # API, transport and OS errors, and e.g. lightkube's KeyError on an error
             # answer without Content-Type (a proxy's bare 503): the election thread must outlive them all,
             # or the replica stays a follower for good
-            log.warning("lease attempt failed", extra={"lease": f"{self.namespace}/{self.name}",
-                                                       "error": f"{type(exc).__name__}: {exc}"})
+            log.warning(
+                "lease attempt failed",
+                extra={"lease": f"{self.namespace}/{self.name}", "error": f"{type(exc).__name__}: {exc}"},
+            )
             return self._lost_or_not()
 
-    def _won(self) -> bool:
+    def _record_duration(self) -> int:
+        """``lease_duration_s`` as the whole seconds of ``spec.leaseDurationSeconds``, rounded up:
+        the others wait for the record's duration, which must not be shorter than ours."""
+        return math.ceil(self.lease_duration_s)
+
+    def _won(self, sent_at: float | None = None) -> bool:
+        """Record a successful acquire/renew whose request was sent at ``sent_at`` (our clock, s;
+        now if None). Returns whether we lead: not if the answer came ``renew_deadline_s`` late."""
         with self._state_lock:
-            self._renewed_at = self._clock()
-            self._set(True)
-        return True
+            now = self._clock()
+            self._renewed_at = now if sent_at is None else sent_at
+            age_s = now - self._renewed_at
+            leader = age_s < self.renew_deadline_s
+            self._set(leader, since_renewal_s=age_s)
+        return leader
 
     def _lost_or_not(self) -> bool:
         return self.is_leader()
@@ -176,8 +228,10 @@ class LeaderElector:
                 self._client.replace(lease, field_manager=FIELD_MANAGER)
         except Exception as exc:  # as in try_acquire_or_renew, lightkube's KeyError on a bare 5xx included:
             # Runtime.close() must still flush the Events and stop the informers and the Prometheus client
-            log.warning("lease not released; it expires after lease_duration_s", extra={
-                "lease": f"{self.namespace}/{self.name}", "error": f"{type(exc).__name__}: {exc}"})
+            log.warning(
+                "lease not released; it expires after lease_duration_s",
+                extra={"lease": f"{self.namespace}/{self.name}", "error": f"{type(exc).__name__}: {exc}"},
+            )
         with self._state_lock:
             self._renewed_at = None
             self._set(False)
