@@ -652,12 +652,22 @@ class Runtime:
         return cfg.interval_s if cfg.interval_s is not None else self.settings.interval_s
 
     def close(self) -> None:
-        if self.leader is not None:
-            self.leader.stop(release=True)
-        self.controller.close()
-        self.actuator.close()
-        self.observer.stop()
-        self.prometheus.close()
+        """Release the Lease, then stop the background threads, flush the Events, stop the informers
+        and the Prometheus client. Never raises: a step that fails is logged (one line, the step's
+        name) and the later steps still run, so a shutdown never leaves the others undone."""
+        steps: list[tuple[str, Callable[[], object]]] = [
+            ("leader.stop", lambda: self.leader is not None and self.leader.stop(release=True)),
+            ("controller.close", lambda: self.controller.close()),
+            ("actuator.close", lambda: self.actuator.close()),  # flushes the queued Events
+            ("observer.stop", lambda: self.observer.stop()),  # the informers
+            ("prometheus.close", lambda: self.prometheus.close()),
+        ]
+        for step, call in steps:
+            try:
+                call()
+            except Exception as exc:
+                error = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line
+                log.warning("shutdown step failed", extra={"step": step, "error": error})
 
 
 def build_runtime(settings: ControllerSettings, *, clock: Callable[[], float] = time.time) -> Runtime:

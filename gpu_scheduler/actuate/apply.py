@@ -314,15 +314,19 @@ class EventRecorder:
                 self._queue.task_done()
 
     def flush(self, timeout_s: float = 30.0) -> bool:
-        """Wait until the queue is empty (True) or ``timeout_s`` passed (False)."""
-        done = threading.Event()
+        """Wait until every queued Event was handled (True) or ``timeout_s`` seconds passed (False).
 
-        def wait() -> None:
-            self._queue.join()
-            done.set()
-
-        threading.Thread(target=wait, daemon=True).start()
-        return done.wait(timeout_s)
+        Waits in the calling thread on the queue's own ``all_tasks_done`` condition (what
+        ``Queue.join()`` waits on, notified by ``task_done()``), so a queue that never drains leaves
+        no thread behind."""
+        deadline = time.monotonic() + timeout_s
+        with self._queue.all_tasks_done:
+            while self._queue.unfinished_tasks:
+                left_s = deadline - time.monotonic()
+                if left_s <= 0:
+                    return False
+                self._queue.all_tasks_done.wait(left_s)
+        return True
 
     def close(self, timeout_s: float = 5.0) -> None:
         self.flush(timeout_s)

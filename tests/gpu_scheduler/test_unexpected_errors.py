@@ -24,7 +24,7 @@ from lightkube.resources.coordination_v1 import Lease
 from prometheus_client import generate_latest
 
 from gpu_scheduler import controller as controller_module
-from gpu_scheduler.actuate.apply import Actuator
+from gpu_scheduler.actuate.apply import Actuator, EventRecorder
 from gpu_scheduler.actuate.plan import Action, ActionKind, EventSpec, Patch
 from gpu_scheduler.controller import ControllerMetrics, Runtime
 from gpu_scheduler.leader import LeaderElector
@@ -184,6 +184,72 @@ def test_a_release_that_fails_unexpectedly_still_lets_the_runtime_close(caplog: 
     assert record.levelno == logging.WARNING and record.error == "KeyError: 'Content-Type'"  # type: ignore[attr-defined]
 
 
+class Failing:
+    """Any of the runtime's parts: records each stopping method called, then raises ``error``."""
+
+    def __init__(self, name: str, calls: list[str], error: Exception) -> None:
+        self.name, self.calls, self.error = name, calls, error
+
+    def __getattr__(self, method: str) -> Any:
+        def call(*a: Any, **kw: Any) -> None:
+            self.calls.append(f"{self.name}.{method}")
+            raise self.error
+
+        return call
+
+
+def runtime_of(**parts: Any) -> Runtime:
+    """A Runtime whose ``parts`` (leader, controller, actuator, observer, prometheus) are fakes."""
+    return Runtime(
+        settings=None,  # type: ignore[arg-type]
+        metrics=ControllerMetrics(),
+        wake=threading.Event(),
+        connector=None,  # type: ignore[arg-type]
+        **parts,
+    )
+
+
+def test_every_shutdown_step_runs_when_the_ones_before_it_fail(caplog: pytest.LogCaptureFixture) -> None:
+    """Only the Lease release was guarded: an informer that failed to stop skipped the Prometheus
+    client, a failed Event flush skipped the informers."""
+    calls: list[str] = []
+    runtime = runtime_of(
+        leader=Failing("leader", calls, RuntimeError("join")),
+        controller=Failing("controller", calls, RuntimeError("executor\nbroken")),
+        actuator=Failing("actuator", calls, TimeoutError("flush")),
+        observer=Failing("observer", calls, BARE_503),
+        prometheus=Failing("prometheus", calls, OSError("closed")),
+    )
+    with caplog.at_level(logging.WARNING, logger="gpu_scheduler"):
+        runtime.close()  # raised RuntimeError from leader.stop, and nothing else ran
+    assert calls == ["leader.stop", "controller.close", "actuator.close", "observer.stop", "prometheus.close"]
+    failed = [(r.step, r.error) for r in caplog.records if r.getMessage() == "shutdown step failed"]  # type: ignore[attr-defined]
+    assert failed == [
+        ("leader.stop", "RuntimeError: join"),
+        ("controller.close", "RuntimeError: executor broken"),
+        ("actuator.close", "TimeoutError: flush"),
+        ("observer.stop", "KeyError: 'Content-Type'"),
+        ("prometheus.close", "OSError: closed"),
+    ]
+
+
+def test_one_failing_shutdown_step_leaves_the_others_quiet(caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[str] = []
+    runtime = runtime_of(
+        leader=None,
+        controller=Closing("controller", calls),
+        actuator=Closing("actuator", calls),
+        observer=Failing("observer", calls, RuntimeError("watch thread")),
+        prometheus=Closing("prometheus", calls),
+    )
+    with caplog.at_level(logging.WARNING, logger="gpu_scheduler"):
+        runtime.close()
+    assert calls == ["controller.close", "actuator.close", "observer.stop", "prometheus.close"]
+    (record,) = caplog.records
+    assert record.getMessage() == "shutdown step failed" and record.levelno == logging.WARNING
+    assert (record.step, record.error) == ("observer.stop", "RuntimeError: watch thread")  # type: ignore[attr-defined]
+
+
 def test_a_lease_released_through_lightkube_answering_a_bare_503() -> None:
     with bare_503_server() as url:
         elector = LeaderElector(lightkube_client(url), namespace="ns", name="lease", identity="me")
@@ -192,6 +258,50 @@ def test_a_lease_released_through_lightkube_answering_a_bare_503() -> None:
             elector._set(True)
         elector.release()  # raised KeyError: 'Content-Type' before
     assert not elector.is_leader()
+
+
+# -------------------------------------------------------------------------------------------- events
+
+
+def test_a_flush_that_times_out_leaves_no_thread_behind() -> None:
+    """flush() waited for Queue.join() in a new thread; with a sender stuck for good, each flush
+    that timed out left that thread waiting forever."""
+    stuck, started = threading.Event(), threading.Event()
+
+    def send(**kw: Any) -> None:
+        started.set()
+        stuck.wait()  # an API call that never returns
+
+    recorder = EventRecorder(send)
+    try:
+        recorder.submit({"event": 1})
+        recorder.submit({"event": 2})
+        assert started.wait(5)
+        threads = threading.active_count()
+        for _ in range(5):
+            began = time.monotonic()
+            assert recorder.flush(0.2) is False
+            assert 0.2 <= time.monotonic() - began < 1.0
+        assert threading.active_count() == threads, [t.name for t in threading.enumerate()]
+        stuck.set()
+        assert recorder.flush(5) is True
+    finally:
+        stuck.set()
+        recorder.close()
+
+
+def test_a_flush_returns_as_soon_as_the_events_are_sent() -> None:
+    sent: list[int] = []
+    recorder = EventRecorder(lambda **kw: sent.append(kw["n"]))
+    try:
+        assert recorder.flush(0) is True  # nothing queued
+        for n in range(100):
+            recorder.submit({"n": n})
+        began = time.monotonic()
+        assert recorder.flush(5) is True and time.monotonic() - began < 2
+        assert sent == list(range(100))
+    finally:
+        recorder.close()
 
 
 # ------------------------------------------------------------------------------------------ prometheus
