@@ -89,6 +89,26 @@ class Pointer:
     """the version that entry (or a legacy ``CURRENT.json``) names; ``None`` before the first promotion"""
 
 
+def _version_files(model_dir: str | Path, extra_files: dict[str, bytes] | None) -> tuple[dict[str, bytes],
+                                                                                       dict[str, dict[str, Any]]]:
+    """The files a version of ``model_dir`` stores (name -> bytes) and their ``files`` record
+    (name -> size_bytes, sha256).
+
+    Raises:
+        RegistryError: not an exported model folder, or a bad extra file name.
+    """
+    model_dir = Path(model_dir)
+    missing = [f for f in MODEL_FILES if not (model_dir / f).is_file()]
+    if missing:
+        raise RegistryError(f"{model_dir} is not an exported model (missing {', '.join(missing)})")
+    blobs = {fname: (model_dir / fname).read_bytes() for fname in MODEL_FILES}
+    for fname, data in (extra_files or {}).items():
+        if fname in MODEL_FILES or not _FILE_RE.match(fname):
+            raise RegistryError(f"extra file name {fname!r} must match {_FILE_RE.pattern} and not be a model file")
+        blobs[fname] = data
+    return blobs, {f: {"size_bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()} for f, d in blobs.items()}
+
+
 def _validate_name(name: str) -> str:
     if not _NAME_RE.match(name):
         raise RegistryError(f"model name {name!r} must match {_NAME_RE.pattern} (lowercase, digits, . _ -)")
@@ -143,16 +163,7 @@ class ModelRegistry:
         Raises:
             RegistryError: bad name or model folder.
         """
-        model_dir = Path(model_dir)
-        missing = [f for f in MODEL_FILES if not (model_dir / f).is_file()]
-        if missing:
-            raise RegistryError(f"{model_dir} is not an exported model (missing {', '.join(missing)})")
-        blobs = {fname: (model_dir / fname).read_bytes() for fname in MODEL_FILES}
-        for fname, data in (extra_files or {}).items():
-            if fname in MODEL_FILES or not _FILE_RE.match(fname):
-                raise RegistryError(f"extra file name {fname!r} must match {_FILE_RE.pattern} and not be a model file")
-            blobs[fname] = data
-        files = {f: {"size_bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()} for f, d in blobs.items()}
+        blobs, files = _version_files(model_dir, extra_files)
         version = self._version_for(name, idempotency_key, files) if idempotency_key else self._claim(name)
         prefix = self._prefix(name, version)
         if not self.storage.list(f"{prefix}/VERSION.json"):
@@ -165,10 +176,29 @@ class ModelRegistry:
             self._set_current(name, version, reason="registered")
         return self.get(name, version)
 
+    def registered(self, name: str, model_dir: str | Path, *, idempotency_key: str,
+                   extra_files: dict[str, bytes] | None = None) -> ModelVersion | None:
+        """The version a :meth:`register` of these files under ``idempotency_key`` made, if one did
+        and finished (its ``VERSION.json`` exists); None otherwise. Reads only: claims nothing.
+
+        Raises:
+            RegistryError: bad name or model folder.
+        """
+        _, files = _version_files(model_dir, extra_files)
+        try:
+            version = int(json.loads(read_bytes(self.storage, self._key_of(name, idempotency_key, files)))["version"])
+        except ObjectNotFoundError:
+            return None
+        return self.get(name, version) if self.storage.list(f"{self._prefix(name, version)}/VERSION.json") else None
+
+    @staticmethod
+    def _key_of(name: str, idempotency_key: str, files: dict[str, dict[str, Any]]) -> str:
+        digest = hashlib.sha256(json.dumps([idempotency_key, files], sort_keys=True).encode()).hexdigest()
+        return f"{_validate_name(name)}/keys/{digest}.json"
+
     def _version_for(self, name: str, idempotency_key: str, files: dict[str, dict[str, Any]]) -> int:
         """The version this registration owns: the one recorded for its key, else a new claim."""
-        digest = hashlib.sha256(json.dumps([idempotency_key, files], sort_keys=True).encode()).hexdigest()
-        key = f"{_validate_name(name)}/keys/{digest}.json"
+        key = self._key_of(name, idempotency_key, files)
         try:
             return int(json.loads(read_bytes(self.storage, key))["version"])
         except ObjectNotFoundError:

@@ -29,9 +29,10 @@ def register_model(
     compares new data with. It becomes the current version if its test accuracy is at least
     ``min_accuracy``. With ``must_beat_current`` it is registered at all only if it also beats the
     current version on the same held-out split (otherwise version 0 is returned and the current
-    version stays current), and it becomes current only over the version it was compared with: when
-    another run promoted a model meanwhile, it is compared with that one and, if it no longer beats
-    it, stays registered but not current (``promoted`` False)."""
+    version stays current; a retry of this task whose first attempt registered the model returns
+    that version, not current), and it becomes current only over the version it was compared with:
+    when another run promoted a model meanwhile, it is compared with that one and, if it no longer
+    beats it, stays registered but not current (``promoted`` False)."""
     import json
     from collections import namedtuple
     from importlib.metadata import version as pkg_version
@@ -76,21 +77,35 @@ def register_model(
             print(f"register_model: version {current.version} of job {job_key} (an earlier attempt of this task) "
                   "is current already")
             return outputs(current.version, current.uri, True)
-    # The pointer is read before the current version is scored: promotion is conditional on it.
-    compared = compare_with_current(registry, model_name, score) if must_beat_current else None
-    current_accuracy = compared.accuracy if compared else None
-    if compared is not None and (not promote or not compared.beaten_by(accuracy)):
-        print(f"register_model: not registered: test accuracy {accuracy:.4f} (min {min_accuracy}) does not beat "
-              f"the current version's {current_accuracy} on the same held-out split")
-        return outputs(0, "", False)
     try:
         change = json.loads(dataset_change) if dataset_change else {}
     except ValueError:
         change = {"raw": dataset_change}
+    listing_fp = dataset.metadata.get("listing_fingerprint", "")
+    try:
+        extra = {PROFILE_FILE: stored_profile(dataset.path, listing_fingerprint=listing_fp)}
+    except DatasetError as e:  # synthetic data: nothing real to compare new data with
+        print(f"register_model: no data profile stored: {e}")
+        extra = {}
+    # A retry of this task (same job, same weights) gets the version its first attempt got.
+    idempotency_key = job_key or kfp_run_id or None
+    # The pointer is read before the current version is scored: promotion is conditional on it.
+    compared = compare_with_current(registry, model_name, score) if must_beat_current else None
+    current_accuracy = compared.accuracy if compared else None
+    if compared is not None and (not promote or not compared.beaten_by(accuracy)):
+        earlier = (registry.registered(model_name, model.path, idempotency_key=idempotency_key, extra_files=extra)
+                   if idempotency_key else None)
+        if earlier is not None:  # an earlier attempt of this task registered it; another run's version is current
+            print(f"register_model: version {earlier.version} (registered by an earlier attempt of this task) "
+                  f"is not current: test accuracy {accuracy:.4f} (min {min_accuracy}) does not beat current "
+                  f"version {compared.pointer.version}'s {current_accuracy} on the same held-out split")
+            return outputs(earlier.version, earlier.uri, registry.pointer(model_name).version == earlier.version)
+        print(f"register_model: not registered: test accuracy {accuracy:.4f} (min {min_accuracy}) does not beat "
+              f"the current version's {current_accuracy} on the same held-out split")
+        return outputs(0, "", False)
     lineage = {
         "dataset_fingerprint": dataset.metadata.get("fingerprint", ""),
-        "dataset": {"source": dataset.metadata.get("source", ""),
-                    "listing_fingerprint": dataset.metadata.get("listing_fingerprint", ""), "change": change},
+        "dataset": {"source": dataset.metadata.get("source", ""), "listing_fingerprint": listing_fp, "change": change},
         "parameters": dict(model.metadata.get("train_config", {})),
         "metrics": metrics,
         "previous_version": compared.pointer.version if compared else None,
@@ -99,15 +114,9 @@ def register_model(
         "job_key": job_key,
         "kfp_run_id": kfp_run_id,
     }
-    try:
-        extra = {PROFILE_FILE: stored_profile(dataset.path, listing_fingerprint=lineage["dataset"]["listing_fingerprint"])}
-    except DatasetError as e:  # synthetic data: nothing real to compare new data with
-        print(f"register_model: no data profile stored: {e}")
-        extra = {}
-    # A retry of this task (same job, same weights) gets the version its first attempt got.
     # With must_beat_current it is promoted after registering, over the version it was compared with.
     mv = registry.register(model_name, model.path, lineage, promote=promote and compared is None,
-                           extra_files=extra, idempotency_key=lineage["job_key"] or kfp_run_id or None)
+                           extra_files=extra, idempotency_key=idempotency_key)
     if compared is None and promote:  # promoted once: a retry after another run's promotion leaves that one current
         current = registry.pointer(model_name).version
         if current != mv.version:

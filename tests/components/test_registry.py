@@ -4,6 +4,7 @@ promotion conditional on the version compared with. Runs on a local folder and o
 from __future__ import annotations
 
 import json
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -325,3 +326,29 @@ def test_a_retried_register_without_comparison_does_not_claim_a_promotion_anothe
     retry = _register_step(tmp_path, model_dir, monkeypatch, job_key="a", accuracy=0.9, must_beat_current=False)
     assert retry.version == 1 and retry.promoted is False
     assert registry.pointer("m").version == 2
+
+
+def test_a_retried_register_step_that_no_longer_beats_current_returns_its_earlier_version(tmp_path, model_dir,
+                                                                                        monkeypatch) -> None:
+    """Review (2026-11-29, left then): job A's register step registered and promoted v1, another run
+    promoted a better v2, then A's step ran again (a KFP retry or an Airflow clear after its pod died
+    before its outputs were written): it no longer beats v2 and reported "not registered" (version 0)
+    while its v1 exists. It returns v1, not current, and writes nothing."""
+    registry = ModelRegistry(LocalStorage(str(tmp_path / "models")))
+    (model_dir / "model.pt").write_bytes(b"job A's weights")
+    assert _register_step(tmp_path, model_dir, monkeypatch, job_key="job-a", accuracy=0.90,
+                          kfp_run_id="run-a")[::2] == (1, True)
+    b_dir = tmp_path / "b"
+    shutil.copytree(model_dir, b_dir)
+    (b_dir / "model.pt").write_bytes(b"job B's weights")
+    assert _register_step(tmp_path, b_dir, monkeypatch, job_key="job-b", accuracy=0.95,
+                          kfp_run_id="run-b")[::2] == (2, True)
+    history = registry.history("m")
+    retry = _register_step(tmp_path, model_dir, monkeypatch, job_key="job-a", accuracy=0.90, kfp_run_id="run-a")
+    assert (retry.version, retry.uri, retry.promoted) == (1, registry.get("m", 1).uri, False)
+    assert registry.history("m") == history and len(registry.versions("m")) == 2
+    # other weights under the same job key (a longer run) were never registered: compared, and they lose
+    (model_dir / "model.pt").write_bytes(b"job A's weights after more epochs")
+    assert _register_step(tmp_path, model_dir, monkeypatch, job_key="job-a", accuracy=0.91,
+                          kfp_run_id="run-a2")[::2] == (0, False)
+    assert registry.registered("m", model_dir, idempotency_key="job-a") is None
