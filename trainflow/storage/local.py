@@ -53,7 +53,7 @@ class LocalStorage:
             self.root.mkdir(parents=True, exist_ok=True)
             probe = self.root / f".probe{_TMP_MARK}{uuid.uuid4().hex}"
             probe.write_bytes(b"")
-            probe.unlink()
+            probe.unlink(missing_ok=True)  # a claim's cleanup_incomplete on another rank may have removed it
         except OSError as e:
             raise CheckpointStorageError(f"checkpoint folder {self.root} is not writable: {e}") from e
 

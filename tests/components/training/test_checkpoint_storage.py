@@ -125,3 +125,24 @@ def test_unreachable_s3_endpoint_is_a_clear_error() -> None:
     )
     with pytest.raises(CheckpointStorageError, match="S3 endpoint unreachable"):
         S3Storage("s3://bucket/x", settings).check()
+
+
+def test_a_write_check_survives_a_concurrent_cleanup_of_incomplete_writes(tmp_path, monkeypatch) -> None:
+    """Review (2026-11-29): rank 0's claim runs cleanup_incomplete(older_than_s=None), which removes
+    every in-progress ``.*.tmp-*`` file, another rank's write probe included; that rank's check()
+    then failed with "checkpoint folder ... is not writable" (ENOENT on the probe's unlink): exit 1,
+    and the worker group restarted."""
+    from pathlib import Path
+
+    storage = LocalStorage(str(tmp_path / "ckpt"))
+    real_write = Path.write_bytes
+
+    def write_then_cleanup(self, data):  # the other rank's cleanup lands between write and unlink
+        n = real_write(self, data)
+        if self.name.startswith(".probe"):
+            assert storage.cleanup_incomplete(older_than_s=None) == 1
+        return n
+
+    monkeypatch.setattr(Path, "write_bytes", write_then_cleanup)
+    storage.check()
+    assert list((tmp_path / "ckpt").iterdir()) == []
