@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import math
 import os
+import random
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -489,6 +491,52 @@ def read_samples(dataset: Any, ids: list[int]) -> list[Any]:
     return getitems(ids) if getitems is not None else [dataset[i] for i in ids]
 
 
+def seed_batch_rngs(loader_seed: int, rank: int, position: int) -> None:
+    """Seed this process's torch, NumPy and ``random`` generators for one batch of a DataLoader
+    worker: the batch that begins at global sample ``position`` of the epoch, read for ``rank``,
+    under ``loader_seed`` (the trainer's ``seed * 1_000_003 + epoch``).
+
+    The seeds are a pure function of ``(loader_seed, rank, position)``, spread by
+    ``numpy.random.SeedSequence`` into independent words for each generator (torch 64 bits,
+    ``random`` 64 bits, NumPy 128 bits; disjoint, so no two of these Mersenne Twisters share a
+    seed). Lightning's ``pl_worker_init_function`` derives a worker's seeds the same way from
+    ``(base seed, worker id, global rank)``, once per worker; here it is once per batch, with the
+    batch's position in place of the worker id, so the draws depend neither on which worker reads a
+    batch nor on how many batches that worker read before (torchdata's ``StatefulDataLoader``
+    instead saves each worker's RNG state in the checkpoint).
+    """
+    words = np.random.SeedSequence([loader_seed, rank, position]).generate_state(8, dtype=np.uint32).tolist()
+    torch.manual_seed(words[0] << 32 | words[1])
+    random.seed(words[2] << 32 | words[3])
+    np.random.seed(np.array(words[4:], dtype=np.uint32))
+
+
+class _SeededBatches(torch.utils.data.Dataset):
+    """Item ``i``: the ``i``-th planned batch, read and ``collate``\\ d in a DataLoader worker after
+    :func:`seed_batch_rngs` for it (``positions[i]``: where that global batch begins in the epoch)."""
+
+    def __init__(self, dataset: Any, collate: Any, reads: list[list[int]], positions: list[int], *,
+                 loader_seed: int, rank: int) -> None:
+        self.dataset = dataset
+        self.collate = collate
+        self.reads = reads
+        self.positions = positions
+        self.loader_seed = loader_seed
+        self.rank = rank
+
+    def __len__(self) -> int:
+        return len(self.reads)
+
+    def __getitem__(self, i: int) -> Any:
+        seed_batch_rngs(self.loader_seed, self.rank, self.positions[i])
+        return self.collate(read_samples(self.dataset, self.reads[i]))
+
+
+def _as_is(batch: Any) -> Any:
+    """A DataLoader ``collate_fn`` that hands a whole batch on unchanged (module level: picklable)."""
+    return batch
+
+
 def iter_task_batches(
     dataset: Any,
     collate: Any,
@@ -509,9 +557,18 @@ def iter_task_batches(
     ``local_ids`` empty and a *placeholder* batch of the global batch's first
     :data:`PLACEHOLDER_SAMPLES` samples: the task's loss needs samples (and BatchNorm more than
     one), and the trainer weights it by 0 so that the rank still takes part in DDP's gradient
-    all-reduce. With ``loader_workers`` > 0 the reads go through a
-    DataLoader whose batch sampler yields exactly these ids, with its own seeded generator so creating
-    the iterator never consumes the global RNG (which would break bit-exact resume).
+    all-reduce.
+
+    Randomness in reading and collating (augmentation, masking): with ``loader_workers`` 0 the
+    dataset and ``collate`` run in this process and draw from its generators, which the trainer
+    seeds per rank and restores on resume. With ``loader_workers`` > 0 they run in DataLoader
+    worker processes, whose own seeding (``base_seed + worker_id``) is the same on every rank and
+    starts again from the epoch's base whenever a loader is built (a resume, a batch re-pick); so
+    each batch is read with torch, NumPy and ``random`` seeded by :func:`seed_batch_rngs` from
+    ``(loader_seed, rank, position of the global batch in the epoch)``: other draws on every rank,
+    and the same draws for a batch however the epoch was split into runs (a resume at ``start``
+    reads batch k as the uninterrupted run did) and whatever the number of workers. The loader has
+    its own seeded generator, so creating the iterator never consumes this process's RNG.
     """
     plan = [(ids, len(batch), (ids if len(ids) else batch[:PLACEHOLDER_SAMPLES]).tolist())
             for batch, ids in _epoch_steps(perm, start, global_batch_size, rank, world_size)]
@@ -519,9 +576,12 @@ def iter_task_batches(
         for ids, n, read in plan:
             yield collate(read_samples(dataset, read)), ids, n
         return
+    positions = list(itertools.accumulate((n for _, n, _ in plan), initial=start))[:len(plan)]
+    batches = _SeededBatches(dataset, collate, [read for _, _, read in plan], positions, loader_seed=loader_seed,
+                             rank=rank)
     g = torch.Generator()
     g.manual_seed(loader_seed)
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=[read for _, _, read in plan], collate_fn=collate,
-                                         num_workers=loader_workers, generator=g, persistent_workers=False)
+    loader = torch.utils.data.DataLoader(batches, batch_size=None, collate_fn=_as_is, num_workers=loader_workers,
+                                         generator=g, persistent_workers=False)
     for (ids, n, _), batch in zip(plan, loader, strict=True):
         yield batch, ids, n

@@ -259,6 +259,8 @@ class Trainer:
         self.total_steps = cfg.epochs * self.steps_per_epoch
         if cfg.max_steps:
             self.total_steps = min(self.total_steps, cfg.max_steps)
+        # The job's seed: ``--seed`` until a checkpoint is resumed, then the checkpoint's (see _load).
+        self.seed = cfg.seed
 
         rng.seed_all(cfg.seed)  # identical initial weights on every rank
         self.model = self.task.build_model().to(self.device)
@@ -456,11 +458,11 @@ class Trainer:
         cfg = self.cfg
         epoch = self.state.epoch
         batch_size = self._choose_batch() if self.adaptive is not None else cfg.data.global_batch_size
-        perm = datamod.epoch_permutation(self.num_samples, cfg.seed, epoch)
+        perm = datamod.epoch_permutation(self.num_samples, self.seed, epoch)
         batches = datamod.iter_task_batches(
             self.train_data, self.task.collate, perm=perm, start=self.state.samples_in_epoch,
             global_batch_size=batch_size, rank=self.env.rank, world_size=self.env.world_size,
-            loader_workers=cfg.data.dataloader_num_workers, loader_seed=cfg.seed * 1_000_003 + epoch,
+            loader_workers=cfg.data.dataloader_num_workers, loader_seed=self.seed * 1_000_003 + epoch,
         )
         for batch, ids, n_global in batches:
             t_start = time.perf_counter()
@@ -649,7 +651,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "lr_scheduler": self.scheduler.state_dict(),
             "grad_scaler": self.scaler.state_dict(),
-            "train_state": {**asdict(self.state), "world_size": self.env.world_size, "seed": self.cfg.seed,
+            "train_state": {**asdict(self.state), "world_size": self.env.world_size, "seed": self.seed,
                             "lr_plan": self._lr_plan(in_use=True)},
             "rng": {"world_size": self.env.world_size, "ranks": rng_by_rank},
             **({"adaptive_batch": self.adaptive.state_dict()} if self.adaptive is not None else {}),
@@ -717,6 +719,7 @@ class Trainer:
         self._apply_state(step, st)
         ts = st["train_state"]
         self.state = TrainState(step=ts["step"], epoch=ts["epoch"], samples_in_epoch=ts["samples_in_epoch"])
+        seed_change = self._keep_checkpoint_seed(ts.get("seed"))
         adaptive_rec: dict[str, Any] = {}
         if self.adaptive is None and "adaptive_batch" in st:
             # Its LR schedule and step count are in progress units, not fixed-batch steps.
@@ -734,7 +737,7 @@ class Trainer:
         if saved_world == self.env.world_size:
             rng.restore(st["rng"]["ranks"][self.env.rank])
         else:
-            rng.seed_all(self.cfg.seed * 1_000_003 + self.state.step * 1_000 + self.env.rank)
+            rng.seed_all(self.seed * 1_000_003 + self.state.step * 1_000 + self.env.rank)
             if self.env.is_main:
                 log.warning("world size changed %d -> %d: data continues exactly-once from sample %d of epoch %d; "
                             "RNG streams re-derived (not a bit-exact resume)", saved_world, self.env.world_size,
@@ -752,6 +755,8 @@ class Trainer:
             self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]  # get_last_lr()
             if self.env.is_main:
                 log.warning("resuming step %d: %s", self.state.step, plan_change)
+        if seed_change and self.env.is_main:
+            log.warning("resuming step %d: %s", self.state.step, seed_change)
         if "task_state" in st:  # after model, optimizer, scheduler, scaler, RNG and data position
             self.task.load_state_dict(st["task_state"])
         self.schedule.mark(self.state.step)
@@ -764,6 +769,27 @@ class Trainer:
         if self.env.is_main:
             log.info("resumed from step %d (epoch %d, sample %d) in %.2f s", self.state.step, self.state.epoch,
                      self.state.samples_in_epoch, loaded.load_seconds)
+
+    def _keep_checkpoint_seed(self, saved: Any) -> str | None:
+        """Continue under the seed the resumed checkpoint was written with (``saved``, its
+        ``train_state["seed"]``; None in a checkpoint that stored none); returns the warning's line
+        when ``--seed`` differs, else None.
+
+        The seed is part of the job's state, as the base learning rate is (:func:`lr_plan_change`):
+        the epoch's sample order is ``epoch_permutation(N, seed, epoch)`` and the position in it is
+        global, so an epoch begun under seed A and continued under seed B would train
+        ``permB[pos:]`` after ``permA[:pos]`` (with N = 1000 and pos = 500, about 250 samples twice
+        and 250 not at all in that epoch); the restored RNG streams and the initial weights came
+        from A too. Keeping A makes the resume the uninterrupted run's continuation, exactly-once
+        and bit-exact; refusing it (exit 2) would turn an Airflow task cleared after its parameters
+        were edited into a permanent failure for a value the checkpoint already answers. The same
+        at an epoch boundary: one rule, whatever step the last checkpoint happened to be at.
+        """
+        if saved is None or int(saved) == self.cfg.seed:
+            return None
+        self.seed = int(saved)
+        return (f"--seed {self.cfg.seed} does not apply: the checkpoint's seed {self.seed} is kept (its data order "
+                "and random streams follow it; start afresh under another --job-key to change it)")
 
     def _apply_state(self, step: int, st: dict[str, Any]) -> None:
         """Load a checkpoint's model, optimizer, LR scheduler and grad scaler states.

@@ -357,7 +357,8 @@ class TrainConfig(_Section):
                         section=TRAINING)
     max_steps: int = param("max_steps", "RSPC", "stop after this many optimizer steps", 0, unit="steps",
                            zero="no limit", minimum=0, section=ADVANCED)
-    seed: int = param("seed", "RSPC", "seed of the weights, the data split and order, and every random stream", 0,
+    seed: int = param("seed", "RSPC", "seed of the weights, the data split and order, and every random stream (a resumed "
+                      "job keeps its checkpoint's)", 0,
                       minimum=0, section=TRAINING)
     deterministic: bool = param("deterministic", "RSPC", "deterministic kernels (bit-exact resume)", True,
                                 section=ADVANCED)

@@ -151,3 +151,42 @@ def test_a_rank_without_samples_gets_a_two_sample_placeholder() -> None:
                                      rank=15, world_size=16, loader_workers=0, loader_seed=0))
     ((placeholder, ids, n),) = steps
     assert (placeholder, ids.tolist(), n) == ([0, 1], [], 30)
+
+
+def _random_collate(samples: list) -> tuple:
+    """A collate with randomness (augmentation, masking): one draw of each generator per batch."""
+    import random
+
+    return tuple(samples), float(torch.rand(())), float(np.random.rand()), random.random()
+
+
+def _draws(*, rank: int, start: int, workers: int) -> list[tuple]:
+    perm = d.epoch_permutation(64, seed=0, epoch=0)
+    return [batch for batch, _, _ in d.iter_task_batches(list(range(64)), _random_collate, perm=perm, start=start,
+                                                         global_batch_size=8, rank=rank, world_size=2,
+                                                         loader_workers=workers, loader_seed=5)]
+
+
+def test_loader_workers_draw_per_rank_and_a_resume_repeats_the_uninterrupted_draws() -> None:
+    """Review finding: with DataLoader workers, a collate's random draws came from the workers' own
+    seeds (the loader's base + worker id): the same on every rank, and started afresh by the loader
+    a resume builds, so a resumed run drew other values than the uninterrupted one."""
+    before = torch.get_rng_state()
+    rank0, rank1 = _draws(rank=0, start=0, workers=2), _draws(rank=1, start=0, workers=2)
+    assert len(rank0) == len(rank1) == 8
+    for a, b in zip(rank0, rank1, strict=True):
+        assert all(x != y for x, y in zip(a[1:], b[1:], strict=True)), (a, b)  # torch, NumPy, random: per rank
+    assert len({draws[1:] for draws in rank0}) == 8  # and per batch
+    assert _draws(rank=0, start=3 * 8, workers=2) == rank0[3:]  # a resume at batch 3
+    assert _draws(rank=1, start=5 * 8, workers=2) == rank1[5:]
+    assert _draws(rank=0, start=0, workers=1) == rank0  # whichever worker reads a batch
+    assert torch.equal(torch.get_rng_state(), before)  # this process's stream is not consumed
+
+
+def test_without_loader_workers_the_draws_are_this_processs_restored_stream() -> None:
+    torch.manual_seed(11)
+    np.random.seed(11)
+    expected = [(float(torch.rand(())), float(np.random.rand())) for _ in range(8)]
+    torch.manual_seed(11)
+    np.random.seed(11)
+    assert [draws[1:3] for draws in _draws(rank=0, start=0, workers=0)] == expected
