@@ -158,10 +158,13 @@ def run_body(
     """The ``V2beta1Run`` body of ``POST /runs``: from a spec or a pipeline (version) reference.
 
     Raises:
-        ValueError: when neither or both of ``pipeline_spec`` and ``pipeline_id`` are given.
+        ValueError: when neither or both of ``pipeline_spec`` and ``pipeline_id`` are given, or
+            ``pipeline_id`` is empty.
     """
     if (pipeline_spec is None) == (pipeline_id is None):
         raise ValueError("give exactly one of pipeline_spec (a compiled package) and pipeline_id")
+    if pipeline_id is not None and not pipeline_id.strip():
+        raise ValueError("pipeline_id is empty; give the id of a pipeline uploaded to KFP")
     body: dict[str, Any] = {"display_name": display_name}
     if pipeline_spec is not None:
         body["pipeline_spec"] = pipeline_spec

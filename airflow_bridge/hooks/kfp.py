@@ -309,6 +309,7 @@ class KfpHook(_HookBase):
         self._sleep = sleep
         self._clock = clock
         self._client: httpx.Client | None = None
+        self._reads_connection = config is None
 
     @property
     def config(self) -> KfpConnectionConfig:
@@ -320,6 +321,18 @@ class KfpHook(_HookBase):
             self._set_config(conn)
         assert self._config is not None
         return self._config
+
+    def reload_config(self) -> KfpConnectionConfig:
+        """Read the connection again and start a new client (a token rotated in it during a long
+        wait); a hook given ``config`` keeps it (nothing to re-read).
+
+        Raises:
+            KfpConfigError: when the connection is now missing or invalid.
+        """
+        if self._reads_connection:
+            self.close()
+            self._config = None
+        return self.config
 
     def get_conn(self) -> httpx.Client:
         """The httpx client bound to the API base URL (created once per hook)."""
@@ -503,7 +516,7 @@ class KfpHook(_HookBase):
         Raises:
             KfpPackageError: unreadable package, or parameters the pipeline does not declare or
                 that do not convert to the declared types (strings are converted).
-            ValueError: when neither or more than one pipeline source is given.
+            ValueError: when neither or more than one pipeline source is given, or ``pipeline_id`` is empty.
         """
         if package_path is not None:
             if package is not None:

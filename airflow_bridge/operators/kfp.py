@@ -13,7 +13,8 @@ CANCELED      ``AirflowFailException`` (no retry: someone stopped the run), caus
               also a FAILED run that was terminated (KFP 2.14 reports those FAILED): one this try saw
               CANCELING, or whose history or error says so (:func:`~airflow_bridge.events.terminated_while_failed`)
 SKIPPED       ``AirflowSkipException``
-(deadline)    the run is terminated, then :class:`KfpRunTimeoutError`
+(deadline)    the run is terminated, then :class:`KfpRunTimeoutError` (after a deferral the run is
+              read again first: one that ended meanwhile ends the task as above)
 ============  =====================================================================
 
 Killing the task (marking it failed or success, clearing it; ``execution_timeout`` in sync mode)
@@ -21,7 +22,10 @@ terminates the KFP run by its persisted id: ``on_kill`` in sync mode, the trigge
 (Airflow >= 3.3) when deferred. ``execution_timeout`` also bounds a deferral (it is the trigger's
 timeout), but Airflow's trigger timeout does not call ``on_kill``: use ``run_timeout_s`` for a
 deadline that stops the run in deferrable mode. Bad input (unknown parameter, unreadable package,
-refused credentials) and a canceled run fail the task at once without retries.
+a pipeline source rendered empty, refused credentials) and a canceled run fail the task at once
+without retries. Credentials refused while the sync mode waits (a token rotated or expired in the
+connection) make it read the connection again and wait on; refused again, the try fails with a
+retried :class:`KfpApiError`, and the retry reattaches to the run, as in deferrable mode.
 
 No duplicate runs -- for one task instance ``(dag_id, run_id, task_id, map_index)``:
 
@@ -30,7 +34,8 @@ No duplicate runs -- for one task instance ``(dag_id, run_id, task_id, map_index
    the run finished) the task returns its result without submitting;
 2. otherwise, if a run tagged with the task instance key (``[af-...]`` at the end of the display
    name, :mod:`airflow_bridge.identity`) is still active, the task reattaches to it -- this covers
-   a worker killed between submitting and persisting;
+   a worker killed between submitting and persisting; if that worker's run already SUCCEEDED (the
+   ``SUBMITTING_KEY`` marker it set before ``POST /runs`` is still in the store) it is returned;
 3. otherwise (no run yet, or every earlier run ended FAILED, CANCELED or SKIPPED) it submits a
    new run. The pipeline's ``job_key`` parameter (if declared and left empty) gets the task
    instance key, so the new run resumes the same training checkpoints.
@@ -225,6 +230,9 @@ class KfpRunPipelineOperator(BaseOperator):
 
     #: task state store key holding the run id across tries (renaming it breaks in-flight retries).
     STATE_STORE_KEY = "kfp_run_id"
+    #: task state store key set just before ``POST /runs`` (the tagged run ids known then) and
+    #: removed once the new run's id is persisted: still there, an earlier try ended in between.
+    SUBMITTING_KEY = "kfp_submitting"
     #: XCom key with the run id, pushed right after submission.
     RUN_ID_XCOM_KEY = "kfp_run_id"
 
@@ -298,6 +306,7 @@ class KfpRunPipelineOperator(BaseOperator):
             return self._execute(context)
 
     def _execute(self, context: Context) -> dict[str, Any]:
+        self._check_rendered_source()
         identity = TaskIdentity.from_context(context)
         store = context.get("task_state_store")
         run = self._reattach_or_submit(identity, store)
@@ -306,6 +315,7 @@ class KfpRunPipelineOperator(BaseOperator):
         url = self.hook.run_url(run_id, self._namespace)
         if store is not None:
             store.set(self.STATE_STORE_KEY, run_id)
+            store.delete(self.SUBMITTING_KEY)
         context["ti"].xcom_push(key=self.RUN_ID_XCOM_KEY, value=run_id)
         KfpRunLink.persist(context, url)
         self.log.info("KFP run %s (%s): %s", run_id, run.get("display_name"), url)
@@ -330,18 +340,36 @@ class KfpRunPipelineOperator(BaseOperator):
         payload = payload_for_run(run, url=url, canceling_seen=run_id in self._canceling_seen)
         return self._finish(context, payload, run=run)
 
+    def _check_rendered_source(self) -> None:
+        """Fail without retries, before any API call, when ``pipeline_package_path`` or
+        ``pipeline_id`` rendered empty (e.g. ``{{ var.value.get('p', '') }}`` with the Variable unset)."""
+        wanted = {"pipeline_package_path": "a compiled pipeline file", "pipeline_id": "a pipeline uploaded to KFP"}
+        for name, what in wanted.items():
+            value = getattr(self, name)
+            if value is not None and not str(value).strip():
+                raise AirflowFailException(f"{self.task_id}: {name} is empty after rendering; it must name {what}")
+
     def _wait(self, run_id: str, deadline_s: float | None, url: str) -> dict[str, Any]:
         """Poll the run until it is terminal; a read that says CANCELING is remembered in
         ``_canceling_seen`` (KFP 2.14 then reports the terminated run FAILED).
 
+        A read refused for its credentials (401/403, a redirect to a login page: a token rotated or
+        expired during a long wait) makes the hook read the connection again, once per refusal
+        that follows a read that worked, and the wait goes on.
+
         Raises:
             KfpRunTimeoutError: the run was not terminal at ``deadline_s``, or the KFP API could not
                 be read then (it is terminated first, best effort), as the deferrable mode's trigger.
-            KfpApiError: as :meth:`KfpHook.wait_for_run`, before ``deadline_s``.
+            KfpApiError: as :meth:`KfpHook.wait_for_run`, before ``deadline_s``; also the
+                credentials refused again after the connection was read again (not
+                :class:`KfpAuthError`: the task is retried, and the retry reattaches to the run).
         """
         last: list[RunProgress] = []
+        reloaded = False  # the connection was read again and no read has worked since
 
         def log_progress(run: dict[str, Any]) -> None:
+            nonlocal reloaded
+            reloaded = False
             current = RunProgress.of(run)
             if current.state is RunState.CANCELING:
                 self._canceling_seen.add(run_id)
@@ -350,9 +378,28 @@ class KfpRunPipelineOperator(BaseOperator):
             last[:] = [current]
 
         try:
-            return self.hook.wait_for_run(
-                run_id, poll_interval_s=self.poll_interval_s, deadline_s=deadline_s, on_poll=log_progress
-            )
+            while True:
+                try:
+                    return self.hook.wait_for_run(
+                        run_id, poll_interval_s=self.poll_interval_s, deadline_s=deadline_s, on_poll=log_progress
+                    )
+                except KfpAuthError as err:
+                    if reloaded:
+                        raise KfpApiError(
+                            f"KFP run {run_id}: {err} (also after reading connection {self.kfp_conn_id!r} "
+                            "again; a retry reattaches to the run)",
+                            status_code=err.status_code,
+                            method=err.method,
+                            url=err.url,
+                        ) from err
+                    self.log.warning(
+                        "KFP run %s: credentials refused, reading connection %r again: %s",
+                        run_id,
+                        self.kfp_conn_id,
+                        err,
+                    )
+                    self.hook.reload_config()
+                    reloaded = True
         except KfpRunTimeoutError as err:
             done = self._terminate(run_id, reason="the run timed out")
             raise KfpRunTimeoutError(
@@ -387,6 +434,10 @@ class KfpRunPipelineOperator(BaseOperator):
         self._run_id = payload["run_id"]
         status = EventStatus(payload["status"])
         if status is EventStatus.TIMEOUT:
+            if (run := self._ended_since_timeout(payload)) is not None:
+                canceling = payload["state"] == RunState.CANCELING  # the trigger's last read
+                ended = payload_for_run(run, url=payload["url"], canceling_seen=canceling)
+                return self._finish(context, ended, run=run)
             done = self._terminate(payload["run_id"], reason="the run timed out")
             raise KfpRunTimeoutError(
                 f"{payload['message']}; {done}",
@@ -397,6 +448,22 @@ class KfpRunPipelineOperator(BaseOperator):
         if status is EventStatus.ERROR:
             raise KfpApiError(lost_track_message(payload))
         return self._finish(context, payload)
+
+    def _ended_since_timeout(self, payload: TriggerEventPayload) -> dict[str, Any] | None:
+        """The run of a ``timeout`` event if it is terminal by now, else ``None`` (also when it cannot
+        be read). It may end between the event and this resumption (``DEFER_SETTLE_S`` plus
+        scheduling); KFP then refuses to terminate it, and its outcome is the task's."""
+        try:
+            run = self.hook.get_run(payload["run_id"])
+        except Exception as err:  # best effort, as _terminate: the timeout handling goes on
+            self.log.warning("cannot read KFP run %s after its timeout: %s", payload["run_id"], err)
+            return None
+        if not RunState.parse(run.get("state")).is_terminal:
+            return None
+        self.log.info(
+            "KFP run %s ended %s after its timeout event; not terminating it", payload["run_id"], self._ended(run)
+        )
+        return run
 
     def _finish(
         self, context: Context, payload: TriggerEventPayload, *, run: dict[str, Any] | None = None
@@ -468,12 +535,30 @@ class KfpRunPipelineOperator(BaseOperator):
                     "KFP run %s of an earlier try ended %s; submitting a new run", stored_id, self._ended(run)
                 )
         tagged = self._find_tagged(identity)
+        lost = self._runs_before_lost_submit(store)
         for run in tagged:
             run = self._after_canceling(run)
-            if RunState.parse(run.get("state")) in REATTACH_STATES:
+            state = RunState.parse(run.get("state"))
+            if state in REATTACH_STATES:
                 self.log.info("reattaching to active KFP run %s tagged %s", run["run_id"], identity.marker)
                 return run
-        return self._submit(identity, known_run_ids={str(r["run_id"]) for r in tagged})
+            if state is RunState.SUCCEEDED and lost is not None and str(run["run_id"]) not in lost:
+                self.log.info(
+                    "KFP run %s tagged %s, submitted by an earlier try that ended before persisting its id, "
+                    "already succeeded; not resubmitting",
+                    run["run_id"],
+                    identity.marker,
+                )
+                return run
+        known = {str(r["run_id"]) for r in tagged} | ({str(stored_id)} if stored_id else set())
+        return self._submit(identity, known_run_ids=known, store=store)
+
+    def _runs_before_lost_submit(self, store: Any) -> set[str] | None:
+        """The tagged run ids an earlier try knew before its ``POST /runs`` when that try ended before
+        persisting the new run's id (its :attr:`SUBMITTING_KEY` marker is still there), else ``None``.
+        A tagged run not among them is the run that try created."""
+        known = store.get(self.SUBMITTING_KEY) if store is not None else None
+        return None if known is None else {str(run_id) for run_id in known}
 
     def _find_tagged(self, identity: TaskIdentity) -> list[dict[str, Any]]:
         return self.hook.find_runs(display_name_contains=identity.marker, namespace=self._namespace)
@@ -512,12 +597,16 @@ class KfpRunPipelineOperator(BaseOperator):
             return f"{state} (terminated: CANCELED)"
         return state
 
-    def _submit(self, identity: TaskIdentity, *, known_run_ids: set[str] | None = None) -> dict[str, Any]:
+    def _submit(
+        self, identity: TaskIdentity, *, known_run_ids: set[str] | None = None, store: Any = None
+    ) -> dict[str, Any]:
         package = load_pipeline_package(self.pipeline_package_path) if self.pipeline_package_path else None
         arguments = pipeline_arguments(
             self.parameters, package, job_key_parameter=self.job_key_parameter, job_key=identity.key
         )
         experiment = self.hook.get_or_create_experiment(self.experiment_name, namespace=self._namespace)
+        if store is not None:  # removed once the new run's id is persisted (_execute)
+            store.set(self.SUBMITTING_KEY, sorted(known_run_ids or ()))
         try:
             run = self.hook.create_run(
                 display_name=identity.run_display_name(self.run_name),

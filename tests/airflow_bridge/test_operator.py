@@ -10,8 +10,11 @@ try without submitting when it outlasts ``canceling_timeout_s``; a POST
 submitted, sync-mode outcomes (success result and XComs, FAILED with
 the KFP message, run timeout terminating the run, on_kill terminating the run), the deferral
 (trigger kwargs carry the knobs), ``execute_complete`` for every event status, and bad input
-failing the task without retries. The same behaviours under a real Airflow are in
-test_airflow_e2e.py.
+failing the task without retries. Also: a token rotated during a sync wait is read again from the
+connection (refused again: a retried error, the retry reattaches); a run that ended after its
+timeout event ends the task as it ended; a lost submission whose run succeeded is returned while a
+clear after success still reruns; a pipeline source rendered empty fails before any request. The
+same behaviours under a real Airflow are in test_airflow_e2e.py.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_bridge.events import EventStatus, payload_for_problem
 from airflow_bridge.exceptions import KfpApiError, KfpRunCanceledError, KfpRunFailedError, KfpRunTimeoutError
-from airflow_bridge.hooks import KfpConnectionConfig, KfpHook
+from airflow_bridge.hooks import KfpConnectionConfig, KfpHook, api
 from airflow_bridge.identity import TaskIdentity
 from airflow_bridge.links.kfp import KfpRunLink
 from airflow_bridge.operators.kfp import KfpRunPipelineOperator, pipeline_arguments, run_deadline_s
@@ -573,3 +576,157 @@ def test_an_empty_templated_namespace_means_the_connections_namespace(kfp_server
     assert experiment is not None and experiment["namespace"] == "team-ns"
     lists = [r for r in recording.requests if r.method == "GET" and r.url.path.endswith(("/runs", "/experiments"))]
     assert lists and all(r.url.params.get("namespace") == "team-ns" for r in lists), [str(r.url) for r in lists]
+
+
+# -- review findings: credentials rotated mid-wait, a run ended after its timeout event, a lost
+# -- submission whose run succeeded, a pipeline source rendered empty ---------------------------
+class RotatingGateway(httpx.BaseTransport):
+    """A gateway in front of the real server that takes one bearer token at a time (401 for any
+    other); setting ``token`` rotates it."""
+
+    def __init__(self, token: str) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.token = token
+        self.refused = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.headers.get("authorization") != f"Bearer {self.token}":
+            self.refused += 1
+            return httpx.Response(401, json={"message": "token expired"}, request=request)
+        return self.inner.handle_request(request)
+
+
+def set_token_connection(monkeypatch: pytest.MonkeyPatch, server: KfpServer, token: str) -> None:
+    conn = {"conn_type": "kubeflow_pipelines", "host": server.url, "password": token}
+    monkeypatch.setenv("AIRFLOW_CONN_KFP_ROTATED", json.dumps(conn))
+
+
+def rotated_operator(server: KfpServer, package: Path, gateway: RotatingGateway) -> KfpRunPipelineOperator:
+    op = operator(server, package, parameters={"seconds": 6}, poll_interval_s=0.3, kfp_conn_id="kfp_rotated")
+    op.__dict__["hook"] = KfpHook("kfp_rotated", transport=gateway)  # reads the connection
+    return op
+
+
+@slow
+def test_a_token_rotated_during_a_sync_wait_is_read_again_from_the_connection(
+    kfp_server, compiled_pipelines, monkeypatch
+) -> None:
+    """Before, the 401 after the rotation was a KfpAuthError: the task failed without retries and
+    left the run running."""
+    gateway = RotatingGateway("tok-1")
+    set_token_connection(monkeypatch, kfp_server, "tok-1")
+    ctx = context_for("token-rotated")
+    op = rotated_operator(kfp_server, compiled_pipelines["slow"], gateway)
+    worker, outcome, run_id = execute_in_background(op, ctx)
+    set_token_connection(monkeypatch, kfp_server, "tok-2")  # the connection first, then the gateway
+    gateway.token = "tok-2"
+    worker.join(120)
+    assert not worker.is_alive() and outcome == [], outcome
+    assert gateway.refused >= 1  # the wait did meet the rotation
+    assert ctx["task_state_store"].data == {}  # succeeded
+    assert [r["run_id"] for r in runs_of(kfp_server, ctx)] == [run_id]
+
+
+@slow
+def test_credentials_refused_again_fail_the_try_for_a_retry_that_reattaches(
+    kfp_server, compiled_pipelines, monkeypatch
+) -> None:
+    gateway = RotatingGateway("tok-1")
+    set_token_connection(monkeypatch, kfp_server, "tok-1")
+    store = StateStore()
+    ctx = context_for("token-refused", store)
+    op = rotated_operator(kfp_server, compiled_pipelines["slow"], gateway)
+    worker, outcome, run_id = execute_in_background(op, ctx)
+    gateway.token = "tok-2"  # the connection still holds tok-1
+    worker.join(120)
+    assert not worker.is_alive()
+    (err,) = outcome
+    assert type(err) is KfpApiError, repr(err)  # retried, not AirflowFailException
+    assert str(err).startswith(f"KFP run {run_id}: KFP API GET /apis/v2beta1/runs/{run_id} answered HTTP 401")
+    assert "also after reading connection 'kfp_rotated' again" in str(err)
+    assert store.data["kfp_run_id"] == run_id
+    set_token_connection(monkeypatch, kfp_server, "tok-2")  # someone mends the connection
+    retry = rotated_operator(kfp_server, compiled_pipelines["slow"], gateway)
+    assert retry.execute(context_for("token-refused", store))["run_id"] == run_id
+    assert [r["run_id"] for r in runs_of(kfp_server, ctx)] == [run_id]
+
+
+@slow
+def test_a_run_that_ended_after_its_timeout_event_ends_the_task_as_it_ended(kfp_server, compiled_pipelines) -> None:
+    """The run may end between the trigger's timeout event and execute_complete; KFP then refuses
+    the terminate and the task used to say "terminated it" with a KfpRunTimeoutError."""
+    op = operator(kfp_server, compiled_pipelines["tiny"])
+    done = op.hook.create_run(display_name="ended after timeout", package_path=compiled_pipelines["tiny"])
+    assert op.hook.wait_for_run(done["run_id"], poll_interval_s=0.3)["state"] == "SUCCEEDED"
+    event = payload_for_problem(EventStatus.TIMEOUT, run_id=done["run_id"], message="late", url="u")
+    assert op.execute_complete(context_for("timeout-but-done"), dict(event)) == {
+        "run_id": done["run_id"], "state": "SUCCEEDED", "url": "u"}
+    failed = op.hook.create_run(display_name="failed after timeout", package_path=compiled_pipelines["failing"])
+    assert op.hook.wait_for_run(failed["run_id"], poll_interval_s=0.3)["state"] == "FAILED"
+    event = payload_for_problem(EventStatus.TIMEOUT, run_id=failed["run_id"], message="late", url="u")
+    with pytest.raises(KfpRunFailedError, match=f"ValueError: {FAILURE_MESSAGE}"):
+        op.execute_complete(context_for("timeout-but-failed"), dict(event))
+
+
+class WorkerDied(BaseException):
+    """The worker dies (SIGKILL) where this is raised."""
+
+
+class DyingStore(StateStore):
+    """A state store whose first write of the run id never happens: the worker died right after
+    ``POST /runs``."""
+
+    def set(self, key: str, value: Any, **kwargs: Any) -> None:
+        if key == "kfp_run_id":
+            raise WorkerDied
+        super().set(key, value, **kwargs)
+
+
+@slow
+def test_a_lost_submission_whose_run_succeeded_is_returned_and_a_clear_after_success_reruns(
+    kfp_server, compiled_pipelines
+) -> None:
+    store = DyingStore()
+    ctx = context_for("lost-succeeded", store)
+    with pytest.raises(WorkerDied):
+        operator(kfp_server, compiled_pipelines["tiny"], poll_interval_s=0.3).execute(ctx)
+    (run,) = runs_of(kfp_server, ctx)
+    hook = KfpHook("kfp", config=KfpConnectionConfig(api_url=kfp_server.url))
+    assert hook.wait_for_run(run["run_id"], poll_interval_s=0.3)["state"] == "SUCCEEDED"  # before the retry
+
+    retry_store = StateStore()
+    retry_store.data = dict(store.data)  # what the first try left
+    retry = operator(kfp_server, compiled_pipelines["tiny"], poll_interval_s=0.3)
+    assert retry.execute(context_for("lost-succeeded", retry_store))["run_id"] == run["run_id"]
+    assert len(runs_of(kfp_server, ctx)) == 1  # not submitted twice
+    assert retry_store.data == {}
+
+    # clearing the successful task runs the pipeline again
+    cleared = operator(kfp_server, compiled_pipelines["tiny"], poll_interval_s=0.3)
+    assert cleared.execute(context_for("lost-succeeded", retry_store))["run_id"] != run["run_id"]
+    assert len(runs_of(kfp_server, ctx)) == 2
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ({"pipeline_package_path": ""}, r"^train: pipeline_package_path is empty after rendering; it must name a compiled pipeline file$"),
+        ({"pipeline_id": " "}, r"^train: pipeline_id is empty after rendering; it must name a pipeline uploaded to KFP$"),
+    ],
+)
+def test_a_pipeline_source_rendered_empty_fails_without_retries_before_any_request(
+    source: dict[str, str], message: str
+) -> None:
+    """e.g. ``{{ var.value.get('p', '') }}`` with the Variable unset: before, a bare ValueError naming no
+    operator argument (retried), or an empty pipeline id sent to KFP (a 400, retried)."""
+    (name,) = source
+    op = KfpRunPipelineOperator(task_id="train", deferrable=False, **{name: "{{ var.value.get('p', '') }}"})
+    setattr(op, name, source[name])  # as rendered
+    requests: list[httpx.Request] = []
+    op.__dict__["hook"] = KfpHook("kfp", config=KfpConnectionConfig(api_url="http://kfp.invalid"),
+                                  transport=httpx.MockTransport(lambda r: requests.append(r) or httpx.Response(500)))
+    with pytest.raises(AirflowFailException, match=message):
+        op.execute(context_for("rendered-empty"))
+    assert requests == []
+    with pytest.raises(ValueError, match=r"^pipeline_id is empty; give the id of a pipeline uploaded to KFP$"):
+        api.run_body(display_name="x", pipeline_id="")
