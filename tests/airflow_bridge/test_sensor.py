@@ -2,13 +2,17 @@
 run fails the task without retries, the KFP error as its cause; ``soft_fail`` skips instead, through
 Airflow's own sensor code), the deferral (poke_interval and timeout reach the trigger; it never
 cancels a run it does not own; its timeout is Airflow's sensor timeout). Without a server: an
-unreachable API and an ``error`` event meet ``soft_fail``/``never_fail`` as Airflow's poke does."""
+unreachable API and an ``error`` event meet ``soft_fail``/``never_fail`` as Airflow's poke does;
+poke and reschedule mode ride out an outage of the API up to ``outage_tolerance_s`` (reschedule
+mode through the task state store); the link follows the sensor's ``namespace``."""
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import timedelta
 
+import httpx
 import pytest
 from airflow.sdk.exceptions import (
     AirflowFailException,
@@ -26,8 +30,9 @@ from tests.support.processes import free_port
 
 
 class TI:
-    def __init__(self) -> None:
+    def __init__(self, try_number: int = 1) -> None:
         self.xcoms: dict = {}
+        self.try_number = try_number
 
     def xcom_push(self, key: str, value) -> None:
         self.xcoms[key] = value
@@ -120,21 +125,175 @@ def api_error_in(err: BaseException | None) -> KfpApiError:
 FAIL_OPTIONS = [{}, {"soft_fail": True}, {"never_fail": True}]
 
 
-@pytest.mark.parametrize("deferrable", [False, True], ids=["poke", "deferrable"])
 @pytest.mark.parametrize("options", FAIL_OPTIONS, ids=["plain", "soft_fail", "never_fail"])
-def test_an_unreachable_api_meets_soft_fail_and_never_fail_as_in_poke_mode(
-    deferrable: bool, options: dict
-) -> None:
+def test_an_unreachable_api_meets_soft_fail_and_never_fail_as_in_poke_mode(options: dict) -> None:
     """Airflow's poke path (``BaseSensorOperator.execute``): ``never_fail`` skips on any error of the
-    check, ``soft_fail`` only on AirflowFailException/AirflowSensorTimeout. The deferrable mode
-    checks once before deferring, outside ``poke``, and must do the same."""
-    s = KfpRunSensor(task_id="wait", run_id="run-1", deferrable=deferrable, **options)
-    cfg = KfpConnectionConfig(api_url=f"http://127.0.0.1:{free_port()}", max_attempts=1)
+    check, ``soft_fail`` only on AirflowFailException/AirflowSensorTimeout (``outage_tolerance_s=0``:
+    the first failed read ends the wait). The deferrable mode applies the same to its check before
+    deferring, outside ``poke``; an outage there defers (below)."""
+    s = KfpRunSensor(task_id="wait", run_id="run-1", deferrable=False, **options)
+    cfg = KfpConnectionConfig(api_url=f"http://127.0.0.1:{free_port()}", max_attempts=1, outage_tolerance_s=0)
     s.__dict__["hook"] = KfpHook("kfp", config=cfg)
     expected = AirflowSkipException if options.get("never_fail") else KfpApiError
     with pytest.raises(expected) as raised:
         s.execute({"ti": TI()})
     assert "cannot reach the KFP API" in str(api_error_in(raised.value))
+
+
+@pytest.mark.parametrize("options", FAIL_OPTIONS, ids=["plain", "soft_fail", "never_fail"])
+def test_a_refusal_in_the_deferrable_check_meets_soft_fail_and_never_fail_as_in_poke_mode(
+    options: dict,
+) -> None:
+    """A refusal (here a 404: the run does not exist) is no outage: the check before the deferral
+    raises it at once, under ``never_fail`` and ``soft_fail`` as Airflow's poke loop would."""
+    s = KfpRunSensor(task_id="wait", run_id="run-1", deferrable=True, **options)
+    s.__dict__["hook"] = scripted_hook([httpx.Response(404, json={"message": "no such run"})], clock=[1000.0])
+    expected = AirflowSkipException if options.get("never_fail") else KfpApiError
+    with pytest.raises(expected) as raised:
+        s.execute({"ti": TI()})
+    assert "HTTP 404" in str(api_error_in(raised.value))
+
+
+# -- outages of the KFP API -----------------------------------------------------------------------
+RUNNING = {"run_id": "run-1", "state": "RUNNING"}
+DOWN = "refused"  # a scripted answer: the connection is refused
+
+
+def scripted_hook(
+    answers: list, *, clock: list[float], step_s: float = 100.0, tolerance_s: float = 600.0, **cfg
+) -> KfpHook:
+    """A KfpHook whose reads get ``answers`` in order (a dict: 200 with it; ``DOWN``: a refused
+    connection; an ``httpx.Response`` as is); each request moves the clock ``clock[0]`` on by ``step_s``."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        clock[0] += step_s
+        reply = answers.pop(0)
+        if reply == DOWN:
+            raise httpx.ConnectError("refused", request=request)
+        return reply if isinstance(reply, httpx.Response) else httpx.Response(200, json=reply)
+
+    config = KfpConnectionConfig(
+        api_url="http://kfp.test", max_attempts=1, outage_tolerance_s=tolerance_s, **cfg
+    )
+    return KfpHook("kfp", config=config, transport=httpx.MockTransport(answer), clock=lambda: clock[0])
+
+
+@pytest.mark.parametrize(
+    ("answers", "outcome"),
+    [
+        # down from the read at 1100 on: the read at 1700 ends 600 s into the outage
+        ([RUNNING, *[DOWN] * 6], "KfpApiError"),
+        # 300 s down, one answer, 500 s down, then done: each outage is counted from its own start
+        ([RUNNING, *[DOWN] * 3, RUNNING, *[DOWN] * 5, {**RUNNING, "state": "SUCCEEDED"}], "success"),
+        # a refusal is no outage: it ends the wait at once
+        ([RUNNING, DOWN, httpx.Response(404, json={"message": "gone"})], "KfpApiError"),
+    ],
+    ids=["down-past-the-tolerance", "two-outages-within-it", "404-during-an-outage"],
+)
+@pytest.mark.parametrize("options", FAIL_OPTIONS, ids=["plain", "soft_fail", "never_fail"])
+def test_poke_mode_rides_out_an_api_outage_up_to_outage_tolerance_s(
+    answers: list, outcome: str, options: dict
+) -> None:
+    """Through Airflow's own poke loop (``BaseSensorOperator.execute``): a read that gets no answer
+    after its retries is a poke that returns False, until the API has failed for
+    ``outage_tolerance_s`` in a row (600 s; 100 s per read here), as in deferrable mode."""
+    script = list(answers)
+    s = KfpRunSensor(task_id="wait", run_id="run-1", deferrable=False, poke_interval=0.01, **options)
+    s.__dict__["hook"] = scripted_hook(script, clock=[1000.0])
+    if outcome == "success":
+        s.execute({"ti": TI()})
+    else:
+        with pytest.raises(AirflowSkipException if options.get("never_fail") else KfpApiError) as raised:
+            s.execute({"ti": TI()})
+        message = str(api_error_in(raised.value))
+        if answers[-1] == DOWN:
+            assert "cannot reach the KFP API" in message, message
+            assert "(the KFP API has failed for 600 s; outage_tolerance_s is 600)" in message, message
+        else:
+            assert "HTTP 404" in message, message
+    assert not script  # every scripted read happened, none more
+
+
+class Store:
+    """The task state store (``context["task_state_store"]``) as Airflow 3.3 keeps it: JSON values
+    per task instance, shared by its pokes, reschedules and tries."""
+
+    def __init__(self) -> None:
+        self.values: dict = {}
+
+    def get(self, key: str, default=None):
+        return self.values.get(key, default)
+
+    def set(self, key: str, value) -> None:
+        self.values[key] = json.loads(json.dumps(value))
+
+    def delete(self, key: str) -> None:
+        self.values.pop(key, None)
+
+
+def test_reschedule_mode_keeps_the_outage_start_across_pokes_in_the_task_state_store() -> None:
+    """Reschedule mode builds a new sensor for every poke: the outage's start lives in the task
+    state store, tied to the try (a retry starts afresh), and an answered read forgets it."""
+    clock, store = [1000.0], Store()
+
+    def poke(answer, *, at_s: float, try_number: int = 1) -> bool:
+        clock[0] = at_s - 100.0  # the read starts at at_s - 100 and gets its answer at at_s
+        s = KfpRunSensor(task_id="wait", run_id="run-1", mode="reschedule", deferrable=False)
+        s.__dict__["hook"] = scripted_hook([answer], clock=clock)
+        return s.poke({"ti": TI(try_number), "task_state_store": store})
+
+    assert poke(DOWN, at_s=1100.0) is False  # the outage began with the read at 1000
+    assert store.values[KfpRunSensor.OUTAGE_STORE_KEY]["since_s"] == 1000.0
+    assert poke(DOWN, at_s=1500.0) is False  # 500 s
+    with pytest.raises(KfpApiError, match=r"has failed for 600 s; outage_tolerance_s is 600\)"):
+        poke(DOWN, at_s=1600.0)
+    assert poke(DOWN, at_s=1800.0, try_number=2) is False  # the retry gets its own 600 s
+    assert store.values[KfpRunSensor.OUTAGE_STORE_KEY]["since_s"] == 1700.0
+    assert poke(RUNNING, at_s=1900.0, try_number=2) is False
+    assert KfpRunSensor.OUTAGE_STORE_KEY not in store.values
+    # without a store (Airflow < 3.3) a rescheduled poke cannot know when the outage began
+    s = KfpRunSensor(task_id="wait", run_id="run-1", mode="reschedule", deferrable=False)
+    s.__dict__["hook"] = scripted_hook([DOWN], clock=clock)
+    with pytest.raises(KfpApiError, match="only with Airflow's task state store"):
+        s.poke({"ti": TI()})
+
+
+def test_an_outage_at_the_deferrable_check_defers_to_the_trigger() -> None:
+    """The trigger rides out the outage (``outage_tolerance_s``), so the check before it does not
+    fail the try on one."""
+    s = KfpRunSensor(task_id="wait", run_id="run-1", deferrable=True)
+    s.__dict__["hook"] = scripted_hook([DOWN], clock=[1000.0])
+    with pytest.raises(TaskDeferred) as deferred:
+        s.execute({"ti": TI()})
+    assert deferred.value.trigger.serialize()[1]["run_id"] == "run-1"
+
+
+# -- the link's namespace -------------------------------------------------------------------------
+CENTRAL_DASHBOARD = "https://kf.example.com/_/pipeline/?ns={namespace}#/runs/details/{run_id}"
+
+
+@pytest.mark.parametrize(("namespace", "ns"), [("team-a", "team-a"), (None, "conn-ns"), ("", "conn-ns")])
+def test_the_link_follows_the_sensors_namespace(namespace: str | None, ns: str) -> None:
+    """A run submitted in the operator's own ``namespace`` is linked there, not in the connection's;
+    unset or rendered empty means the connection's, as for the operator."""
+    assert "namespace" in KfpRunSensor.template_fields
+    url = f"https://kf.example.com/_/pipeline/?ns={ns}#/runs/details/run-1"
+    failed = {"run_id": "run-1", "state": "FAILED", "error": {"message": "boom"}}
+    for deferrable, answer in [(True, RUNNING), (False, failed)]:
+        s = KfpRunSensor(task_id="wait", run_id="run-1", namespace=namespace, deferrable=deferrable)
+        s.__dict__["hook"] = scripted_hook(
+            [answer], clock=[1000.0], ui_url=CENTRAL_DASHBOARD, namespace="conn-ns"
+        )
+        ti = TI()
+        if deferrable:
+            with pytest.raises(TaskDeferred) as deferred:
+                s.execute({"ti": ti})
+            assert deferred.value.trigger.serialize()[1]["run_url"] == url
+        else:
+            with pytest.raises(AirflowFailException) as raised:
+                s.execute({"ti": ti})
+            assert raised.value.__cause__.url == url
+        assert ti.xcoms[KfpRunLink.XCOM_KEY] == url
 
 
 @pytest.mark.parametrize("options", FAIL_OPTIONS, ids=["plain", "soft_fail", "never_fail"])
