@@ -29,6 +29,12 @@ retried :class:`KfpApiError`, and the retry reattaches to the run, as in deferra
 
 No duplicate runs -- for one task instance ``(dag_id, run_id, task_id, map_index)``:
 
+0. if the task state store holds another try's deferral record (``DEFERRED_BY_KEY``, written just
+   before a deferral, removed by every resumption), that try ended while deferred: the task was
+   cleared (its trigger's ``on_kill`` terminates the run). That run is terminated and waited for
+   here, and never reattached to (a try reattached to it would fail "canceled"): a clear of a
+   deferred task submits a new run. Not ended within ``canceling_timeout_s``: a retried
+   :class:`KfpApiError`, nothing submitted;
 1. if the task state store holds a run id from an earlier try and that run is still active
    (PENDING, RUNNING, PAUSED) the task reattaches to it; if it SUCCEEDED (the worker died after
    the run finished) the task returns its result without submitting;
@@ -94,7 +100,7 @@ from airflow_bridge.hooks.kfp import KfpHook, api_outage
 from airflow_bridge.identity import TaskIdentity
 from airflow_bridge.links.kfp import KfpRunLink
 from airflow_bridge.package import PipelinePackage, load_pipeline_package
-from airflow_bridge.triggers.kfp import DEFER_SETTLE_S, KfpRunTrigger
+from airflow_bridge.triggers.kfp import DEFER_SETTLE_S, KfpRunTrigger, try_id
 from airflow_bridge.version_compat import (
     AirflowFailException,
     AirflowSkipException,
@@ -233,6 +239,12 @@ class KfpRunPipelineOperator(BaseOperator):
     #: task state store key set just before ``POST /runs`` (the tagged run ids known then) and
     #: removed once the new run's id is persisted: still there, an earlier try ended in between.
     SUBMITTING_KEY = "kfp_submitting"
+    #: task state store key set just before a deferral (``cancel_on_kill`` only): ``{"run_id",
+    #: "ti_id"}``, the run and the try (task instance id) that waits for it in the triggerer. Every
+    #: resumption removes it (:meth:`resume_execution`); a later try that still finds another try's
+    #: id knows that try ended while deferred (a clear, or mark failed/success), whose trigger's
+    #: ``on_kill`` terminates that run: it stops the run itself and never reattaches to it.
+    DEFERRED_BY_KEY = "kfp_deferred_by"
     #: XCom key with the run id, pushed right after submission.
     RUN_ID_XCOM_KEY = "kfp_run_id"
 
@@ -309,7 +321,8 @@ class KfpRunPipelineOperator(BaseOperator):
         self._check_rendered_source()
         identity = TaskIdentity.from_context(context)
         store = context.get("task_state_store")
-        run = self._reattach_or_submit(identity, store)
+        abandoned = self._stop_run_of_a_cleared_try(store, try_id(context["ti"]))
+        run = self._reattach_or_submit(identity, store, abandoned=abandoned)
         run_id = str(run["run_id"])
         self._run_id = run_id
         url = self.hook.run_url(run_id, self._namespace)
@@ -323,6 +336,7 @@ class KfpRunPipelineOperator(BaseOperator):
         deadline_s = run_deadline_s(run, self.run_timeout_s, now_s=time.time())
         if not RunState.parse(run.get("state")).is_terminal:
             if self.deferrable:
+                self._mark_deferred(store, run_id, try_id(context["ti"]))
                 self.defer(
                     trigger=KfpRunTrigger(
                         run_id=run_id,
@@ -424,6 +438,18 @@ class KfpRunPipelineOperator(BaseOperator):
                 url=url,
             ) from err
 
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
+        """Every resumption after a deferral (the trigger's event, a trigger failure, Airflow's
+        trigger timeout) first removes :attr:`DEFERRED_BY_KEY`: this try no longer waits in the
+        triggerer, and a retry after it reattaches to the run as usual."""
+        store = context.get("task_state_store")
+        if store is not None:
+            try:
+                store.delete(self.DEFERRED_BY_KEY)
+            except Exception as err:  # the resumption goes on; a retry would then start a new run
+                self.log.warning("cannot remove %s from the task state store: %s", self.DEFERRED_BY_KEY, err)
+        return super().resume_execution(next_method, next_kwargs, context)
+
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """Resume after the trigger fired: map its single event to a result or an exception."""
         with _no_retry_for(_FINAL_ERRORS):
@@ -511,8 +537,88 @@ class KfpRunPipelineOperator(BaseOperator):
         self.log.info("asset events for %s: %s", ", ".join(a.uri for a in assets), extra)
 
     # -- reattach or submit ----------------------------------------------------------------
-    def _reattach_or_submit(self, identity: TaskIdentity, store: Any) -> dict[str, Any]:
+    def _mark_deferred(self, store: Any, run_id: str, own_try: str | None) -> None:
+        """Record, just before deferring, that this try waits for ``run_id`` in the triggerer
+        (:attr:`DEFERRED_BY_KEY`); only with ``cancel_on_kill`` (else a kill leaves the run running,
+        and a later try may reattach to it) and a task instance id to tell the tries apart."""
+        if store is not None and self.cancel_on_kill and own_try is not None:
+            store.set(self.DEFERRED_BY_KEY, {"run_id": run_id, "ti_id": own_try})
+
+    def _stop_run_of_a_cleared_try(self, store: Any, own_try: str | None) -> str | None:
+        """Stop the run that an earlier try left deferred, and return its id (else ``None``).
+
+        :attr:`DEFERRED_BY_KEY` naming another try means that try ended while its trigger waited for
+        the run: the task was cleared (or marked failed/success, then cleared), and that trigger's
+        ``on_kill`` terminates the run a few seconds later -- also after this try reattached to it,
+        which would then fail "canceled". So this try terminates the run itself (a run already
+        ended or CANCELING is left as it is), waits until it has ended (up to ``canceling_timeout_s``:
+        its pods may still write checkpoints on the job key), removes the key and the stored run id,
+        and never reattaches to that run: the caller submits a new one.
+
+        Raises:
+            KfpApiError: the run could not be terminated, or it has not ended by
+                ``canceling_timeout_s`` (the try fails and is retried; the key stays, so the retry
+                tries again, and no second run is submitted beside the first).
+        """
+        deferred_by = store.get(self.DEFERRED_BY_KEY) if store is not None else None
+        if not deferred_by:
+            return None
+        if not isinstance(deferred_by, dict) or not deferred_by.get("run_id"):
+            self.log.warning("ignoring unreadable %s in the task state store: %r", self.DEFERRED_BY_KEY, deferred_by)
+            store.delete(self.DEFERRED_BY_KEY)
+            return None
+        if own_try is not None and str(deferred_by.get("ti_id")) == own_try:
+            return None  # this very try deferred it (not a new try)
+        run_id = str(deferred_by["run_id"])
+        self.log.warning(
+            "try %s of this task ended while deferred on KFP run %s (the task was cleared, or marked "
+            "failed/success): terminating that run; this try does not reattach to it",
+            deferred_by.get("ti_id"),
+            run_id,
+        )
+        deadline_s = time.time() + self.canceling_timeout_s
+        try:
+            self.hook.terminate_run(run_id)
+            run = self.hook.wait_for_run(
+                run_id, poll_interval_s=self.poll_interval_s, deadline_s=deadline_s, on_poll=self._note_canceling
+            )
+        except KfpNotFoundError:
+            self.log.info("KFP run %s no longer exists", run_id)
+        except KfpRunTimeoutError as err:
+            raise KfpApiError(
+                f"KFP run {run_id} of a cleared try is still {err.state} {self.canceling_timeout_s:g} s after "
+                "this try terminated it; not submitting a second run on the same job key while it may still "
+                "write checkpoints"
+            ) from err
+        except KfpAuthError:
+            raise
+        except KfpApiError as err:
+            raise KfpApiError(
+                f"cannot stop KFP run {run_id} of a cleared try ({err}); not submitting a second run on the "
+                "same job key beside it (a retry tries again)",
+                status_code=err.status_code,
+                method=err.method,
+                url=err.url,
+            ) from err
+        else:
+            self.log.info("KFP run %s of the cleared try ended %s", run_id, self._ended(run))
+        if store.get(self.STATE_STORE_KEY) == run_id:
+            store.delete(self.STATE_STORE_KEY)
+        store.delete(self.DEFERRED_BY_KEY)
+        return run_id
+
+    def _note_canceling(self, run: dict[str, Any]) -> None:
+        if RunState.parse(run.get("state")) is RunState.CANCELING:
+            self._canceling_seen.add(str(run.get("run_id")))
+
+    def _reattach_or_submit(
+        self, identity: TaskIdentity, store: Any, *, abandoned: str | None = None
+    ) -> dict[str, Any]:
+        """The run this try follows: reattached, returned, or submitted ("No duplicate runs" in the
+        module's docstring); never the run ``abandoned`` (:meth:`_stop_run_of_a_cleared_try`)."""
         stored_id = store.get(self.STATE_STORE_KEY) if store is not None else None
+        if stored_id and str(stored_id) == abandoned:
+            stored_id = None
         if stored_id:
             try:
                 run = self.hook.get_run(str(stored_id))
@@ -534,7 +640,7 @@ class KfpRunPipelineOperator(BaseOperator):
                 self.log.info(
                     "KFP run %s of an earlier try ended %s; submitting a new run", stored_id, self._ended(run)
                 )
-        tagged = self._find_tagged(identity)
+        tagged = [r for r in self._find_tagged(identity) if str(r["run_id"]) != abandoned]
         lost = self._runs_before_lost_submit(store)
         for run in tagged:
             run = self._after_canceling(run)
@@ -551,6 +657,7 @@ class KfpRunPipelineOperator(BaseOperator):
                 )
                 return run
         known = {str(r["run_id"]) for r in tagged} | ({str(stored_id)} if stored_id else set())
+        known |= {abandoned} if abandoned else set()
         return self._submit(identity, known_run_ids=known, store=store)
 
     def _runs_before_lost_submit(self, store: Any) -> set[str] | None:

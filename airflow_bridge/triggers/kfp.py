@@ -11,8 +11,12 @@ marks the deferred task failed/success or clears it) terminates the run by its p
 ``cleanup()`` is left alone: it also runs on every triggerer restart, where the run must go on.
 
 Airflow 3.3 also calls ``on_kill`` when a trigger moves to another triggerer (apache/airflow#73454,
-open): ``on_kill`` therefore terminates the run only when the task instance is no longer DEFERRED
-(or its state cannot be read). ``cancel_on_kill=False`` never terminates.
+open): ``on_kill`` therefore leaves the run alone while the task instance is still DEFERRED *in the
+same try*, and terminates it otherwise (also when the state cannot be read). A clear starts a new
+try at once (a new task instance id), which may defer again before ``on_kill`` reads the state, so
+DEFERRED alone does not tell a move from a clear: the trigger records its try's id in the task's
+XCom :data:`TRY_XCOM_KEY` when it starts (Airflow deletes a task's XComs when a new try starts),
+and ``on_kill`` compares (:func:`deferred_try`). ``cancel_on_kill=False`` never terminates.
 
 A terminated run ends FAILED on KFP 2.14, not CANCELED; a run the trigger saw CANCELING (or whose
 history or error says it was stopped) yields a ``canceled`` event (:func:`airflow_bridge.events.payload_for_run`).
@@ -45,7 +49,7 @@ from airflow_bridge.exceptions import KfpApiError, KfpRunTimeoutError
 from airflow_bridge.hooks.api import get_run as get_run_call
 from airflow_bridge.hooks.config import DEFAULT_CONN_ID
 from airflow_bridge.hooks.kfp import KfpAsyncHook, api_outage
-from airflow_bridge.version_compat import BaseTrigger, TriggerEvent, task_instance_is_deferred
+from airflow_bridge.version_compat import BaseTrigger, TriggerEvent, XCom, task_instance_is_deferred
 
 CLASSPATH = "airflow_bridge.triggers.kfp.KfpRunTrigger"
 
@@ -55,6 +59,57 @@ DEFER_SETTLE_S = 5.0
 
 #: on_kill's terminate requests still in flight (see KfpRunTrigger.on_kill).
 _TERMINATIONS: set[asyncio.Future[None]] = set()
+
+#: XCom key under which a ``cancel_on_kill`` trigger records the id of the task instance try it
+#: waits for (:func:`record_try`); Airflow deletes a task's XComs when a new try starts.
+TRY_XCOM_KEY = "kfp_trigger_ti_id"
+
+
+def try_id(ti: Any) -> str | None:
+    """The id of the task instance try ``ti`` (Airflow 3 gives each try a new one; ``None``: none)."""
+    ti_id = getattr(ti, "id", None)
+    return str(ti_id) if ti_id else None
+
+
+async def record_try(ti: Any) -> None:
+    """Record the try ``ti`` (its id) in its task's XCom :data:`TRY_XCOM_KEY`, through the
+    triggerer's supervisor channel (``XCom.set`` in a thread, as
+    :func:`~airflow_bridge.version_compat.task_instance_is_deferred` reads).
+
+    Raises:
+        Exception: whatever the write raises (e.g. outside a triggerer: no supervisor channel).
+    """
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(XCom.set)(
+        TRY_XCOM_KEY,
+        try_id(ti),
+        dag_id=ti.dag_id,
+        task_id=ti.task_id,
+        run_id=ti.run_id,
+        map_index=ti.map_index,
+    )
+
+
+async def deferred_try(ti: Any) -> str | None:
+    """Which try of ``ti``'s task instance Airflow has DEFERRED now: ``None`` when it is not
+    DEFERRED; else the try id its trigger recorded (:func:`record_try`), or ``""`` when none is
+    recorded (a new try started, which deleted the record, and its trigger has not written its own).
+
+    The state is read first: DEFERRED after a clear is the new try's, which deleted the record
+    before it deferred, so a record read after it is never a stale one of the cleared try.
+
+    Raises:
+        Exception: whatever the reads raise.
+    """
+    from asgiref.sync import sync_to_async
+
+    if not await task_instance_is_deferred(ti):
+        return None
+    recorded = await sync_to_async(XCom.get_one)(
+        key=TRY_XCOM_KEY, dag_id=ti.dag_id, task_id=ti.task_id, run_id=ti.run_id, map_index=ti.map_index
+    )
+    return "" if recorded is None else str(recorded)
 
 
 class KfpRunTrigger(BaseTrigger):
@@ -97,6 +152,8 @@ class KfpRunTrigger(BaseTrigger):
         self.run_url = run_url
         self.cancel_on_kill = cancel_on_kill
         self.not_before_s = None if not_before_s is None else float(not_before_s)
+        #: whether this trigger recorded its try (:meth:`_record_try`); not serialized
+        self._try_recorded = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -117,6 +174,7 @@ class KfpRunTrigger(BaseTrigger):
         return KfpAsyncHook(self.kfp_conn_id)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        await self._record_try()
         hook = self.hook()
         url = self.run_url
         last: list[RunProgress] = []
@@ -191,10 +249,12 @@ class KfpRunTrigger(BaseTrigger):
 
         Airflow 3.3 also calls ``on_kill`` when the trigger moves to another triggerer (an HA
         triggerer whose heartbeat lapsed: apache/airflow#73454), while the task is still deferred
-        and the run healthy. So the task instance's state is read first
-        (:func:`~airflow_bridge.version_compat.task_instance_is_deferred`): still DEFERRED means
-        nobody killed the task, and the run is left alone. When the state cannot be read (no task
-        instance, the read failed) the run is terminated, as the kill asked.
+        and the run healthy. So the task instance's state is read first (:func:`deferred_try`):
+        still DEFERRED in this trigger's try means nobody killed the task, and the run is left
+        alone. DEFERRED in another try means a clear (its new try deferred again before this read):
+        the run is terminated, as the clear asked. When the state cannot be read (no task
+        instance, the read failed) the run is terminated, as the kill asked. Without a record of
+        its try (:meth:`_record_try` failed) DEFERRED alone leaves the run alone.
 
         The check and the request are shielded from cancellation: Airflow's triggerer may cancel
         ``on_kill`` itself (a second cancellation of the trigger's task); KFP 2.14 then aborts the
@@ -209,14 +269,38 @@ class KfpRunTrigger(BaseTrigger):
         task.add_done_callback(_TERMINATIONS.discard)
         await asyncio.shield(task)
 
+    async def _record_try(self) -> None:
+        """Record this trigger's try for :meth:`on_kill` (:func:`record_try`; only with
+        ``cancel_on_kill`` and a task instance; never raises: without the record, ``on_kill``
+        decides on the task's state alone and cannot tell a clear from a move)."""
+        ti = self.task_instance
+        if not self.cancel_on_kill or ti is None or try_id(ti) is None:
+            return
+        try:
+            await record_try(ti)
+            self._try_recorded = True
+        except Exception as err:
+            self.log.warning(
+                "cannot record the try of task %s (%s: %s); a clear while it is deferred again may "
+                "leave KFP run %s running",
+                getattr(ti, "task_id", "?"),
+                type(err).__name__,
+                err,
+                self.run_id,
+            )
+
     async def _task_still_deferred(self) -> bool:
-        """True when Airflow still has this trigger's task instance DEFERRED (never raises; False
-        when there is no task instance or its state cannot be read)."""
+        """True when Airflow still has this trigger's try of the task instance DEFERRED (never
+        raises; False when there is no task instance, its state cannot be read, or another try --
+        a clear's -- is the one deferred or about to be)."""
         ti = self.task_instance
         if ti is None:
             return False
+        own = try_id(ti)
         try:
-            return await task_instance_is_deferred(ti)
+            if not self._try_recorded or own is None:  # the state alone decides (see _record_try)
+                return await task_instance_is_deferred(ti)
+            current = await deferred_try(ti)
         except Exception as err:
             self.log.warning(
                 "cannot read the state of task %s (%s: %s); terminating KFP run %s as the kill asked",
@@ -226,12 +310,25 @@ class KfpRunTrigger(BaseTrigger):
                 self.run_id,
             )
             return False
+        if current is None:  # not DEFERRED: marked failed/success, or a clear's try not deferred yet
+            return False
+        if current == own:  # this very try: the trigger moved
+            return True
+        self.log.warning(
+            "task %s was cleared: %s replaced this trigger's try %s; terminating KFP run %s as the "
+            "clear asked",
+            getattr(ti, "task_id", "?"),
+            f"try {current}" if current else "a try whose trigger has not started yet",
+            own,
+            self.run_id,
+        )
+        return False
 
     async def _terminate(self) -> None:
         if await self._task_still_deferred():
             self.log.warning(
-                "on_kill called while the task is still DEFERRED (the trigger moved to another "
-                "triggerer, apache/airflow#73454); leaving KFP run %s running",
+                "on_kill called while this try of the task is still DEFERRED (the trigger moved to "
+                "another triggerer, apache/airflow#73454); leaving KFP run %s running",
                 self.run_id,
             )
             return

@@ -13,6 +13,8 @@ Shows, through Airflow's REST API as the UI uses it:
   showing each KFP task's state and the trainer's steps and loss;
 * a failing pipeline fails the task with the KFP error message;
 * marking the running task failed terminates the KFP run, in sync and in deferrable mode;
+* clearing the deferred task terminates its KFP run, and the new try submits a second run (never
+  reattaching to the first), which succeeds;
 * killing the Airflow worker mid-run (SIGKILL of the executor worker and the task process) and the
   automatic retry leave exactly one KFP run for that task instance.
 
@@ -215,3 +217,78 @@ def test_killing_the_worker_and_retrying_leaves_one_kfp_run(
     )
     result = airflow_cluster.xcom(dag_id, run_id, "train", "return_value")
     assert result["run_id"] == first["run_id"]
+
+
+def clear_task_instance(airflow_cluster: AirflowCluster, dag_id: str, run_id: str, task_id: str):
+    """What "Clear" on a task instance in the UI does (``POST /dags/{dag_id}/clearTaskInstances``)."""
+    body = {
+        "dry_run": False,
+        "dag_run_id": run_id,
+        "task_ids": [task_id],
+        "only_failed": False,
+        "reset_dag_runs": True,
+        "include_upstream": False,
+        "include_downstream": False,
+        "include_future": False,
+        "include_past": False,
+    }
+    return airflow_cluster.api("POST", f"/dags/{dag_id}/clearTaskInstances", json=body)
+
+
+def test_clearing_the_deferred_task_stops_its_kfp_run_and_the_new_try_submits_another(
+    airflow_cluster: AirflowCluster, kfp_server: KfpServer
+) -> None:
+    """A clear starts a new try (a new task instance id) at once, while the triggerer cancels the
+    cleared try's trigger, whose on_kill terminates the run about 4.5 s later. Before, the new try
+    could reattach to that run first and then fail "canceled". Now the new try finds the cleared try's
+    record (task state store key kfp_deferred_by), terminates the run itself, waits until it has
+    ended, and submits a new one, which succeeds."""
+    dag_id = "kfp_deferred_training"
+    run_id = airflow_cluster.trigger(dag_id, conf={"epochs": 45, "step_s": 1.0})
+    ti = airflow_cluster.wait_task(dag_id, run_id, "train", {"deferred", "failed", "success"}, timeout_s=240)
+    assert ti["state"] == "deferred", airflow_cluster.explain_task(dag_id, run_id, "train")
+    first = wait_kfp_run(kfp_server, dag_id, run_id, {"RUNNING"})
+    cleared_try = ti["try_number"]
+    airflow_cluster.wait_trigger_running(dag_id, run_id, "train", cleared_try)  # its on_kill is called
+
+    response = clear_task_instance(airflow_cluster, dag_id, run_id, "train")
+    assert response.status_code == 200, response.text
+    t0 = time.monotonic()
+    hook = kfp_hook(kfp_server)
+    ended = hook.wait_for_run(first["run_id"], poll_interval_s=0.5, deadline_s=time.time() + 120)
+    stopped_s = time.monotonic() - t0
+    assert ended["state"] == "CANCELED", f"the cleared try's KFP run ended {ended['state']}"
+
+    ti = airflow_cluster.wait_task(dag_id, run_id, "train", {"success", "failed"}, timeout_s=300)
+    log = airflow_cluster.wait_task_log(dag_id, run_id, "train", ti["try_number"], "KfpRunPipelineOperator")
+    assert ti["state"] == "success", airflow_cluster.explain_task(dag_id, run_id, "train")
+    assert ti["try_number"] == cleared_try + 1
+    runs = {r["run_id"]: r for r in runs_for(kfp_server, dag_id, run_id)}
+    assert len(runs) == 2 and first["run_id"] in runs, [(r["run_id"], r["state"]) for r in runs.values()]
+    (second,) = (r for r in runs.values() if r["run_id"] != first["run_id"])
+    assert second["state"] == "SUCCEEDED"
+    assert second["created_at"] >= ended["finished_at"]  # no second writer on the job key
+    assert second["runtime_config"]["parameters"]["job_key"] == first["runtime_config"]["parameters"]["job_key"]
+    assert airflow_cluster.xcom(dag_id, run_id, "train", "return_value")["run_id"] == second["run_id"]
+    assert f"ended while deferred on KFP run {first['run_id']}" in log, log[-4000:]
+    assert "reattaching" not in log, log[-4000:]
+    on_kill = airflow_cluster.trigger_log(dag_id, run_id, "train", cleared_try)
+    new_try_at = logged_at(log, "ended while deferred on KFP run")
+    on_kill_at = logged_at(on_kill, "task killed; terminated KFP run")
+    first_by = "?" if new_try_at is None or on_kill_at is None else (
+        "the new try" if new_try_at < on_kill_at else "the cleared try's on_kill")
+    print(
+        f"KFP run {first['run_id']} CANCELED {stopped_s:.1f} s after the clear; the new try stopped it at "
+        f"{new_try_at}, the cleared try's on_kill at {on_kill_at} (first: {first_by}); try {ti['try_number']} "
+        f"succeeded on KFP run {second['run_id']} {time.monotonic() - t0:.1f} s after the clear"
+    )
+
+
+def logged_at(log: str, needle: str) -> str | None:
+    """The timestamp of the first log record (a JSON line, as the task and trigger logs hold them)
+    whose message contains ``needle``."""
+    for line in log.splitlines():
+        if needle in line:
+            match = re.search(r'"timestamp": ?"([^"]+)"', line)
+            return match.group(1) if match else None
+    return None

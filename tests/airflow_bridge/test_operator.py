@@ -13,8 +13,12 @@ the KFP message, run timeout terminating the run, on_kill terminating the run), 
 failing the task without retries. Also: a token rotated during a sync wait is read again from the
 connection (refused again: a retried error, the retry reattaches); a run that ended after its
 timeout event ends the task as it ended; a lost submission whose run succeeded is returned while a
-clear after success still reruns; a pipeline source rendered empty fails before any request. The
-same behaviours under a real Airflow are in test_airflow_e2e.py.
+clear after success still reruns; a pipeline source rendered empty fails before any request. A
+try after a clear of the deferred task (another try's ``kfp_deferred_by`` record) terminates the
+cleared try's run, waits for it to end and submits a new one (or fails without submitting when it
+does not end), while the same try, a retry after a resumption and ``cancel_on_kill=False``
+reattach; every resumption removes the record. The same behaviours under a real Airflow are in
+test_airflow_e2e.py.
 """
 
 from __future__ import annotations
@@ -730,3 +734,134 @@ def test_a_pipeline_source_rendered_empty_fails_without_retries_before_any_reque
     assert requests == []
     with pytest.raises(ValueError, match=r"^pipeline_id is empty; give the id of a pipeline uploaded to KFP$"):
         api.run_body(display_name="x", pipeline_id="")
+
+
+# -- a clear of a deferred task: the new try stops the old run and submits a new one -------------
+class TryOf(TI):
+    """``context["ti"]`` of one try: Airflow 3 gives each try (a clear's, a retry's) a new id."""
+
+    def __init__(self, dag_run: str, ti_id: str) -> None:
+        super().__init__("op_test", dag_run)
+        self.id = ti_id
+
+
+def try_context(dag_run: str, store: StateStore, ti_id: str) -> dict[str, Any]:
+    return {"ti": TryOf(dag_run, ti_id), "task_state_store": store}
+
+
+def defer_first_try(server: KfpServer, package: Path, dag_run: str, **kwargs: Any) -> tuple[StateStore, str]:
+    """Try ``try-1`` submits a run and defers on it; return the store and the run id."""
+    store = StateStore()
+    with pytest.raises(TaskDeferred):
+        operator(server, package, deferrable=True, **kwargs).execute(try_context(dag_run, store, "try-1"))
+    return store, store.data["kfp_run_id"]
+
+
+@slow
+@pytest.mark.parametrize("kfp", ["local", "kfp-2.14"])
+def test_a_try_after_a_clear_of_the_deferred_task_stops_its_run_and_submits_a_new_one(
+    kfp_server, compiled_pipelines, kfp: str
+) -> None:
+    """The cleared try's trigger terminates its run in on_kill, ~4.5 s after the clear (it reads the
+    task's state first); a new try that reattached to that run before then failed "canceled". The new
+    try finds the cleared try's record (kfp_deferred_by), terminates the run itself, waits until it
+    has ended (a stubborn step takes ``stop_s`` to stop: no second writer on the job key), and
+    submits a new run (with the same task key, so a pipeline's ``job_key`` resumes the checkpoints);
+    the cleared run's tag does not lure it back either."""
+    args = {"parameters": {"seconds": 300, "stop_s": 3}, "poll_interval_s": 0.2}
+    store, first = defer_first_try(kfp_server, compiled_pipelines["stubborn"], f"cleared-{kfp}", **args)
+    assert store.data["kfp_deferred_by"] == {"run_id": first, "ti_id": "try-1"}
+    wait_ready(kfp_server, first)
+
+    new_try = operator(kfp_server, compiled_pipelines["stubborn"], deferrable=True, **args)
+    if kfp == "kfp-2.14":  # a terminated run ends FAILED there
+        new_try.__dict__["hook"] = KfpHook("kfp", config=KfpConnectionConfig(api_url=kfp_server.url),
+                                           transport=Kfp214Terminate())
+    ctx = try_context(f"cleared-{kfp}", store, "try-2")
+    with pytest.raises(TaskDeferred) as deferred:
+        new_try.execute(ctx)
+    second = deferred.value.trigger.run_id
+    ended = new_try.hook.get_run(first)
+    assert ended["state"] == ("CANCELED" if kfp == "local" else "FAILED")
+    assert second != first and len(runs_of(kfp_server, ctx)) == 2
+    assert new_try.hook.get_run(second)["created_at"] >= ended["finished_at"]  # the old run had ended
+    assert store.data["kfp_run_id"] == second
+    assert store.data["kfp_deferred_by"] == {"run_id": second, "ti_id": "try-2"}
+    new_try.hook.terminate_run(second)
+
+
+@slow
+@pytest.mark.parametrize("case", ["same try", "resumed, then retried", "cancel_on_kill=False"])
+def test_a_try_that_did_not_end_deferred_is_followed_by_a_reattach_as_before(
+    kfp_server, compiled_pipelines, case: str
+) -> None:
+    """Only a record of *another* try means a clear while deferred. The same try (never two executes in
+    Airflow, but the record is its own), a retry after a resumption (which removed the record), and a
+    task with ``cancel_on_kill=False`` (whose kill leaves the run running: nothing recorded) reattach."""
+    args = {"parameters": {"seconds": 300}, "cancel_on_kill": case != "cancel_on_kill=False"}
+    store, first = defer_first_try(kfp_server, compiled_pipelines["slow"], f"reattach-{case}", **args)
+    if case == "cancel_on_kill=False":
+        assert "kfp_deferred_by" not in store.data
+    if case == "resumed, then retried":  # the trigger lost track of the run: the try fails, retried
+        resumed = operator(kfp_server, compiled_pipelines["slow"], deferrable=True, **args)
+        event = payload_for_problem(EventStatus.ERROR, run_id=first, message="API gone", url="u")
+        with pytest.raises(KfpApiError, match="lost track"):
+            resumed.resume_execution("execute_complete", {"event": dict(event)},
+                                     try_context(f"reattach-{case}", store, "try-1"))
+    retry = operator(kfp_server, compiled_pipelines["slow"], deferrable=True, **args)
+    ctx = try_context(f"reattach-{case}", store, "try-1" if case == "same try" else "try-2")
+    with pytest.raises(TaskDeferred) as deferred:
+        retry.execute(ctx)
+    assert deferred.value.trigger.run_id == first
+    assert retry.hook.get_run(first)["state"] in {"PENDING", "RUNNING"}  # not terminated
+    assert [r["run_id"] for r in runs_of(kfp_server, ctx)] == [first]
+    retry.hook.terminate_run(first)
+
+
+@pytest.mark.parametrize(
+    ("next_method", "next_kwargs", "raised"),
+    [
+        ("execute_complete", {"event": {"status": "success", "run_id": "r", "state": "SUCCEEDED",
+                                        "message": "", "url": "u"}}, None),
+        ("execute_complete", {"event": {"status": "error", "run_id": "r", "state": "RUNNING",
+                                        "message": "m", "url": "u"}}, KfpApiError),
+        ("__fail__", {"error": "Trigger failure", "traceback": ["boom"]}, "TaskDeferralError"),
+        ("__fail__", {"error": "Trigger timeout"}, "TaskDeferralTimeout"),
+    ],
+)
+def test_every_resumption_removes_the_deferral_record(next_method: str, next_kwargs: dict, raised: Any) -> None:
+    """Pure: Airflow resumes a deferred task through ``resume_execution`` for the trigger's event, a
+    trigger that failed (``__fail__``) and its timeout; each removes ``kfp_deferred_by``, so only a try
+    that ended while still deferred leaves it behind."""
+    from airflow.sdk import exceptions as sdk_exceptions
+
+    op = KfpRunPipelineOperator(task_id="train", pipeline_package_path="p.yaml", deferrable=True)
+    store = StateStore()
+    store.set("kfp_run_id", "r")
+    store.set("kfp_deferred_by", {"run_id": "r", "ti_id": "try-1"})
+    ctx = try_context("resumed", store, "try-1")
+    error = getattr(sdk_exceptions, raised) if isinstance(raised, str) else raised
+    if error is None:
+        assert op.resume_execution(next_method, next_kwargs, ctx)["state"] == "SUCCEEDED"
+    else:
+        with pytest.raises(error):
+            op.resume_execution(next_method, next_kwargs, ctx)
+    assert "kfp_deferred_by" not in store.data
+
+
+@slow
+def test_a_run_of_a_cleared_try_that_does_not_end_fails_the_try_and_submits_nothing(
+    kfp_server, compiled_pipelines
+) -> None:
+    """Termination not confirmed within ``canceling_timeout_s``: a retried KfpApiError, no second run
+    beside the first, and the record kept for the retry."""
+    args = {"parameters": {"seconds": 300, "stop_s": 4}, "poll_interval_s": 0.2}
+    store, first = defer_first_try(kfp_server, compiled_pipelines["stubborn"], "cleared-stuck", **args)
+    wait_ready(kfp_server, first)
+    impatient = operator(kfp_server, compiled_pipelines["stubborn"], deferrable=True, canceling_timeout_s=0.5, **args)
+    ctx = try_context("cleared-stuck", store, "try-2")
+    with pytest.raises(KfpApiError, match=f"^KFP run {first} of a cleared try is still CANCELING 0.5 s after"):
+        impatient.execute(ctx)
+    assert [r["run_id"] for r in runs_of(kfp_server, ctx)] == [first]
+    assert store.data["kfp_deferred_by"] == {"run_id": first, "ti_id": "try-1"}
+    assert impatient.hook.wait_for_run(first, poll_interval_s=0.2, deadline_s=time.time() + 60)["state"] == "CANCELED"

@@ -405,21 +405,135 @@ async def test_a_run_terminated_on_kfp_2_14_is_a_canceled_event_though_it_ends_f
 
 class FakeSupervisor:
     """Stands in for the triggerer's supervisor channel (``SUPERVISOR_COMMS``): answers the
-    ``GetTICount`` that ``RuntimeTaskInstance.get_ti_count`` sends, as the API server would."""
+    ``GetTICount`` that ``RuntimeTaskInstance.get_ti_count`` sends, and ``SetXCom``/``GetXCom`` for
+    one task instance's XComs, as the API server would."""
 
     def __init__(self, deferred: bool) -> None:
         self.deferred = deferred
         self.asked: list = []
+        self.xcoms: dict = {}
 
     def send(self, msg):
-        from airflow.sdk.execution_time.comms import TICount
+        from airflow.sdk.execution_time.comms import GetTICount, GetXCom, SetXCom, TICount, XComResult
 
         self.asked.append(msg)
-        return TICount(count=1 if self.deferred and msg.states == ["deferred"] else 0)
+        if isinstance(msg, GetTICount):
+            return TICount(count=1 if self.deferred and msg.states == ["deferred"] else 0)
+        if isinstance(msg, SetXCom):
+            self.xcoms[msg.key] = msg.value
+            return None
+        if isinstance(msg, GetXCom):
+            return XComResult(key=msg.key, value=self.xcoms.get(msg.key))
+        raise AssertionError(f"unexpected message {msg!r}")
 
 
 class TaskInstanceKey:
     dag_id, run_id, task_id, map_index = "dag", "manual__1", "train", -1
+
+
+class TryOfTask(TaskInstanceKey):
+    """A trigger's ``task_instance`` in Airflow 3.3: one try, with its own id (a clear or a retry
+    gives the next try a new one)."""
+
+    def __init__(self, ti_id: str) -> None:
+        self.id = ti_id
+
+
+class FollowingHook:
+    """An async hook whose wait never ends and whose terminations are recorded."""
+
+    def __init__(self) -> None:
+        self.terminated: list[str] = []
+
+    async def run_url(self, run_id: str) -> str:
+        return f"http://ui/#/runs/details/{run_id}"
+
+    async def wait_for_run(self, run_id: str, **kwargs) -> dict:
+        await asyncio.sleep(3600)
+        raise AssertionError("the wait was not cancelled")
+
+    async def terminate_run(self, run_id: str) -> None:
+        self.terminated.append(run_id)
+
+    def _clock(self) -> float:
+        return time.time()
+
+
+@pytest.mark.parametrize(
+    ("after_the_kill", "terminated"),
+    [
+        ("same try still deferred", False),  # the trigger moved to another triggerer (apache/airflow#73454)
+        ("new try deferred, its trigger recorded it", True),  # a clear; the new try reattached and deferred
+        ("new try deferred, its trigger not started", True),  # a clear; the new try's start deleted the XComs
+        ("new try running", True),  # a clear; the new try has not deferred (yet)
+        ("same try marked failed", True),  # a kill without a new try: no longer DEFERRED
+    ],
+)
+async def test_on_kill_tells_a_clear_from_a_moved_trigger_by_the_try(
+    monkeypatch: pytest.MonkeyPatch, after_the_kill: str, terminated: bool
+) -> None:
+    """Pure: a clear starts a new try at once (a new task instance id), which may reattach and defer
+    again before on_kill reads the task's state; DEFERRED then belongs to the new try, and the run
+    must still be terminated, as the clear asked. Only this very try still DEFERRED (a trigger
+    moved to another triggerer) leaves the run alone."""
+    from airflow.sdk.execution_time import task_runner
+
+    airflow = FakeSupervisor(deferred=True)
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", airflow, raising=False)
+    hook = FollowingHook()
+    trigger = make(cancel_on_kill=True)
+    trigger.task_instance = TryOfTask("0190-try-1")
+    trigger.hook = lambda: hook
+    waiter = asyncio.ensure_future(collect(trigger))
+    until = time.monotonic() + 5
+    while not airflow.xcoms and time.monotonic() < until:  # the trigger records its try as it starts
+        await asyncio.sleep(0.01)
+    recorded = dict(airflow.xcoms)
+
+    if after_the_kill.startswith("new try"):
+        airflow.xcoms.clear()  # a new try's start deletes the task instance's XComs
+    if after_the_kill == "new try deferred, its trigger recorded it":
+        airflow.xcoms["kfp_trigger_ti_id"] = "0190-try-2"
+    airflow.deferred = "deferred" in after_the_kill
+    waiter.cancel()  # as the triggerer cancels the trigger, then calls on_kill
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await trigger.on_kill()
+
+    assert hook.terminated == (["run-1"] if terminated else []), after_the_kill
+    assert recorded == {"kfp_trigger_ti_id": "0190-try-1"}
+
+
+async def test_a_trigger_that_could_not_record_its_try_decides_on_the_state_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pure: without a record (the write failed), DEFERRED cannot be told apart from a move, and the
+    run is left alone, as before the record existed; the failure is one warning line."""
+    from airflow.sdk.execution_time import task_runner
+
+    class Refusing(FakeSupervisor):
+        def send(self, msg):
+            from airflow.sdk.execution_time.comms import SetXCom
+
+            if isinstance(msg, SetXCom):
+                self.asked.append(msg)
+                raise RuntimeError("supervisor gone")
+            return super().send(msg)
+
+    airflow = Refusing(deferred=True)
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", airflow, raising=False)
+    hook = FollowingHook()
+    trigger = make(cancel_on_kill=True)
+    trigger.task_instance = TryOfTask("0190-try-1")
+    trigger.hook = lambda: hook
+    waiter = asyncio.ensure_future(collect(trigger))
+    await asyncio.sleep(0.3)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await trigger.on_kill()
+    assert hook.terminated == []
+    assert [type(m).__name__ for m in airflow.asked] == ["SetXCom", "GetTICount"]
 
 
 @pytest.mark.slow
