@@ -5,6 +5,7 @@ Usage::
     python -m components.launcher --spec spec.json [--output job.json] [--poll-interval-s 10]
         [--timeout-s SECONDS] [--cleanup always|on-success|never] [--keep-failed] [--stream-logs]
         [--no-fail-fast] [--capacity-grace-s SECONDS] [--max-oom-kills N] [--oom-window-s SECONDS]
+        [--outage-tolerance-s SECONDS]
 
 ``spec.json`` holds the keyword arguments of :class:`~components.launcher.pytorchjob.PyTorchJobSpec`
 (``-`` reads standard input). The Kubernetes client is configured from ``KUBECONFIG`` or, inside a
@@ -60,6 +61,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                              "operator recreates it forever under ExitCode); 0: never (default: %(default)s)")
     parser.add_argument("--oom-window-s", type=float, default=RunnerSettings.oom_window_s,
                         help="the window of --max-oom-kills, seconds (default: %(default)s)")
+    parser.add_argument("--outage-tolerance-s", type=float, default=RunnerSettings.outage_tolerance_s,
+                        help="keep waiting this many seconds through an API server that does not answer "
+                             "(connection errors, timeouts, 5xx, 429) while the job trains (default: %(default)s)")
     return parser.parse_args(argv)
 
 
@@ -82,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             capacity_grace_s=args.capacity_grace_s,
             max_oom_kills=args.max_oom_kills or None,
             oom_window_s=args.oom_window_s,
+            outage_tolerance_s=args.outage_tolerance_s,
         )
     except (OSError, json.JSONDecodeError, TypeError, ValueError) as err:
         print(f"launcher: bad input: {err}", file=sys.stderr)

@@ -15,9 +15,14 @@ Call order (:meth:`PyTorchJobRunner.run`):
    store other than this spec's (``elasticPolicy.rdzvHost``/``rdzvPort``/``rdzvId``: the store of an
    earlier launcher attempt, gone with it) is deleted with its workers and created anew too: its pods
    keep the dead endpoint in their environment, so it cannot be reattached (:func:`stale_rendezvous`).
-   A reattached job takes the new launcher Pod as its owner. A refused request (403, a missing namespace or CRD) is one line naming the cause.
+   A reattached job takes the new launcher Pod as its owner. A refused request (403, a missing namespace or CRD) is one line naming the cause,
+   and so is an API server that does not answer (connection refused or reset, a timeout).
 3. **wait** — poll the job's ``status.conditions`` every ``poll_interval_s`` until the operator sets
-   ``Succeeded`` or ``Failed``; transient API errors are retried up to ``max_consecutive_errors``.
+   ``Succeeded`` or ``Failed``. An API server that does not answer (connection errors, timeouts, 5xx,
+   429: a control-plane upgrade) is ridden out for ``outage_tolerance_s``, reading less often as the
+   outage lasts: the job trains on meanwhile, and ending the wait would close the rendezvous store its
+   workers use. A refusal (401, 403, 404) fails at once; other API errors are retried up to
+   ``max_consecutive_errors``.
    Each poll also reads the worker pods: their logs are followed (``stream_logs``), and a worker that
    cannot start (a missing image or Secret, a command that cannot run, no node that matches it:
    :mod:`components.launcher.diagnose`) fails the launch with :class:`LaunchStuck` once the problem
@@ -37,13 +42,14 @@ timeout) are what the states and the unlimited default ``timeout_s`` avoid.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -70,6 +76,16 @@ JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 #: Seconds each watch of the worker pods (:meth:`PyTorchJobRunner.wait`'s OOM kill count) lasts on
 #: the API server before it is reopened.
 OOM_WATCH_TIMEOUT_S = 60
+#: Longest pause, in seconds, between two reads of a job while the API server does not answer (the
+#: pause starts at ``poll_interval_s`` and doubles at each failed read): an outage's end is seen
+#: at most this late.
+OUTAGE_BACKOFF_MAX_S = 30.0
+#: Seconds the wait for a replaced or orphaned job's workers to end exceeds their
+#: ``terminationGracePeriodSeconds`` (the garbage collector deleting the pods, the kubelet's
+#: SIGKILL); the wait is never shorter than ``RunnerSettings.delete_timeout_s``.
+DELETE_GRACE_MARGIN_S = 60
+#: Kubernetes' ``terminationGracePeriodSeconds`` when a pod sets none.
+DEFAULT_POD_GRACE_S = 30
 
 
 class LauncherError(RuntimeError):
@@ -179,9 +195,20 @@ class RunnerSettings:
             for inspection), or ``never``; when the launcher is terminated or times out, the job is
             deleted unless this is ``never``.
         recreate_failed: replace a Failed job found under the same name (a retried KFP task).
-        max_consecutive_errors: API errors in a row tolerated while polling.
-        delete_timeout_s: how long to wait for a replaced or orphaned job (and its running workers)
-            to disappear.
+        max_consecutive_errors: API errors in a row tolerated while polling, other than an outage
+            and a refusal (below).
+        outage_tolerance_s: seconds the wait keeps reading a job through an API server that does not
+            answer — connection refused or reset, timeouts, HTTP 5xx and 429, as during a managed
+            control-plane upgrade — before it fails with :class:`LauncherError` (600 s, as the
+            Airflow bridge's ``outage_tolerance_s``). The workers do not need the API server to
+            train, and the launcher's end would close the rendezvous store they use, so an outage
+            shorter than this costs nothing. Reads back off from ``poll_interval_s`` to
+            :data:`OUTAGE_BACKOFF_MAX_S` meanwhile; the outage is logged once when it starts and
+            once when it ends. A refusal (401, 403, 404) fails the first read: waiting does not fix
+            it.
+        delete_timeout_s: how long to wait, in seconds, for a replaced or orphaned job (and its
+            running workers) to disappear; for the workers at least their
+            ``terminationGracePeriodSeconds`` (the SIGTERM checkpoint) + :data:`DELETE_GRACE_MARGIN_S`.
         fail_fast: fail the launch when workers cannot start (:class:`LaunchStuck`) instead of
             waiting for them.
         max_grace_s: cap on how long such a problem may last first (each reason has its own grace,
@@ -212,6 +239,7 @@ class RunnerSettings:
     cleanup: Cleanup = "on-success"
     recreate_failed: bool = True
     max_consecutive_errors: int = 6
+    outage_tolerance_s: float = 600.0
     delete_timeout_s: float = 120.0
     fail_fast: bool = True
     max_grace_s: float = 60.0
@@ -230,6 +258,8 @@ class RunnerSettings:
             raise ValueError(f"cleanup must be 'always', 'on-success' or 'never', got {self.cleanup!r}")
         if self.max_consecutive_errors < 0:
             raise ValueError(f"max_consecutive_errors must be >= 0, got {self.max_consecutive_errors}")
+        if self.outage_tolerance_s < 0:
+            raise ValueError(f"outage_tolerance_s must be >= 0, got {self.outage_tolerance_s}")
         if self.max_grace_s < 0 or self.operator_grace_s <= 0:
             raise ValueError(f"max_grace_s must be >= 0 and operator_grace_s > 0, got {self.max_grace_s} "
                              f"and {self.operator_grace_s}")
@@ -400,6 +430,7 @@ class PyTorchJobRunner:
         self.stop_requested = threading.Event()
         self._resource = pytorchjob_resource()
         self._errors = 0
+        self._outage: _Outage | None = None  # the API server has not answered the wait's reads since
         self._first_seen: dict[tuple[str, str], float] = {}  # problem key -> when first seen (clock)
         self._oom_kills: _OomKills | None = None  # the current wait's
         self._events_refused = ""  # why listing events failed last (they are a help, not a need)
@@ -411,31 +442,30 @@ class PyTorchJobRunner:
 
         Raises:
             LauncherError: a job of another run/task holds the name, another live job trains the
-                same job key, or the API refused the job (403, missing namespace or CRD, the
-                operator's webhook; the message says which).
+                same job key, the API refused the job (403, missing namespace or CRD, the
+                operator's webhook; the message says which), or the API server did not answer.
+            LaunchTerminated: SIGTERM while a replaced job's deletion was awaited.
         """
         from lightkube.core.exceptions import ApiError
 
         manifest = render_pytorchjob(spec)
         where = f"PyTorchJob {spec.namespace}/{spec.name}"
-        try:
-            self.evict_orphans(spec)
+        self.evict_orphans(spec)
+        with self._calling("reading", where, spec.namespace):
             existing = self._get(spec.namespace, spec.name)
-        except ApiError as err:
-            raise LauncherError(api_refusal("reading", where, spec.namespace, err)) from err
         if existing is not None:
             self._check_owner(existing, spec)
             if self.settings.recreate_failed and (terminal_condition(existing) or ("",))[0] == "Failed":
                 log.info(
                     "PyTorchJob %s/%s failed in an earlier attempt: replacing it", spec.namespace, spec.name
                 )
-                self._delete_and_wait(self._ref(existing))
+                self._delete_and_wait(existing)
                 existing = None
         if existing is not None and terminal_condition(existing) is None and (
                 cause := stale_rendezvous(existing, manifest)):
             log.warning("PyTorchJob %s/%s %s: replacing it (training resumes from its newest checkpoint)",
                         spec.namespace, spec.name, cause)
-            self._delete_and_wait(self._ref(existing), workers_too=True)
+            self._delete_and_wait(existing, workers_too=True)
             existing = None
         if existing is not None:
             ref = self._ref(existing)
@@ -446,11 +476,14 @@ class PyTorchJobRunner:
             created = self.client.create(self._resource.from_dict(manifest))
         except ApiError as err:
             if err.status.code == 409:  # created concurrently (e.g. two launcher attempts racing)
-                existing = self._get(spec.namespace, spec.name)
+                with self._calling("reading", where, spec.namespace):
+                    existing = self._get(spec.namespace, spec.name)
                 if existing is not None:
                     self._check_owner(existing, spec)
                     return self._ref(existing), False
             raise LauncherError(api_refusal("creating", where, spec.namespace, err)) from err
+        except API_CALL_ERRORS as err:  # no answer: the job may or may not exist (a retry reattaches)
+            raise LauncherError(self._failure_line("creating", where, spec.namespace, err)) from err
         ref = self._ref(created)
         log.info("created PyTorchJob %s (uid %s)", ref, ref.uid)
         return ref, True
@@ -460,22 +493,24 @@ class PyTorchJobRunner:
 
         Raises:
             LauncherError: another running job trains the key and its launcher Pod still runs, or
-                it has no owner Pod to tell whether it is orphaned.
+                it has no owner Pod to tell whether it is orphaned; or the API failed (one line).
         """
         from lightkube.core.exceptions import ApiError
         from lightkube.resources.core_v1 import Pod
 
         if not spec.job_key:
             return []
-        try:
-            jobs = list(self.client.list(self._resource, namespace=spec.namespace,
-                                         labels={JOB_KEY_HASH_LABEL: job_key_hash(spec.job_key)}))
-        except ApiError as err:
-            if err.status.code == 403:  # cannot list: the create below will say what is wrong
-                log.warning("cannot list PyTorchJobs in %s to find other jobs on job key %r: %s",
-                            spec.namespace, spec.job_key, err.status.message)
-                return []
-            raise
+        with self._calling("listing", f"the PyTorchJobs of job key {spec.job_key!r} in {spec.namespace}",
+                           spec.namespace):
+            try:
+                jobs = list(self.client.list(self._resource, namespace=spec.namespace,
+                                             labels={JOB_KEY_HASH_LABEL: job_key_hash(spec.job_key)}))
+            except ApiError as err:
+                if err.status.code == 403:  # cannot list: the create below will say what is wrong
+                    log.warning("cannot list PyTorchJobs in %s to find other jobs on job key %r: %s",
+                                spec.namespace, spec.job_key, err.status.message)
+                    return []
+                raise
         evicted = []
         for job in jobs:
             annotations = job.metadata.annotations or {}
@@ -490,12 +525,13 @@ class PyTorchJobRunner:
                     f"pod to tell whether it is orphaned; wait for it or delete it (kubectl delete pytorchjob -n "
                     f"{ref.namespace} {ref.name})")
             owner = owners[0]
-            try:
-                pod = self.client.get(Pod, owner.name, namespace=spec.namespace)
-            except ApiError as err:
-                if err.status.code != 404:
-                    raise
-                pod = None
+            with self._calling("reading", f"pod {owner.name}, the launcher of PyTorchJob {ref},", spec.namespace):
+                try:
+                    pod = self.client.get(Pod, owner.name, namespace=spec.namespace)
+                except ApiError as err:
+                    if err.status.code != 404:
+                        raise
+                    pod = None
             alive = (pod is not None and pod.metadata.uid == owner.uid and not pod.metadata.deletionTimestamp
                      and (pod.status and pod.status.phase) not in ("Succeeded", "Failed"))
             if alive:
@@ -505,7 +541,7 @@ class PyTorchJobRunner:
             log.warning("PyTorchJob %s trains job key %r but its launcher pod %s is %s: deleting the orphan "
                         "so that one job writes the checkpoints", ref, spec.job_key, owner.name,
                         "gone" if pod is None or pod.metadata.uid != owner.uid else "ended")
-            self._delete_and_wait(ref, workers_too=True)
+            self._delete_and_wait(job, workers_too=True)
             evicted.append(ref)
         return evicted
 
@@ -521,10 +557,13 @@ class PyTorchJobRunner:
             LaunchTimeout: ``timeout_s`` passed.
             LaunchStuck: workers cannot start (``fail_fast``).
             WorkersOutOfMemory: a worker was OOM-killed ``max_oom_kills`` times (``ExitCode``).
-            LauncherError: the job vanished or was replaced, or the API kept failing.
+            LauncherError: the job vanished or was replaced, the API refused a read (401, 403,
+                404), did not answer for ``outage_tolerance_s``, or failed otherwise
+                ``max_consecutive_errors`` + 1 times in a row.
         """
         start = self.clock()
         self._errors = 0
+        self._outage = None
         self._first_seen = {}
         counting = self.settings.max_oom_kills is not None and (spec is None or spec.restart_policy == "ExitCode")
         self._oom_kills = _OomKills(self.client, ref, self.settings.poll_interval_s) if counting else None
@@ -541,7 +580,7 @@ class PyTorchJobRunner:
                     return outcome
                 if self.settings.timeout_s is not None and self.clock() - start > self.settings.timeout_s:
                     raise LaunchTimeout(f"PyTorchJob {ref} did not finish within {self.settings.timeout_s:.0f} s")
-                if self.stop_requested.wait(self.settings.poll_interval_s):
+                if self.stop_requested.wait(self._pause_s()):
                     raise LaunchTerminated(f"the launcher was terminated while PyTorchJob {ref} was running")
         finally:
             if self._oom_kills is not None:
@@ -550,6 +589,49 @@ class PyTorchJobRunner:
                 for t in logs.threads:  # let finished streams drain their last lines
                     t.join(timeout=2.0)
                 logs.close()
+
+    def _read_failed(self, ref: JobRef, err: Exception) -> None:
+        """Judge a failed read of the wait: a refusal (401, 403, 404) raises at once; an outage
+        (:func:`api_outage`) is ridden out for ``outage_tolerance_s`` from its first failed read,
+        logged when it starts (and by :meth:`_check` when it ends); any other error counts towards
+        ``max_consecutive_errors``.
+
+        Raises:
+            LauncherError: one line naming the refusal, or the outage's length and last error.
+        """
+        what = f"PyTorchJob {ref}"
+        if http_status(err) in (401, 403, 404):
+            raise LauncherError(api_refusal("reading", what, ref.namespace, err)) from err
+        if api_outage(err):
+            now, tolerance = self.clock(), self.settings.outage_tolerance_s
+            if self._outage is None:
+                self._outage = _Outage(since=now)
+                log.warning("%s: the API server%s does not answer (%s); reading again for up to %g s "
+                            "(outage_tolerance_s) while the workers train on", what,
+                            _api_server(self.client, err), _said(err), tolerance)
+            self._outage.failed_reads += 1
+            lasted = now - self._outage.since
+            if lasted >= tolerance:
+                raise LauncherError(
+                    f"{what}: the API server{_api_server(self.client, err)} did not answer for {lasted:.0f} s "
+                    f"(outage_tolerance_s {tolerance:g} s; {self._outage.failed_reads} reads failed): {_said(err)}"
+                ) from err
+            return
+        self._errors += 1
+        log.warning("reading %s failed (%d in a row): %s", what, self._errors, _said(err))
+        if self._errors > self.settings.max_consecutive_errors:
+            raise LauncherError(f"reading {what} failed {self._errors} times in a row: {_said(err)}") from err
+
+    def _pause_s(self) -> float:
+        """Seconds until the wait's next read: ``poll_interval_s``; during an outage doubled at each
+        failed read, up to :data:`OUTAGE_BACKOFF_MAX_S` (``poll_interval_s`` if longer), and never
+        past the end of ``outage_tolerance_s``, so that the last read comes at that end."""
+        interval, outage = self.settings.poll_interval_s, self._outage
+        if outage is None:
+            return interval
+        backoff = min(interval * 2 ** min(outage.failed_reads - 1, 30), max(interval, OUTAGE_BACKOFF_MAX_S))
+        left = outage.since + self.settings.outage_tolerance_s - self.clock()
+        return max(0.0, min(backoff, left))
 
     def _fail_if_out_of_memory(self, ref: JobRef, pods: list[dict[str, Any]]) -> None:
         limit, counter = self.settings.max_oom_kills, self._oom_kills
@@ -569,21 +651,19 @@ class PyTorchJobRunner:
 
     def _check(self, ref: JobRef, created: bool, last_phase: str, *, spec: PyTorchJobSpec | None = None,
                logs: Any = None, start: float = 0.0) -> tuple[JobOutcome | None, str]:
-        """One status read: ``(outcome or None, latest phase)``; counts API errors in ``_errors``."""
-        from lightkube.core.exceptions import ApiError
-
+        """One status read: ``(outcome or None, latest phase)``; a failed read is
+        :meth:`_read_failed`'s to judge."""
         try:
             job = self._get(ref.namespace, ref.name)
             pods = self._worker_pods(ref)
-        except (ApiError, OSError, _HTTPError) as err:
-            self._errors += 1
-            log.warning("reading PyTorchJob %s failed (%d in a row): %s", ref, self._errors, err)
-            if self._errors > self.settings.max_consecutive_errors:
-                raise LauncherError(
-                    f"reading PyTorchJob {ref} failed {self._errors} times in a row: {err}"
-                ) from err
+        except API_CALL_ERRORS as err:
+            self._read_failed(ref, err)
             return None, last_phase
         self._errors = 0
+        if self._outage is not None:
+            log.info("PyTorchJob %s: the API server answers again after %.0f s (%d reads failed)", ref,
+                     self.clock() - self._outage.since, self._outage.failed_reads)
+            self._outage = None
         if job is None:
             raise LauncherError(f"PyTorchJob {ref} was deleted while the launcher waited for it")
         if job.metadata.uid != ref.uid:
@@ -679,18 +759,21 @@ class PyTorchJobRunner:
             return f"workers: unknown ({err})"
 
     def delete(self, ref: JobRef) -> bool:
-        """Delete the job (its pods follow through ownerReferences); False if it was already gone."""
-        from lightkube.core.exceptions import ApiError
+        """Delete the job (its pods follow through ownerReferences); False if it was already gone.
+
+        Raises:
+            LauncherError: the API refused the deletion or did not answer (one line).
+        """
         from lightkube.types import CascadeType
 
         try:
             self.client.delete(
                 self._resource, ref.name, namespace=ref.namespace, cascade=CascadeType.BACKGROUND
             )
-        except ApiError as err:
-            if err.status.code == 404:
+        except API_CALL_ERRORS as err:
+            if http_status(err) == 404:
                 return False
-            raise LauncherError(f"deleting PyTorchJob {ref} failed: {err.status.message}") from err
+            raise LauncherError(self._failure_line("deleting", f"PyTorchJob {ref}", ref.namespace, err)) from err
         log.info("deleted PyTorchJob %s", ref)
         return True
 
@@ -804,27 +887,60 @@ class PyTorchJobRunner:
                 f" not run {spec.run_id!r} task {spec.task_name!r}; delete it or change the task name"
             )
 
-    def _delete_and_wait(self, ref: JobRef, *, workers_too: bool = False) -> None:
-        """Delete the job and wait until it is gone; ``workers_too``: also until none of its worker
+    def _delete_and_wait(self, job: Any, *, workers_too: bool = False) -> None:
+        """Delete ``job`` and wait until it is gone; ``workers_too``: also until none of its worker
         pods runs or terminates (the garbage collector deletes them; a worker still running, or saving
-        its SIGTERM checkpoint, could write one more checkpoint)."""
+        its SIGTERM checkpoint, could write one more checkpoint) — for ``delete_timeout_s``, and for
+        the workers at least their ``terminationGracePeriodSeconds`` + :data:`DELETE_GRACE_MARGIN_S`.
+
+        Raises:
+            LauncherError: the job or its workers outlived the wait, or the API failed (one line).
+            LaunchTerminated: SIGTERM (:attr:`stop_requested`) meanwhile.
+        """
+        ref = self._ref(job)
         self.delete(ref)
-        deadline = self.clock() + self.settings.delete_timeout_s
-        while (job := self._get(ref.namespace, ref.name)) is not None and job.metadata.uid == ref.uid:
-            if self.clock() > deadline:
-                raise LauncherError(
-                    f"PyTorchJob {ref} was not deleted within {self.settings.delete_timeout_s:.0f} s"
-                )
-            time.sleep(0.5)
-        # Terminating workers count too: on SIGTERM the trainer saves one more checkpoint.
-        deadline = self.clock() + self.settings.delete_timeout_s
-        while workers_too and [p for p in self._worker_pods(ref)
-                               if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]:
-            if self.clock() > deadline:
-                raise LauncherError(
-                    f"PyTorchJob {ref} was deleted but its workers still run after "
-                    f"{self.settings.delete_timeout_s:.0f} s (is the garbage collector running?)")
-            time.sleep(0.5)
+        with self._calling("waiting for the deletion of", f"PyTorchJob {ref}", ref.namespace):
+            deadline = self.clock() + self.settings.delete_timeout_s
+            while (found := self._get(ref.namespace, ref.name)) is not None and found.metadata.uid == ref.uid:
+                if self.clock() > deadline:
+                    raise LauncherError(
+                        f"PyTorchJob {ref} was not deleted within {self.settings.delete_timeout_s:.0f} s"
+                    )
+                self._pause_deleting(ref, 0.5)
+            if not workers_too:
+                return
+            # Terminating workers count too: on SIGTERM the trainer saves one more checkpoint, for up
+            # to the pod's grace period.
+            grace_s = worker_grace_period_s(job)
+            limit_s = max(self.settings.delete_timeout_s, grace_s + DELETE_GRACE_MARGIN_S)
+            deadline = self.clock() + limit_s
+            while [p for p in self._worker_pods(ref)
+                   if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]:
+                if self.clock() > deadline:
+                    raise LauncherError(
+                        f"PyTorchJob {ref} was deleted but its workers still run after {limit_s:.0f} s "
+                        f"(their grace period is {grace_s:.0f} s; is the garbage collector running?)")
+                self._pause_deleting(ref, 0.5)
+
+    def _pause_deleting(self, ref: JobRef, seconds: float) -> None:
+        if self.stop_requested.wait(seconds):
+            raise LaunchTerminated(f"the launcher was terminated while it waited for PyTorchJob {ref} to be deleted")
+
+    @contextlib.contextmanager
+    def _calling(self, action: str, what: str, namespace: str) -> Iterator[None]:
+        """Turn an API call's failure inside into one :class:`LauncherError` line
+        (:meth:`_failure_line`, the error chained); LauncherErrors raised inside pass as they are."""
+        try:
+            yield
+        except API_CALL_ERRORS as err:
+            raise LauncherError(self._failure_line(action, what, namespace, err)) from err
+
+    def _failure_line(self, action: str, what: str, namespace: str, err: Exception) -> str:
+        """``<action> <what> failed: the API server at <url> did not answer (<error>)`` for a
+        transport error, :func:`api_refusal`'s line for an HTTP error."""
+        if http_status(err) is None:
+            return f"{action} {what} failed: the API server{_api_server(self.client, err)} did not answer ({_said(err)})"
+        return api_refusal(action, what, namespace, err)
 
     def _adopt(self, job: Any, spec: PyTorchJobSpec) -> None:
         """Make the spec's owner (the new launcher Pod) the owner of a reattached job, so the job
@@ -845,18 +961,90 @@ class PyTorchJobRunner:
                         job.metadata.namespace, job.metadata.name, err)
 
 
-try:  # httpx is lightkube's transport; its errors are the "connection refused" kind
-    from httpx import HTTPError as _HTTPError
-except ImportError:  # pragma: no cover - lightkube always brings httpx
-    _HTTPError = OSError  # type: ignore[assignment,misc]
+def _http_library_errors(attribute: str) -> tuple[type[Exception], ...]:
+    """``attribute`` (an error class) of each HTTP library lightkube may speak: httpx2 (lightkube
+    >= 1.0, the image's) and httpx (earlier releases), those installed."""
+    found: list[type[Exception]] = []
+    for name in ("httpx2", "httpx"):
+        with contextlib.suppress(ImportError):
+            found.append(getattr(importlib.import_module(name), attribute))
+    return tuple(found)
+
+
+#: What a failed call to the API server raises: the HTTP library's errors — lightkube's ``ApiError``
+#: (an HTTP error with a Kubernetes ``Status``), ``HTTPStatusError`` (one without, e.g. a load
+#: balancer's HTML 502), the transport errors — and socket errors.
+API_CALL_ERRORS: tuple[type[Exception], ...] = (OSError, *_http_library_errors("HTTPError"))
+#: Errors with no HTTP answer at all: connection refused or reset, timeouts, protocol errors.
+_TRANSPORT_ERRORS: tuple[type[Exception], ...] = (OSError, *_http_library_errors("TransportError"))
+
+
+@dataclass
+class _Outage:
+    """The API server has not answered the wait's reads since ``since`` (the runner's clock, s)."""
+
+    since: float
+    failed_reads: int = field(default=0)
+
+
+def http_status(err: BaseException) -> int | None:
+    """The HTTP status of a failed API call: the ``Status`` code of lightkube's ``ApiError``, else the
+    response's; ``None`` when no answer came (a transport error)."""
+    code = getattr(getattr(err, "status", None), "code", None)
+    if not isinstance(code, int):
+        code = getattr(getattr(err, "response", None), "status_code", None)
+    return code if isinstance(code, int) else None
+
+
+def api_outage(err: BaseException) -> bool:
+    """Whether a failed API call says the API server is unavailable for now rather than that it
+    refuses: no answer (connection refused or reset, a timeout), HTTP 5xx, 429 (API Priority and
+    Fairness shedding load) or 408."""
+    code = http_status(err)
+    if code is None:
+        return isinstance(err, _TRANSPORT_ERRORS)
+    return code >= 500 or code in (408, 429)
+
+
+def _api_server(client: Any, err: BaseException | None = None) -> str:
+    """`` at <scheme>://<host>[:port]``: where the failed request went, else the client's server;
+    empty when neither is known."""
+    try:
+        url = err.request.url  # type: ignore[union-attr]  # httpx: RuntimeError when it has none
+        return f" at {url.scheme}://{url.netloc.decode()}"
+    except Exception:  # no request on the error: the client's configuration
+        pass
+    server = getattr(getattr(getattr(client, "config", None), "cluster", None), "server", None)
+    return f" at {server}" if isinstance(server, str) and server else ""
+
+
+def _said(err: BaseException) -> str:
+    """A failed API call in one line: ``HTTP 503: <message>``, ``ConnectError: <message>``."""
+    text = " ".join(str(getattr(getattr(err, "status", None), "message", "") or err).split())
+    code = http_status(err)
+    kind = f"HTTP {code}" if code is not None else type(err).__name__
+    return f"{kind}: {text}" if text else kind
+
+
+def worker_grace_period_s(job: Any) -> float:
+    """``terminationGracePeriodSeconds`` of ``job``'s worker pod template, in seconds (Kubernetes'
+    :data:`DEFAULT_POD_GRACE_S` when unset): how long a deleted worker may take to end."""
+    spec = _get(job, "spec") or {}
+    template = (((spec.get("pytorchReplicaSpecs") or {}).get("Worker") or {}).get("template") or {})
+    value = (template.get("spec") or {}).get("terminationGracePeriodSeconds")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else DEFAULT_POD_GRACE_S
 
 
 def api_refusal(action: str, what: str, namespace: str, err: Any) -> str:
     """One line for an API error while ``action``-ing ``what`` (``creating PyTorchJob ns/x``): says
-    whether the identity lacks rights (403), the namespace or the PyTorchJob CRD is missing (404),
-    or the request itself was refused (the webhook's or the API server's message)."""
-    code = getattr(err.status, "code", None)
-    message = " ".join(str(getattr(err.status, "message", "") or err).split())
+    whether the credentials were not accepted (401), the identity lacks rights (403), the namespace
+    or the PyTorchJob CRD is missing (404), or the request itself was refused (the webhook's or the
+    API server's message)."""
+    code = http_status(err)
+    message = " ".join(str(getattr(getattr(err, "status", None), "message", "") or err).split())
+    if code == 401:
+        return (f"{action} {what} was refused (401 Unauthorized): the API server did not accept this step's "
+                f"credentials (its service account token, or the KUBECONFIG user): {message}")
     if code == 403:
         return (f"{action} {what} was refused (403 Forbidden): the service account this step runs as may "
                 f"not do it in namespace {namespace} (grant it the trainflow-pipeline-runner ClusterRole "
