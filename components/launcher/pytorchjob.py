@@ -40,6 +40,12 @@ Choices and their sources:
   other agent (``RendezvousConnectionError``, pytorch#67742) and so the job;
 * ``sidecar.istio.io/inject: "false"``: an Istio sidecar never exits, so a finished worker pod would
   never complete on Kubeflow platforms that inject sidecars;
+* ``automountServiceAccountToken: false`` unless a worker service account is named: the workers
+  never call the Kubernetes API (their rendezvous is c10d against a TCP store, their storage S3
+  with the Secret's keys), so a worker process — which runs the user's task code — gets no API
+  token of the namespace's ``default`` account to misuse. A named account keeps its token (e.g.
+  for Vault's Kubernetes auth), and tokens that an identity webhook projects for a cloud provider
+  (EKS IRSA's ``AWS_WEB_IDENTITY_TOKEN_FILE``) are volumes of their own, which this does not remove;
 * label ``trainflow.dev/managed: "true"`` on the job and its pods: the GPU scheduler resizes only
   jobs carrying it; label ``trainflow.dev/job-key-hash`` on the job: the launcher finds other jobs
   training the same checkpoint key (an orphan of an earlier launcher) by it;
@@ -531,6 +537,8 @@ def render_pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {"containers": [container]}
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
+    else:
+        pod_spec["automountServiceAccountToken"] = False
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:

@@ -45,7 +45,7 @@ from components.training.data import DatasetError, DatasetInfo
 from components.training.faults import fired_faults
 from components.training.metrics import read_jsonl
 from components.training.summary import TrainingSummary, summarize
-from trainflow.common.training_spec import TrainConfig, TrainJobSpec
+from trainflow.common.training_spec import ROWS, TrainConfig, TrainJobSpec
 from trainflow.storage import CheckpointStorageError, join_uri, storage_for
 
 if TYPE_CHECKING:
@@ -400,8 +400,9 @@ def _run_pytorchjob_in(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path, sta
 def worker_job_spec(spec: TrainJobSpec, cfg: TrainConfig, *, namespace: str, image: str,
                     **more: Any) -> PyTorchJobSpec:
     """The PyTorchJob the train step creates for ``spec`` (the workers' config ``cfg``), checked:
-    worker bounds, quantities, ``worker_pod_settings`` and the grace period the SIGTERM save needs.
-    ``trainflow run`` calls it before anything starts; ``more``: the rendezvous and owner fields.
+    worker bounds, quantities, ``worker_pod_settings``, the grace period the SIGTERM save needs and
+    the ranks per worker against its GPUs (:func:`ranks_per_worker`). ``trainflow run`` calls it
+    before anything starts; ``more``: the rendezvous and owner fields.
 
     Raises:
         TrainStepError: one line naming the setting.
@@ -413,10 +414,11 @@ def worker_job_spec(spec: TrainJobSpec, cfg: TrainConfig, *, namespace: str, ima
         settings["termination_grace_period_s"] = worker_grace_period_s(
             settings.get("termination_grace_period_s"), cfg.checkpoint.preemption_save_deadline_s)
         env = {**spec.extra_env, **settings.pop("env", {})}
+        nproc = ranks_per_worker(spec.nproc_per_node, worker_gpus(spec.gpus_per_worker, settings.get("resources")))
         return PyTorchJobSpec(
             run_id=spec.kfp_run_id or cfg.checkpoint.job_key, task_name=spec.kfp_task_name or "train",
             namespace=namespace, image=image, training_args=("--config-json", cfg.to_json()),
-            min_replicas=spec.min_workers, max_replicas=spec.max_workers, nproc_per_node=spec.nproc_per_node,
+            min_replicas=spec.min_workers, max_replicas=spec.max_workers, nproc_per_node=nproc,
             max_restarts=spec.max_restarts, gpus_per_worker=spec.gpus_per_worker, cpu=spec.worker_cpu or None,
             memory=spec.worker_memory or None, checkpoint_uri=cfg.checkpoint.uri,
             s3_secret_name=spec.s3_secret_name or None, s3_access_key_key=spec.s3_access_key_key,
@@ -428,6 +430,44 @@ def worker_job_spec(spec: TrainJobSpec, cfg: TrainConfig, *, namespace: str, ima
         raise TrainStepError(str(e)) from e
     except TypeError as e:  # a worker_pod_settings value of the wrong type for its field
         raise TrainStepError(f"worker_pod_settings: {e}") from e
+
+
+def worker_gpus(gpus_per_worker: int, resources: object = None) -> int:
+    """GPUs (``nvidia.com/gpu``) of each worker pod: a whole-number limit in ``worker_pod_settings``'
+    ``resources`` (merged over ``gpus_per_worker`` when the pod is rendered), else ``gpus_per_worker``."""
+    from components.launcher.pytorchjob import GPU_RESOURCE
+
+    limits = resources.get("limits") if isinstance(resources, Mapping) else None
+    value = limits.get(GPU_RESOURCE) if isinstance(limits, Mapping) else None
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return gpus_per_worker
+
+
+def ranks_per_worker(nproc_per_node: int, gpus: int) -> int:
+    """Training processes per worker pod of ``gpus`` GPUs: with GPUs, one per GPU, as torchrun's
+    ``--nproc-per-node gpu``. Each rank drives ``cuda:<local rank % GPUs>``
+    (``components.training.distributed``): more ranks than GPUs share one, which NCCL refuses
+    ("Duplicate GPU detected") at every restart of the worker group, and fewer leave GPUs idle.
+    ``nproc_per_node`` at its default (the row's 2: the KFP component passes every parameter, so the
+    default is how "not set" reads) follows ``gpus``; a value of its own must equal it. Without
+    GPUs, ``nproc_per_node`` as given.
+
+    Raises:
+        TrainStepError: ``nproc_per_node`` was set to another value than ``gpus``.
+    """
+    if gpus <= 0 or nproc_per_node == gpus:
+        return nproc_per_node
+    default = ROWS["nproc_per_node"].default
+    if nproc_per_node == default:
+        log.info("nproc_per_node follows gpus_per_worker: %d ranks per worker, one per GPU", gpus)
+        return gpus
+    why = (f"{nproc_per_node} ranks would share {gpus} GPU{'s' if gpus > 1 else ''} (NCCL refuses two ranks on "
+           "one GPU)" if nproc_per_node > gpus else
+           f"{nproc_per_node} ranks would leave {gpus - nproc_per_node} of the {gpus} GPUs idle")
+    raise TrainStepError(f"nproc_per_node {nproc_per_node} does not match gpus_per_worker {gpus}: each rank drives "
+                         f"one GPU, so {why}; set nproc_per_node to {gpus}, or leave it at its default ({default}), "
+                         "which follows gpus_per_worker")
 
 
 def worker_grace_period_s(requested: object, save_deadline_s: float) -> object:

@@ -448,7 +448,8 @@ class LaunchConfig(_Section):
     max_workers: int = param("max_workers", "SPC", "elastic upper bound on the number of workers (>= "
                              "min_workers)", 1, unit="workers", minimum=1, section=TRAINING)
     nproc_per_node: int = param("nproc_per_node", "SPC", "training processes (DDP ranks) per worker; world size "
-                                "= workers x nproc_per_node", 2, unit="ranks per worker", minimum=1,
+                                "= workers x nproc_per_node; on GPU workers one per GPU (the default follows "
+                                "gpus_per_worker)", 2, unit="ranks per worker", minimum=1,
                                 section=TRAINING)
     max_restarts: int = param("max_restarts", "SPC", "torchrun restarts of the worker group before the step fails",
                               3, unit="restarts", minimum=0, section=ADVANCED)

@@ -404,3 +404,16 @@ def test_backoff_limit_is_rendered_where_the_operator_counts_restarts() -> None:
     assert "backoffLimit" not in render_pytorchjob(spec())["spec"]["runPolicy"]
     assert render_pytorchjob(spec(restart_policy="OnFailure", backoff_limit=2))["spec"]["runPolicy"]["backoffLimit"] == 2
     assert render_pytorchjob(spec(backoff_limit=0))["spec"]["runPolicy"]["backoffLimit"] == 0
+
+
+def test_worker_pods_get_no_kubernetes_api_token_unless_given_an_account() -> None:
+    """Review (2026-11-29): the workers never call the Kubernetes API (c10d rendezvous against the
+    train step's store, S3 through the Secret's keys), yet mounted the namespace default account's
+    token into the process that runs the user's task code. A named worker account keeps its token."""
+    base = dict(run_id="r", task_name="train", namespace="ns", image="img", training_args=[], min_replicas=1,
+                max_replicas=1)
+    worker = render_pytorchjob(PyTorchJobSpec(**base))["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert worker["template"]["spec"]["automountServiceAccountToken"] is False
+    named = render_pytorchjob(PyTorchJobSpec(**base, service_account_name="vault-auth"))
+    pod = named["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "vault-auth" and "automountServiceAccountToken" not in pod
