@@ -19,9 +19,10 @@ SKIPPED       ``AirflowSkipException``
 
 Killing the task (marking it failed or success, clearing it; ``execution_timeout`` in sync mode)
 terminates the KFP run by its persisted id: ``on_kill`` in sync mode, the trigger's ``on_kill``
-(Airflow >= 3.3) when deferred. ``execution_timeout`` also bounds a deferral (it is the trigger's
-timeout), but Airflow's trigger timeout does not call ``on_kill``: use ``run_timeout_s`` for a
-deadline that stops the run in deferrable mode. Bad input (unknown parameter, unreadable package,
+(Airflow >= 3.3) when deferred. ``execution_timeout`` stops the run in deferrable mode too: it is
+also the trigger's deadline, whose ``timeout`` event terminates the run (Airflow's own deferral
+timeout, which calls no ``on_kill``, is a backstop 2 minutes later; without ``cancel_on_kill`` it
+alone bounds the deferral, and the run goes on). Bad input (unknown parameter, unreadable package,
 a pipeline source rendered empty, refused credentials) and a canceled run fail the task at once
 without retries. Credentials refused while the sync mode waits (a token rotated or expired in the
 connection) make it read the connection again and wait on; refused again, the try fails with a
@@ -67,7 +68,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -120,6 +121,11 @@ def loggable_parameters(arguments: dict[str, Any]) -> Any:
     ``*password*`` ... Airflow's ``[core] sensitive_var_conn_names`` list) and registered secrets
     replaced with ``***`` by Airflow's secrets masker."""
     return redact(arguments)
+
+
+#: How much later than the trigger's own ``execution_timeout`` deadline Airflow's deferral timeout
+#: fires (a backstop): the trigger's last poll, ``DEFER_SETTLE_S`` and the event's delivery fit in it.
+EXECUTION_TIMEOUT_MARGIN = timedelta(seconds=120)
 
 
 def run_deadline_s(run: dict[str, Any], run_timeout_s: float | None, *, now_s: float) -> float | None:
@@ -337,22 +343,40 @@ class KfpRunPipelineOperator(BaseOperator):
         if not RunState.parse(run.get("state")).is_terminal:
             if self.deferrable:
                 self._mark_deferred(store, run_id, try_id(context["ti"]))
+                trigger_deadline_s, timeout = self._deferral_bounds(deadline_s, now_s=time.time())
                 self.defer(
                     trigger=KfpRunTrigger(
                         run_id=run_id,
                         kfp_conn_id=self.kfp_conn_id,
                         poll_interval_s=self.poll_interval_s,
-                        deadline_s=deadline_s,
+                        deadline_s=trigger_deadline_s,
                         run_url=url,
                         not_before_s=time.time() + DEFER_SETTLE_S,
                         cancel_on_kill=self.cancel_on_kill,
                     ),
                     method_name="execute_complete",
-                    timeout=self.execution_timeout,  # Airflow's own bound on the deferral
+                    timeout=timeout,  # Airflow's own bound on the deferral
                 )
             run = self._wait(run_id, deadline_s, url)
         payload = payload_for_run(run, url=url, canceling_seen=run_id in self._canceling_seen)
         return self._finish(context, payload, run=run)
+
+    def _deferral_bounds(self, deadline_s: float | None, *, now_s: float) -> tuple[float | None, timedelta | None]:
+        """The trigger's deadline (epoch s) and Airflow's timeout of a deferral starting at ``now_s``.
+
+        ``execution_timeout`` stops the run in deferrable mode as it does in sync mode (where it
+        reaches ``on_kill``): with ``cancel_on_kill``, the trigger's deadline is also ``now_s`` +
+        ``execution_timeout``, so its ``timeout`` event terminates the run (:class:`KfpRunTimeoutError`,
+        retried; the retry submits a new run), and Airflow's own deferral timeout -- which calls no
+        ``on_kill``, so the run would go on and each retry reattach to it with a fresh timeout -- is
+        set :data:`EXECUTION_TIMEOUT_MARGIN` later, as a backstop. Without ``cancel_on_kill``
+        (a kill leaves the run going) Airflow's timeout alone, as before.
+        """
+        if self.execution_timeout is None or not self.cancel_on_kill:
+            return deadline_s, self.execution_timeout
+        by_timeout_s = now_s + self.execution_timeout.total_seconds()
+        trigger_deadline_s = by_timeout_s if deadline_s is None else min(deadline_s, by_timeout_s)
+        return trigger_deadline_s, self.execution_timeout + EXECUTION_TIMEOUT_MARGIN
 
     def _check_rendered_source(self) -> None:
         """Fail without retries, before any API call, when ``pipeline_package_path`` or

@@ -280,6 +280,33 @@ def test_deferral_carries_every_knob(kfp_server, compiled_pipelines) -> None:
 
 
 @slow
+def test_execution_timeout_is_the_triggers_deadline_so_it_stops_the_run(kfp_server, compiled_pipelines) -> None:
+    """Review (2026-11-29): in deferrable mode execution_timeout was only Airflow's deferral timeout,
+    which calls no on_kill: the run went on, and each retry reattached to it with a fresh timeout,
+    so execution_timeout never stopped it. It is the trigger's deadline now (whose timeout event
+    terminates the run), the earlier of it and run_timeout_s's; Airflow's timeout is a backstop."""
+    from airflow_bridge.operators.kfp import EXECUTION_TIMEOUT_MARGIN
+
+    for name, run_timeout_s, hours in (("exec-timeout", None, 1), ("exec-timeout-run", 600, 2)):
+        ctx = context_for(name)
+        op = operator(kfp_server, compiled_pipelines["slow"], parameters={"seconds": 300}, deferrable=True,
+                      run_timeout_s=run_timeout_s, execution_timeout=timedelta(hours=hours))
+        deferred_at = time.time()
+        with pytest.raises(TaskDeferred) as deferred:
+            op.execute(ctx)
+        (run,) = runs_of(kfp_server, ctx)
+        assert deferred.value.timeout == timedelta(hours=hours) + EXECUTION_TIMEOUT_MARGIN
+        trigger = deferred.value.trigger.serialize()[1]
+        if run_timeout_s is None:
+            assert deferred_at + 3600 <= trigger["deadline_s"] <= time.time() + 3600
+        else:  # the run's own deadline comes first
+            created = run_deadline_s(run, 0.000001, now_s=0) - 0.000001
+            assert trigger["deadline_s"] == pytest.approx(created + 600)
+        assert trigger["cancel_on_kill"] is True
+        op.hook.terminate_run(run["run_id"])
+
+
+@slow
 def test_execute_complete_maps_every_event(kfp_server, compiled_pipelines) -> None:
     ctx = context_for("complete")
     op = operator(kfp_server, compiled_pipelines["slow"])
