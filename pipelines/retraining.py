@@ -54,6 +54,7 @@ def _retrain_steps(*, platform: PlatformSettings, s3_secret_name, dataset_source
     training = train(
         dataset=data.outputs["dataset"], seed=seed, checkpoint_uri=checkpoint_uri, job_key=job_key,
         kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, kfp_task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+        kfp_task_id=dsl.PIPELINE_TASK_ID_PLACEHOLDER,  # tells the iterations of a ParallelFor apart
         pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER, s3_endpoint_url=s3_endpoint_url, s3_secret_name=s3_secret_name,
         s3_access_key_key=platform.s3_access_key_key, s3_secret_key_key=platform.s3_secret_key_key,
         s3_endpoint_key=platform.s3_endpoint_key, **train_args,

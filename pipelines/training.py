@@ -115,6 +115,7 @@ def build_pipeline(platform: PlatformSettings) -> object:
         training = train(
             dataset=data.outputs["dataset"], **train_args,
             kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, kfp_task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+            kfp_task_id=dsl.PIPELINE_TASK_ID_PLACEHOLDER,  # tells the iterations of a ParallelFor apart
             pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
             s3_access_key_key=platform.s3_access_key_key, s3_secret_key_key=platform.s3_secret_key_key,
             s3_endpoint_key=platform.s3_endpoint_key,

@@ -16,8 +16,9 @@ default of ``--<flag>``).
 Choices and their sources:
 
 * the job name is a DNS-1035 label (the operator's validating webhook requires it, and it names the
-  pods and Services ``<job>-worker-<i>``), derived from the KFP run id and task name, so a retried
-  launcher finds the job its earlier attempt created;
+  pods and Services ``<job>-worker-<i>``), derived from the KFP run id, task name and task id (which
+  tells apart the iterations of a ``dsl.ParallelFor`` loop, whose run id and task name are the same),
+  so a retried launcher finds the job its earlier attempt created and no other task's;
 * ``spec.nprocPerNode`` rather than the deprecated ``elasticPolicy.nProcPerNode`` (the v1.9 webhook
   warns on the latter and rejects both together);
 * ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: each worker group's rank 0 hosts a fresh process-group
@@ -78,6 +79,8 @@ RUN_ID_LABEL = "trainflow.dev/kfp-run-id"
 TASK_LABEL = "trainflow.dev/kfp-task"
 RUN_ID_ANNOTATION = "trainflow.dev/kfp-run-id"
 TASK_ANNOTATION = "trainflow.dev/kfp-task-name"
+TASK_ID_ANNOTATION = "trainflow.dev/kfp-task-id"
+"""The KFP task id of the job's launcher; absent when it has none (and on jobs of launchers before it)."""
 ISTIO_INJECT_ANNOTATION = "sidecar.istio.io/inject"
 JOB_KEY_ANNOTATION = "trainflow.dev/job-key"
 JOB_KEY_HASH_LABEL = "trainflow.dev/job-key-hash"
@@ -127,18 +130,25 @@ class InvalidSpecError(ValueError):
     """A :class:`PyTorchJobSpec` field is out of range or malformed (the message names it)."""
 
 
-def job_name(run_id: str, task_name: str) -> str:
-    """Deterministic PyTorchJob name for one task of one KFP run.
+def task_identity(run_id: str, task_name: str, task_id: str = "") -> str:
+    """``run_id/task_name/task_id``, or ``run_id/task_name`` without a task id: what tells one task's
+    job from another's (hashed into :func:`job_name`; its parts are the job's annotations)."""
+    return f"{run_id}/{task_name}" + (f"/{task_id}" if task_id else "")
 
-    ``<slug of task name>-<10 hex of sha256(run_id/task_name)>``, at most :data:`MAX_NAME_LEN`
-    characters, a DNS-1035 label (lower-case letters, digits and ``-``, starting with a letter).
+
+def job_name(run_id: str, task_name: str, task_id: str = "") -> str:
+    """Deterministic PyTorchJob name for one task of one KFP run (one iteration of its loop).
+
+    ``<slug of task name>-<10 hex of sha256(task identity)>`` (:func:`task_identity`: without a task id
+    the name is the one launchers gave before task ids), at most :data:`MAX_NAME_LEN` characters, a
+    DNS-1035 label (lower-case letters, digits and ``-``, starting with a letter).
 
     Raises:
         InvalidSpecError: ``run_id`` or ``task_name`` is empty.
     """
     if not run_id or not task_name:
         raise InvalidSpecError(f"run_id and task_name must be non-empty, got {run_id!r} and {task_name!r}")
-    digest = hashlib.sha256(f"{run_id}/{task_name}".encode()).hexdigest()[:_HASH_LEN]
+    digest = hashlib.sha256(task_identity(run_id, task_name, task_id).encode()).hexdigest()[:_HASH_LEN]
     slug = re.sub(r"[^a-z0-9]+", "-", task_name.lower()).strip("-")
     if not slug or not slug[0].isalpha():
         slug = f"job-{slug}".rstrip("-")
@@ -200,6 +210,9 @@ class PyTorchJobSpec:
     Attributes:
         run_id: KFP run id (any string; hashed into the name, kept whole in an annotation).
         task_name: KFP task name (slugged into the name).
+        task_id: KFP task id (``{{$.pipeline_task_uuid}}`` as the driver resolved it: the parent DAG
+            execution's id, one per ``dsl.ParallelFor`` iteration), hashed into the name and kept in
+            an annotation; ``""``: none (the name and annotations of launchers before it).
         namespace: Kubernetes namespace of the job (DNS-1123 label).
         image: container image holding trainflow (``components.training``).
         training_args: arguments after ``-m components.training`` (opaque here).
@@ -277,6 +290,7 @@ class PyTorchJobSpec:
 
     run_id: str
     task_name: str
+    task_id: str = ""
     namespace: str
     image: str
     training_args: Sequence[str] = ()
@@ -448,7 +462,7 @@ class PyTorchJobSpec:
     @property
     def name(self) -> str:
         """The job name (see :func:`job_name`)."""
-        return job_name(self.run_id, self.task_name)
+        return job_name(self.run_id, self.task_name, self.task_id)
 
     @property
     def initial_replicas(self) -> int:
@@ -530,6 +544,8 @@ def render_pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
         container["ports"] = [{"name": METRICS_PORT_NAME, "containerPort": spec.metrics_port, "protocol": "TCP"}]
         pod_annotations.update({"prometheus.io/scrape": "true", "prometheus.io/port": str(spec.metrics_port)})
     job_annotations = {RUN_ID_ANNOTATION: spec.run_id, TASK_ANNOTATION: spec.task_name}
+    if spec.task_id:
+        job_annotations[TASK_ID_ANNOTATION] = spec.task_id
     job_meta_labels = dict(labels)
     if spec.job_key:
         job_annotations[JOB_KEY_ANNOTATION] = spec.job_key

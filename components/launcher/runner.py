@@ -60,6 +60,7 @@ from components.launcher.pytorchjob import (
     JOB_KEY_HASH_LABEL,
     RUN_ID_ANNOTATION,
     TASK_ANNOTATION,
+    TASK_ID_ANNOTATION,
     PyTorchJobSpec,
     job_key_hash,
     render_pytorchjob,
@@ -441,9 +442,10 @@ class PyTorchJobRunner:
         """Ensure the job exists; return ``(ref, created)``.
 
         Raises:
-            LauncherError: a job of another run/task holds the name, another live job trains the
-                same job key, the API refused the job (403, missing namespace or CRD, the
-                operator's webhook; the message says which), or the API server did not answer.
+            LauncherError: a job of another run/task (or iteration of this task) holds the name,
+                another live job trains the same job key, the API refused the job (403, missing
+                namespace or CRD, the operator's webhook; the message says which), or the API server
+                did not answer.
             LaunchTerminated: SIGTERM while a replaced job's deletion was awaited.
         """
         from lightkube.core.exceptions import ApiError
@@ -879,12 +881,26 @@ class PyTorchJobRunner:
 
     @staticmethod
     def _check_owner(job: Any, spec: PyTorchJobSpec) -> None:
+        """``job``, found under ``spec``'s name, is this task's: the same run id, task name and task id
+        (a job without the task-id annotation, of a launcher before task ids, has none).
+
+        Raises:
+            LauncherError: another run's or task's job, or another iteration's of this task.
+        """
         annotations = job.metadata.annotations or {}
         found = (annotations.get(RUN_ID_ANNOTATION), annotations.get(TASK_ANNOTATION))
         if found != (spec.run_id, spec.task_name):
             raise LauncherError(
                 f"PyTorchJob {spec.namespace}/{spec.name} exists but belongs to run {found[0]!r} task {found[1]!r},"
                 f" not run {spec.run_id!r} task {spec.task_name!r}; delete it or change the task name"
+            )
+        task_id = annotations.get(TASK_ID_ANNOTATION) or ""
+        if task_id != spec.task_id:
+            raise LauncherError(
+                f"PyTorchJob {spec.namespace}/{spec.name} exists but belongs to another iteration of run"
+                f" {spec.run_id!r} task {spec.task_name!r} (task id {task_id or 'none'}, not"
+                f" {spec.task_id or 'none'}: a dsl.ParallelFor loop or a sub-pipeline called more than once);"
+                " delete it"
             )
 
     def _delete_and_wait(self, job: Any, *, workers_too: bool = False) -> None:

@@ -59,6 +59,7 @@ def train(
     keep_failed_job: bool = False,
     kfp_run_id: str = "",
     kfp_task_name: str = "",
+    kfp_task_id: str = "",
     pipeline_root: str = "",
 ) -> NamedTuple("TrainOutputs", [("job_key", str), ("summary", str), ("resource", str)]):
     """Train with elastic DDP; checkpoints continuously and resumes from the newest one on any restart.
@@ -66,13 +67,15 @@ def train(
     Every parameter but the artifacts and the KFP placeholders is a row of the training spec
     (trainflow/common/training_spec.py, docs/training-parameters.md); this signature is pinned to
     it by tests/pipelines/test_training_spec_signatures.py. Workers: ``min_workers..max_workers``
-    torchrun agents (PyTorchJob worker pods) of ``nproc_per_node`` processes each. Checkpoints: under ``checkpoint_uri`` (a folder or
-    s3://bucket/prefix; default ``<pipeline root>/trainflow-checkpoints``) + the job key (default
-    ``<KFP run id>/<task name>``), every ``checkpoint_interval_steps`` steps and/or ``checkpoint_interval_s``
-    seconds (0 = off). ``fault_at_step`` > 0 SIGKILLs one worker once after that
-    step. ``adaptive_batch`` (opt-in) lets the trainer re-pick the global batch for goodput at every
-    (re)start and epoch end, from ``global_batch_size`` up to ``max_global_batch_size`` (0 = 8x
-    ``global_batch_size``, capped at the training split), with the learning rate scaled by AdaScale
+    torchrun agents (PyTorchJob worker pods) of ``nproc_per_node`` processes each. Checkpoints: under
+    ``checkpoint_uri`` (a folder or s3://bucket/prefix; default ``<pipeline root>/trainflow-checkpoints``)
+    + the job key (default ``<KFP run id>/<task name>/<KFP task id>``, the task id telling apart the
+    iterations of a ``dsl.ParallelFor``; ``<KFP run id>/<task name>`` without one), every
+    ``checkpoint_interval_steps`` steps and/or ``checkpoint_interval_s`` seconds (0 = off).
+    ``fault_at_step`` > 0 SIGKILLs one worker once after that step. ``adaptive_batch`` (opt-in) lets
+    the trainer re-pick the global batch for goodput at every (re)start and epoch end, from
+    ``global_batch_size`` up to ``max_global_batch_size`` (0 = 8x ``global_batch_size``, capped at the
+    training split), with the learning rate scaled by AdaScale
     (docs/training.md, "Adaptive batch"); off, the batch stays ``global_batch_size``.
     Cluster backend (``backend="pytorchjob"``; docs/launcher.md): a PyTorchJob in ``namespace``
     (default: this step's own, i.e. the KFP profile's) running ``image`` (default: this step's own),
@@ -105,6 +108,7 @@ def train(
     use_s3_endpoint(s3_endpoint_url)
     spec = TrainJobSpec.from_kwargs(rows, dataset_path=dataset.path, dataset_uri=dataset.uri or "",
                                     kfp_run_id=kfp_run_id, kfp_task_name=kfp_task_name,
+                                    kfp_task_id=kfp_task_id,
                                     pipeline_root=pipeline_root_of(pipeline_root, model.uri or "", kfp_run_id))
     work_dir = env_work_dir()
     result = run_train_step(spec, model_dir=Path(model.path), work_dir=work_dir)

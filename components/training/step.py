@@ -16,10 +16,11 @@ followed into this step's log. S3 credentials reach them only as ``secretKeyRef`
 This step also hosts the job's c10d rendezvous store (:func:`rendezvous_host`), so that losing any
 worker pod, worker 0 included, leaves the others training (docs/launcher.md, "Rendezvous").
 
-The job key comes from the KFP run id and task name unless the caller gives one (an Airflow DAG gives
-``dag_id/run_id/task_id/map_index`` so that an Airflow retry, which creates a new KFP run, still resumes
-the same checkpoints). Everything that can be checked before a worker starts is checked here, so bad
-input fails the step with one line instead of a torchrun traceback.
+The job key comes from the KFP run id, task name and task id (:func:`resolve_job_key`) unless the
+caller gives one (an Airflow DAG gives ``dag_id/run_id/task_id/map_index`` so that an Airflow retry,
+which creates a new KFP run, still resumes the same checkpoints). Everything that can be checked
+before a worker starts is checked here, so bad input fails the step with one line instead of a
+torchrun traceback.
 """
 
 from __future__ import annotations
@@ -77,16 +78,34 @@ class TrainStepError(RuntimeError):
     """The train step failed; the message is one line naming the cause."""
 
 
-def resolve_job_key(job_key: str, kfp_run_id: str, kfp_task_name: str) -> str:
-    """An explicit key wins; else ``<kfp run id>/<task name>`` (stable across KFP retries of the task).
+def resolved_task_id(kfp_task_id: str) -> str:
+    """The KFP task id that tells this task apart from the other iterations of its ``dsl.ParallelFor``
+    loop (or calls of its sub-pipeline), or ``""``: not passed (a pipeline compiled before it was) or a
+    placeholder the backend left unresolved.
+
+    KFP 2.14's driver resolves ``{{$.pipeline_task_name}}`` to the task's name, the same in every
+    iteration, and ``{{$.pipeline_task_uuid}}`` to the id of the task's parent DAG execution
+    (``backend/src/v2/driver/resolve.go``): a new one per loop iteration, the root DAG's for a
+    top-level task, and the same for every retry of the task (a ``set_retry`` retry re-runs only the
+    executor pod; a run's Retry keeps the DAG drivers that succeeded, ``GenerateRetryExecution``).
+    """
+    return kfp_task_id if kfp_task_id and "{{" not in kfp_task_id else ""
+
+
+def resolve_job_key(job_key: str, kfp_run_id: str, kfp_task_name: str, kfp_task_id: str = "") -> str:
+    """An explicit key wins; else ``<kfp run id>/<task name>/<kfp task id>`` (stable across KFP retries
+    of the task, different for each iteration of a ``dsl.ParallelFor``), or ``<kfp run id>/<task name>``
+    without a task id (:func:`resolved_task_id`).
 
     Raises:
         TrainStepError: neither is available.
     """
+    from components.launcher.pytorchjob import task_identity
+
     if job_key:
         return _sanitize_key(job_key)
     if kfp_run_id and kfp_task_name and "{{" not in kfp_run_id + kfp_task_name:
-        return _sanitize_key(f"{kfp_run_id}/{kfp_task_name}")
+        return _sanitize_key(task_identity(kfp_run_id, kfp_task_name, resolved_task_id(kfp_task_id)))
     raise TrainStepError("no job key: pass job_key, or run inside a KFP pipeline (run id and task name)")
 
 
@@ -224,7 +243,7 @@ def run_train_step(spec: TrainJobSpec, *, model_dir: Path, work_dir: Path) -> Tr
     Raises:
         ConfigError, TrainStepError: bad input (before any worker starts) or a failed training run.
     """
-    job_key = resolve_job_key(spec.job_key, spec.kfp_run_id, spec.kfp_task_name)
+    job_key = resolve_job_key(spec.job_key, spec.kfp_run_id, spec.kfp_task_name, spec.kfp_task_id)
     checkpoint_uri = resolve_checkpoint_uri(spec.checkpoint_uri, spec.pipeline_root)
     work_dir.mkdir(parents=True, exist_ok=True)
     local_metrics = work_dir / "train-metrics.jsonl"
@@ -417,6 +436,7 @@ def worker_job_spec(spec: TrainJobSpec, cfg: TrainConfig, *, namespace: str, ima
         nproc = ranks_per_worker(spec.nproc_per_node, worker_gpus(spec.gpus_per_worker, settings.get("resources")))
         return PyTorchJobSpec(
             run_id=spec.kfp_run_id or cfg.checkpoint.job_key, task_name=spec.kfp_task_name or "train",
+            task_id=resolved_task_id(spec.kfp_task_id),
             namespace=namespace, image=image, training_args=("--config-json", cfg.to_json()),
             min_replicas=spec.min_workers, max_replicas=spec.max_workers, nproc_per_node=nproc,
             max_restarts=spec.max_restarts, gpus_per_worker=spec.gpus_per_worker, cpu=spec.worker_cpu or None,

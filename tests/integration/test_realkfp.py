@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -229,6 +230,10 @@ def test_the_compiled_pipeline_runs_to_success_on_the_real_node(
     assert any("/prepare-dataset/" in k for k in keys), keys
     assert any("/train/" in k for k in keys), keys
     assert any("trainflow-checkpoints/" in k for k in keys), keys
+    # The default job key is <run id>/<task name>/<KFP task id>: the driver resolved
+    # {{$.pipeline_task_uuid}} (the root DAG execution's id for this top-level task; docs/training.md).
+    key = re.compile(rf"trainflow-checkpoints/{re.escape(run.run_id)}/train/[0-9]+/")
+    assert any(key.search(k) for k in keys), [k for k in keys if "trainflow-checkpoints/" in k]
     _SUCCEEDED_RUNS[backend] = run.run_id
 
 

@@ -18,7 +18,7 @@ import yaml
 
 from trainflow.common import training_spec as ts
 
-PLUMBING = {"dataset", "model", "metrics", "kfp_run_id", "kfp_task_name", "pipeline_root"}
+PLUMBING = {"dataset", "model", "metrics", "kfp_run_id", "kfp_task_name", "kfp_task_id", "pipeline_root"}
 #: The stand-in pipeline's fast demo overrides (tests/support/kfp_pipelines.py).
 FAST_DEFAULTS = {"epochs", "learning_rate", "max_workers", "checkpoint_interval_steps", "checkpoint_interval_s"}
 

@@ -590,6 +590,11 @@ class TrainJobSpec:
     """The prepared dataset artifact's URI (KFP ``artifact.uri``): what workers read on a cluster."""
     kfp_run_id: str = ""
     kfp_task_name: str = ""
+    kfp_task_id: str = ""
+    """The KFP task id (``dsl.PIPELINE_TASK_ID_PLACEHOLDER``: KFP 2.14 resolves it to the id of the
+    task's parent DAG execution, so it tells apart the iterations of a ``dsl.ParallelFor`` loop and
+    the calls of a sub-pipeline, which share run id and task name); empty for pipelines compiled
+    before it was passed (docs/training.md, "Job key")."""
     pipeline_root: str = ""
     poll_interval_s: float = 5.0
     extra_env: Mapping[str, str] = field(default_factory=dict)
@@ -599,7 +604,8 @@ class TrainJobSpec:
     metrics, model) override them; an unknown name or a bad value is a :class:`ConfigError`."""
 
     PLUMBING: ClassVar[tuple[str, ...]] = ("dataset_path", "dataset_uri", "kfp_run_id", "kfp_task_name",
-                                           "pipeline_root", "poll_interval_s", "extra_env", "runtime")
+                                           "kfp_task_id", "pipeline_root", "poll_interval_s", "extra_env",
+                                           "runtime")
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any], **plumbing: Any) -> TrainJobSpec:

@@ -74,6 +74,37 @@ def test_empty_ids_are_rejected() -> None:
         job_name("", "train")
 
 
+# -- the KFP task id: the iterations of a dsl.ParallelFor loop share run id and task name -------
+
+
+def test_the_task_id_changes_the_names_hash_not_its_slug() -> None:
+    """Each iteration of a loop (its own KFP task id: the parent DAG execution's) gets a job of its own;
+    the same iteration, retried, the same one. Without a task id the name is the one launchers gave
+    before task ids (``<slug>-<sha256(run_id/task_name)>``), so their jobs are still found."""
+    import hashlib
+
+    plain = job_name("run-1", "train")
+    assert plain == "train-" + hashlib.sha256(b"run-1/train").hexdigest()[:10]
+    assert job_name("run-1", "train", "") == plain
+    one, two = job_name("run-1", "train", "101"), job_name("run-1", "train", "102")
+    assert len({plain, one, two}) == 3 and job_name("run-1", "train", "101") == one
+    assert one == "train-" + hashlib.sha256(b"run-1/train/101").hexdigest()[:10]
+    task = "Train Model (ResNet-50) on ImageNet with a very long task name"
+    long = job_name("3f2a9c1e-1b7d-4e0a-9d57-0c8e2b1f6a42", task, "9223372036854775807")
+    assert DNS1035.match(long) and len(long) <= MAX_NAME_LEN
+    assert long.rsplit("-", 1)[0] == job_name("3f2a9c1e-1b7d-4e0a-9d57-0c8e2b1f6a42", task).rsplit("-", 1)[0]
+
+
+def test_the_task_id_is_annotated_when_there_is_one() -> None:
+    from components.launcher.pytorchjob import TASK_ID_ANNOTATION
+
+    s = spec(task_id="101")
+    m = render_pytorchjob(s)
+    assert m["metadata"]["name"] == s.name == job_name(s.run_id, "train", "101")
+    assert m["metadata"]["annotations"][TASK_ID_ANNOTATION] == "101"
+    assert TASK_ID_ANNOTATION not in render_pytorchjob(spec())["metadata"]["annotations"]
+
+
 def test_manifest_has_elastic_policy_resources_env_and_labels() -> None:
     s = spec()
     m = render_pytorchjob(s)

@@ -171,6 +171,58 @@ def test_a_succeeded_job_is_reported_whatever_its_store() -> None:
     assert (created, ref.uid, api.deleted) == (False, uid, [])
 
 
+# -- whose job it is: the same run, task name and KFP task id (a dsl.ParallelFor iteration's) ------
+
+
+def test_a_launcher_reattaches_to_its_own_iterations_job_and_another_iteration_creates_its_own() -> None:
+    from components.launcher.pytorchjob import render_pytorchjob
+    from components.launcher.runner import PyTorchJobRunner
+
+    api = _FakeJobsApi()
+    uid = api.add(render_pytorchjob(_job_spec(task_id="101")))
+    ref, created = PyTorchJobRunner(api).create_or_reattach(_job_spec(task_id="101"))  # a retry of it
+    assert (created, ref.uid, api.deleted) == (False, uid, [])
+    ref, created = PyTorchJobRunner(api).create_or_reattach(_job_spec(task_id="102"))  # the next iteration
+    assert created and ref.uid != uid and api.deleted == [] and len(api.jobs) == 2
+
+
+@pytest.mark.parametrize(("theirs", "found"), [("101", "101"), ("", "none")])
+def test_a_job_of_another_iteration_under_the_name_is_refused(theirs: str, found: str) -> None:
+    """Names differ per task id, so only a job made by hand (or a hash collision) gets here: it is
+    never reattached to, deleted or replaced — whether it carries another task id or, from a launcher
+    before task ids, none."""
+    from components.launcher.pytorchjob import render_pytorchjob
+    from components.launcher.runner import LauncherError, PyTorchJobRunner
+
+    api = _FakeJobsApi()
+    mine = _job_spec(task_id="102")
+    other = render_pytorchjob(_job_spec(task_id=theirs))
+    other["metadata"]["name"] = mine.name
+    api.add(other, conditions=[{"type": "Failed", "status": "True"}])  # a failed own job would be replaced
+    with pytest.raises(LauncherError, match=(
+            rf"PyTorchJob team-a/{mine.name} exists but belongs to another iteration of run 'run-1' task "
+            rf"'train' \(task id {found}, not 102: a dsl.ParallelFor loop")):
+        PyTorchJobRunner(api).create_or_reattach(mine)
+    assert api.deleted == [] and list(api.jobs) == [mine.name]
+
+
+def test_a_job_of_a_launcher_before_task_ids_is_reattached_by_a_spec_without_one() -> None:
+    """A pipeline compiled before task ids passes none: its retried launcher finds the job it made
+    before the upgrade (same name, no task-id annotation) and reattaches."""
+    import hashlib
+
+    from components.launcher.pytorchjob import TASK_ID_ANNOTATION, render_pytorchjob
+    from components.launcher.runner import PyTorchJobRunner
+
+    old = render_pytorchjob(_job_spec())
+    assert old["metadata"]["name"] == "train-" + hashlib.sha256(b"run-1/train").hexdigest()[:10]
+    assert TASK_ID_ANNOTATION not in old["metadata"]["annotations"]
+    api = _FakeJobsApi()
+    uid = api.add(old)
+    ref, created = PyTorchJobRunner(api).create_or_reattach(_job_spec())
+    assert (created, ref.uid, api.deleted) == (False, uid, [])
+
+
 # -- when workers that cannot start fail the launch (fail fast) ---------------------------------
 
 
