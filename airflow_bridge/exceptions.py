@@ -39,6 +39,10 @@ class KfpApiError(KfpError):
         self.method = method
         self.url = url
 
+    def retold(self, message: str) -> KfpApiError:
+        """A plain (retried) :class:`KfpApiError` with ``message`` and this one's status, method and URL."""
+        return KfpApiError(message, status_code=self.status_code, method=self.method, url=self.url)
+
 
 class KfpAuthError(KfpApiError):
     """The KFP API refused the credentials (HTTP 401 or 403)."""

@@ -41,3 +41,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     from tests.support.processes import write_stops
 
     write_stops(os.environ.get("PYTEST_XDIST_WORKER", ""))
+
+
+@pytest.fixture
+def torch_globals():
+    """Trainer() sets torch's thread count and deterministic-algorithms flag for the process: put them back."""
+    import torch  # here, not at the top: most tests never import torch
+
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.set_num_threads(threads)
+    torch._C._set_deterministic_algorithms(deterministic)

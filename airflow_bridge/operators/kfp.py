@@ -423,12 +423,9 @@ class KfpRunPipelineOperator(BaseOperator):
                     )
                 except KfpAuthError as err:
                     if reloaded:
-                        raise KfpApiError(
+                        raise err.retold(
                             f"KFP run {run_id}: {err} (also after reading connection {self.kfp_conn_id!r} "
-                            "again; a retry reattaches to the run)",
-                            status_code=err.status_code,
-                            method=err.method,
-                            url=err.url,
+                            "again; a retry reattaches to the run)"
                         ) from err
                     self.log.warning(
                         "KFP run %s: credentials refused, reading connection %r again: %s",
@@ -617,12 +614,9 @@ class KfpRunPipelineOperator(BaseOperator):
         except KfpAuthError:
             raise
         except KfpApiError as err:
-            raise KfpApiError(
+            raise err.retold(
                 f"cannot stop KFP run {run_id} of a cleared try ({err}); not submitting a second run on the "
-                "same job key beside it (a retry tries again)",
-                status_code=err.status_code,
-                method=err.method,
-                url=err.url,
+                "same job key beside it (a retry tries again)"
             ) from err
         else:
             self.log.info("KFP run %s of the cleared try ended %s", run_id, self._ended(run))

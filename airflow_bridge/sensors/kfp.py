@@ -136,12 +136,9 @@ class KfpRunSensor(BaseSensorOperator):
         """
         since_s = self._outage_since_s(context, read_s)
         if since_s is None:
-            raise KfpApiError(
+            raise err.retold(
                 f"{err} (in reschedule mode the sensor rides out an outage of the KFP API only with "
-                "Airflow's task state store, Airflow >= 3.3)",
-                status_code=err.status_code,
-                method=err.method,
-                url=err.url,
+                "Airflow's task state store, Airflow >= 3.3)"
             ) from err
         tolerance_s = self.hook.config.outage_tolerance_s
         now_s = self.hook._clock()

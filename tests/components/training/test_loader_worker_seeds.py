@@ -4,7 +4,6 @@ resume built a new loader). In process, one rank; the draw rule itself is in tes
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from components.training.distributed import DistEnv
@@ -19,16 +18,6 @@ class NoisyRegression(Regression):
     def collate(self, samples):
         x, y = super().collate(samples)
         return x + 0.1 * torch.randn(x.shape), y
-
-
-@pytest.fixture
-def torch_globals():
-    """Trainer() sets torch's thread count and deterministic-algorithms flag for the process: put them back."""
-    threads = torch.get_num_threads()
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.set_num_threads(threads)
-    torch._C._set_deterministic_algorithms(deterministic)
 
 
 def _train(tmp_path, *, key: str, max_steps: int) -> Trainer:

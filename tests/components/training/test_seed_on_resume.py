@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 
-import pytest
 import torch
 
 from components.training.data import epoch_permutation
@@ -17,16 +16,6 @@ from components.training.trainer import Trainer
 from trainflow.common.training_spec import TrainConfig
 
 REGRESSION = "tests.trainflow.example_tasks:Regression"
-
-
-@pytest.fixture
-def torch_globals():
-    """Trainer() sets torch's thread count and deterministic-algorithms flag for the process: put them back."""
-    threads = torch.get_num_threads()
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.set_num_threads(threads)
-    torch._C._set_deterministic_algorithms(deterministic)
 
 
 def _train(tmp_path, *, key: str, seed: int, max_steps: int, log_dir: str) -> Trainer:
