@@ -11,8 +11,11 @@ runner calls :meth:`WorkerLogs.sync` with the worker pods on every poll; each co
   from the last line's timestamp, and lines at or before that timestamp are dropped;
 * on re-attaching to a running job (a retried launcher) only the last ``tail_lines`` of each
   running container are printed, not the whole history;
-* a pod whose logs cannot be read (no kubelet behind a fake node, RBAC without ``pods/log``) is
-  reported once and skipped; logs never fail a launch.
+* a follower that fails ``_RETRIES`` times in a row (an API-server outage, a node's kubelet gone,
+  RBAC without ``pods/log``, no kubelet behind a fake node) stops, says so once per pod, and the
+  next :meth:`sync` after a pause (``resume_after_s``, doubling up to ``max_resume_after_s``)
+  follows the instance again from its last printed line: after an outage the step's log goes on
+  with the lines written meanwhile, none twice; logs never fail a launch.
 
 The threads are daemons: the process does not wait for them, and :meth:`close` stops new output.
 """
@@ -59,17 +62,25 @@ class WorkerLogs:
         write: called with each output line (thread-safe: calls are serialized).
         tail_lines: lines of history printed for containers already running when first seen after
             a re-attach (see :meth:`sync`).
+        resume_after_s: seconds before a follower that gave up is started again by :meth:`sync`
+            (doubled after each further give-up of the same instance, up to ``max_resume_after_s``).
     """
 
     def __init__(self, client: Any, namespace: str, *, container: str = "pytorch",
-                 write: Callable[[str], None] | None = None, tail_lines: int = 50) -> None:
+                 write: Callable[[str], None] | None = None, tail_lines: int = 50,
+                 resume_after_s: float = 10.0, max_resume_after_s: float = 60.0) -> None:
         self.client = client
         self.namespace = namespace
         self.container = container
         self._write = write or _stdout
         self.tail_lines = tail_lines
         self._lock = threading.Lock()
+        self.resume_after_s = resume_after_s
+        self.max_resume_after_s = max_resume_after_s
+        self._state = threading.Lock()  # guards _started and _paused (sync's thread and the followers)
         self._started: set[tuple[str, int]] = set()
+        #: Instances whose follower gave up: (monotonic time to resume at, last printed timestamp, give-ups).
+        self._paused: dict[tuple[str, int], tuple[float, dt.datetime | None, int]] = {}
         self._unreadable: set[str] = set()
         self._closed = threading.Event()
         self.threads: list[threading.Thread] = []
@@ -96,11 +107,21 @@ class WorkerLogs:
                 if state.get("running") is None and state.get("terminated") is None:
                     continue  # not started: nothing to read yet
                 instance = (uid, int(cs.get("restartCount") or 0))
-                if instance in self._started:
-                    continue
-                self._started.add(instance)
-                tail = None if history or state.get("running") is None else self.tail_lines
-                t = threading.Thread(target=self._follow, args=(name, instance, tail), daemon=True,
+                with self._state:
+                    if instance in self._started:
+                        continue
+                    paused = self._paused.get(instance)
+                    if paused is not None and time.monotonic() < paused[0]:
+                        continue
+                    self._paused.pop(instance, None)
+                    self._started.add(instance)
+                if paused is not None:  # resume after the last line printed, not from a tail
+                    last, give_ups = paused[1], paused[2]
+                    tail = None
+                else:
+                    last, give_ups = None, 0
+                    tail = None if history or state.get("running") is None else self.tail_lines
+                t = threading.Thread(target=self._follow, args=(name, instance, tail, last, give_ups), daemon=True,
                                      name=f"logs-{name}-{instance[1]}")
                 self.threads.append(t)
                 t.start()
@@ -109,9 +130,10 @@ class WorkerLogs:
         """Stop printing (followers end with their streams)."""
         self._closed.set()
 
-    def _follow(self, pod: str, instance: tuple[str, int], tail_lines: int | None) -> None:
-        last: dt.datetime | None = None
+    def _follow(self, pod: str, instance: tuple[str, int], tail_lines: int | None,
+                last: dt.datetime | None = None, give_ups: int = 0) -> None:
         failures = 0
+        resumed = last is not None or give_ups > 0
         while not self._closed.is_set():
             since = None
             if last is not None:
@@ -125,6 +147,11 @@ class WorkerLogs:
                     if when is not None and last is not None and when <= last:
                         continue  # already printed before the stream was reopened
                     last = when or last
+                    if resumed:
+                        resumed = False
+                        if pod in self._unreadable:
+                            self._unreadable.discard(pod)
+                            self.emit(f"[{pod}] (logs resumed)")
                     self.emit(f"[{pod}] {text}")
                     failures = 0
             except Exception as err:  # the API's errors and httpx's: logs are best effort
@@ -132,7 +159,12 @@ class WorkerLogs:
                 if failures >= _RETRIES:
                     if pod not in self._unreadable:
                         self._unreadable.add(pod)
-                        self.emit(f"[{pod}] (logs unavailable: {' '.join(str(err).split())[:200]})")
+                        self.emit(f"[{pod}] (logs unavailable: {' '.join(str(err).split())[:200]}; "
+                                  "trying again later)")
+                    pause = min(self.max_resume_after_s, self.resume_after_s * 2**give_ups)
+                    with self._state:  # the next sync after the pause follows it again
+                        self._started.discard(instance)
+                        self._paused[instance] = (time.monotonic() + pause, last, give_ups + 1)
                     return
                 time.sleep(min(8.0, 0.5 * 2**failures))
                 continue

@@ -6,6 +6,7 @@ node: tests/integration, ``realnode``)."""
 from __future__ import annotations
 
 import threading
+import time
 from types import SimpleNamespace
 
 from components.launcher.logs import WorkerLogs, split_timestamp
@@ -84,10 +85,38 @@ def test_unreadable_logs_are_reported_once_and_never_raise() -> None:
     logs = WorkerLogs(api, "ns", write=out.append)
     logs.sync([pod("w-0", "u0", 0, "running")])
     logs.threads[0].join(30)
-    assert out == ["[w-0] (logs unavailable: connection refused by kubelet 10.0.0.7:10250)"]
+    assert out == ["[w-0] (logs unavailable: connection refused by kubelet 10.0.0.7:10250; trying again later)"]
     logs.close()
     logs.emit("after close")
     assert len(out) == 1
+
+
+def test_a_follower_that_gave_up_during_an_api_outage_resumes_after_its_last_line() -> None:
+    """Review (2026-11-30): a follower gave up for good after three failed requests, so after an API
+    outage of a few seconds the step's log showed no more worker lines for the rest of the run. The
+    next sync after a pause follows the instance again from its last printed line, none twice."""
+    api = LogAPI(
+        {"w-0": [["2026-11-23T10:00:00.1Z step 1"], ["ERROR"], ["ERROR"], ["ERROR"],  # the outage
+                 ["2026-11-23T10:00:00.1Z step 1", "2026-11-23T10:00:05Z step 2"]]},  # answered again
+        {"w-0": True},
+    )
+    out: list[str] = []
+    logs = WorkerLogs(api, "ns", write=out.append, resume_after_s=0.2)
+    running = [pod("w-0", "u0", 0, "running")]
+    logs.sync(running)
+    logs.threads[0].join(30)
+    assert out[-1].startswith("[w-0] (logs unavailable: ")
+    logs.sync(running)  # within the pause: not yet
+    assert len(logs.threads) == 1
+    time.sleep(0.3)
+    logs.sync(running)
+    logs.sync(running)  # followed again once, not twice
+    assert len(logs.threads) == 2
+    logs.threads[1].join(30)
+    assert out == ["[w-0] step 1", "[w-0] (logs unavailable: connection refused by kubelet 10.0.0.7:10250; "
+                   "trying again later)", "[w-0] (logs resumed)", "[w-0] step 2"]
+    resumed = api.calls[4]
+    assert resumed["since"] >= 1 and resumed["tail_lines"] is None
 
 
 def test_split_timestamp() -> None:
