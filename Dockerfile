@@ -7,7 +7,8 @@
 #
 # Three layers, each made by a script in scripts/image/ that scripts/image/build.py also runs to
 # build the same image without a Docker engine (it reads ENV/WORKDIR/CMD/LABEL below):
-#   base  Debian bookworm's Python 3.11 + CA certificates          scripts/image/base.sh
+#   base  Debian bookworm's Python 3.11 + CA certificates,         scripts/image/base.sh
+#         the workers' unprivileged user (uid 65532)
 #   deps  /opt/venv with requirements-image.lock (the train, kfp   scripts/image/deps.sh
 #         and scheduler extras, pinned as in requirements.lock; PyTorch's CUDA build)
 #   app   the trainflow wheel, without dependencies                 scripts/image/app.sh

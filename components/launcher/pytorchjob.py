@@ -47,6 +47,14 @@ Choices and their sources:
   token of the namespace's ``default`` account to misuse. A named account keeps its token (e.g.
   for Vault's Kubernetes auth), and tokens that an identity webhook projects for a cloud provider
   (EKS IRSA's ``AWS_WEB_IDENTITY_TOKEN_FILE``) are volumes of their own, which this does not remove;
+* the Pod Security Standards' ``restricted`` profile unless ``run_as_user`` is ``None``: the workers run as
+  :data:`WORKER_UID` (the image's ``trainflow`` user, whose home is writable; ``scripts/image/base.sh``)
+  with ``runAsNonRoot``, the ``RuntimeDefault`` seccomp profile, no privilege escalation and every
+  capability dropped (kubernetes.io/docs/concepts/security/pod-security-standards, "Restricted").
+  Kubeflow's profile namespaces enforce ``baseline`` and aim at ``restricted``
+  (kubeflow/manifests ``tests/PSS_enable.sh``); a root worker is rejected there. The image's default
+  user stays root: KFP's executor, which runs the steps in the same image, writes artifacts under
+  ``/minio/``, ``/s3/`` and ``/gcs/`` (kfp ``dsl/types/artifact_types.py``, ``_*_LOCAL_MOUNT_PREFIX``);
 * label ``trainflow.dev/managed: "true"`` on the job and its pods: the GPU scheduler resizes only
   jobs carrying it; label ``trainflow.dev/job-key-hash`` on the job: the launcher finds other jobs
   training the same checkpoint key (an orphan of an earlier launcher) by it;
@@ -94,6 +102,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 #: What every worker container runs before ``training_args`` (the image puts its venv's ``python``
 #: first on ``PATH``).
 WORKER_COMMAND = ("python", "-m", "components.training.torchrun", "-m", "components.training")
+#: The user id the worker pods run as by default: the trainflow image's unprivileged ``trainflow`` user
+#: (created by ``scripts/image/base.sh``; the scheduler's Deployment runs as it too). Not root, so the
+#: pods pass the ``restricted`` Pod Security Standard.
+WORKER_UID = 65532
 #: Longest job name rendered: leaves room for ``-worker-<index>`` within a 63-character label.
 MAX_NAME_LEN = 48
 _HASH_LEN = 10
@@ -113,7 +125,7 @@ _TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationS
 #: JSON object (the pipeline parameter of that name); the rest are set by the step itself.
 WORKER_POD_SETTINGS = (
     "resources", "tolerations", "node_selector", "service_account_name", "priority_class_name",
-    "termination_grace_period_s", "image_pull_policy", "labels", "pod_annotations", "env",
+    "termination_grace_period_s", "image_pull_policy", "labels", "pod_annotations", "env", "run_as_user",
 )
 
 #: ``runPolicy.backoffLimit`` rendered when :attr:`PyTorchJobSpec.backoff_limit` is unset and the workers
@@ -284,6 +296,12 @@ class PyTorchJobSpec:
             and hashed into the ``JOB_KEY_HASH_LABEL`` label.
         owner_references: ``metadata.ownerReferences`` of the job (e.g. the launcher's own Pod, so
             the job is garbage-collected with it); Kubernetes dicts.
+        run_as_user: user id of the worker containers (``runAsUser``, with ``runAsGroup`` and ``fsGroup``
+            the same and the rest of the ``restricted`` Pod Security profile: ``runAsNonRoot``,
+            seccomp ``RuntimeDefault``, ``allowPrivilegeEscalation: false``, every capability
+            dropped); default :data:`WORKER_UID`, the trainflow image's ``trainflow`` user. ``None``:
+            no security context at all — the image's own user (root for most images), for an image
+            that needs it.
         metrics_port: the port rank 0 serves ``/metrics`` on (``--metrics-port``): declared as the
             container port ``metrics`` and advertised with ``prometheus.io/*`` pod annotations.
     """
@@ -330,6 +348,7 @@ class PyTorchJobSpec:
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
     job_key: str | None = None
     metrics_port: int | None = None
+    run_as_user: int | None = WORKER_UID
     owner_references: Sequence[Mapping[str, Any]] = ()
 
     def __post_init__(self) -> None:
@@ -373,6 +392,10 @@ class PyTorchJobSpec:
             isinstance(self.termination_grace_period_s, bool) or not isinstance(self.termination_grace_period_s, int)
         ):
             fail("termination_grace_period_s", f"must be an integer, got {self.termination_grace_period_s!r}")
+        if self.run_as_user is not None and (
+            isinstance(self.run_as_user, bool) or not isinstance(self.run_as_user, int) or self.run_as_user < 1
+        ):
+            fail("run_as_user", f"must be a user id >= 1 (null for the image's own user), got {self.run_as_user!r}")
 
     def _validate(self) -> None:
         def fail(field_name: str, problem: str) -> None:
@@ -551,6 +574,12 @@ def render_pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
         job_annotations[JOB_KEY_ANNOTATION] = spec.job_key
         job_meta_labels[JOB_KEY_HASH_LABEL] = job_key_hash(spec.job_key)
     pod_spec: dict[str, Any] = {"containers": [container]}
+    if spec.run_as_user is not None:
+        pod_spec["securityContext"] = {
+            "runAsNonRoot": True, "runAsUser": spec.run_as_user, "runAsGroup": spec.run_as_user,
+            "fsGroup": spec.run_as_user, "seccompProfile": {"type": "RuntimeDefault"},
+        }
+        container["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
     if spec.service_account_name:
         pod_spec["serviceAccountName"] = spec.service_account_name
     else:

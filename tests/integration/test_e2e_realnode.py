@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from components.launcher.pytorchjob import WORKER_UID
 from tests.integration.test_cluster_path_realnode import placement_settings
 from tests.support.k8s import BackgroundPoll, wait_until
 from tests.support.realnode import RealNode
@@ -204,6 +205,14 @@ def trainer_pids(node: RealNode, pod_name: str, namespace: str) -> list[int]:
     return pids
 
 
+def _uid(pid: int) -> int:
+    """The real user id of host process ``pid`` (``/proc/<pid>/status``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid line for pid {pid}")
+
+
 @dataclass
 class LostWorkerRun:
     """What :func:`run_losing_a_worker` saw."""
@@ -275,6 +284,9 @@ def run_losing_a_worker(
                     what=f"the trainer process in {victim_pod}",
                     proc=proc,
                 )
+                # The trainers run as the image's unprivileged user (the namespace enforces "restricted").
+                uids = {pid: _uid(pid) for pid in pids}
+                assert set(uids.values()) == {WORKER_UID}, uids
                 for pid in pids:
                     os.kill(pid, signal.SIGKILL)
             stdout, _ = proc.communicate(timeout=1800)

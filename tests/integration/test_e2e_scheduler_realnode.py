@@ -37,7 +37,14 @@ import pytest
 from tests.integration.test_cluster_path_realnode import placement_settings
 from tests.integration.test_e2e_realnode import JobWatch, committed_steps
 from tests.support.controller_log import log_records, ticks
-from tests.support.k8s import BackgroundPoll, KubeTestBed, pytorchjob_resource, wait_until
+from tests.support.k8s import (
+    RESTRICTED_CONTAINER_SECURITY,
+    RESTRICTED_POD_SECURITY,
+    BackgroundPoll,
+    KubeTestBed,
+    pytorchjob_resource,
+    wait_until,
+)
 from tests.support.lifetime import die_with_parent
 from tests.support.processes import free_port
 from tests.support.realnode import RealNode
@@ -528,8 +535,9 @@ def test_a_scale_up_whose_pod_cannot_schedule_is_rolled_back_and_the_job_trains_
         world.client.create(Pod.from_dict({
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cpu-blocker", "namespace": world.namespace},
             "spec": {**world.node.pod_placement(), "terminationGracePeriodSeconds": 0,
+                     "securityContext": RESTRICTED_POD_SECURITY,  # s3_namespace enforces "restricted"
                      "containers": [{"name": "sleep", "image": world.node.image, "imagePullPolicy": "IfNotPresent",
-                                     "command": ["sleep", "3600"],
+                                     "command": ["sleep", "3600"], "securityContext": RESTRICTED_CONTAINER_SECURITY,
                                      "resources": {"requests": {"cpu": f"{blocker}m"}}}]}}))
         wait_until(lambda: world.client.get(Pod, "cpu-blocker", namespace=world.namespace).spec.nodeName,
                    timeout_s=60, what="the CPU blocker to be bound")

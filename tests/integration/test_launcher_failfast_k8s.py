@@ -357,3 +357,35 @@ def test_the_train_step_names_a_missing_bucket_a_refusal_and_unsatisfiable_reque
                        within_s=UNSCHEDULABLE_GRACE_S + CI_ALLOWANCE_S)
     assert "no node can run it (Unschedulable): 0/" in message, message
     assert "didn't match Pod's node affinity/selector" in message, message
+
+
+def test_worker_pods_are_admitted_where_the_restricted_pod_security_standard_is_enforced(
+    k8s_testbed: KubeTestBed, k8s_namespace: str
+) -> None:
+    """The API server's Pod Security admission (``restricted``) admits the rendered worker pod; with
+    ``run_as_user: null`` (the image's own user, root) it refuses it, naming what ``restricted`` wants.
+    The worker pods that really run under it: the real node's training tests (``s3_namespace``)."""
+    from lightkube.core.exceptions import ApiError
+    from lightkube.resources.core_v1 import Namespace, Pod
+
+    from components.launcher.pytorchjob import render_pytorchjob
+    from tests.support.k8s import RESTRICTED_NAMESPACE_LABELS
+
+    client = k8s_testbed.client()
+    client.patch(Namespace, k8s_namespace, {"metadata": {"labels": RESTRICTED_NAMESPACE_LABELS}})
+
+    def pod(**overrides: Any) -> Any:
+        template = render_pytorchjob(make_spec(k8s_namespace, "p", **overrides))["spec"]["pytorchReplicaSpecs"][
+            "Worker"]["template"]
+        return Pod.from_dict({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": "worker", "namespace": k8s_namespace, **template["metadata"]}, "spec": template["spec"]})
+
+    client.create(pod(), dry_run=True)  # admitted: no error
+    with pytest.raises(ApiError) as refused:
+        client.create(pod(run_as_user=None), dry_run=True)
+    message = refused.value.status.message
+    assert refused.value.status.code == 403 and 'violates PodSecurity "restricted:latest"' in message, message
+    for wanted in ("allowPrivilegeEscalation != false", "unrestricted capabilities", "runAsNonRoot != true",
+                   "seccompProfile"):
+        assert wanted in message, message
+

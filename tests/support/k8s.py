@@ -68,6 +68,7 @@ import httpx
 import pytest
 import yaml
 
+from components.launcher.pytorchjob import WORKER_UID
 from tests.support.parallel import (
     REAL_NODE_GROUPS,
     current_item,
@@ -1302,6 +1303,17 @@ def real_node(k8s_testbed: KubeTestBed) -> RealNode:
 def k8s_client(k8s_testbed: KubeTestBed) -> Any:
     """A cluster-admin lightkube ``Client`` for the test bed."""
     return k8s_testbed.client()
+
+
+#: Labels of a namespace whose pods the API server's Pod Security admission holds to the ``restricted``
+#: standard (Kubeflow's target for profile namespaces); the real node's training tests run in one.
+RESTRICTED_NAMESPACE_LABELS = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+#: What a test's own pod needs there: pod- and container-level ``securityContext`` (the workers' user).
+RESTRICTED_POD_SECURITY = {"runAsNonRoot": True, "runAsUser": WORKER_UID, "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.k8s import RESTRICTED_NAMESPACE_LABELS
 from tests.support.s3 import S3Server, minio_binary
 
 #: Name of the Secret holding the S3 keys, as ``trainflow compile --s3-secret`` documents it.
@@ -47,7 +48,11 @@ def create_s3_secret(k8s_testbed: Any, namespace: str, server: S3Server, name: s
 
 @pytest.fixture
 def s3_namespace(k8s_testbed: Any, k8s_namespace: str, real_node_s3: S3Server) -> str:
-    """A fresh namespace (``k8s_namespace``) holding :data:`S3_SECRET_NAME` for ``real_node_s3``."""
+    """A fresh namespace (``k8s_namespace``) holding :data:`S3_SECRET_NAME` for ``real_node_s3``, in
+    which pods must meet the ``restricted`` Pod Security Standard (:data:`RESTRICTED_NAMESPACE_LABELS`)."""
+    from lightkube.resources.core_v1 import Namespace
+
+    k8s_testbed.client().patch(Namespace, k8s_namespace, {"metadata": {"labels": RESTRICTED_NAMESPACE_LABELS}})
     create_s3_secret(k8s_testbed, k8s_namespace, real_node_s3)
     return k8s_namespace
 

@@ -9,10 +9,12 @@ import pytest
 
 from components.launcher.pytorchjob import (
     MAX_NAME_LEN,
+    WORKER_UID,
     InvalidSpecError,
     PyTorchJobSpec,
     job_name,
     render_pytorchjob,
+    worker_pod_settings,
 )
 from trainflow.common.cpus import CPU_REQUEST_ENV
 
@@ -332,6 +334,7 @@ def test_worker_pod_settings_reach_the_pod_spec() -> None:
         "labels": {"team": "vision"},
         "pod_annotations": {"example.com/cost-center": "42"},
         "env": {"NCCL_DEBUG": "INFO"},
+        "run_as_user": 1001,
     }
     assert set(settings) == set(WORKER_POD_SETTINGS)
     m = render_pytorchjob(spec(cpu="4", memory="32Gi", **worker_pod_settings(json.dumps(settings))))
@@ -350,6 +353,7 @@ def test_worker_pod_settings_reach_the_pod_spec() -> None:
     assert pod["metadata"]["labels"]["team"] == "vision"
     assert pod["metadata"]["annotations"]["example.com/cost-center"] == "42"
     assert {"name": "NCCL_DEBUG", "value": "INFO"} in c["env"]
+    assert pod["spec"]["securityContext"]["runAsUser"] == 1001
     assert worker_pod_settings("") == {} and worker_pod_settings("  ") == {}
 
 
@@ -448,3 +452,41 @@ def test_worker_pods_get_no_kubernetes_api_token_unless_given_an_account() -> No
     named = render_pytorchjob(PyTorchJobSpec(**base, service_account_name="vault-auth"))
     pod = named["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     assert pod["serviceAccountName"] == "vault-auth" and "automountServiceAccountToken" not in pod
+
+
+def test_worker_pods_meet_the_restricted_pod_security_standard_by_default() -> None:
+    """Review (2026-11-30): the workers ran as root with the default capabilities, so a namespace
+    enforcing ``restricted`` (Kubeflow's target for profile namespaces) rejected every pod. By
+    default they run as the image's unprivileged user with every field ``restricted`` checks;
+    ``run_as_user: null`` renders no security context (the image's own user)."""
+    pod = render_pytorchjob(spec())["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": WORKER_UID, "runAsGroup": WORKER_UID, "fsGroup": WORKER_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert pod["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    own = render_pytorchjob(spec(**worker_pod_settings('{"run_as_user": 1000}')))
+    own_pod = own["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert (own_pod["securityContext"]["runAsUser"], own_pod["securityContext"]["fsGroup"]) == (1000, 1000)
+    image_user = render_pytorchjob(spec(**worker_pod_settings('{"run_as_user": null}')))
+    image_pod = image_user["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert "securityContext" not in image_pod and "securityContext" not in image_pod["containers"][0]
+
+
+@pytest.mark.parametrize("value", [0, -1, True, "65532", 1.5])
+def test_run_as_user_must_be_a_non_root_user_id(value: object) -> None:
+    with pytest.raises(InvalidSpecError, match="run_as_user: must be a user id >= 1") as err:
+        spec(run_as_user=value)
+    assert "\n" not in str(err.value)
+
+
+def test_the_image_and_the_scheduler_deployment_use_the_workers_user_id() -> None:
+    """One home for the id: the image creates the user (base.sh), the scheduler runs as it."""
+    import yaml
+
+    repo = Path(__file__).resolve().parents[3]
+    base = (repo / "scripts" / "image" / "base.sh").read_text()
+    assert re.search(rf"getent passwd {WORKER_UID} .*useradd --uid {WORKER_UID} ", base.replace("\\\n", ""))
+    deployment = yaml.safe_load((repo / "manifests" / "base" / "scheduler" / "deployment.yaml").read_text())
+    assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == WORKER_UID
