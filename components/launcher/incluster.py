@@ -30,6 +30,9 @@ class PodIdentity:
     image: str = ""
     ip: str = ""
     """The Pod's IP (``status.podIP``), the address other pods reach this process at; empty if unknown."""
+    image_pull_secrets: tuple[str, ...] = ()
+    """Names of the Pod's ``imagePullSecrets`` (its own and, merged in at admission, its
+    ServiceAccount's): what pulled ``image``; empty if unknown."""
 
     def owner_reference(self) -> dict[str, Any]:
         """An ownerReference to this Pod: what it owns is garbage-collected when the Pod is deleted.
@@ -54,8 +57,8 @@ def own_pod(client: Any | None = None, *, environ: dict[str, str] | None = None,
     """This process's Pod, or ``None`` when not in a pod (or its uid cannot be learned).
 
     Name and uid from ``KFP_POD_NAME``/``KFP_POD_UID`` (or ``POD_NAME``/``POD_UID``); the name
-    falls back to the hostname, and a missing uid or image is read with ``GET pod`` through
-    ``client`` if given (best effort: RBAC may refuse it). The IP is the Pod's ``status.podIP``, or,
+    falls back to the hostname, and a missing uid, the image and its pull secrets are read with ``GET
+    pod`` through ``client`` if given (best effort: RBAC may refuse it). The IP is the Pod's ``status.podIP``, or,
     when it cannot be read, what the pod's host name resolves to (the kubelet's ``/etc/hosts`` maps
     it to the pod IP), unless that is a loopback address.
     """
@@ -66,6 +69,7 @@ def own_pod(client: Any | None = None, *, environ: dict[str, str] | None = None,
     name = env.get("KFP_POD_NAME") or env.get("POD_NAME") or env.get("HOSTNAME") or socket.gethostname()
     uid = env.get("KFP_POD_UID") or env.get("POD_UID") or ""
     image = ip = ""
+    pull_secrets: tuple[str, ...] = ()
     if client is not None:
         from lightkube.resources.core_v1 import Pod
 
@@ -79,9 +83,12 @@ def own_pod(client: Any | None = None, *, environ: dict[str, str] | None = None,
             main = [c for c in containers if c.name == KFP_MAIN_CONTAINER] or containers[:1]
             image = main[0].image if main else ""
             ip = (pod.status.podIP if pod.status else None) or ""
+            refs = (pod.spec.imagePullSecrets if pod.spec else None) or []
+            pull_secrets = tuple(r.name for r in refs if r.name)
     if not uid:
         return None
-    return PodIdentity(namespace=namespace, name=name, uid=uid, image=image or "", ip=ip or _resolved_own_ip())
+    return PodIdentity(namespace=namespace, name=name, uid=uid, image=image or "", ip=ip or _resolved_own_ip(),
+                       image_pull_secrets=pull_secrets)
 
 
 def _resolved_own_ip() -> str:

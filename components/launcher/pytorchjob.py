@@ -125,7 +125,8 @@ _TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationS
 #: JSON object (the pipeline parameter of that name); the rest are set by the step itself.
 WORKER_POD_SETTINGS = (
     "resources", "tolerations", "node_selector", "service_account_name", "priority_class_name",
-    "termination_grace_period_s", "image_pull_policy", "labels", "pod_annotations", "env", "run_as_user",
+    "termination_grace_period_s", "image_pull_policy", "image_pull_secrets", "labels", "pod_annotations", "env",
+    "run_as_user",
 )
 
 #: ``runPolicy.backoffLimit`` rendered when :attr:`PyTorchJobSpec.backoff_limit` is unset and the workers
@@ -288,6 +289,8 @@ class PyTorchJobSpec:
             ``--preemption-save-deadline-s``, so give it at least that + 10 s (the train step sets
             and checks this).
         image_pull_policy: ``IfNotPresent``, ``Always`` or ``Never``.
+        image_pull_secrets: names of Secrets (in ``namespace``) the kubelet pulls ``image`` with
+            (``imagePullSecrets``), besides those of the pods' ServiceAccount.
         node_selector: node labels the worker pods require.
         tolerations: pod tolerations (e.g. for ``nvidia.com/gpu`` taints), as Kubernetes dicts.
         labels: extra labels on the job and its pods.
@@ -342,6 +345,7 @@ class PyTorchJobSpec:
     priority_class_name: str | None = None
     termination_grace_period_s: int | None = None
     image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
+    image_pull_secrets: Sequence[str] = ()
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerations: Sequence[Mapping[str, Any]] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -355,6 +359,7 @@ class PyTorchJobSpec:
         self._check_shapes()
         # Freeze containers so the spec is a value (hashable fields, no aliasing with the caller).
         object.__setattr__(self, "training_args", tuple(str(a) for a in self.training_args))
+        object.__setattr__(self, "image_pull_secrets", tuple(self.image_pull_secrets))
         for name in ("tolerations", "owner_references"):
             object.__setattr__(self, name, tuple(MappingProxyType(dict(t)) for t in getattr(self, name)))
         for name in ("env", "node_selector", "labels", "pod_annotations"):
@@ -379,6 +384,9 @@ class PyTorchJobSpec:
             value = getattr(self, name)
             if isinstance(value, str | bytes | Mapping) or not all(isinstance(t, Mapping) for t in value):
                 fail(name, f"must be a list of objects, got {value!r}")
+        value = self.image_pull_secrets
+        if isinstance(value, str | bytes | Mapping) or not all(isinstance(n, str) for n in value):
+            fail("image_pull_secrets", f"must be a list of Secret names, got {value!r}")
         if not isinstance(self.resources, Mapping):
             fail("resources", f"must be an object with 'requests' and/or 'limits', got {self.resources!r}")
         for kind, values in self.resources.items():
@@ -464,6 +472,9 @@ class PyTorchJobSpec:
             value = getattr(self, name)
             if value is not None and (len(value) > 253 or not _DNS1123_SUBDOMAIN.match(value)):
                 fail(name, f"{value!r} is not a valid object name (DNS-1123 subdomain)")
+        for value in self.image_pull_secrets:
+            if len(value) > 253 or not _DNS1123_SUBDOMAIN.match(value):
+                fail("image_pull_secrets", f"{value!r} is not a valid Secret name (DNS-1123 subdomain)")
         if self.termination_grace_period_s is not None and self.termination_grace_period_s < 0:
             fail("termination_grace_period_s", f"must be >= 0, got {self.termination_grace_period_s}")
         for ref in self.owner_references:
@@ -584,6 +595,8 @@ def render_pytorchjob(spec: PyTorchJobSpec) -> dict[str, Any]:
         pod_spec["serviceAccountName"] = spec.service_account_name
     else:
         pod_spec["automountServiceAccountToken"] = False
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in dict.fromkeys(spec.image_pull_secrets)]
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:

@@ -37,7 +37,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -399,10 +399,14 @@ def _run_pytorchjob_in(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path, sta
     elif me is not None:
         log.warning("the PyTorchJob goes to namespace %s, not this pod's (%s): it cannot be owned by this pod "
                     "(ownerReferences do not cross namespaces) and outlives it", namespace, me.namespace)
+    # The Secrets that pulled this pod's image (its own and its ServiceAccount's: KFP runs steps as
+    # default-editor) pull the workers' too, which run as another account.
+    pull_secrets = me.image_pull_secrets if me is not None and me.namespace == namespace else ()
     rdzv = _host_rendezvous(me, cfg.checkpoint.job_key, stack)
     # Rank 0 serves /metrics in the pod so the GPU scheduler can read the job's samples/s.
     cfg = dataclasses.replace(cfg, metrics_port=TRAINER_METRICS_PORT, metrics_addr="0.0.0.0")
-    job_spec = worker_job_spec(spec, cfg, namespace=namespace, image=image, owner_references=owners, **rdzv)
+    job_spec = worker_job_spec(spec, cfg, namespace=namespace, image=image, owner_references=owners,
+                               default_image_pull_secrets=pull_secrets, **rdzv)
     runner = PyTorchJobRunner(client, RunnerSettings(
         poll_interval_s=spec.poll_interval_s, cleanup="on-success" if spec.keep_failed_job else "always",
         stream_logs=True))
@@ -417,11 +421,12 @@ def _run_pytorchjob_in(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path, sta
 
 
 def worker_job_spec(spec: TrainJobSpec, cfg: TrainConfig, *, namespace: str, image: str,
-                    **more: Any) -> PyTorchJobSpec:
+                    default_image_pull_secrets: Sequence[str] = (), **more: Any) -> PyTorchJobSpec:
     """The PyTorchJob the train step creates for ``spec`` (the workers' config ``cfg``), checked:
     worker bounds, quantities, ``worker_pod_settings``, the grace period the SIGTERM save needs and
     the ranks per worker against its GPUs (:func:`ranks_per_worker`). ``trainflow run`` calls it
-    before anything starts; ``more``: the rendezvous and owner fields.
+    before anything starts; ``default_image_pull_secrets``: the workers' ``imagePullSecrets`` unless
+    ``worker_pod_settings`` names some (the step's own pod's); ``more``: the rendezvous and owner fields.
 
     Raises:
         TrainStepError: one line naming the setting.
@@ -430,6 +435,7 @@ def worker_job_spec(spec: TrainJobSpec, cfg: TrainConfig, *, namespace: str, ima
 
     try:
         settings = worker_pod_settings(spec.worker_pod_settings)
+        settings.setdefault("image_pull_secrets", tuple(default_image_pull_secrets))
         settings["termination_grace_period_s"] = worker_grace_period_s(
             settings.get("termination_grace_period_s"), cfg.checkpoint.preemption_save_deadline_s)
         env = {**spec.extra_env, **settings.pop("env", {})}

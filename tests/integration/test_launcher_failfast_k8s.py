@@ -389,3 +389,24 @@ def test_worker_pods_are_admitted_where_the_restricted_pod_security_standard_is_
                    "seccompProfile"):
         assert wanted in message, message
 
+
+def test_the_steps_pod_reports_its_service_accounts_image_pull_secrets(
+    k8s_testbed: KubeTestBed, k8s_namespace: str, tmp_path: Path
+) -> None:
+    """What the train step hands its workers: the API server's ServiceAccount admission merges the
+    account's ``imagePullSecrets`` (Kubeflow attaches registry credentials to ``default-editor``, the
+    account KFP runs steps as) into the step's Pod, and :func:`own_pod` reads them from it."""
+    from lightkube.resources.core_v1 import Pod, ServiceAccount
+
+    from components.launcher.incluster import own_pod
+
+    client = k8s_testbed.client()
+    client.create(ServiceAccount.from_dict({"metadata": {"name": "default-editor", "namespace": k8s_namespace},
+                                            "imagePullSecrets": [{"name": "regcred"}]}))
+    client.create(Pod.from_dict({"metadata": {"name": "step", "namespace": k8s_namespace}, "spec": {
+        "serviceAccountName": "default-editor", "automountServiceAccountToken": False,
+        "containers": [{"name": "main", "image": "registry.example/trainflow:1"}]}}))
+    namespace_file = tmp_path / "namespace"
+    namespace_file.write_text(k8s_namespace)
+    me = own_pod(client, environ={"KFP_POD_NAME": "step"}, sa_namespace_file=namespace_file)
+    assert me is not None and (me.image, me.image_pull_secrets) == ("registry.example/trainflow:1", ("regcred",))

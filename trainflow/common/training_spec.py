@@ -467,7 +467,7 @@ class LaunchConfig(_Section):
     worker_pod_settings: str = param(
         "worker_pod_settings", "SPC", "JSON object for the worker pods: tolerations, node_selector, "
         "service_account_name, priority_class_name, termination_grace_period_s, more resources, labels, "
-        "pod_annotations, env, run_as_user (docs/launcher.md)", "", unit="JSON object",
+        "pod_annotations, env, image_pull_secrets, run_as_user (docs/launcher.md)", "", unit="JSON object",
         ops_variable="trainflow_worker_pod_settings")
     s3_secret_name: str = param(
         "s3_secret_name", "SPC", "Kubernetes Secret with the S3 credentials the steps and workers get as environment "

@@ -53,13 +53,14 @@ class _Client:
         return self.pod
 
 
-def _pod(ip: str | None) -> Any:
-    from lightkube.models.core_v1 import Container, PodSpec, PodStatus
+def _pod(ip: str | None, pull_secrets: tuple[str, ...] = ()) -> Any:
+    from lightkube.models.core_v1 import Container, LocalObjectReference, PodSpec, PodStatus
     from lightkube.models.meta_v1 import ObjectMeta
     from lightkube.resources.core_v1 import Pod
 
     return Pod(metadata=ObjectMeta(name="p", uid="u-from-api"),
-               spec=PodSpec(containers=[Container(name="wait"), Container(name="main", image="img:1")]),
+               spec=PodSpec(containers=[Container(name="wait"), Container(name="main", image="img:1")],
+                            imagePullSecrets=[LocalObjectReference(name=n) for n in pull_secrets] or None),
                status=PodStatus(podIP=ip))
 
 
@@ -85,3 +86,11 @@ def test_without_get_pod_the_ip_is_what_the_host_name_resolves_to(
     # A host name mapped to loopback (a laptop's /etc/hosts) is no address another pod can reach.
     monkeypatch.setattr(incluster.socket, "gethostbyname", {"p": "127.0.1.1"}.__getitem__)
     assert own_pod(_Client(None), environ=env, sa_namespace_file=ns).ip == ""
+
+
+def test_the_pods_image_pull_secrets_are_read_with_its_image(tmp_path: Path) -> None:
+    ns = tmp_path / "namespace"
+    ns.write_text("team-ml")
+    me = own_pod(_Client(_pod("10.244.1.17", ("regcred", "mirror"))), environ={"KFP_POD_NAME": "p"},
+                 sa_namespace_file=ns)
+    assert me is not None and me.image_pull_secrets == ("regcred", "mirror")

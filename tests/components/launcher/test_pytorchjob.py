@@ -235,6 +235,8 @@ def test_user_labels_cannot_override_trainflow_labels() -> None:
         ({"rdzv_host": "http://10.0.0.5", "rdzv_port": 29400}, "neither an IP address nor a DNS name"),
         ({"rdzv_host": "10.0.0.5:29400", "rdzv_port": 29400}, "neither an IP address nor a DNS name"),
         ({"rdzv_id": "a b"}, "rdzv_id"),
+        ({"image_pull_secrets": "regcred"}, "image_pull_secrets: must be a list of Secret names"),
+        ({"image_pull_secrets": ["Reg_Cred"]}, "image_pull_secrets: 'Reg_Cred' is not a valid Secret name"),
         ({"rdzv_host": "h", "rdzv_port": 1, "rdzv_keep_alive_interval_s": 0}, "rdzv_keep_alive_interval_s"),
     ],
 )
@@ -331,6 +333,7 @@ def test_worker_pod_settings_reach_the_pod_spec() -> None:
         "priority_class_name": "batch-low",
         "termination_grace_period_s": 120,
         "image_pull_policy": "Always",
+        "image_pull_secrets": ["registry-a", "registry-b"],
         "labels": {"team": "vision"},
         "pod_annotations": {"example.com/cost-center": "42"},
         "env": {"NCCL_DEBUG": "INFO"},
@@ -354,6 +357,7 @@ def test_worker_pod_settings_reach_the_pod_spec() -> None:
     assert pod["metadata"]["annotations"]["example.com/cost-center"] == "42"
     assert {"name": "NCCL_DEBUG", "value": "INFO"} in c["env"]
     assert pod["spec"]["securityContext"]["runAsUser"] == 1001
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "registry-a"}, {"name": "registry-b"}]
     assert worker_pod_settings("") == {} and worker_pod_settings("  ") == {}
 
 

@@ -126,3 +126,30 @@ def test_the_workers_endpoint_key_defaults_to_aws_endpoint_url_s3_and_a_url_wins
     assert _worker_env()["AWS_ENDPOINT_URL_S3"]["valueFrom"]["secretKeyRef"]["key"] == "AWS_ENDPOINT_URL_S3"
     given = _worker_env(s3_endpoint_key="endpoint", s3_endpoint_url="http://minio.kubeflow:9000")
     assert given["AWS_ENDPOINT_URL_S3"] == {"name": "AWS_ENDPOINT_URL_S3", "value": "http://minio.kubeflow:9000"}
+
+
+# -- the workers pull the image with the step's pull secrets ----------------------------------------
+
+
+def _worker_pull_secrets(worker_pod_settings: str, default: tuple[str, ...]) -> list[dict] | None:
+    from components.launcher.pytorchjob import render_pytorchjob
+    from components.training.step import worker_job_spec
+    from trainflow.common.training_spec import TrainJobSpec
+
+    spec = TrainJobSpec.build(backend="pytorchjob", checkpoint_uri="s3://ckpt/run-1", kfp_run_id="run-1",
+                              kfp_task_name="train", worker_pod_settings=worker_pod_settings)
+    cfg = spec.train_config(dataset="s3://data/ds", job_key="run-1/train", checkpoint_uri="s3://ckpt/run-1")
+    job = render_pytorchjob(worker_job_spec(spec, cfg, namespace="team-a", image="img",
+                                            default_image_pull_secrets=default))
+    return job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"].get("imagePullSecrets")
+
+
+def test_the_workers_get_the_steps_image_pull_secrets_unless_settings_name_theirs() -> None:
+    """Review (2026-11-30): KFP runs the step as ``default-editor``, whose pull secret pulled the
+    image from a private registry; the workers run as the namespace's default account and had none,
+    so every worker pod stopped at ErrImagePull. They get the step pod's pull secrets; a
+    ``worker_pod_settings`` list (even empty) replaces them."""
+    assert _worker_pull_secrets("", ("regcred",)) == [{"name": "regcred"}]
+    assert _worker_pull_secrets('{"image_pull_secrets": ["other"]}', ("regcred",)) == [{"name": "other"}]
+    assert _worker_pull_secrets('{"image_pull_secrets": []}', ("regcred",)) is None
+    assert _worker_pull_secrets("", ()) is None
