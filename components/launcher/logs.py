@@ -22,7 +22,6 @@ The threads are daemons: the process does not wait for them, and :meth:`close` s
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import sys
@@ -157,32 +156,50 @@ class WorkerLogs:
             except Exception as err:  # the API's errors and httpx's: logs are best effort
                 failures += 1
                 if failures >= _RETRIES:
-                    if pod not in self._unreadable:
-                        self._unreadable.add(pod)
-                        self.emit(f"[{pod}] (logs unavailable: {' '.join(str(err).split())[:200]}; "
-                                  "trying again later)")
-                    pause = min(self.max_resume_after_s, self.resume_after_s * 2**give_ups)
-                    with self._state:  # the next sync after the pause follows it again
-                        self._started.discard(instance)
-                        self._paused[instance] = (time.monotonic() + pause, last, give_ups + 1)
+                    self._give_up(pod, instance, last, give_ups, " ".join(str(err).split()))
                     return
                 time.sleep(min(8.0, 0.5 * 2**failures))
                 continue
-            if not self._still_running(pod, instance):
+            running = self._still_running(pod, instance)
+            if running is False:
                 return  # this instance ended: its stream is complete (a restart has its own follower)
+            if running is None:  # the API server did not say (an outage cut the stream): a failure
+                failures += 1
+                if failures >= _RETRIES:
+                    self._give_up(pod, instance, last, give_ups, "its stream ended and the pod cannot be read")
+                    return
+                time.sleep(min(8.0, 0.5 * 2**failures))
+                continue
             time.sleep(0.5)
 
-    def _still_running(self, pod: str, instance: tuple[str, int]) -> bool:
-        """Whether the container instance we follow (pod uid, restart count) is the one running."""
+    def _give_up(self, pod: str, instance: tuple[str, int], last: dt.datetime | None, give_ups: int,
+                 why: str) -> None:
+        """Stop following ``instance`` for now: say so once per pod, and let a :meth:`sync` after the
+        pause follow it again from ``last``."""
+        if pod not in self._unreadable:
+            self._unreadable.add(pod)
+            self.emit(f"[{pod}] (logs unavailable: {why[:200]}; trying again later)")
+        pause = min(self.max_resume_after_s, self.resume_after_s * 2**give_ups)
+        with self._state:
+            self._started.discard(instance)
+            self._paused[instance] = (time.monotonic() + pause, last, give_ups + 1)
+
+    def _still_running(self, pod: str, instance: tuple[str, int]) -> bool | None:
+        """Whether the container instance we follow (pod uid, restart count) is the one running;
+        ``None`` when the pod cannot be read (the API server does not answer)."""
         from lightkube.resources.core_v1 import Pod
 
-        with contextlib.suppress(Exception):
+        try:
             p = self.client.get(Pod, pod, namespace=self.namespace)
-            if p.metadata.uid != instance[0]:
-                return False
-            for cs in (p.status and p.status.containerStatuses) or []:
-                if cs.name == self.container:
-                    return bool(cs.state and cs.state.running) and int(cs.restartCount or 0) == instance[1]
+        except Exception as err:
+            if getattr(getattr(err, "status", None), "code", None) == 404:
+                return False  # the pod is gone: so is the instance
+            return None
+        if p.metadata.uid != instance[0]:
+            return False
+        for cs in (p.status and p.status.containerStatuses) or []:
+            if cs.name == self.container:
+                return bool(cs.state and cs.state.running) and int(cs.restartCount or 0) == instance[1]
         return False
 
 

@@ -119,6 +119,37 @@ def test_a_follower_that_gave_up_during_an_api_outage_resumes_after_its_last_lin
     assert resumed["since"] >= 1 and resumed["tail_lines"] is None
 
 
+def test_a_stream_cut_by_an_outage_is_not_taken_for_a_finished_container() -> None:
+    """Review (2026-11-30): when the API server went away, the stream ended and the pod could not be
+    read; the follower took that for a finished container and stopped for good. Not knowing counts
+    as a failure: it gives up for a while and is followed again after the outage."""
+
+    class Outage(LogAPI):
+        def __init__(self) -> None:
+            super().__init__({"w-0": [["2026-11-23T10:00:00.1Z step 1"], ["ERROR"], ["ERROR"],
+                                      ["2026-11-23T10:00:00.1Z step 1", "2026-11-23T10:00:09Z step 2"]]},
+                             {"w-0": True})
+            self.down = True
+
+        def get(self, _res: object, name: str, *, namespace: str) -> SimpleNamespace:
+            if self.down:
+                raise OSError("[Errno 111] Connection refused")
+            return super().get(_res, name, namespace=namespace)
+
+    api = Outage()
+    out: list[str] = []
+    logs = WorkerLogs(api, "ns", write=out.append, resume_after_s=0.1)
+    running = [pod("w-0", "u0", 0, "running")]
+    logs.sync(running)
+    logs.threads[0].join(30)
+    assert out[-1].startswith("[w-0] (logs unavailable: ")
+    api.down = False
+    time.sleep(0.2)
+    logs.sync(running)
+    logs.threads[-1].join(30)
+    assert out[0] == "[w-0] step 1" and out[-2:] == ["[w-0] (logs resumed)", "[w-0] step 2"]
+
+
 def test_split_timestamp() -> None:
     assert split_timestamp("2026-11-23T10:00:00.123456789Z hello world") == ("2026-11-23T10:00:00.123456789Z",
                                                                               "hello world")
