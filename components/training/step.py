@@ -436,6 +436,11 @@ def worker_job_spec(spec: TrainJobSpec, cfg: TrainConfig, *, namespace: str, ima
     try:
         settings = worker_pod_settings(spec.worker_pod_settings)
         settings.setdefault("image_pull_secrets", tuple(default_image_pull_secrets))
+        if not spec.s3_secret_name:
+            has_keys = "AWS_ACCESS_KEY_ID" in os.environ
+            log.warning("s3_secret_name is empty: the worker pods get no S3 keys and must find credentials "
+                        "themselves (their service account's web identity: IRSA, EKS Pod Identity; or the node's "
+                        "role)%s", "; this step's own AWS_ACCESS_KEY_ID does not reach them" if has_keys else "")
         settings["termination_grace_period_s"] = worker_grace_period_s(
             settings.get("termination_grace_period_s"), cfg.checkpoint.preemption_save_deadline_s)
         env = {**spec.extra_env, **settings.pop("env", {})}

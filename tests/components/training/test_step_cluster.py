@@ -153,3 +153,24 @@ def test_the_workers_get_the_steps_image_pull_secrets_unless_settings_name_their
     assert _worker_pull_secrets('{"image_pull_secrets": ["other"]}', ("regcred",)) == [{"name": "other"}]
     assert _worker_pull_secrets('{"image_pull_secrets": []}', ("regcred",)) is None
     assert _worker_pull_secrets("", ()) is None
+
+
+def test_workers_without_an_s3_secret_are_warned_about(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review (2026-11-29): with ``s3_secret_name`` empty the step's own credentials (keys in its
+    environment, IRSA, the node's role) pass every check, but the workers get no keys; the step says
+    so, naming its own keys when it has some."""
+    from components.training.step import worker_job_spec
+    from trainflow.common.training_spec import TrainJobSpec
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIA-step-only")
+    spec = TrainJobSpec.build(backend="pytorchjob", checkpoint_uri="s3://ckpt/run-1", kfp_run_id="run-1",
+                              kfp_task_name="train")
+    cfg = spec.train_config(dataset="s3://data/ds", job_key="run-1/train", checkpoint_uri="s3://ckpt/run-1")
+    with caplog.at_level(logging.WARNING, logger="trainflow.step"):
+        worker_job_spec(spec, cfg, namespace="team-a", image="img")
+        worker_job_spec(spec.replace(s3_secret_name="minio-creds"), cfg, namespace="team-a", image="img")
+    (record,) = caplog.records
+    assert record.getMessage().startswith("s3_secret_name is empty: the worker pods get no S3 keys")
+    assert record.getMessage().endswith("this step's own AWS_ACCESS_KEY_ID does not reach them")
