@@ -333,6 +333,18 @@ def plan_safety(
     for key, view in views.items():
         job = view.job
         requested_gpw = _requested_gpus_per_worker(job.annotations)
+        if job.memo.suspended_by_scheduler and not job.suspended and job.memo.reshape is None:
+            # Resumed by someone else (a user, Kueue): the mark no longer describes the job, and left
+            # in place it would make their next suspension look like the scheduler's, which the
+            # policy (and `release`) would then undo.
+            new = _base_memo(view, memos.get(key, job.memo), now_s).but(suspended_by_scheduler=False)
+            out.append(Action(
+                job=key, uid=job.uid, kind=ActionKind.CONFIRM, from_workers=view.bound_workers,
+                to_workers=job.spec_workers,
+                patches=_merge_patch(view, annotations=new.changed_annotations(job.annotations), settings=settings),
+                reason="resumed by someone else: the scheduler's suspended-by mark is cleared",
+            ))
+            continue
         if job.memo.reshape is None and job.memo.scale_up is None and requested_gpw is None:
             if (view.pending_workers and 0 < view.bound_workers < job.min_workers and not job.suspended
                     and job.gpus_per_worker >= 1 and not job.hpa_metrics):  # jobs the scheduler manages
@@ -517,8 +529,8 @@ def _reshape_step(view: JobView, memo: JobMemo, now_s: float, settings: PlanSett
                 patches=_merge_patch(view, annotations=new.changed_annotations(job.annotations), settings=settings),
                 reason=f"GPUs per worker now {gpw}",
             )
-        # Resumed by someone else before the template changed: start over.
-        new = memo.but(reshape=None)
+        # Resumed by someone else before the template changed: start over (the job is theirs now).
+        new = memo.but(reshape=None, suspended_by_scheduler=False)
         return Action(
             job=view.key, uid=job.uid, kind=ActionKind.CONFIRM, from_workers=view.bound_workers,
             to_workers=job.spec_workers,

@@ -476,3 +476,26 @@ def test_a_kept_job_below_its_minimum_with_no_pending_pod_is_clamped_not_trimmed
     full = {"ns/b": jview("b", bound={"n0": 4}, pending=1, replicas=4, annotations={SCALE_UP: watch})}
     a = only(plan_safety(full, T0, SETTINGS), ActionKind.CONFIRM)
     assert a.patches[0].body["metadata"]["annotations"][SCALE_UP] is None and "spec" not in a.patches[0].body
+
+
+def test_a_mark_left_on_a_job_someone_else_resumed_is_cleared_so_their_next_suspension_stays() -> None:
+    """Review (2026-11-30): the scheduler's suspended-by mark stayed on a job that a user (or Kueue)
+    resumed, and on one whose GPUs-per-worker change they abandoned by resuming it. Suspended again
+    by them, the job looked like the scheduler's: the policy resumed it within a tick (a fight with
+    Kueue). The mark is cleared once the job is seen running, guarded by resourceVersion and suspend."""
+    resumed = {"ns/a": jview(bound={"n0": 2}, replicas=2, rv="12", annotations={SUSPENDED_BY: FIELD_MANAGER})}
+    a = only(plan_safety(resumed, T0, SETTINGS), ActionKind.CONFIRM)
+    (patch,) = a.patches
+    assert patch.body["metadata"]["annotations"][SUSPENDED_BY] is None
+    assert patch.body["metadata"]["resourceVersion"] == "12" and "spec" not in patch.body
+    assert dict(patch.guard)[("spec", "runPolicy", "suspend")] is None  # dropped if suspended again since
+    # Suspended by the scheduler and still suspended: the mark stays (the policy may resume it).
+    ours = {"ns/a": jview(replicas=2, suspend=True, annotations={SUSPENDED_BY: FIELD_MANAGER})}
+    assert plan_safety(ours, T0, SETTINGS) == ()
+    # A GPUs-per-worker change abandoned because someone resumed the job drops the mark too.
+    reshape = {ANNOTATION_PREFIX + "reshape": json.dumps({"gpus_per_worker": 2, "workers": 2}),
+               SUSPENDED_BY: FIELD_MANAGER}
+    abandoned = {"ns/a": jview(bound={"n0": 4}, replicas=4, gpus=1, annotations=reshape)}
+    a = only(plan_safety(abandoned, T0, SETTINGS), ActionKind.CONFIRM)
+    ann = a.patches[0].body["metadata"]["annotations"]
+    assert ann[ANNOTATION_PREFIX + "reshape"] is None and ann[SUSPENDED_BY] is None
