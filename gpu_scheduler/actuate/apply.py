@@ -105,6 +105,10 @@ def _status_of(exc: Exception) -> Status:
     return "error"
 
 
+class _LeaseLost(Exception):
+    """This replica may no longer write (its leader-election Lease lapsed) while sending an action."""
+
+
 class Actuator:
     """Applies :class:`~gpu_scheduler.actuate.plan.Action` values with one lightkube client.
 
@@ -192,6 +196,7 @@ class Actuator:
         if not patch.guard or patch.patch_type != "merge":
             return "the job changed since it was observed", None
         for attempt in range(attempts):
+            self._check_lease("before resending after a conflict")
             fresh = self._client.get(PyTorchJob, patch.name, namespace=patch.namespace)
             doc = fresh.to_dict() if hasattr(fresh, "to_dict") else dict(fresh)
             for path, expected in patch.guard:
@@ -216,11 +221,23 @@ class Actuator:
             log.debug("action failed", exc_info=exc, extra={"job": action.job, "action": action.kind.value})
             return ApplyResult(action=action, status="error", message=_one_line(exc))
 
-    def _send_action(self, action: Action) -> ApplyResult:
+    def _check_lease(self, when: str) -> None:
+        """Raise :class:`_LeaseLost` unless this process may still write (``proceed``)."""
         if self._proceed is not None and not self._proceed():
-            return ApplyResult(action=action, status="not_leader", message="lost the lease before sending")
+            raise _LeaseLost(f"lost the lease {when}")
+
+    def _send_action(self, action: Action) -> ApplyResult:
+        try:
+            return self._send_patches(action)
+        except _LeaseLost as lost:
+            # Each request is checked, not only the action's first: conflict retries and the second
+            # patch of an action (scale, reshape) come later, when another replica may lead.
+            return ApplyResult(action=action, status="not_leader", message=str(lost))
+
+    def _send_patches(self, action: Action) -> ApplyResult:
         answered_version: str | None = None  # of the action's previous patch: the controller's own write
-        for patch in action.patches:
+        for index, patch in enumerate(action.patches):
+            self._check_lease("before sending" if index == 0 else "between the action's patches")
             body = patch.body
             if answered_version is not None and resource_version(body) is not None:
                 body = _with_resource_version(body, answered_version)

@@ -315,6 +315,56 @@ def test_actuator_stops_sending_once_the_lease_is_lost() -> None:
                                                            ("ns/c", "not_leader")]
 
 
+def test_the_lease_is_checked_before_every_request_of_an_action_not_only_its_first() -> None:
+    """Review (2026-11-30): an action's second patch (``--replicas-via scale``, a reshape) and the
+    re-sends after a 409 went out without a check, possibly after another replica took the Lease."""
+    from lightkube.core.exceptions import ApiError
+
+    from gpu_scheduler.actuate.apply import Actuator
+
+    class Conflict:
+        status_code = 409
+
+        def json(self) -> dict:
+            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": "the object has been modified", "reason": "Conflict", "code": 409}
+
+    leading = [True]
+
+    class Client:  # every request is recorded; the lease lapses with the first one
+        def __init__(self, conflict: bool) -> None:
+            self.conflict, self.sent = conflict, []
+
+        def patch(self, resource: Any, name: str, body: Any, **kw: Any) -> dict:
+            self.sent.append("PATCH")
+            leading[0] = False
+            if self.conflict:
+                raise ApiError(response=Conflict())  # type: ignore[arg-type]
+            return {"metadata": {"resourceVersion": "8"}}
+
+        def get(self, resource: Any, name: str, **kw: Any) -> dict:
+            self.sent.append("GET")
+            return {"metadata": {"uid": "uid-a", "resourceVersion": "9"},
+                    "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2}}, "runPolicy": {}}}
+
+    views = {"ns/a": jview(bound={"n0": 2}, replicas=2, uid="uid-a")}
+    decision, snap = decide(views, {"ns/a": {"n0": 3}})
+    for settings, conflict, message in (
+        (PlanSettings(replicas_via="scale"), False, "lost the lease between the action's patches"),
+        (SETTINGS, True, "lost the lease before resending after a conflict"),
+    ):
+        (action,) = plan_decision(decision, snap, views, T0, settings)
+        leading[0] = True
+        client = Client(conflict)
+        actuator = Actuator(client, record_events=False, max_concurrency=1, proceed=lambda: leading[0])  # type: ignore[arg-type]
+        try:
+            (result,) = actuator.apply((action,))
+        finally:
+            actuator.close()
+        assert client.sent == ["PATCH"], client.sent  # no second patch, no GET and re-send
+        assert (result.status, result.message) == ("not_leader", message)
+
+
 def test_a_job_that_ran_and_has_no_live_worker_is_left_alone() -> None:
     """Its last worker may have Succeeded a moment before the operator marks the job Succeeded
     (ended pods leave the controller's view first); the operator never marks a suspended job
