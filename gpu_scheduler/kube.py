@@ -277,7 +277,12 @@ class ScaleUpWatch:
 
 
 def _num(value: Any, kind: type = float) -> Any:
-    out = kind(value)
+    """``kind(value)``, finite; ValueError otherwise (also for ``int(inf)`` and a float out of
+    range, which Python raises as OverflowError)."""
+    try:
+        out = kind(value)
+    except OverflowError as exc:
+        raise ValueError(value) from exc
     if isinstance(out, float) and not math.isfinite(out):
         raise ValueError(value)
     return out
@@ -355,8 +360,9 @@ class JobMemo:
         try:
             if (v := get(cls.ATTAINED)) is not None:
                 raw = json.loads(v)
-                out["attained_service_gpu_s"] = max(0.0, _num(raw["gpu_s"]))
-                out["attained_at_s"] = _num(raw["at"])
+                attained = max(0.0, _num(raw["gpu_s"]))
+                out["attained_at_s"] = _num(raw["at"])  # both or neither
+                out["attained_service_gpu_s"] = attained
         except (ValueError, TypeError, KeyError):
             pass
         try:
@@ -370,8 +376,9 @@ class JobMemo:
         try:
             if (v := get(cls.HOLD)) is not None:
                 raw = json.loads(v)
-                out["hold_until_s"] = _num(raw["until"])
-                out["hold_max_workers"] = max(0, _num(raw["max_workers"], int))
+                until = _num(raw["until"])
+                out["hold_max_workers"] = max(0, _num(raw["max_workers"], int))  # both or neither
+                out["hold_until_s"] = until
         except (ValueError, TypeError, KeyError):
             pass
         out["suspended_by_scheduler"] = get(cls.SUSPENDED_BY) == FIELD_MANAGER

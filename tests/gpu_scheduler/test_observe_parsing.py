@@ -8,7 +8,7 @@ import json
 import pytest
 from lightkube.resources.core_v1 import Node, Pod
 
-from gpu_scheduler.kube import ANNOTATION_PREFIX, JobMemo, ScaleUpWatch
+from gpu_scheduler.kube import ANNOTATION_PREFIX, FIELD_MANAGER, JobMemo, ScaleUpWatch
 from gpu_scheduler.observe.kubernetes import node_state, pod_state, pytorchjob_state
 from gpu_scheduler.observe.prometheus import (
     QUERIES,
@@ -186,6 +186,20 @@ def test_job_memo_ignores_malformed_values_and_diffs_minimally() -> None:
     assert JobMemo(requested_workers=2).changed_annotations(same) == {}
     assert JobMemo(requested_workers=2, restarts=1).changed_annotations(same) == {ANNOTATION_PREFIX + "restarts": "1"}
     assert JobMemo().changed_annotations(same) == {ANNOTATION_PREFIX + "requested-workers": None}
+
+
+def test_job_memo_ignores_values_out_of_range() -> None:
+    """Review (2026-11-30): JSON's ``Infinity`` in a watch or a hold (``int(inf)``) and a number too
+    large for a float raised OverflowError, which parse did not catch: the informer dropped the
+    job, so a job the controller had suspended stayed suspended and a watched scale-up was never
+    rolled back. Such a value is ignored as any malformed one."""
+    bad = {ANNOTATION_PREFIX + "scale-up": '{"from": Infinity, "to": 3, "at": 1}',
+           ANNOTATION_PREFIX + "hold": '{"until": 1, "max_workers": Infinity}',
+           ANNOTATION_PREFIX + "attained-service": json.dumps({"gpu_s": 10**400, "at": 1}),
+           ANNOTATION_PREFIX + "suspended-by": FIELD_MANAGER}
+    memo = JobMemo.parse(bad)
+    assert (memo.scale_up, memo.hold_until_s, memo.attained_service_gpu_s) == (None, None, None)
+    assert memo.suspended_by_scheduler
 
 
 def test_prometheus_bearer_token_file_is_sent_and_reread_when_rotated(tmp_path, caplog) -> None:
