@@ -240,6 +240,8 @@ class JobView:
         terminating_workers: worker pods being deleted.
         pods: the job's live worker pod names (bound and pending), sorted.
         placement_since_s: latest ``startTime`` (or creation time) among the bound workers.
+        pending_indices: the replica indices (``<job>-worker-<index>``) of the pending workers,
+            ascending; the training operator deletes the highest indices when ``replicas`` falls.
     """
 
     job: PyTorchJobState
@@ -248,6 +250,7 @@ class JobView:
     terminating_workers: int = 0
     pods: tuple[str, ...] = ()
     placement_since_s: float | None = None
+    pending_indices: tuple[int, ...] = ()
 
     @property
     def key(self) -> str:

@@ -651,6 +651,13 @@ def plan_decision(
                 elif target < bound:
                     kind = ActionKind.SCALE_DOWN
                     changes = {"scale_up": None}
+                elif any(index < target for index in view.pending_indices):
+                    # A recreated worker (after an eviction) waits below the target: lowering
+                    # replicas would make the training operator delete the highest-index workers
+                    # (v1.9 pkg/controller.v1/common/pod.go ReconcilePods: index >= replicas),
+                    # which run, and keep the pending one. Left as it is; it binds or the policy
+                    # shrinks the job another way.
+                    replicas = None
                 else:
                     kind = ActionKind.TRIM
                 restart = bool(bound) and kind in (ActionKind.SCALE_UP, ActionKind.SCALE_DOWN)

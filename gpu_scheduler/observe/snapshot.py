@@ -106,6 +106,7 @@ def _job_view(job: PyTorchJobState, workers: Iterable[PodState]) -> JobView:
         terminating_workers=len(workers) - len(live),
         pods=tuple(sorted(p.name for p in live)),
         placement_since_s=since,
+        pending_indices=tuple(_pod_order(p)[0] for p in live if not p.bound),
     )
 
 

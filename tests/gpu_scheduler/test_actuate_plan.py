@@ -139,6 +139,21 @@ def test_keep_changes_nothing_and_pending_extras_are_trimmed_or_watched() -> Non
     assert "spec" not in actions["ns/c"].patches[0].body
 
 
+def test_a_pending_worker_below_the_target_is_not_trimmed_by_deleting_running_ones() -> None:
+    """Review (2026-11-30): worker-1 of a 4-worker job was evicted and its replacement waits for a
+    node; the policy kept the 3 bound workers, so TRIM set replicas 3 and the training operator
+    deleted worker-3 (running), not worker-1 (it keeps indices 0..replicas-1); next tick the same
+    again, until the job ran on one worker. Only a pending worker above the target is trimmed."""
+    import dataclasses
+
+    low = {"ns/a": dataclasses.replace(jview(bound={"n0": 3}, pending=1, replicas=4), pending_indices=(1,))}
+    decision, snap = decide(low, {"ns/a": {"n0": 3}})
+    assert plan_decision(decision, snap, low, T0, SETTINGS) == ()
+    high = {"ns/a": dataclasses.replace(low["ns/a"], pending_indices=(3,))}
+    a = only(plan_decision(decision, snap, high, T0, SETTINGS), ActionKind.TRIM)
+    assert a.patches[0].body["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+
+
 def test_policy_annotations_are_prefixed_and_deleted_with_empty_values() -> None:
     views = {"ns/a": jview(bound={"n0": 2}, replicas=2, annotations={POLICY_ANNOTATION_PREFIX + "old": "1"})}
     decision, snap = decide(views, {"ns/a": {"n0": 2}}, annotations={"ns/a": {"queue": "2", "old": ""}})

@@ -60,7 +60,7 @@ def test_view_joins_pods_and_counts_foreign_gpus() -> None:
     assert list(view.jobs) == ["ns/a"]
     jv = view.jobs["ns/a"]
     assert jv.placement == Placement((("n0", 2), ("n1", 1)))
-    assert (jv.pending_workers, jv.terminating_workers) == (1, 1)
+    assert (jv.pending_workers, jv.terminating_workers, jv.pending_indices) == (1, 1, (3,))
     assert view.foreign_gpus == {"n1": 2 + 1, "n0": 1}
 
 
