@@ -33,6 +33,12 @@ ENV = {
 #: the field; a 2.14 API server refuses a run carrying it: ``unknown field "optional"``), and the
 #: kfp-kubernetes SDK this project locks always writes it.
 SECRET_OPTIONAL_SINCE = (2, 15)
+#: The oldest KFP backend the pipelines run on: before 2.5 the driver resolves neither the run-id and
+#: task placeholders the train step names its job and checkpoint key by (``{{$.pipeline_job_uuid}}``,
+#: ``{{$.pipeline_task_name}}``, ``{{$.pipeline_task_uuid}}``) nor ``set_retry``, and its platform proto
+#: lacks ``SecretAsEnv.secretNameParameter``, which kfp-kubernetes writes (kubeflow/pipelines#11935:
+#: ``unknown field "secretNameParameter"``). Kubeflow 1.10.1 is the first release that ships 2.5.
+MIN_KFP_BACKEND = (2, 5)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,14 +56,15 @@ class PlatformSettings:
             used where the ``s3_endpoint_url`` parameter is empty): the task pods' and, through the
             train step, the workers'.
         kfp_backend_version: the KFP backend the package is for, ``"2.14"`` or ``"2.14.3"``; empty: a
-            current one (>= 2.15). Before 2.15 the wiring cannot be ``optional``
+            current one (>= 2.15). At least :data:`MIN_KFP_BACKEND` (2.5). Before 2.15 the wiring cannot be ``optional``
             (:data:`SECRET_OPTIONAL_SINCE`): the access and secret keys are then *required* (a
             missing Secret holds the pod in ``CreateContainerConfigError``, which KFP does not fail),
             and the endpoint key is not wired into the task pods (give the ``s3_endpoint_url``
             parameter instead).
 
     Raises:
-        ValueError: a key name is empty, or ``kfp_backend_version`` is not ``MAJOR.MINOR[.PATCH]``.
+        ValueError: a key name is empty, or ``kfp_backend_version`` is not ``MAJOR.MINOR[.PATCH]`` or
+            is older than :data:`MIN_KFP_BACKEND`.
     """
 
     s3_secret: str = ""
@@ -81,6 +88,12 @@ class PlatformSettings:
         if not re.fullmatch(r"\d+\.\d+(\.\d+)?", self.kfp_backend_version):
             raise ValueError(f"kfp_backend_version must be MAJOR.MINOR[.PATCH], e.g. 2.14, not {self.kfp_backend_version!r}")
         major, minor = (int(x) for x in self.kfp_backend_version.split(".")[:2])
+        if (major, minor) < MIN_KFP_BACKEND:
+            oldest = ".".join(map(str, MIN_KFP_BACKEND))
+            raise ValueError(
+                f"kfp_backend_version {self.kfp_backend_version}: trainflow's pipelines need a KFP backend >= "
+                f"{oldest} (Kubeflow >= 1.10.1): older ones resolve neither the run and task placeholders the "
+                f"train step names its job by nor retries, and refuse the Secret wiring (secretNameParameter)")
         return (major, minor) >= SECRET_OPTIONAL_SINCE
 
     @classmethod

@@ -106,7 +106,15 @@ def resolve_job_key(job_key: str, kfp_run_id: str, kfp_task_name: str, kfp_task_
         return _sanitize_key(job_key)
     if kfp_run_id and kfp_task_name and "{{" not in kfp_run_id + kfp_task_name:
         return _sanitize_key(task_identity(kfp_run_id, kfp_task_name, resolved_task_id(kfp_task_id)))
+    if "{{" in kfp_run_id + kfp_task_name:
+        raise _unresolved_placeholders(kfp_run_id, kfp_task_name)
     raise TrainStepError("no job key: pass job_key, or run inside a KFP pipeline (run id and task name)")
+
+
+def _unresolved_placeholders(kfp_run_id: str, kfp_task_name: str) -> TrainStepError:
+    return TrainStepError(f"the KFP backend did not resolve the run id and task name placeholders "
+                          f"({kfp_run_id!r}, {kfp_task_name!r}): trainflow's pipelines need a KFP backend >= 2.5 "
+                          f"(Kubeflow >= 1.10.1)")
 
 
 def _sanitize_key(key: str) -> str:
@@ -433,6 +441,8 @@ def worker_job_spec(spec: TrainJobSpec, cfg: TrainConfig, *, namespace: str, ima
     """
     from components.launcher.pytorchjob import InvalidSpecError, PyTorchJobSpec, worker_pod_settings
 
+    if "{{" in spec.kfp_run_id + spec.kfp_task_name:  # every run's job would have the same name
+        raise _unresolved_placeholders(spec.kfp_run_id, spec.kfp_task_name)
     try:
         settings = worker_pod_settings(spec.worker_pod_settings)
         settings.setdefault("image_pull_secrets", tuple(default_image_pull_secrets))

@@ -261,6 +261,18 @@ def test_compiled_for_kfp_2_15_or_later_the_wiring_is_optional() -> None:
     assert not PlatformSettings(kfp_backend_version="2.5.0").secret_optional
 
 
+@pytest.mark.parametrize("version", ["2.4", "2.4.1", "1.8"])
+def test_a_kfp_backend_before_2_5_is_refused_naming_the_minimum(version: str) -> None:
+    """Review (2026-11-30): Kubeflow 1.9.x and 1.10.0 ship KFP 2.2-2.4, whose driver leaves the run
+    and task placeholders unresolved (every run's job the same name) and refuses kfp-kubernetes'
+    secretNameParameter; ``--kfp-backend-version 2.4`` compiled a package that could not run."""
+    from pipelines.platform import PlatformSettings
+
+    with pytest.raises(ValueError, match=rf"kfp_backend_version {version}: trainflow's pipelines need a KFP "
+                                         r"backend >= 2\.5 \(Kubeflow >= 1\.10\.1\)"):
+        PlatformSettings(kfp_backend_version=version)
+
+
 def test_a_bad_kfp_backend_version_is_one_line(tmp_path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "trainflow.cli", "compile", "--output", str(tmp_path / "x.yaml"),

@@ -31,7 +31,16 @@ def test_the_default_job_key_holds_the_task_id_when_kfp_resolved_one() -> None:
     # An explicit key still wins (the Airflow DAG's), and a task id alone is no key.
     assert resolve_job_key("dag/run/train/-1", "run-1", "train", "101") == "dag/run/train/-1"
     with pytest.raises(TrainStepError, match="no job key"):
+        resolve_job_key("", "", "train", "101")
+    # A backend before 2.5 leaves the run id unresolved: said so, not "run inside a KFP pipeline".
+    with pytest.raises(TrainStepError, match=r"did not resolve .* need a KFP backend >= 2\.5"):
         resolve_job_key("", "{{$.pipeline_job_uuid}}", "train", "101")
+    # ... also with an explicit key: the job's name would be the same for every run.
+    spec = TrainJobSpec.build(backend="pytorchjob", checkpoint_uri="s3://ckpt", job_key="mine",
+                              kfp_run_id="{{$.pipeline_job_uuid}}", kfp_task_name="{{$.pipeline_task_name}}")
+    cfg = spec.train_config(dataset="s3://data/ds", job_key="mine", checkpoint_uri="s3://ckpt")
+    with pytest.raises(TrainStepError, match=r"did not resolve .* need a KFP backend >= 2\.5"):
+        worker_job_spec(spec, cfg, namespace="team-a", image="img")
 
 
 def _worker_job(kfp_task_id: str, **plumbing: str) -> PyTorchJobSpec:
