@@ -330,6 +330,7 @@ class Controller:
         self.manage_gc = manage_gc
         self._unfrozen_at = time.monotonic()
         self._view_revision: tuple[int, ...] | None = None
+        self._excluded_watches: list[str] = []  # job watches left out of the view (KubernetesObserver.excluded)
         self._excluded_logged: dict[str, str] = {}
         self.ticks = 0
 
@@ -448,6 +449,14 @@ class Controller:
             state = self._cluster.state()
             return self._views.reset(state.nodes, state.pods, state.jobs)
         changes = changes_since(self._view_revision)
+        excluded = getattr(self._cluster, "excluded", None)
+        if excluded is not None and (now_excluded := excluded()) != self._excluded_watches:
+            if now_excluded:
+                log.warning("jobs of some namespaces are left out: their watch has failed for a while",
+                            extra={"excluded": now_excluded})
+            else:
+                log.info("every namespace's jobs are in the view again")
+            self._excluded_watches = now_excluded
         if changes.state is not None:
             view = self._views.reset(changes.state.nodes, changes.state.pods, changes.state.jobs)
         else:

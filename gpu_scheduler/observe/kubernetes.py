@@ -383,6 +383,10 @@ WATCH_BACKOFF_S = (0.2, 30.0)
 #: A watch that ran this long before failing resets that backoff (client-go's reflector resets its
 #: backoff manager after a quiet period, ``k8s.io/client-go/tools/cache/reflector.go``).
 WATCH_STABLE_S = 60.0
+#: Seconds one namespace's PyTorchJob watch (of several, ``--watch-namespace a,b``) may fail before
+#: its jobs are left out of the view instead of holding up every tick (a deleted namespace, a
+#: RoleBinding removed or not made yet). Shorter failures hold ticks up as for any cache.
+NAMESPACE_EXCLUDE_AFTER_S = 120.0
 
 
 def build_decoders(resources: Iterable[type]) -> None:
@@ -455,6 +459,9 @@ class Informer(Generic[T]):
         self.synced = threading.Event()
         self.healthy = False  # listed, and watching (or about to) without an error since
         self.last_error: str | None = None
+        #: ``time.monotonic()`` since when the store has not been usable (not listed yet, or its
+        #: watch failed and no LIST has succeeded since); None while usable.
+        self.unusable_since: float | None = None
         self.relists = 0
         self.events = 0
         self.bookmarks = 0  # BOOKMARK events: the resourceVersion a resumed watch starts from moved on
@@ -468,6 +475,7 @@ class Informer(Generic[T]):
     # -- public ---------------------------------------------------------------------------------
 
     def start(self) -> Informer[T]:
+        self.unusable_since = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"informer-{self.name}", daemon=True)
         self._thread.start()
         return self
@@ -616,6 +624,7 @@ class Informer(Generic[T]):
                 self.synced.set()
                 self.healthy = True
                 self.last_error = None
+                self.unusable_since = None
                 self._changed()
                 watched_at = time.monotonic()
                 self._watch(client, rv)
@@ -624,6 +633,8 @@ class Informer(Generic[T]):
                 if self._stop.is_set():
                     break
                 self.healthy = False
+                if self.unusable_since is None:
+                    self.unusable_since = time.monotonic()
                 gone = isinstance(exc, ApiError) and exc.status.code == 410
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 # The backoff starts again only after a watch that ran a while: a watch refused at once
@@ -650,14 +661,34 @@ class Informer(Generic[T]):
 
 class InformerGroup(Generic[T]):
     """Several informers of one kind (one per namespace) read as one store: values, ``get``,
-    and :meth:`changes_since` with a revision that is the tuple of theirs."""
+    and :meth:`changes_since` with a revision that is the tuple of theirs.
 
-    def __init__(self, informers: list[Informer[T]], *, name: str) -> None:
+    A member whose store has not been usable for ``exclude_after_s`` (default
+    :data:`NAMESPACE_EXCLUDE_AFTER_S`; :meth:`excluded`) is left out:
+    it adds no value and its revision entry is None; leaving or coming back makes
+    :meth:`changes_since` answer None (read everything). ``clock``: ``time.monotonic``.
+    """
+
+    def __init__(self, informers: list[Informer[T]], *, name: str, exclude_after_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.informers, self.name = informers, name
+        self.exclude_after_s = NAMESPACE_EXCLUDE_AFTER_S if exclude_after_s is None else exclude_after_s
+        self._clock = clock
+
+    def excluded(self) -> list[Informer[T]]:
+        """Members unusable (not listed, or watch failed) for ``exclude_after_s`` or longer."""
+        now = self._clock()
+        return [i for i in self.informers
+                if not (i.synced.is_set() and i.healthy) and i.unusable_since is not None
+                and now - i.unusable_since >= self.exclude_after_s]
+
+    def _members(self) -> list[tuple[Informer[T], bool]]:
+        out = self.excluded()
+        return [(i, i not in out) for i in self.informers]
 
     @property
-    def revision(self) -> tuple[int, ...]:
-        return tuple(i.revision for i in self.informers)
+    def revision(self) -> tuple[int | None, ...]:
+        return tuple(i.revision if used else None for i, used in self._members())
 
     @property
     def relists(self) -> int:
@@ -667,9 +698,13 @@ class InformerGroup(Generic[T]):
     def events(self) -> int:
         return sum(i.events for i in self.informers)
 
-    def snapshot(self) -> tuple[tuple[int, ...], list[T]]:
-        revisions, values = [], []
-        for informer in self.informers:
+    def snapshot(self) -> tuple[tuple[int | None, ...], list[T]]:
+        revisions: list[int | None] = []
+        values: list[T] = []
+        for informer, used in self._members():
+            if not used:
+                revisions.append(None)
+                continue
             revision, part = informer.snapshot()
             revisions.append(revision)
             values.extend(part)
@@ -679,20 +714,31 @@ class InformerGroup(Generic[T]):
         return self.snapshot()[1]
 
     def get(self, key: str) -> T | None:
-        return next((v for i in self.informers if (v := i.get(key)) is not None), None)
+        return next((v for i, used in self._members() if used and (v := i.get(key)) is not None), None)
 
-    def changes_since(self, revision: tuple[int, ...]) -> tuple[tuple[int, ...], dict[str, T | None] | None]:
-        revisions, merged = [], {}
-        for informer, since in zip(self.informers, revision, strict=True):
+    def changes_since(
+        self, revision: tuple[int | None, ...]
+    ) -> tuple[tuple[int | None, ...], dict[str, T | None] | None]:
+        members = self._members()
+        now_revision = tuple(i.revision if used else None for i, used in members)
+        if len(revision) != len(members) or any(used != (since is not None)
+                                                for (_, used), since in zip(members, revision, strict=True)):
+            return now_revision, None  # a member left or came back: its jobs went or came all at once
+        revisions: list[int | None] = []
+        merged: dict[str, T | None] = {}
+        for (informer, used), since in zip(members, revision, strict=True):
+            if not used or since is None:
+                revisions.append(None)
+                continue
             now, changes = informer.changes_since(since)
             revisions.append(now)
             if changes is None:
-                return self.revision, None
+                return now_revision, None
             merged.update(changes)
         return tuple(revisions), merged
 
     def __len__(self) -> int:
-        return sum(len(i) for i in self.informers)
+        return sum(len(i) for i, used in self._members() if used)
 
 
 @dataclass(frozen=True, slots=True)
@@ -803,17 +849,36 @@ class KubernetesObserver:
             informer.stop(timeout_s=max(0.0, deadline - time.monotonic()))
 
     def wait_synced(self, timeout_s: float) -> bool:
-        """True once every informer has listed at least once (within ``timeout_s``)."""
+        """True once every informer has listed at least once (within ``timeout_s``); of several
+        namespaces' job watches, one whose LIST failed counts as done (it is left out of the view
+        once it has failed for ``NAMESPACE_EXCLUDE_AFTER_S``, see :meth:`unsynced`)."""
         deadline = time.monotonic() + timeout_s
-        return all(i.wait_synced(max(0.0, deadline - time.monotonic())) for i in self._informers)
+        group = self.jobs.informers if isinstance(self.jobs, InformerGroup) else []
+        while True:
+            done = all(i.synced.is_set() or (i in group and i.last_error is not None) for i in self._informers)
+            left = deadline - time.monotonic()
+            if done or left <= 0:
+                return done
+            time.sleep(min(0.1, left))
 
     def unsynced(self) -> list[str]:
         """Informers not synced, or whose watch failed and has not been re-established, with their
-        last error (their caches may be stale: the controller changes nothing meanwhile)."""
+        last error (their caches may be stale: the controller changes nothing meanwhile). Of
+        several namespaces' job watches, one failing for ``NAMESPACE_EXCLUDE_AFTER_S`` is not
+        listed: its jobs are left out of the view instead (:meth:`excluded`)."""
+        excluded = self.jobs.excluded() if isinstance(self.jobs, InformerGroup) else []
         return [
             f"{i.name} ({i.last_error or 'not listed yet'})"
-            for i in self._informers if not i.synced.is_set() or not i.healthy
+            for i in self._informers if (not i.synced.is_set() or not i.healthy) and i not in excluded
         ]
+
+    def excluded(self) -> list[str]:
+        """The job watches left out of the view (``pytorchjobs/<namespace> (<last error>)``): of
+        several namespaces, those failing for ``NAMESPACE_EXCLUDE_AFTER_S`` or longer. Their jobs
+        are not managed meanwhile; their pods still count as GPUs in use."""
+        if not isinstance(self.jobs, InformerGroup):
+            return []
+        return [f"{i.name} ({i.last_error or 'not listed yet'})" for i in self.jobs.excluded()]
 
     def state(self) -> ClusterState:
         """Copy the caches.

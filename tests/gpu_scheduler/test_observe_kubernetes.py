@@ -235,3 +235,50 @@ def test_a_watch_refused_after_every_list_backs_off(tmp_path: Path) -> None:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+class _Member:
+    """What :class:`InformerGroup` reads of an informer: its store, revision and health."""
+
+    def __init__(self, name: str, store: dict[str, str]) -> None:
+        self.name, self.store, self.revision = name, dict(store), 1
+        self.synced, self.healthy, self.unusable_since, self.last_error = threading.Event(), True, None, None
+        self.synced.set()
+
+    def snapshot(self) -> tuple[int, list[str]]:
+        return self.revision, list(self.store.values())
+
+    def get(self, key: str) -> str | None:
+        return self.store.get(key)
+
+    def changes_since(self, revision: int) -> tuple[int, dict[str, str | None]]:
+        return self.revision, {} if revision == self.revision else dict(self.store)
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+
+def test_a_namespace_whose_watch_keeps_failing_is_left_out_after_a_while_not_forever_blocking() -> None:
+    """Review (2026-11-30): with ``--watch-namespace a,b`` one namespace whose job watch failed for
+    good (deleted, its RoleBinding gone) held up every tick: no scaling, no rollback for any team.
+    Failing for ``exclude_after_s``, it is left out: its jobs leave the view (read everything
+    again), and come back the same way once it lists again."""
+    from gpu_scheduler.observe.kubernetes import InformerGroup
+
+    now = [100.0]
+    a, b = _Member("pytorchjobs/a", {"a/j1": "j1"}), _Member("pytorchjobs/b", {"b/j2": "j2"})
+    group = InformerGroup([a, b], name="pytorchjobs", exclude_after_s=120, clock=lambda: now[0])  # type: ignore[list-item]
+    revision, values = group.snapshot()
+    assert sorted(values) == ["j1", "j2"] and group.changes_since(revision) == (revision, {})
+    b.healthy, b.unusable_since, b.last_error = False, now[0], "ApiError: forbidden"
+    now[0] += 119  # failing, not for long yet: kept (the observer holds ticks up meanwhile)
+    assert group.excluded() == [] and group.get("b/j2") == "j2"
+    now[0] += 1
+    assert group.excluded() == [b]
+    assert group.changes_since(revision) == ((1, None), None)  # b left: read everything
+    revision, values = group.snapshot()
+    assert revision == (1, None) and values == ["j1"] and len(group) == 1 and group.get("b/j2") is None
+    assert group.changes_since(revision) == (revision, {})
+    b.healthy, b.unusable_since, b.last_error, b.revision = True, None, None, 2  # listed again
+    assert group.changes_since(revision) == ((1, 2), None)
+    assert sorted(group.snapshot()[1]) == ["j1", "j2"]
