@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,6 +206,37 @@ def trainer_pids(node: RealNode, pod_name: str, namespace: str) -> list[int]:
     return pids
 
 
+#: How long :func:`restart_api_server` keeps the API server down in the ``api-restart`` fault: a
+#: managed control plane's upgrade (the launcher's outage tolerance is 600 s).
+API_OUTAGE_S = 30.0
+
+
+def restart_api_server(k8s_testbed: Any, *, down_s: float) -> float:
+    """Stop the bed's kube-apiserver (SIGTERM: its connections close), start it again after
+    ``down_s`` with the same flags and state (etcd keeps it); return when it answers, and the
+    seconds it did not."""
+    import time
+
+    from lightkube.resources.core_v1 import Namespace
+
+    api = k8s_testbed.processes()["kube-apiserver"]
+    t0 = time.monotonic()
+    api.stop()
+    try:
+        time.sleep(down_s)
+    finally:
+        api.start()
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            k8s_testbed.client().get(Namespace, "default")
+            return time.monotonic() - t0
+        except Exception:
+            if time.monotonic() > deadline or not api.alive():
+                raise AssertionError(f"the API server does not answer after its restart:\n{api.tail()}") from None
+            time.sleep(0.5)
+
+
 def _uid(pid: int) -> int:
     """The real user id of host process ``pid`` (``/proc/<pid>/status``)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -228,11 +260,13 @@ class LostWorkerRun:
 
 def run_losing_a_worker(
     k8s_testbed: Any, real_node: RealNode, real_node_s3: S3Server, namespace: str, tmp_path: Path, *,
-    victim: str, fault: str,
+    victim: str, fault: str, more: Sequence[str] = (),
 ) -> LostWorkerRun:
     """``trainflow run`` (4a's job), and ``fault`` done to pod ``<job>-<victim>`` after the second
     committed checkpoint: ``delete-pod`` (``kubectl delete pod``) or ``sigkill-trainer`` (SIGKILL of
-    the trainer processes inside its container)."""
+    the trainer processes inside its container); or ``api-restart``: the bed's kube-apiserver
+    stopped for :data:`API_OUTAGE_S` and started again (``victim`` unused). ``more``: further
+    ``trainflow run`` arguments."""
     import signal
     import time
 
@@ -242,7 +276,7 @@ def run_losing_a_worker(
     with (
         JobWatch(client, namespace) as watch,
         subprocess.Popen(
-            trainflow_run_argv(real_node, real_node_s3, namespace, bucket, out),
+            trainflow_run_argv(real_node, real_node_s3, namespace, bucket, out, *more),
             env=run_env(real_node_s3, k8s_testbed.kubeconfig, real_node),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -277,6 +311,8 @@ def run_losing_a_worker(
             t_fault = time.time()
             if fault == "delete-pod":
                 k8s_testbed.kubectl("delete", "pod", victim_pod, "-n", namespace, "--wait=false")
+            elif fault == "api-restart":
+                restart_api_server(k8s_testbed, down_s=API_OUTAGE_S)
             else:
                 pids = _wait_for(
                     lambda: trainer_pids(real_node, victim_pod, namespace),
@@ -370,3 +406,54 @@ def test_worker_0_lost_mid_training_resumes_in_place_on_the_train_steps_rendezvo
     assert watch.pod_restarts.get(f"{job}-worker-1", 0) == 0, watch.pod_restarts
     # ... and worker 0 was recreated (the deleted pod's exit 143 is a restart under ExitCode).
     assert len(watch.pod_uids[f"{job}-worker-0"]) >= 2, watch.pod_uids
+
+
+#: Epochs of the ``api-restart`` run: enough that training outlasts the outage, so that the step's log
+#: must carry lines the workers wrote after the API server came back (MNIST-4k trains ~40 steps/s here).
+API_RESTART_EPOCHS = 40
+
+
+def test_an_api_server_restart_mid_training_is_ridden_out_and_the_step_log_goes_on(
+    k8s_testbed: Any, real_node: RealNode, real_node_s3: S3Server, s3_namespace: str, tmp_path: Path
+) -> None:
+    """A control-plane upgrade in the middle of training: the API server is gone for
+    :data:`API_OUTAGE_S`. The workers train on (they need no API server); the train step rides the
+    outage out instead of ending the wait (which would close the rendezvous store and fail the job),
+    says when it started and ended, and its log carries on with the worker lines written during and
+    after it (the log followers, cut by the restart, are started again)."""
+    import datetime as dt
+    import re
+
+    run = run_losing_a_worker(k8s_testbed, real_node, real_node_s3, s3_namespace, tmp_path,
+                              victim="worker-0", fault="api-restart", more=("--epochs", str(API_RESTART_EPOCHS)))
+    pipeline_log = (run.out / "pipeline.log").read_text() if (run.out / "pipeline.log").exists() else ""
+    said = run.output + pipeline_log
+    assert run.returncode == 0, run.output[-3000:] + pipeline_log[-6000:]
+    report = json.loads((run.out / "run-report.json").read_text())
+    assert report["status"] == "succeeded" and report["test_accuracy"] >= ACCURACY_TARGET, report
+    total = API_RESTART_EPOCHS * STEPS_PER_EPOCH
+    assert report["steps"] == total, report
+    # The same job trained through it, its workers never restarted: no resume from a checkpoint.
+    # (Pod uids are not compared: after the restart, the training operator v1.9.4 recreated the
+    # workers of the job the step had just deleted once it succeeded -- its cache lagged -- and the
+    # garbage collector removed them; that is after training, and not trainflow's.)
+    assert len(run.watch.job_uids) == 1, run.watch.job_names
+    assert not report["resumes"], report["resumes"]
+    # The train step said when the outage started and when it ended ...
+    back = re.search(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ INFO\]: PyTorchJob \S+: the API server answers again "
+                     r"after (\d+) s \((\d+) reads failed\)", said)
+    assert "does not answer" in said and back, said[-6000:]
+    # ... and the worker lines written after the API server came back reached the step's log (the
+    # training outlasted the outage: its last step came later still).
+    stamp = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ \[rank 0/\d+\] trainflow\.trainer INFO: step (\d+)/"
+    steps = [(dt.datetime.fromisoformat(m.group(1)), int(m.group(2)))
+             for m in re.finditer(r"-worker-\d\] " + stamp, said)]
+    api_back = dt.datetime.fromisoformat(back.group(1))
+    assert steps and steps[-1][1] == total, steps[-5:]
+    assert steps[-1][0] > api_back, ("the training ended before the API server was back: raise API_RESTART_EPOCHS",
+                                     steps[-1], api_back)
+    after = [step for when, step in steps if when > api_back]
+    assert len(after) >= 3, (after, api_back, steps[-5:])
+    print(f"FIGURE api-restart: the step's wait saw an outage of {back.group(2)} s ({back.group(3)} reads failed; "
+          f"API server down {API_OUTAGE_S:.0f} s + its start-up); {len(steps)} worker step lines in the step's "
+          f"log, {len(after)} written after the API server was back")
