@@ -32,12 +32,24 @@ Registry::
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from gpu_scheduler.model import ClusterSnapshot, Decision, SchedulerError
 
-__all__ = ["Policy", "UnknownPolicy", "create", "describe", "names", "parse_params", "register"]
+__all__ = ["Policy", "UnknownPolicy", "annotation_float", "create", "describe", "names", "parse_params", "register"]
+
+
+def annotation_float(raw: str | None, default: float) -> float:
+    """A policy's number kept in a job annotation (``raw``, e.g. since when a job waits, Unix s), or
+    ``default`` when absent or not a finite number: annotations are the cluster's, anyone may edit
+    them, and a policy must not raise over one (:class:`Policy`, "Total")."""
+    try:
+        value = float(raw) if raw else default
+    except (ValueError, OverflowError):
+        return default
+    return value if math.isfinite(value) else default
 
 
 @runtime_checkable

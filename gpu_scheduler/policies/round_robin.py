@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpu_scheduler.model import ClusterSnapshot, Decision, Job, Placement
-from gpu_scheduler.policies.base import register
+from gpu_scheduler.policies.base import annotation_float, register
 from gpu_scheduler.policies.placement import FreeGpus, Strategy
 
 WAITING_KEY = "rr_waiting_since_s"
@@ -40,8 +40,7 @@ class RoundRobinPolicy:
         Strategy.parse(self.placement)
 
     def _waiting_since(self, job: Job) -> float:
-        raw = job.annotations.get(WAITING_KEY)
-        return float(raw) if raw else job.submit_time_s
+        return annotation_float(job.annotations.get(WAITING_KEY), job.submit_time_s)
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> Decision:
         ledger = FreeGpus(snapshot, self.placement)

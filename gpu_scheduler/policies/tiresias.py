@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from gpu_scheduler.model import ClusterSnapshot, Decision, Job
 from gpu_scheduler.policies._alloc import realize
-from gpu_scheduler.policies.base import register
+from gpu_scheduler.policies.base import annotation_float, register
 from gpu_scheduler.policies.placement import Strategy
 
 QUEUE_KEY = "las_queue"
@@ -68,7 +68,7 @@ class TiresiasPolicy:
             if str(queue) != job.annotations.get(QUEUE_KEY, "0"):
                 since = repr(float(now_s))
                 annotations[job.name] = {QUEUE_KEY: str(queue), SINCE_KEY: since}
-            entered = float(since) if since and queue else job.submit_time_s
+            entered = annotation_float(since, job.submit_time_s) if queue else job.submit_time_s
             keyed.append(((queue, entered, index), job))
         order = [job for _, job in sorted(keyed, key=lambda kv: kv[0])]
         free = snapshot.total_gpus

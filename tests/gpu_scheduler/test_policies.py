@@ -139,6 +139,19 @@ def test_tiresias_orders_a_lower_queue_by_demotion_time_and_backfills() -> None:
     assert workers(d) == {"late": 0, "early": 3, "small": 1}
 
 
+@pytest.mark.parametrize("value", ["soon", "inf", "nan", "1e999"])
+def test_a_hand_edited_policy_annotation_falls_back_to_the_submit_time(value: str) -> None:
+    """Review (2026-11-30): ``float()`` of a policy annotation that is not a finite number raised
+    inside ``decide``, so every job was left as it was on every tick. Such a value reads as absent."""
+    early = job("early", 500, req=3, attained=16 * 3600.0, annotations={QUEUE_KEY: "1", SINCE_KEY: value})
+    late = job("late", 0, req=3, attained=16 * 3600.0, annotations={QUEUE_KEY: "1", SINCE_KEY: "2000.0"})
+    d = create("tiresias").decide(ClusterSnapshot(nodes=cluster(1), jobs=(late, early)), 4000)
+    assert workers(d) == {"late": 0, "early": 3}  # early enters the queue at its submit time, 500: before late
+    rr = job("a", 0, req=4, on={"n0": 4}, annotations={"rr_waiting_since_s": value})
+    assert workers(create("round_robin", quantum_s=600).decide(
+        ClusterSnapshot(nodes=cluster(1), jobs=(rr, job("b", 5, req=4))), 300)) == {"a": 4, "b": 0}
+
+
 def test_tiresias_rejects_bad_thresholds() -> None:
     with pytest.raises(UnknownPolicy, match="ascending"):
         create("tiresias", queue_thresholds_gpu_s=(10.0, 5.0))
