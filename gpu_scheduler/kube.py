@@ -158,6 +158,8 @@ class PyTorchJobState:
         spec_workers: ``spec.pytorchReplicaSpecs.Worker.replicas``.
         min_workers, max_workers: ``spec.elasticPolicy.minReplicas/maxReplicas`` (both default to
             ``spec_workers`` for a job without an elastic policy, which makes it rigid).
+        elastic_bounds: ``(minReplicas, maxReplicas)`` of ``spec.elasticPolicy`` as the object holds
+            them (None where absent): what a patch's guard compares on a 409's re-read.
         gpus_per_worker: the Worker template's ``nvidia.com/gpu`` limit.
         nproc_per_node: ``spec.nprocPerNode`` as an int, if numeric (ranks per worker); where that
             field is unset, the deprecated ``spec.elasticPolicy.nProcPerNode``.
@@ -185,6 +187,7 @@ class PyTorchJobState:
     spec_workers: int = 1
     min_workers: int = 1
     max_workers: int = 1
+    elastic_bounds: tuple[Any, Any] = (None, None)
     gpus_per_worker: int = 0
     nproc_per_node: int | None = None
     nproc_in_elastic_policy: bool = False

@@ -257,6 +257,9 @@ def _guard(view: JobView, *, replicas: int | None = None) -> tuple[tuple[tuple[s
         *identity,
         (("spec", "pytorchReplicaSpecs", "Worker", "replicas"), job.spec_workers if replicas is None else replicas),
         (("spec", "runPolicy", "suspend"), job.suspended or None),
+        # the bounds the decision kept the worker count within (a user may change them meanwhile)
+        (("spec", "elasticPolicy", "minReplicas"), job.elastic_bounds[0]),
+        (("spec", "elasticPolicy", "maxReplicas"), job.elastic_bounds[1]),
     )
 
 

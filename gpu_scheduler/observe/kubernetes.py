@@ -353,6 +353,7 @@ def pytorchjob_state(obj: Mapping[str, Any]) -> PyTorchJobState | None:
         spec_workers=spec_workers,
         min_workers=min_workers,
         max_workers=max_workers,
+        elastic_bounds=(min_w, max_w),
         gpus_per_worker=gpus,
         nproc_per_node=nproc_per_node,
         nproc_in_elastic_policy=nproc_in_elastic_policy,

@@ -61,7 +61,8 @@ def test_scale_up_is_one_merge_patch_with_replicas_watch_and_resource_version() 
     meta = patch.body["metadata"]
     assert meta["resourceVersion"] == "7"
     assert dict(patch.guard) == {("metadata", "uid"): "uid-a", ("spec", "pytorchReplicaSpecs", "Worker", "replicas"): 2,
-                                 ("spec", "runPolicy", "suspend"): None}
+                                 ("spec", "runPolicy", "suspend"): None, ("spec", "elasticPolicy", "minReplicas"): 1,
+                                 ("spec", "elasticPolicy", "maxReplicas"): 4}
     assert json.loads(meta["annotations"][SCALE_UP]) == {"from": 2, "to": 4, "at": T0}
     assert meta["annotations"][ANNOTATION_PREFIX + "requested-workers"] == "2"
     assert meta["annotations"][ANNOTATION_PREFIX + "restarts"] == "1"
@@ -380,6 +381,46 @@ def test_the_lease_is_checked_before_every_request_of_an_action_not_only_its_fir
         assert (result.status, result.message) == ("not_leader", message)
 
 
+def test_a_409_after_the_bounds_changed_drops_the_patch() -> None:
+    """Review (2026-11-30): the guard compared uid, replicas and suspend only, so a scale-up planned
+    within maxReplicas 4 was re-sent after a 409 although the user had lowered maxReplicas to 2
+    meanwhile: the job ran outside its bounds (workers past the maximum cannot join the rendezvous)."""
+    from lightkube.core.exceptions import ApiError
+
+    from gpu_scheduler.actuate.apply import Actuator
+
+    class Conflict:
+        status_code = 409
+
+        def json(self) -> dict:
+            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": "the object has been modified", "reason": "Conflict", "code": 409}
+
+    class Client:
+        sent = 0
+
+        def patch(self, *a: Any, **kw: Any) -> dict:
+            self.sent += 1
+            raise ApiError(response=Conflict())  # type: ignore[arg-type]
+
+        def get(self, resource: Any, name: str, **kw: Any) -> dict:
+            return {"metadata": {"uid": "uid-a", "resourceVersion": "9"},
+                    "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2}}, "runPolicy": {},
+                             "elasticPolicy": {"minReplicas": 1, "maxReplicas": 2}}}
+
+    views = {"ns/a": jview(bound={"n0": 2}, replicas=2, uid="uid-a")}
+    decision, snap = decide(views, {"ns/a": {"n0": 4}})
+    client = Client()
+    actuator = Actuator(client, record_events=False)  # type: ignore[arg-type]
+    try:
+        (result,) = actuator.apply(plan_decision(decision, snap, views, T0, SETTINGS))
+    finally:
+        actuator.close()
+    assert client.sent == 1
+    assert (result.status, result.message) == (
+        "conflict", "spec.elasticPolicy.maxReplicas changed since it was observed (4 -> 2)")
+
+
 def test_a_job_that_ran_and_has_no_live_worker_is_left_alone() -> None:
     """Its last worker may have Succeeded a moment before the operator marks the job Succeeded
     (ended pods leave the controller's view first); the operator never marks a suspended job
@@ -477,7 +518,8 @@ def test_a_rollback_through_the_scale_subresource_survives_a_409_on_its_second_p
 
         def get(self, resource: Any, name: str, **kw: Any) -> dict:
             return {"metadata": {"uid": "uid-a", "resourceVersion": "9"},
-                    "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": self.replicas}}, "runPolicy": {}}}
+                    "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": self.replicas}}, "runPolicy": {},
+                             "elasticPolicy": {"minReplicas": 1, "maxReplicas": 4}}}
 
     watch = json.dumps({"from": 2, "to": 4, "at": T0 - 121})
     views = {"ns/a": jview(bound={"n0": 2}, pending=2, replicas=4, uid="uid-a", annotations={SCALE_UP: watch})}
