@@ -446,16 +446,11 @@ def worker_job_spec(spec: TrainJobSpec, cfg: TrainConfig, *, namespace: str, ima
     try:
         settings = worker_pod_settings(spec.worker_pod_settings)
         settings.setdefault("image_pull_secrets", tuple(default_image_pull_secrets))
-        if not spec.s3_secret_name:
-            has_keys = "AWS_ACCESS_KEY_ID" in os.environ
-            log.warning("s3_secret_name is empty: the worker pods get no S3 keys and must find credentials "
-                        "themselves (their service account's web identity: IRSA, EKS Pod Identity; or the node's "
-                        "role)%s", "; this step's own AWS_ACCESS_KEY_ID does not reach them" if has_keys else "")
         settings["termination_grace_period_s"] = worker_grace_period_s(
             settings.get("termination_grace_period_s"), cfg.checkpoint.preemption_save_deadline_s)
         env = {**spec.extra_env, **settings.pop("env", {})}
         nproc = ranks_per_worker(spec.nproc_per_node, worker_gpus(spec.gpus_per_worker, settings.get("resources")))
-        return PyTorchJobSpec(
+        job = PyTorchJobSpec(
             run_id=spec.kfp_run_id or cfg.checkpoint.job_key, task_name=spec.kfp_task_name or "train",
             task_id=resolved_task_id(spec.kfp_task_id),
             namespace=namespace, image=image, training_args=("--config-json", cfg.to_json()),
@@ -471,6 +466,12 @@ def worker_job_spec(spec: TrainJobSpec, cfg: TrainConfig, *, namespace: str, ima
         raise TrainStepError(str(e)) from e
     except TypeError as e:  # a worker_pod_settings value of the wrong type for its field
         raise TrainStepError(f"worker_pod_settings: {e}") from e
+    if not spec.s3_secret_name:  # only for a valid spec: bad input stays one line
+        has_keys = "AWS_ACCESS_KEY_ID" in os.environ
+        log.warning("s3_secret_name is empty: the worker pods get no S3 keys and must find credentials "
+                    "themselves (their service account's web identity: IRSA, EKS Pod Identity; or the node's "
+                    "role)%s", "; this step's own AWS_ACCESS_KEY_ID does not reach them" if has_keys else "")
+    return job
 
 
 def worker_gpus(gpus_per_worker: int, resources: object = None) -> int:
