@@ -728,7 +728,7 @@ class InformerGroup(Generic[T]):
         revisions: list[int | None] = []
         merged: dict[str, T | None] = {}
         for (informer, used), since in zip(members, revision, strict=True):
-            if not used or since is None:
+            if not used:
                 revisions.append(None)
                 continue
             now, changes = informer.changes_since(since)

@@ -51,6 +51,20 @@ def only(actions: tuple, kind: ActionKind):
     return actions[0]
 
 
+def _conflict() -> Exception:
+    """The API server's 409 Conflict as lightkube raises it."""
+    from lightkube.core.exceptions import ApiError
+
+    class Answer:
+        status_code = 409
+
+        def json(self) -> dict:
+            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": "the object has been modified", "reason": "Conflict", "code": 409}
+
+    return ApiError(response=Answer())  # type: ignore[arg-type]
+
+
 def test_scale_up_is_one_merge_patch_with_replicas_watch_and_resource_version() -> None:
     views = {"ns/a": jview(bound={"n0": 2}, replicas=2, rv="7")}
     decision, snap = decide(views, {"ns/a": {"n0": 2, "n1": 2}})
@@ -334,16 +348,8 @@ def test_actuator_stops_sending_once_the_lease_is_lost() -> None:
 def test_the_lease_is_checked_before_every_request_of_an_action_not_only_its_first() -> None:
     """Review (2026-11-30): an action's second patch (``--replicas-via scale``, a reshape) and the
     re-sends after a 409 went out without a check, possibly after another replica took the Lease."""
-    from lightkube.core.exceptions import ApiError
 
     from gpu_scheduler.actuate.apply import Actuator
-
-    class Conflict:
-        status_code = 409
-
-        def json(self) -> dict:
-            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                    "message": "the object has been modified", "reason": "Conflict", "code": 409}
 
     leading = [True]
 
@@ -355,7 +361,7 @@ def test_the_lease_is_checked_before_every_request_of_an_action_not_only_its_fir
             self.sent.append("PATCH")
             leading[0] = False
             if self.conflict:
-                raise ApiError(response=Conflict())  # type: ignore[arg-type]
+                raise _conflict()
             return {"metadata": {"resourceVersion": "8"}}
 
         def get(self, resource: Any, name: str, **kw: Any) -> dict:
@@ -385,23 +391,15 @@ def test_a_409_after_the_bounds_changed_drops_the_patch() -> None:
     """Review (2026-11-30): the guard compared uid, replicas and suspend only, so a scale-up planned
     within maxReplicas 4 was re-sent after a 409 although the user had lowered maxReplicas to 2
     meanwhile: the job ran outside its bounds (workers past the maximum cannot join the rendezvous)."""
-    from lightkube.core.exceptions import ApiError
 
     from gpu_scheduler.actuate.apply import Actuator
-
-    class Conflict:
-        status_code = 409
-
-        def json(self) -> dict:
-            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                    "message": "the object has been modified", "reason": "Conflict", "code": 409}
 
     class Client:
         sent = 0
 
         def patch(self, *a: Any, **kw: Any) -> dict:
             self.sent += 1
-            raise ApiError(response=Conflict())  # type: ignore[arg-type]
+            raise _conflict()
 
         def get(self, resource: Any, name: str, **kw: Any) -> dict:
             return {"metadata": {"uid": "uid-a", "resourceVersion": "9"},
@@ -489,16 +487,8 @@ def test_a_rollback_through_the_scale_subresource_survives_a_409_on_its_second_p
     """Review finding: the merge patch sent after the scale patch guarded on the old worker count; a
     409 (the operator wrote the status in between) re-read the job, found the count the scale patch
     had set, and dropped the action: no hold, no watch cleared by the rollback, a scale-up loop."""
-    from lightkube.core.exceptions import ApiError
 
     from gpu_scheduler.actuate.apply import Actuator
-
-    class Conflict:
-        status_code = 409
-
-        def json(self) -> dict:
-            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                    "message": "the object has been modified", "reason": "Conflict", "code": 409}
 
     class Client:
         def __init__(self) -> None:
@@ -512,7 +502,7 @@ def test_a_rollback_through_the_scale_subresource_survives_a_409_on_its_second_p
                 return {"metadata": {"resourceVersion": "8"}}
             if self.conflicts:
                 self.conflicts -= 1
-                raise ApiError(response=Conflict())  # type: ignore[arg-type]
+                raise _conflict()
             self.sent.append(("merge", body))
             return {"metadata": {"resourceVersion": "10"}}
 

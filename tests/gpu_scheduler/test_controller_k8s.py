@@ -667,6 +667,21 @@ def _metrics_text(runtime: Runtime) -> bytes:
 
 
 
+def _token_kubeconfig(live: Live, user: str, token: str, path: Path) -> Path:
+    """A kubeconfig at ``path`` for the bed's API server as ``user`` with bearer ``token``."""
+    import yaml
+
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "bed", "cluster": {"server": live.bed.server,
+                                                 "certificate-authority": str(live.bed.root / "pki" / "ca.crt")}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "bed", "context": {"cluster": "bed", "user": user, "namespace": live.namespace}}],
+        "current-context": "bed",
+    }))
+    return path
+
+
 def test_runs_under_the_manifests_least_privilege_rbac(live: Live, kwok_gpu_nodes, tmp_path: Path) -> None:
     """The controller as the ``trainflow-gpu-scheduler`` ServiceAccount bound by
     manifests/base/scheduler/rbac.yaml: watches, a scale-up through the scale subresource, an
@@ -703,15 +718,7 @@ def test_runs_under_the_manifests_least_privilege_rbac(live: Live, kwok_gpu_node
         token = client.create(TokenRequest(metadata=ObjectMeta(name=sa, namespace=live.namespace),
                                            spec=TokenRequestSpec(audiences=[], expirationSeconds=3600)),
                               sa, namespace=live.namespace).status.token
-        kubeconfig = tmp_path / "scheduler.kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "bed", "cluster": {"server": live.bed.server,
-                                                     "certificate-authority": str(live.bed.root / "pki" / "ca.crt")}}],
-            "users": [{"name": sa, "user": {"token": token}}],
-            "contexts": [{"name": "bed", "context": {"cluster": "bed", "user": sa, "namespace": live.namespace}}],
-            "current-context": "bed",
-        }))
+        kubeconfig = _token_kubeconfig(live, sa, token, tmp_path / "scheduler.kubeconfig")
         live.set_policy("test-grow")
         name = live.create_job("rbac", replicas=1, max_replicas=3)
         live.wait_running(name, 1)
@@ -839,15 +846,7 @@ class _NarrowScheduler:
         token = client.create(TokenRequest(metadata=ObjectMeta(name=sa, namespace=live.namespace),
                                            spec=TokenRequestSpec(audiences=[], expirationSeconds=3600)),
                               sa, namespace=live.namespace).status.token
-        self.kubeconfig = tmp_path / "narrow.kubeconfig"
-        self.kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "bed", "cluster": {"server": live.bed.server,
-                                                     "certificate-authority": str(live.bed.root / "pki" / "ca.crt")}}],
-            "users": [{"name": sa, "user": {"token": token}}],
-            "contexts": [{"name": "bed", "context": {"cluster": "bed", "user": sa, "namespace": live.namespace}}],
-            "current-context": "bed",
-        }))
+        self.kubeconfig = _token_kubeconfig(live, sa, token, tmp_path / "narrow.kubeconfig")
 
     def bind(self, namespace: str) -> None:
         from lightkube import codecs

@@ -273,6 +273,16 @@ def test_a_kfp_backend_before_2_5_is_refused_naming_the_minimum(version: str) ->
         PlatformSettings(kfp_backend_version=version)
 
 
+def test_the_train_steps_unresolved_placeholder_error_names_the_same_minimum() -> None:
+    """components/ may not import pipelines/ (layering): the step's literal is pinned to the constant."""
+    from components.training.step import TrainStepError, resolve_job_key
+    from pipelines.platform import MIN_KFP_BACKEND
+
+    with pytest.raises(TrainStepError) as err:
+        resolve_job_key("", "{{$.pipeline_job_uuid}}", "train")
+    assert f"need a KFP backend >= {'.'.join(map(str, MIN_KFP_BACKEND))} " in str(err.value)
+
+
 def test_a_bad_kfp_backend_version_is_one_line(tmp_path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "trainflow.cli", "compile", "--output", str(tmp_path / "x.yaml"),
