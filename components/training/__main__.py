@@ -166,8 +166,9 @@ def main(argv: list[str] | None = None) -> int:
         # found on load / a newer run took the key / a state weights_only refuses (at save or load)
         except (config_mod.ConfigError, WriterFencedError, CheckpointRefusedError) as e:
             return _permanent(str(e))
-        # reading checkpoints failed (resume, or the final verification): sorted like a failure at start,
-        # a denied read or an unreadable step file is permanent — never skipped as a corrupt checkpoint
+        # reading checkpoints failed (resume, or the final verification), or the final save failed with no
+        # model to export: sorted like a failure at start, a denied read or an unreadable step file is
+        # permanent — never skipped as a corrupt checkpoint
         except CheckpointStorageError as e:
             code = _storage_unavailable(e) if transient_storage_failure(e) else _permanent(str(e))
             if not trainer.ckpt.wait(timeout_s=PERSIST_GRACE_S):  # a checkpoint being written is still worth having

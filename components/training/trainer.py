@@ -65,7 +65,7 @@ from components.training.metrics import (
 )
 from trainflow.common.cpus import threads_per_rank
 from trainflow.common.training_spec import ConfigError, TrainConfig
-from trainflow.storage import CheckpointStorage, join_uri, storage_for
+from trainflow.storage import CheckpointStorage, CheckpointStorageError, join_uri, storage_for
 from trainflow.task import Task, load_task, model_signature, move_to_device
 
 log = logging.getLogger("trainflow.trainer")
@@ -93,6 +93,12 @@ def sample_log(where: str) -> JsonlSink:
 #: Errors of the device (subclasses of RuntimeError) that say nothing about a checkpoint's fit.
 _DEVICE_ERRORS: tuple[type[BaseException], ...] = tuple(
     e for e in (getattr(torch, "OutOfMemoryError", None), getattr(torch, "AcceleratorError", None)) if e is not None)
+
+
+def _one_line(e: BaseException) -> str:
+    """``e``'s message on one line (its first line, at most 300 characters), else its type's name."""
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else type(e).__name__
 
 
 class Preempted(Exception):
@@ -382,6 +388,8 @@ class Trainer:
             CheckpointStorageError: reading a checkpoint failed for another reason than corruption
                 (resuming, or verifying the last step at the end): a read the storage refuses (denied,
                 a step file that cannot be opened) or an outage; the original error is its cause.
+                Also (rank 0) when the final checkpoint could not be saved and there is no model
+                output to export (see ``_close``).
         """
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         t0 = self.clock()
@@ -851,23 +859,48 @@ class Trainer:
 
     # -------------------------------------------------------------------------------- close
     def _close(self) -> None:
-        if self.cfg.checkpoint.save_final and self.ckpt.stats.last_committed_step != self.state.step:
-            # a step already committed needs no final save, unless that checkpoint fails to verify
-            need = dist_utils.broadcast_object(not self.ckpt.has_good(self.state.step) if self.env.is_main else None)
-            if need:
+        """The final save and the model's export. Rank 0 decides and every rank follows its
+        broadcast decisions (only rank 0's checkpoint manager saves, so only its state counts).
+
+        A final save that fails (after its retries) with no model output to export would lose the
+        trained state: rank 0 raises :class:`CheckpointStorageError` (its cause the storage's error),
+        the other ranks return. With a model output, the model is exported and a warning says which
+        checkpoint a rerun under the job key would resume from."""
+        step = self.state.step
+        final_failure: BaseException | None = None
+        if self.cfg.checkpoint.save_final:
+            need = None
+            if self.env.is_main:  # a step committed here, or one that verifies, needs no final save
+                need = self.ckpt.stats.last_committed_step != step and not self.ckpt.has_good(step)
+            if dist_utils.broadcast_object(need):
                 self._save(blocking=True, reason="final")
-        fenced = None
+                if self.env.is_main and self._last_outcome == "failed":
+                    final_failure = self.ckpt.last_failure or TimeoutError("the save did not finish")
+        fenced = lost = None
         if self.env.is_main:
             with contextlib.suppress(WriterFencedError):
                 self.ckpt.check_fence()  # a run that lost the key must not export over the new run's model
             fenced = str(self.ckpt.fenced) if self.ckpt.fenced else None
-        fenced = dist_utils.broadcast_object(fenced)
+            if final_failure is not None:
+                lost = (f"the final checkpoint at step {step} was not saved under {self.storage.uri}: "
+                        f"{_one_line(final_failure)}")
+        fenced, lost = dist_utils.broadcast_object((fenced, lost))
         if fenced:
             raise WriterFencedError(fenced)
+        if lost and not self.cfg.model_output:  # the trained state would be gone with this process
+            if self.env.is_main:
+                raise CheckpointStorageError(f"{lost}; with no model output to export, the trained state would "
+                                             "be lost") from final_failure
+            return
         if self.env.is_main:
             self.ckpt.close()
             if self.cfg.model_output:
                 self.export_model(self.cfg.model_output)
+                if lost:
+                    newest = self.ckpt.stats.last_committed_step
+                    log.warning("%s; the model is exported to %s, but a rerun under job key %s resumes from %s",
+                                lost, self.cfg.model_output, self.cfg.checkpoint.job_key,
+                                f"step {newest}" if newest is not None else "an earlier run's checkpoint")
             self.metrics.record({"event": "finished", "step": self.state.step, "final_loss": self._last_loss,
                                  "checkpoints_committed": self.ckpt.stats.committed,
                                  "checkpoint_stall_seconds_total": self.ckpt.stats.stall_seconds_total})

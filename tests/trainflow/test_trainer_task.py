@@ -3,18 +3,23 @@ task_args parameters, what a checkpoint and an exported model record, and the on
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import threading
 
 import pytest
 import torch
 
+from components.training.__main__ import transient_storage_failure
 from components.training.checkpoint import layout
+from components.training.checkpoint.manager import RetryPolicy
 from components.training.distributed import DistEnv
 from components.training.evaluation import evaluate_task, task_of
 from components.training.step import TrainStepError, preflight
 from components.training.trainer import Trainer, model_state_for_checkpoint
 from trainflow.common.training_spec import ConfigError, TrainConfig
+from trainflow.storage import CheckpointStorageError
 from trainflow.storage.local import LocalStorage
 
 REGRESSION = "tests.trainflow.example_tasks:Regression"
@@ -126,6 +131,63 @@ class _PersistGate(LocalStorage):
         if key.startswith(self.gate_prefix) and layout.is_state_name(key.rsplit("/", 1)[-1]):
             assert self.release.wait(60)
         return super().open_write(key, create_only=create_only)
+
+
+class _BrokenStep(LocalStorage):
+    """The trainer's real checkpoint folder, whose writes under ``step``'s prefix fail with EIO (a disk
+    or mount that broke at the end of training)."""
+
+    def __init__(self, uri: str, step: int) -> None:
+        super().__init__(uri)
+        self.prefix = layout.step_prefix(step) + "/"
+
+    def open_write(self, key, *, create_only=False):
+        if key.startswith(self.prefix):
+            raise CheckpointStorageError(f"writing {key} failed: [Errno 5] Input/output error") from OSError(
+                errno.EIO, "Input/output error")
+        return super().open_write(key, create_only=create_only)
+
+
+def _failing_final_save(tmp_path, **flat) -> Trainer:
+    # 40 samples / 8: 5 steps per epoch, 10 steps; step 5 is saved (or a later one, deferred while the
+    # first persists), 10 is the final save
+    cfg = _cfg(tmp_path, task=REGRESSION, task_args='{"num_samples": 40}', checkpoint_interval_steps=5, **flat)
+    trainer = Trainer(cfg, DistEnv.from_env({}))
+    trainer.ckpt.storage = _BrokenStep(trainer.storage.uri, step=10)
+    trainer.ckpt.retry = RetryPolicy(attempts=2, base_s=0.01, max_wait_s=0.01)
+    return trainer
+
+
+def test_a_final_save_that_fails_with_no_model_to_export_fails_the_run(tmp_path, torch_globals) -> None:
+    """Review: a final save that failed (after its retries) ended the run with exit 0 although, with
+    no model output, the trained steps after the newest checkpoint were gone with the process. Now
+    it raises, as a transient storage failure (exit 1: the worker group restarts from the newest checkpoint)."""
+    trainer = _failing_final_save(tmp_path)
+    with pytest.raises(CheckpointStorageError) as info:
+        trainer.train()
+    message = str(info.value)
+    assert message.startswith(f"the final checkpoint at step 10 was not saved under {trainer.storage.uri}: "
+                              "writing ") and "Input/output error" in message and "\n" not in message
+    assert message.endswith("with no model output to export, the trained state would be lost")
+    assert transient_storage_failure(info.value)  # EIO: retried (exit 1), not a permanent refusal
+    committed = trainer.ckpt.committed_steps()
+    assert committed and 10 not in committed
+    trainer.ckpt.close()
+
+
+def test_a_final_save_that_fails_after_the_model_is_exported_warns(tmp_path, torch_globals, caplog) -> None:
+    """With a model output the trained state is kept in the exported model: the run succeeds and
+    says which checkpoint a rerun under the job key would resume from."""
+    trainer = _failing_final_save(tmp_path, model_output=str(tmp_path / "model"))
+    with caplog.at_level(logging.WARNING, logger="trainflow.trainer"):
+        result = trainer.train()
+    committed = trainer.ckpt.committed_steps()
+    assert result.steps == 10 and committed and 10 not in committed
+    assert json.loads((tmp_path / "model" / "model.json").read_text())["steps"] == 10
+    warnings = [r.getMessage() for r in caplog.records if "final checkpoint" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("the final checkpoint at step 10 was not saved under ")
+    assert warnings[0].endswith(f"the model is exported to {tmp_path / 'model'}, but a rerun under job key j "
+                                f"resumes from step {max(committed)}")
 
 
 def test_a_periodic_save_due_while_one_persists_is_made_at_the_first_step_after_it(tmp_path, torch_globals) -> None:

@@ -327,6 +327,8 @@ class CheckpointManager:
         self.generation: int | None = None
         """This writer's generation once :meth:`claim` ran."""
         self.fenced: WriterFencedError | None = None
+        self.last_failure: BaseException | None = None
+        """Why the newest persist that failed did (its last attempt's error); None after a commit."""
         self._loadable_types: set[type] = set()  # of values a weights_only load was shown to accept
         """Set (for good) once a newer writer generation is seen."""
         self._good: set[int] = set()  # steps known to verify: committed here, or verified once
@@ -702,18 +704,21 @@ class CheckpointManager:
         except WriterFencedError as e:
             with self._lock:
                 self.stats.failed += 1
+                self.last_failure = e
             log.error("checkpoint at step %d NOT saved: %s", step, e)
             self._emit({"event": "checkpoint_failed", "step": step, "error": str(e)[:300], "fenced": True})
             return False
         except (CheckpointStorageError, CheckpointCorruptError, RetryError) as e:
             with self._lock:
                 self.stats.failed += 1
+                self.last_failure = e
             log.warning("checkpoint at step %d NOT saved after %d attempts: %s", step, self.retry.attempts, e)
             self._emit({"event": "checkpoint_failed", "step": step, "error": str(e)[:300]})
             return False
-        except Exception:  # a bug, not a storage hiccup: never kill the persist thread silently
+        except Exception as e:  # a bug, not a storage hiccup: never kill the persist thread silently
             with self._lock:
                 self.stats.failed += 1
+                self.last_failure = e
             log.exception("checkpoint at step %d NOT saved: unexpected error", step)
             self._emit({"event": "checkpoint_failed", "step": step, "error": "unexpected error"})
             return False
@@ -725,6 +730,7 @@ class CheckpointManager:
             self.stats.last_persist_seconds = persist_s
             self.stats.persist_seconds_total += persist_s
             self.stats.last_size_bytes = size
+            self.last_failure = None
         self._good.add(step)
         log.info("checkpoint at step %d committed (%.1f MB in %.2f s)", step, size / 1e6, persist_s)
         self._emit({"event": "checkpoint_committed", "step": step, "persist_s": persist_s, "size_bytes": size})
