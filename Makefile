@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 UV_VERSION := 0.13.9
 # uv reads the system CA bundle the same way pip does here.
 export SSL_CERT_FILE ?= /etc/ssl/certs/ca-certificates.crt
-export UV_CACHE_DIR ?= $(HOME)/.cache/trainflow/uv
+# every cache lives under TRAINFLOW_CACHE (default ~/.cache/trainflow), the wheel cache included
+export UV_CACHE_DIR ?= $(or $(TRAINFLOW_CACHE),$(HOME)/.cache/trainflow)/uv
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-12)
 
 .PHONY: all venv run test test-fast lint lock system-deps testbed image bench clean help scheduler-report scheduler-bench kfp-server test-airflow bench-controller bench-controller-5000 test-repeat airflow-up airflow-down test-realkfp test-e2e-realnode

@@ -510,7 +510,7 @@ def _uv_version(uv: Path) -> str:
 
 
 def _uv_cache() -> Path:
-    path = Path(os.environ.get("UV_CACHE_DIR", Path.home() / ".cache" / "trainflow" / "uv"))
+    path = Path(os.environ.get("UV_CACHE_DIR") or cache_root().parent / "uv")
     path.mkdir(parents=True, exist_ok=True)
     return path
 
