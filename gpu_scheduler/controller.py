@@ -408,7 +408,8 @@ class Controller:
         try:
             with phase("observe_kubernetes"):
                 view, memos = self._observe_kubernetes(now_s, report)
-                actions += plan_safety(view.jobs, now_s, self.plan_settings, memos=memos)
+                actions += plan_safety(view.jobs, now_s, self.plan_settings, memos=memos,
+                                       max_node_gpus=max((n.gpus for n in view.nodes), default=None))
             with phase("observe_prometheus"):
                 metrics = self._observe_prometheus(readings, report)
             with phase("snapshot"):

@@ -77,12 +77,16 @@ class ApplyResult:
         return self.status in ("applied", "dry_run")
 
 
-def _dig(doc: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+def _dig(doc: Mapping[str, Any], path: tuple[str | int, ...]) -> Any:
+    """The value at ``path`` in ``doc`` (an ``int`` indexes a list), None where it is absent."""
     node: Any = doc
     for key in path:
-        if not isinstance(node, Mapping):
+        if isinstance(key, int):
+            node = node[key] if isinstance(node, list) and 0 <= key < len(node) else None
+        elif isinstance(node, Mapping):
+            node = node.get(key)
+        else:
             return None
-        node = node.get(key)
     return node
 
 
@@ -202,7 +206,7 @@ class Actuator:
             for path, expected in patch.guard:
                 actual = _dig(doc, path)
                 if actual != expected and not (expected is None and actual is False):
-                    return f"{'.'.join(path)} changed since it was observed ({expected!r} -> {actual!r})", None
+                    return f"{'.'.join(map(str, path))} changed since it was observed ({expected!r} -> {actual!r})", None
             try:
                 return None, self._send(patch, _with_resource_version(patch.body, resource_version(doc)))
             except ApiError as exc:
@@ -253,6 +257,12 @@ class Actuator:
             except (ApiError, httpx2.HTTPError, OSError) as exc:
                 status = _status_of(exc)
                 message = exc.status.message if isinstance(exc, ApiError) else f"{type(exc).__name__}: {exc}"
+                if status == "invalid" and patch.patch_type == "json":
+                    # the API server's answer to a failed "test" names neither the path nor the value
+                    tested = [op["path"] for op in patch.body if op.get("op") == "test"]
+                    if tested:
+                        message = (f"{message}: {', '.join(tested)} changed since it was observed "
+                                   "(or the patch is invalid)")
                 return ApplyResult(action=action, status=status, message=message or str(exc))
         recorded = False
         if action.event is not None and self.record_events:

@@ -155,7 +155,7 @@ class Patch:
     body: Any
     patch_type: Literal["merge", "json"] = "merge"
     subresource: Literal["", "scale"] = ""
-    guard: tuple[tuple[tuple[str, ...], Any], ...] = ()
+    guard: tuple[tuple[tuple[str | int, ...], Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,11 +246,12 @@ def _merge_patch(
     return tuple(patches)
 
 
-def _guard(view: JobView, *, replicas: int | None = None) -> tuple[tuple[tuple[str, ...], Any], ...]:
+def _guard(view: JobView, *, replicas: int | None = None) -> tuple[tuple[tuple[str | int, ...], Any], ...]:
     """The fields a decision about ``view`` depends on, with their observed values; the job's UID
     first: a job deleted and recreated under the same name (the launcher does, after a stale
     rendezvous) is another job, which a patch planned for the old one must not reach. ``replicas``:
-    the worker count expected instead of the observed one (set by an earlier patch of the action)."""
+    the worker count expected instead of the observed one (set by an earlier patch of the action).
+    A path's ``int`` element indexes a list (the Worker template's containers)."""
     job = view.job
     identity = ((("metadata", "uid"), job.uid),) if job.uid else ()
     return (
@@ -260,7 +261,13 @@ def _guard(view: JobView, *, replicas: int | None = None) -> tuple[tuple[tuple[s
         # the bounds the decision kept the worker count within (a user may change them meanwhile)
         (("spec", "elasticPolicy", "minReplicas"), job.elastic_bounds[0]),
         (("spec", "elasticPolicy", "maxReplicas"), job.elastic_bounds[1]),
+        # and the GPUs each worker takes, as the object holds them ("2" or 2)
+        ((*_WORKER_CONTAINERS, job.gpu_container, "resources", "limits", GPU_RESOURCE),
+         (job.gpu_container_resources.get("limits") or {}).get(GPU_RESOURCE)),
     )
+
+
+_WORKER_CONTAINERS = ("spec", "pytorchReplicaSpecs", "Worker", "template", "spec", "containers")
 
 
 def _policy_annotation_changes(view: JobView, wanted: Mapping[str, str]) -> dict[str, str | None]:
@@ -318,6 +325,7 @@ def plan_safety(
     settings: PlanSettings,
     *,
     memos: Mapping[str, JobMemo] | None = None,
+    max_node_gpus: int | None = None,
 ) -> tuple[Action, ...]:
     """Actions the controller takes on its own, before (and regardless of) the policy:
     confirm or roll back watched scale-ups, and step GPUs-per-worker changes.
@@ -327,6 +335,10 @@ def plan_safety(
         now_s: the clock.
         settings: timeouts.
         memos: the memo to persist per job (defaults to each job's own annotations).
+        max_node_gpus: the most GPUs any node allocates (None: not known, no bound). A
+            GPUs-per-worker request above it is refused: no worker of that size could ever be
+            placed, so the job would cycle between a suspension, a start that stays pending and
+            its rollback.
 
     Returns:
         At most one action per job; the controller leaves these jobs out of the policy's snapshot.
@@ -362,7 +374,11 @@ def plan_safety(
             continue
         if requested_gpw is not None and requested_gpw != job.gpus_per_worker and not job.suspended:
             if _nproc_unchangeable(job):
-                out.append(_reshape_refuse(view, memo, requested_gpw, settings))
+                out.append(_reshape_refuse(view, memo, requested_gpw, _NPROC_REFUSAL, settings))
+            elif max_node_gpus is not None and requested_gpw > max_node_gpus:
+                why = (f"no node allocates {requested_gpw} {GPU_RESOURCE} (the most any node has is "
+                       f"{max_node_gpus}), so no worker of that size could start")
+                out.append(_reshape_refuse(view, memo, requested_gpw, why, settings))
             else:
                 out.append(_reshape_start(view, memo, requested_gpw, settings))
             continue
@@ -488,13 +504,13 @@ _NPROC_REFUSAL = ("its ranks per worker are set in the deprecated spec.elasticPo
                   "to allow it")
 
 
-def _reshape_refuse(view: JobView, memo: JobMemo, gpus_per_worker: int, settings: PlanSettings) -> Action:
-    """Drop a GPUs-per-worker request that cannot be carried out (a Warning Event says why); the
-    job keeps running as it is."""
+def _reshape_refuse(view: JobView, memo: JobMemo, gpus_per_worker: int, why: str, settings: PlanSettings) -> Action:
+    """Drop a GPUs-per-worker request that cannot be carried out (a Warning Event says ``why``);
+    the job keeps running as it is."""
     job = view.job
     annotations = memo.changed_annotations(job.annotations)
     annotations[GPUS_PER_WORKER_REQUEST] = None
-    message = f"GPUs per worker {job.gpus_per_worker}->{gpus_per_worker} refused: {_NPROC_REFUSAL}"
+    message = f"GPUs per worker {job.gpus_per_worker}->{gpus_per_worker} refused: {why}"
     return Action(
         job=view.key, uid=job.uid, kind=ActionKind.RESHAPE_REFUSED, from_workers=view.bound_workers,
         to_workers=view.bound_workers,
@@ -564,8 +580,11 @@ def _reshape_step(view: JobView, memo: JobMemo, now_s: float, settings: PlanSett
     resources["limits"] = limits
     if GPU_RESOURCE in (resources.get("requests") or {}):
         resources["requests"] = {**resources["requests"], GPU_RESOURCE: str(gpw)}
-    base = "/spec/pytorchReplicaSpecs/Worker/template/spec/containers"
+    base = "/" + "/".join(_WORKER_CONTAINERS)
     ops: list[dict[str, Any]] = [{"op": "test", "path": "/spec/runPolicy/suspend", "value": True}]
+    if job.gpu_container_resources:  # and the container's resources are still those observed (not edited since)
+        ops.append({"op": "test", "path": f"{base}/{job.gpu_container}/resources",
+                    "value": json.loads(json.dumps(dict(job.gpu_container_resources)))})
     ops.append({"op": "add", "path": f"{base}/{job.gpu_container}/resources", "value": resources})
     if _nproc_follows_gpus(job):
         ops.append({"op": "replace", "path": "/spec/nprocPerNode", "value": str(gpw)})

@@ -20,6 +20,8 @@ from gpu_scheduler.model import ClusterSnapshot, Decision, Job, Node, Outcome, P
 from gpu_scheduler.observe.kubernetes import pytorchjob_state
 from tests.gpu_scheduler.kube_objects import T0, pytorchjob
 
+WORKER_CONTAINERS = ("spec", "pytorchReplicaSpecs", "Worker", "template", "spec", "containers")
+
 SETTINGS = PlanSettings(pending_timeout_s=120, rollback_hold_s=600)
 SCALE_UP = ANNOTATION_PREFIX + "scale-up"
 HOLD = ANNOTATION_PREFIX + "hold"
@@ -76,7 +78,8 @@ def test_scale_up_is_one_merge_patch_with_replicas_watch_and_resource_version() 
     assert meta["resourceVersion"] == "7"
     assert dict(patch.guard) == {("metadata", "uid"): "uid-a", ("spec", "pytorchReplicaSpecs", "Worker", "replicas"): 2,
                                  ("spec", "runPolicy", "suspend"): None, ("spec", "elasticPolicy", "minReplicas"): 1,
-                                 ("spec", "elasticPolicy", "maxReplicas"): 4}
+                                 ("spec", "elasticPolicy", "maxReplicas"): 4,
+                                 (*WORKER_CONTAINERS, 1, "resources", "limits", "nvidia.com/gpu"): "1"}
     assert json.loads(meta["annotations"][SCALE_UP]) == {"from": 2, "to": 4, "at": T0}
     assert meta["annotations"][ANNOTATION_PREFIX + "requested-workers"] == "2"
     assert meta["annotations"][ANNOTATION_PREFIX + "restarts"] == "1"
@@ -255,9 +258,12 @@ def test_gpus_per_worker_change_goes_suspend_then_patch_then_resume() -> None:
     assert template.patch_type == "json"
     ops = template.body
     assert ops[0] == {"op": "test", "path": "/spec/runPolicy/suspend", "value": True}
-    assert ops[1]["path"] == "/spec/pytorchReplicaSpecs/Worker/template/spec/containers/1/resources"
-    assert ops[1]["value"]["limits"] == {"nvidia.com/gpu": "2", "memory": "4Gi"}
-    assert ops[2] == {"op": "replace", "path": "/spec/nprocPerNode", "value": "2"}
+    # the container's resources still those observed: a user's edit meanwhile is not overwritten
+    assert ops[1] == {"op": "test", "path": "/spec/pytorchReplicaSpecs/Worker/template/spec/containers/1/resources",
+                      "value": {"limits": {"nvidia.com/gpu": "1", "memory": "4Gi"}, "requests": {"cpu": "1"}}}
+    assert ops[2]["path"] == "/spec/pytorchReplicaSpecs/Worker/template/spec/containers/1/resources"
+    assert ops[2]["value"]["limits"] == {"nvidia.com/gpu": "2", "memory": "4Gi"}
+    assert ops[3] == {"op": "replace", "path": "/spec/nprocPerNode", "value": "2"}
     assert resume.body["spec"] == {"runPolicy": {"suspend": False}, "pytorchReplicaSpecs": {"Worker": {"replicas": 2}}}
     assert resume.body["metadata"]["annotations"][ANNOTATION_PREFIX + "reshape"] is None
 
@@ -419,6 +425,52 @@ def test_a_409_after_the_bounds_changed_drops_the_patch() -> None:
         "conflict", "spec.elasticPolicy.maxReplicas changed since it was observed (4 -> 2)")
 
 
+def test_a_409_after_the_workers_gpus_changed_drops_the_patch() -> None:
+    """Review (2026-11-30): the guard did not compare the Worker's GPU limit, so a scale-up planned
+    for workers of 1 GPU was re-sent after a 409 although the user had meanwhile made them 2 GPUs
+    each: twice the GPUs the policy had placed."""
+
+    from gpu_scheduler.actuate.apply import Actuator
+
+    class Client:
+        sent = 0
+
+        def patch(self, *a: Any, **kw: Any) -> dict:
+            self.sent += 1
+            raise _conflict()
+
+        def get(self, resource: Any, name: str, **kw: Any) -> dict:
+            return pytorchjob("ns", "a", uid="uid-a", rv="9", gpus=2)
+
+    views = {"ns/a": jview(bound={"n0": 2}, replicas=2, uid="uid-a")}
+    decision, snap = decide(views, {"ns/a": {"n0": 4}})
+    client = Client()
+    actuator = Actuator(client, record_events=False)  # type: ignore[arg-type]
+    try:
+        (result,) = actuator.apply(plan_decision(decision, snap, views, T0, SETTINGS))
+    finally:
+        actuator.close()
+    assert client.sent == 1
+    assert (result.status, result.message) == (
+        "conflict", "spec.pytorchReplicaSpecs.Worker.template.spec.containers.1.resources.limits.nvidia.com/gpu "
+                    "changed since it was observed ('1' -> '2')")
+
+
+def test_a_gpus_per_worker_request_no_node_can_hold_is_refused() -> None:
+    """Review (2026-11-30): a request above every node's GPUs suspended the job, resumed it with
+    workers no node could place, rolled the start back, and so on. Now it is refused at once
+    (Warning Event) and the job keeps running as it is; without node figures nothing changes."""
+    start = {"ns/a": jview(bound={"n0": 4}, replicas=4, gpus=1, annotations={GPUS_PER_WORKER_REQUEST: "16"})}
+    a = only(plan_safety(start, T0, SETTINGS, max_node_gpus=8), ActionKind.RESHAPE_REFUSED)
+    assert "spec" not in a.patches[0].body
+    assert a.patches[0].body["metadata"]["annotations"][GPUS_PER_WORKER_REQUEST] is None
+    assert a.event is not None and a.event.type == "Warning"
+    assert a.event.message == ("GPUs per worker 1->16 refused: no node allocates 16 nvidia.com/gpu (the most any "
+                               "node has is 8), so no worker of that size could start")
+    only(plan_safety(start, T0, SETTINGS, max_node_gpus=16), ActionKind.RESHAPE_SUSPEND)
+    only(plan_safety(start, T0, SETTINGS), ActionKind.RESHAPE_SUSPEND)
+
+
 def test_a_job_that_ran_and_has_no_live_worker_is_left_alone() -> None:
     """Its last worker may have Succeeded a moment before the operator marks the job Succeeded
     (ended pods leave the controller's view first); the operator never marks a suspended job
@@ -507,9 +559,7 @@ def test_a_rollback_through_the_scale_subresource_survives_a_409_on_its_second_p
             return {"metadata": {"resourceVersion": "10"}}
 
         def get(self, resource: Any, name: str, **kw: Any) -> dict:
-            return {"metadata": {"uid": "uid-a", "resourceVersion": "9"},
-                    "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": self.replicas}}, "runPolicy": {},
-                             "elasticPolicy": {"minReplicas": 1, "maxReplicas": 4}}}
+            return pytorchjob("ns", "a", uid="uid-a", rv="9", replicas=self.replicas)
 
     watch = json.dumps({"from": 2, "to": 4, "at": T0 - 121})
     views = {"ns/a": jview(bound={"n0": 2}, pending=2, replicas=4, uid="uid-a", annotations={SCALE_UP: watch})}

@@ -505,3 +505,16 @@ def test_a_scrape_that_sees_a_tick_counted_sees_that_ticks_leader_gauge() -> Non
     (scrape,) = seen_at_count
     assert b"trainflow_scheduler_leader 1.0" in scrape
     assert b'trainflow_scheduler_jobs{state="managed"} 1.0' in scrape
+
+
+def test_a_gpus_per_worker_request_above_every_nodes_gpus_is_refused_by_the_controller() -> None:
+    """The controller bounds GPUs-per-worker requests by its nodes' allocatable GPUs (4 each here)."""
+    from gpu_scheduler.actuate.plan import GPUS_PER_WORKER_REQUEST
+
+    cluster = two_nodes()
+    cluster.add_job("a", ["n0", "n0"], annotations={GPUS_PER_WORKER_REQUEST: "5"})
+    ctl, _, _, _, _, _ = make(cluster, policy="test-keep")
+    (action,) = ctl.tick().actions
+    assert action.kind == ActionKind.RESHAPE_REFUSED and "the most any node has is 4" in action.reason
+    assert GPUS_PER_WORKER_REQUEST not in cluster.annotations("a") and not cluster.jobs["a"]["spec"]["runPolicy"].get(
+        "suspend")

@@ -442,17 +442,29 @@ def test_the_schedulers_own_patches_pass_its_admission_policy(
     kubeconfig = k8s_testbed.service_account_kubeconfig(ns, "trainflow-gpu-scheduler", tmp_path / "scheduler.kubeconfig")
     actuator = Actuator(KubeConnector(kubeconfig).client(), record_events=False, async_events=False)
 
-    def step(now_s: float, pods: tuple[str, ...] = ()) -> list:
+    def step(now_s: float, pods: tuple[str, ...] = (), before_apply=lambda: None) -> list:
         obj = client.get(pytorchjob_resource(), spec.name, namespace=ns)
         job = pytorchjob_state(obj.to_dict() if hasattr(obj, "to_dict") else dict(obj))
         view = JobView(job=job, placement=Placement.of({"n0": len(pods)}) if pods else Placement(), pods=pods)
         actions = plan_safety({job.key: view}, now_s, PlanSettings())
+        before_apply()
         return [(r.action.kind, r.status, r.message) for r in actuator.apply(actions)]
 
+    def users_edit() -> None:  # the Worker's memory limit, between the planner's read and its patch
+        path = "/spec/pytorchReplicaSpecs/Worker/template/spec/containers/0/resources/limits/memory"
+        k8s_testbed.kubectl("patch", "pytorchjob", spec.name, "-n", ns, "--type=json",
+                            "-p", json.dumps([{"op": "replace", "path": path, "value": "96Mi"}]))
+
     assert step(1.0, pods=("w-0", "w-1")) == [(ActionKind.RESHAPE_SUSPEND, "applied", "")]
+    # the template patch tests the container's resources are those it read: a user's edit is kept
+    ((kind, status, message),) = step(1.5, before_apply=users_edit)
+    assert (kind, status) == (ActionKind.RESHAPE_RESUME, "invalid"), message
+    assert message.endswith(": /spec/runPolicy/suspend, /spec/pytorchReplicaSpecs/Worker/template/spec/containers/0/"
+                            "resources changed since it was observed (or the patch is invalid)"), message
     assert step(2.0) == [(ActionKind.RESHAPE_RESUME, "applied", "")]  # template JSON patch, then resume
     job = client.get(pytorchjob_resource(), spec.name, namespace=ns)
     worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]
     assert worker["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] in ("2", 2)
+    assert worker["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] == "96Mi"
     assert not job["spec"]["runPolicy"].get("suspend")
     actuator.close()
