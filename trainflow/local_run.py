@@ -174,7 +174,7 @@ def validate(opts: RunOptions) -> None:
         try:
             worker_job_spec(spec, spec.train_config(dataset="validate", job_key="validate",
                                                     checkpoint_uri=opts.checkpoint_uri),
-                            namespace=opts.namespace or "default", image=opts.image)
+                            namespace=opts.namespace or "default", image=opts.image, warn=False)
         except TrainStepError as e:
             raise RunInputError(str(e)) from e
     if opts.backend != "pytorchjob" and (opts.min_workers != 1 or opts.max_workers != 1):

@@ -429,12 +429,15 @@ def _run_pytorchjob_in(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path, sta
 
 
 def worker_job_spec(spec: TrainJobSpec, cfg: TrainConfig, *, namespace: str, image: str,
-                    default_image_pull_secrets: Sequence[str] = (), **more: Any) -> PyTorchJobSpec:
+                    default_image_pull_secrets: Sequence[str] = (), warn: bool = True,
+                    **more: Any) -> PyTorchJobSpec:
     """The PyTorchJob the train step creates for ``spec`` (the workers' config ``cfg``), checked:
     worker bounds, quantities, ``worker_pod_settings``, the grace period the SIGTERM save needs and
     the ranks per worker against its GPUs (:func:`ranks_per_worker`). ``trainflow run`` calls it
-    before anything starts; ``default_image_pull_secrets``: the workers' ``imagePullSecrets`` unless
-    ``worker_pod_settings`` names some (the step's own pod's); ``more``: the rendezvous and owner fields.
+    before anything starts (``warn=False``: the step's own call warns); ``default_image_pull_secrets``:
+    the workers' ``imagePullSecrets`` unless ``worker_pod_settings`` names some (the step's own
+    pod's); ``more``: the rendezvous and owner fields. With ``warn``, a warning when the workers
+    read or write ``s3://`` but ``s3_secret_name`` gives them no keys.
 
     Raises:
         TrainStepError: one line naming the setting.
@@ -466,7 +469,8 @@ def worker_job_spec(spec: TrainJobSpec, cfg: TrainConfig, *, namespace: str, ima
         raise TrainStepError(str(e)) from e
     except TypeError as e:  # a worker_pod_settings value of the wrong type for its field
         raise TrainStepError(f"worker_pod_settings: {e}") from e
-    if not spec.s3_secret_name:  # only for a valid spec: bad input stays one line
+    uses_s3 = any(uri.startswith("s3://") for uri in (cfg.checkpoint.uri, cfg.data.path, cfg.model_output or ""))
+    if warn and uses_s3 and not spec.s3_secret_name:  # only for a valid spec: bad input stays one line
         has_keys = "AWS_ACCESS_KEY_ID" in os.environ
         log.warning("s3_secret_name is empty: the worker pods get no S3 keys and must find credentials "
                     "themselves (their service account's web identity: IRSA, EKS Pod Identity; or the node's "
