@@ -397,7 +397,11 @@ def _run_pytorchjob_in(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path, sta
         raise TrainStepError(f"no usable Kubernetes configuration (in-cluster or KUBECONFIG): {e}") from e
     me = own_pod(client)
     namespace = spec.namespace or (me.namespace if me else client.namespace)
-    image = spec.image or (me.image if me else "")
+    # this pod's own image by digest: a tag pushed again while the job runs must not give its workers
+    # (started now, and again at every restart) other code than this step's
+    image = spec.image or (me.pinned_image() if me else "")
+    if not spec.image and me is not None and image != me.image:
+        log.info("the workers run this pod's image by digest: %s", image)
     if not image:
         raise TrainStepError("the pytorchjob backend needs an image holding trainflow (image=...): "
                              "outside a pod there is no own image to default to")

@@ -94,3 +94,34 @@ def test_the_pods_image_pull_secrets_are_read_with_its_image(tmp_path: Path) -> 
     me = own_pod(_Client(_pod("10.244.1.17", ("regcred", "mirror"))), environ={"KFP_POD_NAME": "p"},
                  sa_namespace_file=ns)
     assert me is not None and me.image_pull_secrets == ("regcred", "mirror")
+
+
+HEX = "0123456789abcdef" * 4
+
+
+@pytest.mark.parametrize(("image", "image_id", "pinned"), [
+    ("img:1", f"docker.io/library/img@sha256:{HEX}", f"img@sha256:{HEX}"),
+    ("reg.example:5000/team/app:2.0", f"reg.example:5000/team/app@sha256:{HEX}",
+     f"reg.example:5000/team/app@sha256:{HEX}"),
+    ("reg.example:5000/team/app", f"docker-pullable://reg.example:5000/team/app@sha256:{HEX}",
+     f"reg.example:5000/team/app@sha256:{HEX}"),
+    ("img:1", f"sha256:{HEX}", "img:1"),  # the image's local id (built or imported on the node): no digest
+    ("img:1", "", "img:1"),  # not started yet
+    (f"img@sha256:{'f' * 64}", f"docker.io/library/img@sha256:{HEX}", f"img@sha256:{'f' * 64}"),  # as written
+])
+def test_the_workers_get_the_pods_image_by_the_digest_it_was_pulled_at(tmp_path: Path, image: str, image_id: str,
+                                                                      pinned: str) -> None:
+    """Review: the workers got the step's image by tag, so a tag pushed again while the job ran
+    (``:latest``) gave them, and every restarted worker, other code than the step's."""
+    from lightkube.models.core_v1 import ContainerStatus
+
+    ns = tmp_path / "namespace"
+    ns.write_text("team-ml")
+    pod = _pod("10.244.1.17")
+    pod.spec.containers[1].image = image
+    pod.status.containerStatuses = [
+        ContainerStatus(name="wait", image="kfp-launcher", imageID=f"ghcr.io/kfp/launcher@sha256:{'e' * 64}", ready=True,
+                        restartCount=0),
+        ContainerStatus(name="main", image=image, imageID=image_id, ready=True, restartCount=0)]
+    me = own_pod(_Client(pod), environ={"KFP_POD_NAME": "p"}, sa_namespace_file=ns)
+    assert me is not None and me.image == image and me.pinned_image() == pinned
