@@ -11,7 +11,8 @@ Hierarchy::
     └── KfpRunError            the run ended badly (run_id, state, url)
         ├── KfpRunFailedError      FAILED (message = the run's error message)
         ├── KfpRunCanceledError    CANCELED
-        └── KfpRunTimeoutError     the deadline passed before a terminal state
+        ├── KfpRunTimeoutError     the deadline passed before a terminal state
+        └── KfpTaskKilledError     the task was killed while it waited (sync mode; retried)
 """
 
 from __future__ import annotations
@@ -87,3 +88,9 @@ class KfpRunCanceledError(KfpRunError):
 
 class KfpRunTimeoutError(KfpRunError):
     """The run did not reach a terminal state before the deadline."""
+
+
+class KfpTaskKilledError(KfpRunError):
+    """The task was killed while it waited in sync mode (``on_kill``: a worker's graceful shutdown,
+    an eviction, a user's *mark failed*); its run was terminated, best effort. Retried, unlike a
+    run someone else canceled: the retry submits a new run, which resumes from the checkpoints."""

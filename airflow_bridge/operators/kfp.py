@@ -19,7 +19,10 @@ SKIPPED       ``AirflowSkipException``
 
 Killing the task (marking it failed or success, clearing it; ``execution_timeout`` in sync mode)
 terminates the KFP run by its persisted id: ``on_kill`` in sync mode, the trigger's ``on_kill``
-(Airflow >= 3.3) when deferred. ``execution_timeout`` stops the run in deferrable mode too: it is
+(Airflow >= 3.3) when deferred. In sync mode the wait then ends at its next read with the retried
+:class:`KfpTaskKilledError` (a SIGTERM also comes from a worker's graceful shutdown or an eviction:
+the retry submits a new run, which resumes from the checkpoints; with ``cancel_on_kill=False`` it
+reattaches to the run, which went on). ``execution_timeout`` stops the run in deferrable mode too: it is
 also the trigger's deadline, whose ``timeout`` event terminates the run (Airflow's own deferral
 timeout, which calls no ``on_kill``, is a backstop 2 minutes later; without ``cancel_on_kill`` it
 alone bounds the deferral, and the run goes on). Bad input (unknown parameter, unreadable package,
@@ -66,6 +69,7 @@ listing fingerprint). Airflow's Assets view and lineage show it. Without outlets
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
@@ -94,6 +98,7 @@ from airflow_bridge.exceptions import (
     KfpRunCanceledError,
     KfpRunFailedError,
     KfpRunTimeoutError,
+    KfpTaskKilledError,
 )
 from airflow_bridge.hooks import api
 from airflow_bridge.hooks.config import DEFAULT_CONN_ID
@@ -179,6 +184,11 @@ _FINAL_ERRORS: tuple[type[Exception], ...] = (
     KfpPackageError,
     KfpRunCanceledError,
 )
+
+
+#: Seconds ``on_kill``'s terminate request may take: Airflow's supervisor sends SIGKILL 5 s after
+#: the SIGTERM of a task marked failed or cleared (task-sdk ``supervisor.py``, ``kill(force=True)``).
+KILL_REQUEST_TIMEOUT_S = 4.0
 
 
 @contextlib.contextmanager
@@ -305,6 +315,8 @@ class KfpRunPipelineOperator(BaseOperator):
         self.job_key_parameter = job_key_parameter
         self.canceling_timeout_s = float(canceling_timeout_s)
         self._run_id: str | None = None
+        #: set by on_kill (how the run's termination went): the sync wait stops at its next read
+        self._killed: str | None = None
         #: ids of runs a read of this try saw CANCELING (see events.terminated_while_failed)
         self._canceling_seen: set[str] = set()
 
@@ -407,6 +419,11 @@ class KfpRunPipelineOperator(BaseOperator):
 
         def log_progress(run: dict[str, Any]) -> None:
             nonlocal reloaded
+            if self._killed is not None:
+                # Airflow's SIGTERM handler only calls on_kill and returns: without this the wait
+                # would go on, see the run CANCELED and fail the task for good (no retry)
+                raise KfpTaskKilledError(f"KFP run {run_id}: the task was killed; {self._killed} ({url})",
+                                         run_id=run_id, state=run.get("state"), url=url)
             reloaded = False
             current = RunProgress.of(run)
             if current.state is RunState.CANCELING:
@@ -767,12 +784,18 @@ class KfpRunPipelineOperator(BaseOperator):
         return run
 
     # -- kill ------------------------------------------------------------------------------
-    def _terminate(self, run_id: str, *, reason: str) -> str:
+    def _terminate(self, run_id: str, *, reason: str, quick: bool = False) -> str:
         """Terminate the run (best effort, never raises); how it went, for the task's error:
-        ``"terminated it"`` or ``"could not terminate it (<why>): it may still run"``."""
+        ``"terminated it"`` or ``"could not terminate it (<why>): it may still run"``. ``quick``:
+        one attempt of at most :data:`KILL_REQUEST_TIMEOUT_S` (Airflow's supervisor sends SIGKILL 5 s
+        after the SIGTERM of a task marked failed or cleared)."""
+        config = self.hook.config
+        if quick:
+            config = dataclasses.replace(config, max_attempts=1,
+                                         request_timeout_s=min(config.request_timeout_s, KILL_REQUEST_TIMEOUT_S))
         try:
             # A fresh hook: on_kill runs in a signal handler, maybe while self.hook is mid-request.
-            KfpHook(self.kfp_conn_id, config=self.hook.config).terminate_run(run_id)
+            KfpHook(self.kfp_conn_id, config=config).terminate_run(run_id)
             self.log.info("terminated KFP run %s (%s)", run_id, reason)
             return "terminated it"
         except Exception as err:
@@ -780,6 +803,9 @@ class KfpRunPipelineOperator(BaseOperator):
             return f"could not terminate it ({' '.join(str(err).split())}): it may still run"
 
     def on_kill(self) -> None:
-        """Terminate the run when the task is killed in sync mode (by the persisted run id)."""
+        """Terminate the run when the task is killed in sync mode (by the persisted run id); the
+        wait then ends with the retried :class:`KfpTaskKilledError` at its next read."""
         if self._run_id and self.cancel_on_kill:
-            self._terminate(self._run_id, reason="the task was killed")
+            self._killed = self._terminate(self._run_id, reason="the task was killed", quick=True)
+        elif self._run_id:
+            self._killed = "cancel_on_kill is off: the run goes on"

@@ -36,7 +36,13 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_bridge.events import EventStatus, payload_for_problem
-from airflow_bridge.exceptions import KfpApiError, KfpRunCanceledError, KfpRunFailedError, KfpRunTimeoutError
+from airflow_bridge.exceptions import (
+    KfpApiError,
+    KfpRunCanceledError,
+    KfpRunFailedError,
+    KfpRunTimeoutError,
+    KfpTaskKilledError,
+)
 from airflow_bridge.hooks import KfpConnectionConfig, KfpHook, api
 from airflow_bridge.identity import TaskIdentity
 from airflow_bridge.links.kfp import KfpRunLink
@@ -391,14 +397,28 @@ def test_an_api_frozen_through_the_run_timeout_fails_the_sync_task_as_a_timeout(
 
 
 @slow
-def test_on_kill_in_sync_mode_terminates_the_persisted_run(kfp_server, compiled_pipelines) -> None:
-    ctx = context_for("sync-kill")
-    op = operator(kfp_server, compiled_pipelines["slow"], parameters={"seconds": 300}, poll_interval_s=0.3)
+@pytest.mark.parametrize("cancel_on_kill", [True, False])
+def test_on_kill_in_sync_mode_terminates_the_persisted_run(kfp_server, compiled_pipelines, cancel_on_kill) -> None:
+    """Review (2026-11-29): Airflow's SIGTERM handler only calls ``on_kill`` and returns, so the
+    wait went on, read the run CANCELED and failed the task for good (``AirflowFailException``),
+    also when the SIGTERM came from a worker's graceful shutdown or an eviction. Now the wait ends
+    at its next read with the retried ``KfpTaskKilledError``."""
+    ctx = context_for(f"sync-kill-{cancel_on_kill}")
+    op = operator(kfp_server, compiled_pipelines["slow"], parameters={"seconds": 300}, poll_interval_s=0.3,
+                  cancel_on_kill=cancel_on_kill)
     worker, outcome, _ = execute_in_background(op, ctx)
     op.on_kill()
     worker.join(60)
-    assert isinstance(outcome[0], AirflowFailException) and isinstance(outcome[0].__cause__, KfpRunCanceledError)
-    assert op.hook.get_run(ctx["task_state_store"].data["kfp_run_id"])["state"] == "CANCELED"
+    assert not worker.is_alive()
+    (err,) = outcome
+    run_id = ctx["task_state_store"].data["kfp_run_id"]
+    assert type(err) is KfpTaskKilledError, repr(err)  # not AirflowFailException: retried
+    said = "terminated it" if cancel_on_kill else "cancel_on_kill is off: the run goes on"
+    assert str(err).startswith(f"KFP run {run_id}: the task was killed; {said} ("), str(err)
+    state = op.hook.get_run(run_id)["state"]
+    assert state in (("CANCELING", "CANCELED") if cancel_on_kill else ("RUNNING",)), state
+    if not cancel_on_kill:
+        op.hook.terminate_run(run_id)
 
 
 class GatewayTimeoutOnce(httpx.BaseTransport):
