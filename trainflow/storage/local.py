@@ -117,10 +117,24 @@ class LocalStorage:
             yield f
 
     def list(self, prefix: str = "") -> list[str]:
-        if not self.root.is_dir():
-            return []
+        """Every key under ``prefix`` (files being written left out), sorted.
+
+        Raises:
+            CheckpointStorageError: a folder could not be read (denied, EIO, a stale NFS handle):
+                a partial listing would look like fewer checkpoints, or none (a fresh start).
+                Folders removed while listed (retention) are skipped.
+        """
+        def unreadable(e: OSError) -> None:
+            if not isinstance(e, FileNotFoundError):
+                raise CheckpointStorageError(f"listing {self.root} failed: {e}") from e
+
+        try:
+            if not self.root.is_dir():
+                return []
+        except OSError as e:
+            raise CheckpointStorageError(f"listing {self.root} failed: {e}") from e
         keys = []
-        for dirpath, _dirnames, filenames in os.walk(self.root):
+        for dirpath, _dirnames, filenames in os.walk(self.root, onerror=unreadable):
             rel_dir = os.path.relpath(dirpath, self.root)
             for name in filenames:
                 if _TMP_MARK in name and name.startswith("."):

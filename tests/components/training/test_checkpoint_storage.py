@@ -146,3 +146,39 @@ def test_a_write_check_survives_a_concurrent_cleanup_of_incomplete_writes(tmp_pa
     monkeypatch.setattr(Path, "write_bytes", write_then_cleanup)
     storage.check()
     assert list((tmp_path / "ckpt").iterdir()) == []
+
+
+def test_a_local_folder_that_cannot_be_read_fails_the_listing_instead_of_hiding_checkpoints(
+    tmp_path, monkeypatch
+) -> None:
+    """Review (2026-11-29): ``os.walk`` ignores the folders it cannot read, so a step folder (or the
+    job folder) answering EIO or ESTALE (NFS) or EACCES listed as empty: the job restarted from
+    step 0 although its checkpoints were there. A folder removed while listed (retention) is skipped."""
+    import errno
+    import os
+
+    from components.training.__main__ import transient_storage_failure
+    from trainflow.storage import CheckpointStorageError, write_bytes
+
+    store = LocalStorage(str(tmp_path / "job"))
+    write_bytes(store, "step-0000000010/manifest.json", b"{}")
+    write_bytes(store, "step-0000000020/manifest.json", b"{}")
+    step = str(tmp_path / "job" / "step-0000000020")
+    broken = {step: OSError(errno.EIO, "Input/output error", step)}  # as os.scandir raises it
+    scandir = os.scandir
+
+    def failing_scandir(path="."):
+        if str(path) in broken:
+            raise broken[str(path)]
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", failing_scandir)
+    with pytest.raises(CheckpointStorageError, match=r"listing .*/job failed: \[Errno 5\] Input/output error: '.*/job/step-0000000020'$") as info:
+        store.list("step-")
+    assert transient_storage_failure(info.value)  # EIO: retried
+    broken[step] = PermissionError(errno.EACCES, "Permission denied", step)
+    with pytest.raises(CheckpointStorageError) as info:
+        store.list()
+    assert not transient_storage_failure(info.value)  # denied: permanent (exit 2)
+    broken[step] = FileNotFoundError(errno.ENOENT, "No such file or directory", step)
+    assert store.list() == ["step-0000000010/manifest.json"]  # removed meanwhile: skipped
