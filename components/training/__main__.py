@@ -96,9 +96,16 @@ def transient_storage_failure(e: BaseException) -> bool:
     """
     from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, HTTPClientError
 
-    failure: BaseException | None = e
-    while failure is not None and not isinstance(failure, CheckpointStorageError):
-        failure = failure.__cause__
+    # the innermost storage error of the chain: one that wraps another (the trainer's "final checkpoint
+    # not saved") is sorted by the storage's own error, whose cause says what failed
+    failure: BaseException | None = None
+    link: BaseException | None = e
+    seen: set[int] = set()
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, CheckpointStorageError):
+            failure = link
+        link = link.__cause__
     if failure is None or isinstance(failure, ObjectNotFoundError):
         return False
     cause, seen = failure.__cause__, set()
@@ -145,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from components.training.checkpoint.manager import CheckpointRefusedError, WriterFencedError
     from components.training.trainer import EXIT_PREEMPTED, Preempted, Trainer
+    from trainflow.task import TaskError
 
     init_process_group(env)
     try:
@@ -163,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
             if not trainer.ckpt.wait(timeout_s=0) or trainer.ckpt.verifying():
                 _leave(EXIT_PREEMPTED)
             return EXIT_PREEMPTED
-        # found on load / a newer run took the key / a state weights_only refuses (at save or load)
-        except (config_mod.ConfigError, WriterFencedError, CheckpointRefusedError) as e:
+        # found on load / a newer run took the key / a state weights_only refuses (at save or load) / a
+        # task that cannot do what it was asked (TaskError: a ValueError, else a traceback and exit 1)
+        except (config_mod.ConfigError, WriterFencedError, CheckpointRefusedError, TaskError) as e:
             return _permanent(str(e))
         # reading checkpoints failed (resume, or the final verification), or the final save failed with no
         # model to export: sorted like a failure at start, a denied read or an unreadable step file is

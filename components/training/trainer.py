@@ -611,6 +611,9 @@ class Trainer:
                                  "since_sigterm_s": since_sigterm_s})
             if outcome == "committed":
                 raise Preempted(f"SIGTERM received; checkpoint saved at step {step}")
+            if outcome == "fenced":  # a newer run owns the key: this one must not be restarted (exit 2)
+                raise WriterFencedError(str(self.ckpt.fenced) if self.ckpt.fenced else
+                                        "a newer writer took over this job key; this run stops")
             last = self.ckpt.stats.last_committed_step
             newest = f"; the newest checkpoint this run committed is {'none' if last is None else f'step {last}'}"
             raise Preempted(f"SIGTERM received; checkpoint NOT saved at step {step} ({outcome})"
@@ -766,7 +769,16 @@ class Trainer:
         if seed_change and self.env.is_main:
             log.warning("resuming step %d: %s", self.state.step, seed_change)
         if "task_state" in st:  # after model, optimizer, scheduler, scaler, RNG and data position
-            self.task.load_state_dict(st["task_state"])
+            try:
+                self.task.load_state_dict(st["task_state"])
+            except _DEVICE_ERRORS:
+                raise  # the device, not the checkpoint: retried
+            except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as e:  # TaskError is a ValueError
+                raise ConfigError(
+                    f"the checkpoint at step {self.state.step} under {self.storage.uri} does not fit this run: its "
+                    f"task state cannot be loaded by {type(self.task).__name__}.load_state_dict "
+                    f"({type(e).__name__}: {_one_line(e)}); resume it with the task that wrote it, or start afresh "
+                    "under another --job-key") from e
         self.schedule.mark(self.state.step)
         self.resumed_from = self.state.step
         self._pending_first_step_event = True
@@ -877,20 +889,30 @@ class Trainer:
                 if self.env.is_main and self._last_outcome == "failed":
                     final_failure = self.ckpt.last_failure or TimeoutError("the save did not finish")
         fenced = lost = None
+        unreadable: CheckpointStorageError | None = None
         if self.env.is_main:
-            with contextlib.suppress(WriterFencedError):
+            try:
                 self.ckpt.check_fence()  # a run that lost the key must not export over the new run's model
+            except WriterFencedError:
+                pass
+            except CheckpointStorageError as e:  # the store is down (often why a final save failed)
+                unreadable = e
             fenced = str(self.ckpt.fenced) if self.ckpt.fenced else None
             if final_failure is not None:
                 lost = (f"the final checkpoint at step {step} was not saved under {self.storage.uri}: "
                         f"{_one_line(final_failure)}")
-        fenced, lost = dist_utils.broadcast_object((fenced, lost))
+        # every rank learns the outcome: none waits in a collective that rank 0 left by raising
+        fenced, lost, fence_unread = dist_utils.broadcast_object((fenced, lost, unreadable is not None))
         if fenced:
             raise WriterFencedError(fenced)
         if lost and not self.cfg.model_output:  # the trained state would be gone with this process
             if self.env.is_main:
                 raise CheckpointStorageError(f"{lost}; with no model output to export, the trained state would "
                                              "be lost") from final_failure
+            return
+        if fence_unread and not lost:  # saved, but whether a newer run owns the key cannot be read
+            if self.env.is_main:
+                raise unreadable  # type: ignore[misc]
             return
         if self.env.is_main:
             self.ckpt.close()

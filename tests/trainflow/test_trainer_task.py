@@ -135,52 +135,71 @@ class _PersistGate(LocalStorage):
 
 class _BrokenStep(LocalStorage):
     """The trainer's real checkpoint folder, whose writes under ``step``'s prefix fail with EIO (a disk
-    or mount that broke at the end of training)."""
+    or mount that broke at the end of training); with ``whole_store``, from then on every listing too
+    (the store is down: the final fence check cannot read it either)."""
 
-    def __init__(self, uri: str, step: int) -> None:
+    def __init__(self, uri: str, step: int, *, whole_store: bool = False) -> None:
         super().__init__(uri)
         self.prefix = layout.step_prefix(step) + "/"
+        self.whole_store, self.down = whole_store, False
+
+    @staticmethod
+    def _eio(what: str) -> CheckpointStorageError:
+        error = CheckpointStorageError(f"{what} failed: [Errno 5] Input/output error")
+        error.__cause__ = OSError(errno.EIO, "Input/output error")
+        return error
 
     def open_write(self, key, *, create_only=False):
-        if key.startswith(self.prefix):
-            raise CheckpointStorageError(f"writing {key} failed: [Errno 5] Input/output error") from OSError(
-                errno.EIO, "Input/output error")
+        if key.startswith(self.prefix) or self.down:
+            self.down = self.whole_store
+            raise self._eio(f"writing {key}")
         return super().open_write(key, create_only=create_only)
 
+    def list(self, prefix=""):
+        if self.down:
+            raise self._eio(f"listing {prefix}")
+        return super().list(prefix)
 
-def _failing_final_save(tmp_path, **flat) -> Trainer:
+
+def _failing_final_save(tmp_path, *, whole_store: bool = False, **flat) -> Trainer:
     # 40 samples / 8: 5 steps per epoch, 10 steps; step 5 is saved (or a later one, deferred while the
     # first persists), 10 is the final save
     cfg = _cfg(tmp_path, task=REGRESSION, task_args='{"num_samples": 40}', checkpoint_interval_steps=5, **flat)
     trainer = Trainer(cfg, DistEnv.from_env({}))
-    trainer.ckpt.storage = _BrokenStep(trainer.storage.uri, step=10)
+    trainer.ckpt.storage = _BrokenStep(trainer.storage.uri, step=10, whole_store=whole_store)
     trainer.ckpt.retry = RetryPolicy(attempts=2, base_s=0.01, max_wait_s=0.01)
     return trainer
 
 
-def test_a_final_save_that_fails_with_no_model_to_export_fails_the_run(tmp_path, torch_globals) -> None:
+@pytest.mark.parametrize("whole_store", [False, True], ids=["step-folder", "store-down"])
+def test_a_final_save_that_fails_with_no_model_to_export_fails_the_run(tmp_path, torch_globals, whole_store) -> None:
     """Review: a final save that failed (after its retries) ended the run with exit 0 although, with
     no model output, the trained steps after the newest checkpoint were gone with the process. Now
-    it raises, as a transient storage failure (exit 1: the worker group restarts from the newest checkpoint)."""
-    trainer = _failing_final_save(tmp_path)
+    it raises, as a transient storage failure (exit 1: the worker group restarts from the newest
+    checkpoint) -- also when the store is down, so that the final fence check cannot list it either."""
+    trainer = _failing_final_save(tmp_path, whole_store=whole_store)
     with pytest.raises(CheckpointStorageError) as info:
         trainer.train()
     message = str(info.value)
-    assert message.startswith(f"the final checkpoint at step 10 was not saved under {trainer.storage.uri}: "
-                              "writing ") and "Input/output error" in message and "\n" not in message
+    assert message.startswith(f"the final checkpoint at step 10 was not saved under {trainer.storage.uri}: ")
+    assert "[Errno 5] Input/output error" in message and "\n" not in message
     assert message.endswith("with no model output to export, the trained state would be lost")
     assert transient_storage_failure(info.value)  # EIO: retried (exit 1), not a permanent refusal
+    trainer.ckpt.storage.down = False
     committed = trainer.ckpt.committed_steps()
     assert committed and 10 not in committed
     trainer.ckpt.close()
 
 
-def test_a_final_save_that_fails_after_the_model_is_exported_warns(tmp_path, torch_globals, caplog) -> None:
+@pytest.mark.parametrize("whole_store", [False, True], ids=["step-folder", "store-down"])
+def test_a_final_save_that_fails_after_the_model_is_exported_warns(tmp_path, torch_globals, caplog,
+                                                                    whole_store) -> None:
     """With a model output the trained state is kept in the exported model: the run succeeds and
     says which checkpoint a rerun under the job key would resume from."""
-    trainer = _failing_final_save(tmp_path, model_output=str(tmp_path / "model"))
+    trainer = _failing_final_save(tmp_path, whole_store=whole_store, model_output=str(tmp_path / "model"))
     with caplog.at_level(logging.WARNING, logger="trainflow.trainer"):
         result = trainer.train()
+    trainer.ckpt.storage.down = False
     committed = trainer.ckpt.committed_steps()
     assert result.steps == 10 and committed and 10 not in committed
     assert json.loads((tmp_path / "model" / "model.json").read_text())["steps"] == 10
@@ -291,3 +310,47 @@ def test_a_task_that_scales_the_learning_rate_is_not_told_its_flag_did_not_apply
     assert resumed.resumed_from == 2
     assert not [r for r in caplog.records if "does not apply" in r.getMessage()]  # (total steps 2 -> 4 is said)
     assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+def test_a_sigterm_save_that_finds_a_newer_writer_stops_the_run_for_good(tmp_path, torch_globals) -> None:
+    """Review (2026-11-29): an orphaned run preempted before it noticed a newer writer of its job key
+    found it only in its SIGTERM save ("fenced") and exited as preempted (143, restarted under the
+    ExitCode policy): the restarted orphan then claimed the key back and fenced the rightful run.
+    It now stops with WriterFencedError (exit 2)."""
+    from components.training.checkpoint.manager import CheckpointManager, WriterFencedError
+    from trainflow.storage import storage_for
+
+    cfg = _cfg(tmp_path, task=REGRESSION, task_args='{"num_samples": 40}', checkpoint_interval_steps=100)
+    trainer = Trainer(cfg, DistEnv.from_env({}))
+    trainer.ckpt.claim()  # this run's generation (a first save would claim it too)
+    record = trainer.metrics.record
+
+    def at_step_3(rec) -> None:
+        record(rec)
+        if rec.get("step") == 3 and "loss" in rec:  # between two steps: a newer run claims the key
+            CheckpointManager(storage_for(trainer.storage.uri)).claim()
+            trainer._on_sigterm(15, None)
+
+    trainer.metrics.record = at_step_3
+    with pytest.raises(WriterFencedError, match="took over this job key"):
+        trainer.train()
+    assert trainer.ckpt.committed_steps() == []  # the orphan wrote no manifest
+    trainer.ckpt.close()
+
+
+def test_a_task_state_its_task_cannot_load_is_one_line_and_permanent(tmp_path, torch_globals) -> None:
+    """Review (2026-11-29): a task whose ``load_state_dict`` refused the checkpoint's task state (the
+    default one raises TaskError when ``state_dict`` alone is overridden) ended in a traceback with
+    exit 1, retried by torchrun every time."""
+    first = Trainer(_cfg(tmp_path, task="tests.trainflow.example_tasks:Counting", task_args='{"num_samples": 16}',
+                         max_steps=2), DistEnv.from_env({}))
+    first.train()
+    again = Trainer(_cfg(tmp_path, task="tests.trainflow.example_tasks:Counting", task_args='{"num_samples": 16}'),
+                    DistEnv.from_env({}))
+    again.task.load_state_dict = lambda state: (_ for _ in ()).throw(KeyError("calls"))  # a task's own bug
+    with pytest.raises(ConfigError) as info:
+        again.train()
+    message = str(info.value)
+    assert message.startswith("the checkpoint at step 2 under ") and "\n" not in message
+    assert "its task state cannot be loaded by Counting.load_state_dict (KeyError: 'calls')" in message
+    again.ckpt.close()

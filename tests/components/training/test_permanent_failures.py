@@ -275,7 +275,17 @@ def _transient_cases() -> list:
         ("missing object", ObjectNotFoundError("s3://b/data/dataset.json does not exist"), False),
         ("dataset missing", DatasetError("dataset folder /nope does not exist"), False),
         ("not a storage failure", ValueError("bad URI"), False),
+        # the trainer's "final checkpoint not saved" wraps the storage's error: sorted by the inner one
+        ("wrapped outage", _wrapped(_storage_failure(OSError(5, "Input/output error"))), True),
+        ("wrapped refusal without a cause", _wrapped(_storage_failure(None)), False),
+        ("wrapped denial", _wrapped(_storage_failure(_client_error(403, "AccessDenied"))), False),
     ]
+
+
+def _wrapped(inner: BaseException) -> CheckpointStorageError:
+    outer = CheckpointStorageError("the final checkpoint at step 10 was not saved under s3://b/k: ...")
+    outer.__cause__ = inner
+    return outer
 
 
 def test_storage_failures_sort_into_transient_and_permanent() -> None:
