@@ -106,7 +106,7 @@ from airflow_bridge.hooks.kfp import KfpHook, api_outage
 from airflow_bridge.identity import TaskIdentity
 from airflow_bridge.links.kfp import KfpRunLink
 from airflow_bridge.package import PipelinePackage, load_pipeline_package
-from airflow_bridge.triggers.kfp import DEFER_SETTLE_S, KfpRunTrigger, try_id
+from airflow_bridge.triggers.kfp import DEFER_SETTLE_S, DEFERRAL_TIMEOUT_MARGIN, KfpRunTrigger, try_id
 from airflow_bridge.version_compat import (
     AirflowFailException,
     AirflowSkipException,
@@ -129,8 +129,8 @@ def loggable_parameters(arguments: dict[str, Any]) -> Any:
 
 
 #: How much later than the trigger's own ``execution_timeout`` deadline Airflow's deferral timeout
-#: fires (a backstop): the trigger's last poll, ``DEFER_SETTLE_S`` and the event's delivery fit in it.
-EXECUTION_TIMEOUT_MARGIN = timedelta(seconds=120)
+#: fires (a backstop).
+EXECUTION_TIMEOUT_MARGIN = DEFERRAL_TIMEOUT_MARGIN
 
 
 def run_deadline_s(run: dict[str, Any], run_timeout_s: float | None, *, now_s: float) -> float | None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
@@ -37,7 +38,7 @@ from airflow_bridge.hooks.api import get_run as get_run_call
 from airflow_bridge.hooks.config import DEFAULT_CONN_ID
 from airflow_bridge.hooks.kfp import KfpHook, api_outage, outage_delay_s
 from airflow_bridge.links.kfp import KfpRunLink
-from airflow_bridge.triggers.kfp import DEFER_SETTLE_S, KfpRunTrigger
+from airflow_bridge.triggers.kfp import DEFER_SETTLE_S, DEFERRAL_TIMEOUT_MARGIN, KfpRunTrigger
 from airflow_bridge.version_compat import (
     AirflowFailException,
     AirflowSensorTimeout,
@@ -292,6 +293,9 @@ class KfpRunSensor(BaseSensorOperator):
                 cancel_on_kill=False,
             ),
             method_name="execute_complete",
+            # the trigger's deadline is the timeout; Airflow's (-> AirflowSensorTimeout) is the backstop
+            # for a trigger that never runs (no triggerer, or one of another queue)
+            timeout=timedelta(seconds=timeout_s) + DEFERRAL_TIMEOUT_MARGIN,
         )
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 from airflow_bridge.events import (
@@ -55,6 +56,11 @@ CLASSPATH = "airflow_bridge.triggers.kfp.KfpRunTrigger"
 
 #: Seconds between a deferral and the earliest event (see the module docstring's workaround).
 DEFER_SETTLE_S = 5.0
+
+#: How much later than the trigger's own deadline Airflow's deferral timeout fires (a backstop, for a
+#: trigger that never runs: no triggerer, or one of another queue): the trigger's last poll,
+#: ``DEFER_SETTLE_S`` and the event's delivery fit in it.
+DEFERRAL_TIMEOUT_MARGIN = timedelta(seconds=120)
 
 
 #: on_kill's terminate requests still in flight (see KfpRunTrigger.on_kill).

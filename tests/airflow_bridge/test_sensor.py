@@ -25,6 +25,7 @@ from airflow_bridge.exceptions import KfpApiError, KfpRunCanceledError, KfpRunFa
 from airflow_bridge.hooks import KfpConnectionConfig, KfpHook
 from airflow_bridge.links.kfp import KfpRunLink
 from airflow_bridge.sensors.kfp import KfpRunSensor
+from airflow_bridge.triggers.kfp import DEFERRAL_TIMEOUT_MARGIN
 from tests.support.kfp_server import FAILURE_MESSAGE, KfpServer
 from tests.support.processes import free_port
 
@@ -100,6 +101,13 @@ def test_deferrable_sensor_hands_its_knobs_to_a_non_cancelling_trigger(
     kwargs = deferred.value.trigger.serialize()[1]
     assert kwargs["poll_interval_s"] == 12.0 and kwargs["cancel_on_kill"] is False
     assert before + 300 <= kwargs["deadline_s"] <= time.time() + 300
+    # Airflow's own deferral timeout backs the trigger's deadline up (review 2026-11-29: without it a
+    # sensor deferred to no running triggerer waited for ever), and resumes as AirflowSensorTimeout
+    assert deferred.value.timeout == timedelta(minutes=5) + DEFERRAL_TIMEOUT_MARGIN
+    from airflow.sdk.bases.operator import TRIGGER_FAIL_REPR, TriggerFailureReason
+
+    with pytest.raises(AirflowSensorTimeout):
+        s.resume_execution(TRIGGER_FAIL_REPR, {"error": TriggerFailureReason.TRIGGER_TIMEOUT}, {})
     timeout_event = {"status": "timeout", "run_id": run_id, "state": "RUNNING", "message": "late", "url": ""}
     with pytest.raises(AirflowSensorTimeout, match="late") as raised:  # never retried by Airflow
         s.execute_complete({}, timeout_event)
