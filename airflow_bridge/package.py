@@ -237,6 +237,23 @@ def parse_pipeline_package(text: str, *, source: str = "<text>") -> PipelinePack
     return PipelinePackage(spec, platform or None)
 
 
+def package_from_api_spec(spec: Any, *, source: str) -> PipelinePackage:
+    """The package of a pipeline version as the KFP API returns it (``V2beta1PipelineVersion``'s
+    ``pipeline_spec``: the ``PipelineSpec``, or ``{"pipeline_spec", "platform_spec"}`` for a file
+    with a kfp-kubernetes platform document).
+
+    Raises:
+        KfpPackageError: it holds no compiled KFP v2 pipeline; the message names ``source``.
+    """
+    if isinstance(spec, dict) and "pipelineInfo" not in spec and isinstance(spec.get("pipeline_spec"), dict):
+        spec, platform = spec["pipeline_spec"], spec.get("platform_spec")
+    else:
+        platform = None
+    if not isinstance(spec, dict) or not isinstance(spec.get("pipelineInfo"), dict):
+        raise KfpPackageError(f"{source} holds no compiled KFP v2 pipeline spec")
+    return PipelinePackage(spec, platform if isinstance(platform, dict) and platform else None)
+
+
 def _from_archive_members(names: list[str], source: str) -> str:
     yamls = [n for n in names if n.endswith((".yaml", ".yml"))]
     if "pipeline.yaml" in yamls:

@@ -143,6 +143,16 @@ def upload_pipeline_version(
     )
 
 
+def get_pipeline_version(pipeline_id: str, pipeline_version_id: str) -> ApiCall:
+    return ApiCall("GET", f"{API}/pipelines/{pipeline_id}/versions/{pipeline_version_id}")
+
+
+def latest_pipeline_version(pipeline_id: str) -> ApiCall:
+    """The newest version of ``pipeline_id`` (the one a run without a version id gets)."""
+    return ApiCall("GET", f"{API}/pipelines/{pipeline_id}/versions",
+                   params={"page_size": 1, "sort_by": "created_at desc"})
+
+
 def run_body(
     *,
     display_name: str,

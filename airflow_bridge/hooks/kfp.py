@@ -25,7 +25,7 @@ import httpx
 import tenacity
 
 from airflow_bridge.events import TERMINAL_STATES, RunState
-from airflow_bridge.exceptions import KfpApiError, KfpConfigError, KfpRunTimeoutError
+from airflow_bridge.exceptions import KfpApiError, KfpConfigError, KfpPackageError, KfpRunTimeoutError
 from airflow_bridge.hooks import api
 from airflow_bridge.hooks.config import (
     CONN_TYPE,
@@ -33,7 +33,7 @@ from airflow_bridge.hooks.config import (
     KfpConnectionConfig,
     sa_token_dirs_from,
 )
-from airflow_bridge.package import PipelinePackage, load_pipeline_package
+from airflow_bridge.package import PipelinePackage, load_pipeline_package, package_from_api_spec
 from airflow_bridge.version_compat import AirflowNotFoundException, BaseHook, conf
 
 
@@ -451,6 +451,27 @@ class KfpHook(_HookBase):
                 description=description,
             )
         )
+
+    def pipeline_version_package(
+        self, pipeline_id: str, pipeline_version_id: str | None = None
+    ) -> tuple[str, PipelinePackage]:
+        """The id and compiled package of a version of an uploaded pipeline (default: its newest).
+
+        Raises:
+            KfpNotFoundError: no such pipeline or version.
+            KfpPackageError: the pipeline has no version, or the version holds no compiled pipeline.
+            KfpApiError: the API refused or did not answer.
+        """
+        if pipeline_version_id:
+            version = self.call(api.get_pipeline_version(pipeline_id, pipeline_version_id))
+        else:
+            versions = self.call(api.latest_pipeline_version(pipeline_id)).get("pipeline_versions") or []
+            if not versions:
+                raise KfpPackageError(f"pipeline {pipeline_id} has no version to run")
+            version = versions[0]
+        version_id = str(version.get("pipeline_version_id") or pipeline_version_id or "")
+        source = f"pipeline {pipeline_id} version {version_id}"
+        return version_id, package_from_api_spec(version.get("pipeline_spec"), source=source)
 
     def get_experiment_by_name(
         self, display_name: str, *, namespace: str | None = None

@@ -743,8 +743,15 @@ class KfpRunPipelineOperator(BaseOperator):
         self, identity: TaskIdentity, *, known_run_ids: set[str] | None = None, store: Any = None
     ) -> dict[str, Any]:
         package = load_pipeline_package(self.pipeline_package_path) if self.pipeline_package_path else None
+        version_id = self.pipeline_version_id
+        declared = package
+        if self.pipeline_id:
+            # the uploaded version's spec types the parameters (templates render to strings, which KFP's
+            # driver refuses for a number) and says whether it takes a job key; the run names that
+            # version, so a version uploaded meanwhile does not get arguments typed for another
+            version_id, declared = self.hook.pipeline_version_package(self.pipeline_id, self.pipeline_version_id)
         arguments = pipeline_arguments(
-            self.parameters, package, job_key_parameter=self.job_key_parameter, job_key=identity.key
+            self.parameters, declared, job_key_parameter=self.job_key_parameter, job_key=identity.key
         )
         experiment = self.hook.get_or_create_experiment(self.experiment_name, namespace=self._namespace)
         if store is not None:  # removed once the new run's id is persisted (_execute)
@@ -754,7 +761,7 @@ class KfpRunPipelineOperator(BaseOperator):
                 display_name=identity.run_display_name(self.run_name),
                 package=package,
                 pipeline_id=self.pipeline_id,
-                pipeline_version_id=self.pipeline_version_id,
+                pipeline_version_id=version_id,
                 parameters=arguments,
                 experiment_id=experiment["experiment_id"],
                 pipeline_root=self.pipeline_root,
