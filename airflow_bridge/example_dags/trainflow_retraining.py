@@ -10,7 +10,8 @@ submits ``retraining_pipeline`` (pipelines/retraining.py) to KFP and waits in th
     register — only if the new model beats the current version on the held-out split
 
 The asset event's payload (fingerprints, objects added/removed/changed) goes to the pipeline as
-``dataset_change`` and ends up in the new version's lineage. The task's outlet is the model's Asset.
+``dataset_change`` and ends up in the new version's lineage (the events queued while a retraining
+ran, which Airflow hands to one later DAG run, merged into one change: :func:`dataset_change`). The task's outlet is the model's Asset.
 
 Configuration (environment of the DAG processor and workers):
 
@@ -24,13 +25,15 @@ Configuration (environment of the DAG processor and workers):
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from airflow.sdk import DAG, Asset, AssetWatcher, Param
 
 from airflow_bridge.operators.kfp import KfpRunPipelineOperator
-from airflow_bridge.triggers.dataset import DatasetChangeTrigger
+from airflow_bridge.triggers.dataset import DatasetChangeTrigger, merged_change
 from trainflow.common.training_spec import ROWS
 
 DATASET_URI = os.environ.get("TRAINFLOW_DATASET_URI", "s3://trainflow-data/mnist")
@@ -47,11 +50,17 @@ def _row_param(name: str, kind: str, note: str = "") -> Param:
     return Param(row.default, type=kind, description=row.describe() + note, **row.json_schema())
 
 
-#: The dataset's listing change, as JSON: the newest triggering asset event's payload.
-DATASET_CHANGE = (
-    "{% for events in triggering_asset_events.values() %}{% if loop.last and events %}"
-    "{{ events[-1].extra.get('payload', events[-1].extra) | tojson }}{% endif %}{% endfor %}"
-)
+def dataset_change(triggering_asset_events: Any) -> str:
+    """The dataset's listing change since the current model, as JSON (``""`` for a run started by
+    hand): every triggering asset event's payload merged (``DatasetChangeTrigger``'s
+    ``merged_change``): changes that came while a retraining ran are one DAG run's events."""
+    events = [event for events in triggering_asset_events.values() for event in events]
+    change = merged_change([event.extra.get("payload", event.extra) for event in events])
+    return "" if change is None else json.dumps(change, sort_keys=True)
+
+
+#: The ``dataset_change`` parameter's template (the DAG's ``user_defined_filters`` has the filter).
+DATASET_CHANGE = "{{ triggering_asset_events | dataset_change }}"
 
 dataset = Asset(
     uri=DATASET_URI,
@@ -80,6 +89,7 @@ with DAG(
                              description="Significance level of each drift test family."),
     },
     tags=["trainflow", "kubeflow", "retraining"],
+    user_defined_filters={"dataset_change": dataset_change},
 ) as dag:
     KfpRunPipelineOperator(
         task_id="check_and_retrain",

@@ -37,7 +37,7 @@ variables such as ``AWS_ENDPOINT_URL_S3``, instance roles, ``~/.aws``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 # The event-trigger base class (Airflow >= 3.0); not re-exported by version_compat to keep this
@@ -57,6 +57,24 @@ from trainflow.common.listing import (
 
 CLASSPATH = "airflow_bridge.triggers.dataset.DatasetChangeTrigger"
 STATE_KEY = "listing_fingerprint"
+
+
+def merged_change(payloads: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """One change from the payloads of the asset events one DAG run was triggered by, oldest first
+    (Airflow queues the events that arrive while the DAG is at ``max_active_runs`` for one later
+    run): the newest listing (``listing_fingerprint``, ``objects``, ``total_bytes``), the oldest
+    ``previous_listing_fingerprint`` (what the model being replaced was trained on), ``change`` counts
+    summed over the events (None if any event had none), and ``events``, how many. None for no
+    payload (a run started by hand)."""
+    if not payloads:
+        return None
+    if len(payloads) == 1:
+        return dict(payloads[0])
+    changes = [p.get("change") for p in payloads]
+    summed = None if any(not isinstance(c, Mapping) for c in changes) else {
+        key: sum(int(c.get(key) or 0) for c in changes) for key in ("added", "removed", "changed")}  # type: ignore[union-attr]
+    return {**payloads[-1], "previous_listing_fingerprint": payloads[0].get("previous_listing_fingerprint"),
+            "change": summed, "events": len(payloads)}
 
 
 def describe_error(err: BaseException) -> str:

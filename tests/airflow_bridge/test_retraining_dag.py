@@ -3,6 +3,7 @@ watcher is the listing trigger; the task submits the retraining pipeline with th
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -35,18 +36,30 @@ def test_dag_is_scheduled_on_the_watched_dataset(tmp_path, monkeypatch) -> None:
     assert dag.params.get_param("retrain_policy").schema["enum"] == ["on-drift", "always"]
 
 
-def test_dataset_change_template_renders_the_newest_event_payload() -> None:
+def test_dataset_change_template_merges_every_triggering_event() -> None:
+    """Review (2026-11-29): Airflow queues the asset events that arrive while the DAG is at
+    max_active_runs for one later DAG run; only the newest one's payload reached the pipeline, so
+    the new version's lineage named the last change, not every change since the model it replaces."""
     import jinja2
 
-    from airflow_bridge.example_dags.trainflow_retraining import DATASET_CHANGE
+    from airflow_bridge.example_dags.trainflow_retraining import DATASET_CHANGE, dataset_change
 
     class Event:
         def __init__(self, extra):
             self.extra = extra
 
+    def payload(before: str, after: str, objects: int, added: int, removed: int) -> dict:
+        return {"uri": "s3://d/m", "previous_listing_fingerprint": before, "listing_fingerprint": after,
+                "objects": objects, "total_bytes": 10 * objects,
+                "change": {"added": added, "removed": removed, "changed": 0}}
+
     env = jinja2.Environment()
-    events = {"a": [Event({"from_trigger": True, "payload": {"objects": 1}}),
-                    Event({"from_trigger": True, "payload": {"objects": 8, "change": {"added": 7}}})]}
-    assert env.from_string(DATASET_CHANGE).render(triggering_asset_events=events) == \
-        '{"change": {"added": 7}, "objects": 8}'
+    env.filters["dataset_change"] = dataset_change
+    one = {"a": [Event({"from_trigger": True, "payload": payload("f0", "f1", 8, 7, 0)})]}
+    assert json.loads(env.from_string(DATASET_CHANGE).render(triggering_asset_events=one)) == payload("f0", "f1", 8, 7, 0)
+    two = {"a": [Event({"from_trigger": True, "payload": payload("f0", "f1", 8, 7, 0)}),
+                 Event({"from_trigger": True, "payload": payload("f1", "f2", 6, 0, 2)})]}
+    assert json.loads(env.from_string(DATASET_CHANGE).render(triggering_asset_events=two)) == {
+        "uri": "s3://d/m", "previous_listing_fingerprint": "f0", "listing_fingerprint": "f2", "objects": 6,
+        "total_bytes": 60, "change": {"added": 7, "removed": 2, "changed": 0}, "events": 2}
     assert env.from_string(DATASET_CHANGE).render(triggering_asset_events={}) == ""
