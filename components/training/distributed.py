@@ -165,7 +165,7 @@ def process_group_backend() -> str:
 #: :func:`barrier`), seconds. The other ranks wait in them while rank 0 alone talks to the
 #: checkpoint store — downloading and verifying the checkpoint to resume from, the final save
 #: with its retries, the model export — which takes as long as the store and the checkpoint's size
-#: make it. A dead peer is not found by this timeout but by torchrun (its agent stops the group
+#: make it; and, before the model is wrapped in DDP, while any rank still reads its dataset. A dead peer is not found by this timeout but by torchrun (its agent stops the group
 #: when a worker exits; the rendezvous' keep-alive when a node is lost).
 CONTROL_TIMEOUT_S = 3600.0
 

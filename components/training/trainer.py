@@ -272,6 +272,10 @@ class Trainer:
         self.model = self.task.build_model().to(self.device)
         self.model_signature = model_signature(self.model)
         self.dist_active = dist_utils.active()
+        # Every rank has its data and model before DDP's first collectives (on the default group, whose
+        # timeout is short): a rank that downloads a big dataset (a new pod after a scale-up) would
+        # otherwise time the others out, and restart the worker group, which starts its download over.
+        dist_utils.barrier()
         self.net: nn.Module = (
             DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
             if self.dist_active
