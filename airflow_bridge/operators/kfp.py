@@ -356,6 +356,9 @@ class KfpRunPipelineOperator(BaseOperator):
             if self.deferrable:
                 self._mark_deferred(store, run_id, try_id(context["ti"]))
                 trigger_deadline_s, timeout = self._deferral_bounds(deadline_s, now_s=time.time())
+                if self._killed is not None:  # SIGTERM since the submission: no deferral to a stopped run
+                    raise KfpTaskKilledError(f"KFP run {run_id}: the task was killed; {self._killed} ({url})",
+                                             run_id=run_id, state=run.get("state"), url=url)
                 self.defer(
                     trigger=KfpRunTrigger(
                         run_id=run_id,

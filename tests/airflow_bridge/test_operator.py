@@ -938,3 +938,21 @@ def test_an_uploaded_pipeline_gets_typed_parameters_and_a_job_key(kfp_server, co
     bad.__dict__["hook"] = hook
     with pytest.raises(AirflowFailException, match="epochs"):  # bad input: at once, no run, no retry
         bad.execute(context_for("uploaded-bad"))
+
+
+@slow
+def test_a_deferrable_task_killed_before_it_defers_is_retried(kfp_server, compiled_pipelines) -> None:
+    """Review (2026-11-29): a SIGTERM between the submission and ``defer()`` terminated the run, and
+    the task deferred anyway: its trigger read the run CANCELED and failed the task for good."""
+    ctx = context_for("defer-kill")
+    op = operator(kfp_server, compiled_pipelines["slow"], parameters={"seconds": 300}, deferrable=True)
+    mark = op._mark_deferred
+
+    def killed_while_marking(*args: Any, **kwargs: Any) -> None:
+        mark(*args, **kwargs)
+        op.on_kill()  # Airflow's SIGTERM handler, in the middle of execute
+
+    op._mark_deferred = killed_while_marking  # type: ignore[method-assign]
+    with pytest.raises(KfpTaskKilledError, match="the task was killed; terminated it") as raised:
+        op.execute(ctx)
+    assert op.hook.get_run(raised.value.run_id)["state"] in ("CANCELING", "CANCELED")
