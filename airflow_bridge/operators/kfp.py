@@ -357,8 +357,7 @@ class KfpRunPipelineOperator(BaseOperator):
                 self._mark_deferred(store, run_id, try_id(context["ti"]))
                 trigger_deadline_s, timeout = self._deferral_bounds(deadline_s, now_s=time.time())
                 if self._killed is not None:  # SIGTERM since the submission: no deferral to a stopped run
-                    raise KfpTaskKilledError(f"KFP run {run_id}: the task was killed; {self._killed} ({url})",
-                                             run_id=run_id, state=run.get("state"), url=url)
+                    raise self._killed_error(run_id, run, url)
                 self.defer(
                     trigger=KfpRunTrigger(
                         run_id=run_id,
@@ -425,8 +424,7 @@ class KfpRunPipelineOperator(BaseOperator):
             if self._killed is not None:
                 # Airflow's SIGTERM handler only calls on_kill and returns: without this the wait
                 # would go on, see the run CANCELED and fail the task for good (no retry)
-                raise KfpTaskKilledError(f"KFP run {run_id}: the task was killed; {self._killed} ({url})",
-                                         run_id=run_id, state=run.get("state"), url=url)
+                raise self._killed_error(run_id, run, url)
             reloaded = False
             current = RunProgress.of(run)
             if current.state is RunState.CANCELING:
@@ -811,6 +809,11 @@ class KfpRunPipelineOperator(BaseOperator):
         except Exception as err:
             self.log.warning("could not terminate KFP run %s (%s): %s", run_id, reason, err)
             return f"could not terminate it ({' '.join(str(err).split())}): it may still run"
+
+    def _killed_error(self, run_id: str, run: dict[str, Any], url: str) -> KfpTaskKilledError:
+        """The retried error of a try that ``on_kill`` ran in (``_killed``: how the run's termination went)."""
+        return KfpTaskKilledError(f"KFP run {run_id}: the task was killed; {self._killed} ({url})",
+                                  run_id=run_id, state=run.get("state"), url=url)
 
     def on_kill(self) -> None:
         """Terminate the run when the task is killed in sync mode (by the persisted run id); the

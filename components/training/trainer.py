@@ -52,7 +52,12 @@ from torch.nn.parallel import DistributedDataParallel
 from components.training import data as datamod
 from components.training import distributed as dist_utils
 from components.training import goodput, rng
-from components.training.checkpoint.manager import CheckpointManager, LoadedCheckpoint, WriterFencedError
+from components.training.checkpoint.manager import (
+    CheckpointManager,
+    LoadedCheckpoint,
+    WriterFencedError,
+    describe_error,
+)
 from components.training.distributed import DistEnv
 from components.training.faults import FaultInjector
 from components.training.metrics import (
@@ -93,12 +98,6 @@ def sample_log(where: str) -> JsonlSink:
 #: Errors of the device (subclasses of RuntimeError) that say nothing about a checkpoint's fit.
 _DEVICE_ERRORS: tuple[type[BaseException], ...] = tuple(
     e for e in (getattr(torch, "OutOfMemoryError", None), getattr(torch, "AcceleratorError", None)) if e is not None)
-
-
-def _one_line(e: BaseException) -> str:
-    """``e``'s message on one line (its first line, at most 300 characters), else its type's name."""
-    text = str(e).strip().splitlines()
-    return text[0][:300] if text else type(e).__name__
 
 
 class Preempted(Exception):
@@ -781,7 +780,7 @@ class Trainer:
                 raise ConfigError(
                     f"the checkpoint at step {self.state.step} under {self.storage.uri} does not fit this run: its "
                     f"task state cannot be loaded by {type(self.task).__name__}.load_state_dict "
-                    f"({type(e).__name__}: {_one_line(e)}); resume it with the task that wrote it, or start afresh "
+                    f"({describe_error(e)}); resume it with the task that wrote it, or start afresh "
                     "under another --job-key") from e
         self.schedule.mark(self.state.step)
         self.resumed_from = self.state.step
@@ -904,7 +903,7 @@ class Trainer:
             fenced = str(self.ckpt.fenced) if self.ckpt.fenced else None
             if final_failure is not None:
                 lost = (f"the final checkpoint at step {step} was not saved under {self.storage.uri}: "
-                        f"{_one_line(final_failure)}")
+                        f"{describe_error(final_failure)}")
         # every rank learns the outcome: none waits in a collective that rank 0 left by raising
         fenced, lost, fence_unread = dist_utils.broadcast_object((fenced, lost, unreadable is not None))
         if fenced:

@@ -393,10 +393,16 @@ def test_the_lease_is_checked_before_every_request_of_an_action_not_only_its_fir
         assert (result.status, result.message) == ("not_leader", message)
 
 
-def test_a_409_after_the_bounds_changed_drops_the_patch() -> None:
+@pytest.mark.parametrize(("changed", "message"), [
+    ({"max_replicas": 2}, "spec.elasticPolicy.maxReplicas changed since it was observed (4 -> 2)"),
+    ({"gpus": 2}, "spec.pytorchReplicaSpecs.Worker.template.spec.containers.1.resources.limits.nvidia.com/gpu "
+                  "changed since it was observed ('1' -> '2')"),
+], ids=["maxReplicas", "worker-gpus"])
+def test_a_409_after_the_bounds_or_the_workers_gpus_changed_drops_the_patch(changed: dict, message: str) -> None:
     """Review (2026-11-30): the guard compared uid, replicas and suspend only, so a scale-up planned
     within maxReplicas 4 was re-sent after a 409 although the user had lowered maxReplicas to 2
-    meanwhile: the job ran outside its bounds (workers past the maximum cannot join the rendezvous)."""
+    meanwhile (workers past the maximum cannot join the rendezvous), and one planned for workers of
+    1 GPU although the user had made them 2 GPUs each (twice the GPUs the policy had placed)."""
 
     from gpu_scheduler.actuate.apply import Actuator
 
@@ -407,10 +413,8 @@ def test_a_409_after_the_bounds_changed_drops_the_patch() -> None:
             self.sent += 1
             raise _conflict()
 
-        def get(self, resource: Any, name: str, **kw: Any) -> dict:
-            return {"metadata": {"uid": "uid-a", "resourceVersion": "9"},
-                    "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2}}, "runPolicy": {},
-                             "elasticPolicy": {"minReplicas": 1, "maxReplicas": 2}}}
+        def get(self, resource: Any, name: str, **kw: Any) -> dict:  # the job as the user left it
+            return pytorchjob("ns", "a", uid="uid-a", rv="9", **changed)
 
     views = {"ns/a": jview(bound={"n0": 2}, replicas=2, uid="uid-a")}
     decision, snap = decide(views, {"ns/a": {"n0": 4}})
@@ -421,39 +425,7 @@ def test_a_409_after_the_bounds_changed_drops_the_patch() -> None:
     finally:
         actuator.close()
     assert client.sent == 1
-    assert (result.status, result.message) == (
-        "conflict", "spec.elasticPolicy.maxReplicas changed since it was observed (4 -> 2)")
-
-
-def test_a_409_after_the_workers_gpus_changed_drops_the_patch() -> None:
-    """Review (2026-11-30): the guard did not compare the Worker's GPU limit, so a scale-up planned
-    for workers of 1 GPU was re-sent after a 409 although the user had meanwhile made them 2 GPUs
-    each: twice the GPUs the policy had placed."""
-
-    from gpu_scheduler.actuate.apply import Actuator
-
-    class Client:
-        sent = 0
-
-        def patch(self, *a: Any, **kw: Any) -> dict:
-            self.sent += 1
-            raise _conflict()
-
-        def get(self, resource: Any, name: str, **kw: Any) -> dict:
-            return pytorchjob("ns", "a", uid="uid-a", rv="9", gpus=2)
-
-    views = {"ns/a": jview(bound={"n0": 2}, replicas=2, uid="uid-a")}
-    decision, snap = decide(views, {"ns/a": {"n0": 4}})
-    client = Client()
-    actuator = Actuator(client, record_events=False)  # type: ignore[arg-type]
-    try:
-        (result,) = actuator.apply(plan_decision(decision, snap, views, T0, SETTINGS))
-    finally:
-        actuator.close()
-    assert client.sent == 1
-    assert (result.status, result.message) == (
-        "conflict", "spec.pytorchReplicaSpecs.Worker.template.spec.containers.1.resources.limits.nvidia.com/gpu "
-                    "changed since it was observed ('1' -> '2')")
+    assert (result.status, result.message) == ("conflict", message)
 
 
 def test_a_gpus_per_worker_request_no_node_can_hold_is_refused() -> None:

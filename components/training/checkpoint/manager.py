@@ -473,7 +473,7 @@ class CheckpointManager:
             except CheckpointStorageError:
                 raise
             except Exception as e:  # EIO/ESTALE mid-read, a transport error a backend let through: not corruption
-                raise CheckpointStorageError(f"reading {key} failed: {_describe(e)}") from e
+                raise CheckpointStorageError(f"reading {key} failed: {describe_error(e)}") from e
         if load_state and not isinstance(state, dict):
             raise CheckpointCorruptError(f"{prefix}: its state file holds no state dict")
         self._good.add(step)
@@ -487,7 +487,7 @@ class CheckpointManager:
         except CheckpointStorageError:
             raise
         except Exception as e:
-            raise CheckpointStorageError(f"reading {key} failed: {_describe(e)}") from e
+            raise CheckpointStorageError(f"reading {key} failed: {describe_error(e)}") from e
 
     def latest_manifest(self) -> dict[str, Any] | None:
         """The manifest of the newest committed step that has a valid one (files not verified), or None."""
@@ -904,7 +904,7 @@ class CheckpointManager:
         except CheckpointStorageError as e:
             log.warning("checkpoint retention skipped: %s", e)
         except Exception as e:  # a bug or an unexpected store: never lost in the background future
-            log.error("checkpoint retention failed: %s", _describe(e))
+            log.error("checkpoint retention failed: %s", describe_error(e))
             log.debug("checkpoint retention failure", exc_info=True)
 
 
@@ -916,13 +916,13 @@ def _torch_load(f: BinaryIO, *, key: str, map_location: str | torch.device) -> A
         return torch.load(f, map_location=map_location, weights_only=True)
     except Exception as e:
         if _cannot_read_now(e):
-            raise CheckpointStorageError(f"{key}: cannot be loaded now: {_describe(e)}") from e
+            raise CheckpointStorageError(f"{key}: cannot be loaded now: {describe_error(e)}") from e
         if "Unsupported global:" in str(e):  # bytes that passed their checksum name a type the allow-list refuses
             raise CheckpointRefusedError(
                 f"{key} cannot be loaded by this run ({_weights_only_reason(e)}): allow the type with "
                 "torch.serialization.add_safe_globals in the task's module (or use the torch version "
                 "that wrote it), or start afresh under another --job-key") from e
-        raise CheckpointCorruptError(f"{key}: cannot be loaded: {_describe(e)}") from e
+        raise CheckpointCorruptError(f"{key}: cannot be loaded: {describe_error(e)}") from e
 
 
 def _skeleton(tree: Any, types: set[type]) -> Any:
@@ -952,10 +952,10 @@ def _weights_only_reason(e: BaseException) -> str:
     for line in str(e).splitlines():
         if "WeightsUnpickler error:" in line:
             return line.split("WeightsUnpickler error:", 1)[1].strip().split(" was not an allowed", 1)[0][:200]
-    return _describe(e)
+    return describe_error(e)
 
 
-def _describe(e: BaseException) -> str:
+def describe_error(e: BaseException) -> str:
     """One line naming ``e`` (its first line, at most 300 characters)."""
     lines = str(e).strip().splitlines()
     return f"{type(e).__name__}: {lines[0]}"[:300] if lines else type(e).__name__
