@@ -56,7 +56,8 @@ class AgentSpec:
     min_nodes: int = 1
     max_nodes: int = 1
     max_restarts: int = 3
-    """Worker-group restarts after failures (membership changes do not count)."""
+    """Worker-group restarts after failures (a node joining does not count; plain torchrun, the local
+    backend, counts one leaving; :mod:`components.training.torchrun`, PyTorchJob pods, does not)."""
     monitor_interval_s: float = 0.2
     last_call_timeout_s: float = 1.0
     join_timeout_s: float = 120.0

@@ -18,7 +18,12 @@ Every other outcome keeps torchrun's own exit code.
 
 torchrun would also restart the worker group ``--max-restarts`` times after a permanent failure (a
 task the image lacks, a missing dataset): each restart imports torch and fails the same way, 10-20 s
-apiece in a pod. The agent here gives up at the first one instead (:func:`stop_restarts_on_permanent_failure`).
+apiece in a pod. The agent here gives up at the first one instead. And torchrun counts against
+``--max-restarts`` the restart that follows another pod's graceful departure (a scale-down or a pod
+deletion: the departing pod's ranks tell every rank at the next step, and all of them save and exit
+143), although a departure is a membership change, which torchrun does not count when a node joins:
+after ``--max-restarts`` scale-downs the next one would fail the whole job. The agent here does not
+count those restarts (:func:`install_restart_policy`).
 """
 
 from __future__ import annotations
@@ -35,19 +40,29 @@ from components.training.launch import EXIT_PERMANENT, PERMANENT_PREFIX, permane
 TERMINATION_LOG = Path("/dev/termination-log")
 
 
-def stop_restarts_on_permanent_failure() -> None:
-    """Make torchrun's agent (``LocalElasticAgent``) restart no worker group whose failure is a
-    permanent trainflow failure (:func:`~components.training.launch.permanent_reason` of a failed
-    worker's error file): its remaining restarts become 0, so it stops the group and returns the
-    failure, as after its last restart. Idempotent.
+def install_restart_policy() -> None:
+    """Make torchrun's agent (``LocalElasticAgent``) restart its worker group by trainflow's rules.
+    Idempotent.
+
+    * A failure where any worker's error file holds a permanent trainflow failure
+      (:func:`~components.training.launch.permanent_reason`) is not restarted: the remaining restarts
+      become 0, so the agent stops the group and returns the failure, as after its last restart.
+    * A failure where every failed worker exited ``EXIT_PREEMPTED`` (143: the trainer saved and stopped
+      because a rank of the group was sent SIGTERM; the agent itself was not, or torchrun would have
+      raised its ``SignalException`` instead of monitoring) is restarted without using one of
+      ``--max-restarts``: another pod left gracefully, a membership change. Such a restart is never
+      refused, as torchrun never refuses one for a joining node.
 
     This wraps ``LocalElasticAgent._monitor_workers`` (torch/distributed/elastic/agent/server/
-    local_elastic_agent.py), whose ``RunResult.failures`` carry each failed worker's error file;
-    torchelastic has no public restart policy by exit code (SimpleElasticAgent._invoke_run restarts
-    on every FAILED state while ``_remaining_restarts > 0``).
+    local_elastic_agent.py), whose ``RunResult.failures`` carry each failed worker's exit code and
+    error file; torchelastic has no public restart policy by exit code (SimpleElasticAgent._invoke_run
+    restarts on every FAILED state while ``_remaining_restarts > 0``, decrementing it, and restarts
+    for waiting nodes without decrementing).
     """
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    from components.training.trainer import EXIT_PREEMPTED
 
     original = LocalElasticAgent._monitor_workers
     if getattr(original, "_trainflow_wrapped", False):
@@ -55,10 +70,15 @@ def stop_restarts_on_permanent_failure() -> None:
 
     def monitor(self: LocalElasticAgent, worker_group: object) -> object:
         result = original(self, worker_group)
-        if result.state == WorkerState.FAILED and any(
-            permanent_reason(f.error_file_data) for f in result.failures.values()
-        ):
+        if result.state != WorkerState.FAILED:
+            return result
+        failures = result.failures.values()
+        if any(permanent_reason(f.error_file_data) for f in failures):
             self._remaining_restarts = 0
+        elif failures and all(f.exitcode == EXIT_PREEMPTED for f in failures):
+            print("torchrun: a rank of the group was stopped by SIGTERM and every rank here saved and "
+                  "exited; restarting the group without counting it against --max-restarts", file=sys.stderr)
+            self._remaining_restarts += 1  # _invoke_run takes it back as it restarts
         return result
 
     monitor._trainflow_wrapped = True  # type: ignore[attr-defined]
@@ -81,7 +101,7 @@ def main(argv: list[str] | None = None, *, termination_log: Path = TERMINATION_L
         os.unlink(path)
         os.environ["TORCHELASTIC_ERROR_FILE"] = path
     error_file = Path(os.environ["TORCHELASTIC_ERROR_FILE"])
-    stop_restarts_on_permanent_failure()
+    install_restart_policy()
     try:
         torchrun_main(argv)
         return 0

@@ -197,6 +197,30 @@ def test_the_pod_command_keeps_exit_codes_the_operator_can_act_on(tmp_path) -> N
     assert "\n" not in text.strip()
 
 
+@pytest.mark.parametrize(("first_exit", "expected"), [(143, {"plain": 1, "wrapped": 0}),
+                                                      (1, {"plain": 1, "wrapped": 1})])
+def test_a_restart_after_another_pods_graceful_departure_is_free(tmp_path, first_exit, expected) -> None:
+    """Review 2026-11-30: when another pod of the job leaves gracefully (scale-down, pod deletion), every
+    rank here saves and exits 143 (EXIT_PREEMPTED) without this agent being signalled. torchrun counts
+    the restart that follows against --max-restarts, so with the default 3 the fourth scale-down failed
+    the job; the wrapper does not count it, as torchrun does not count a node joining. Any other failure
+    still counts: with --max-restarts 0 it ends the agent."""
+    worker = tmp_path / "worker.py"
+    worker.write_text("import sys\nfrom pathlib import Path\n"
+                      "runs = Path(sys.argv[1]); n = len(runs.read_text()) if runs.exists() else 0\n"
+                      "runs.write_text('x' * (n + 1))\n"
+                      f"sys.exit({first_exit} if n == 0 else 0)\n")
+    codes = {}
+    for name, module in (("plain", "torch.distributed.run"), ("wrapped", "components.training.torchrun")):
+        runs = tmp_path / f"runs-{name}"
+        proc = subprocess.run([sys.executable, "-m", module, "--standalone", "--nproc-per-node", "1",
+                               "--max-restarts", "0", "--monitor-interval", "0.2", str(worker), str(runs)],
+                              capture_output=True, text=True, timeout=240, cwd=REPO)
+        codes[name] = proc.returncode
+        assert len(runs.read_text()) == (2 if codes[name] == 0 else 1), proc.stderr[-2000:]
+    assert codes == expected
+
+
 def test_ranks_sharing_stderr_write_their_permanent_failure_lines_whole(tmp_path) -> None:
     """Two ranks failing at once share the pod's stderr: each ``trainflow: ...`` line arrives whole."""
     start_at = time.time() + 3  # both ranks write at once, as after one rendezvous
