@@ -87,6 +87,11 @@ OUTAGE_BACKOFF_MAX_S = 30.0
 DELETE_GRACE_MARGIN_S = 60
 #: Kubernetes' ``terminationGracePeriodSeconds`` when a pod sets none.
 DEFAULT_POD_GRACE_S = 30
+#: Seconds, in all, the end of :meth:`PyTorchJobRunner.wait` gives the worker log followers to drain
+#: their last lines. One budget for every follower: a follower of a container still running never
+#: ends by itself, and after SIGTERM the job's deletion must come well within the launcher pod's own
+#: grace period (30 s by default), whatever the number of workers.
+LOG_DRAIN_S = 2.0
 
 
 class LauncherError(RuntimeError):
@@ -588,8 +593,9 @@ class PyTorchJobRunner:
             if self._oom_kills is not None:
                 self._oom_kills.close()
             if logs is not None:
-                for t in logs.threads:  # let finished streams drain their last lines
-                    t.join(timeout=2.0)
+                drained_by = time.monotonic() + LOG_DRAIN_S  # let finished streams drain their last lines
+                for t in logs.threads:
+                    t.join(timeout=max(0.0, drained_by - time.monotonic()))
                 logs.close()
 
     def _read_failed(self, ref: JobRef, err: Exception) -> None:
@@ -836,7 +842,12 @@ class PyTorchJobRunner:
         if self.settings.cleanup == "always" or (
             self.settings.cleanup == "on-success" and outcome.state == "Succeeded"
         ):
-            outcome = replace(outcome, deleted=self.delete(ref))
+            try:
+                outcome = replace(outcome, deleted=self.delete(ref))
+            except LauncherError as err:  # the job's outcome stands: a clean-up that failed does not change it
+                log.warning("%s; the PyTorchJob is left in place (kubectl delete pytorchjobs -n %s %s; a "
+                            "launcher pod in its namespace owns it, and its deletion frees it too)",
+                            err, ref.namespace, ref.name)
         if output_path is not None:
             _write(output_path, outcome.to_json())
         if outcome.state == "Failed":

@@ -359,3 +359,70 @@ class _Response:
 
     def json(self) -> dict:
         return self._status
+
+
+# -- the end of a launch: clean-up and the log followers (review 2026-11-30) -------------------------
+
+
+def test_a_clean_up_that_fails_leaves_a_succeeded_jobs_outcome_standing(tmp_path, caplog) -> None:
+    """A 503 (or 403: RBAC without ``delete``) on the clean-up of a Succeeded job used to fail the step
+    (exit 3) and leave its outcome file saying Running."""
+    from components.launcher.pytorchjob import render_pytorchjob
+    from components.launcher.runner import PyTorchJobRunner, RunnerSettings
+
+    class _NoDelete(_FakeJobsApi):
+        def delete(self, resource: Any, name: str, **_: Any) -> None:
+            raise _api_error(503)
+
+    api = _NoDelete()
+    uid = api.add(render_pytorchjob(_job_spec()), conditions=[{"type": "Succeeded", "status": "True",
+                                                               "reason": "PyTorchJobSucceeded", "message": "ok"}])
+    runner = PyTorchJobRunner(api, RunnerSettings(cleanup="on-success", max_oom_kills=None))
+    out = tmp_path / "outcome.json"
+    with caplog.at_level("WARNING", logger="components.launcher.runner"):
+        outcome = runner.run(_job_spec(), output_path=out)
+    assert (outcome.state, outcome.ref.uid, outcome.deleted) == ("Succeeded", uid, False)
+    assert json.loads(out.read_text())["state"] == "Succeeded"
+    assert "deleting PyTorchJob team-a/" in caplog.text and "is left in place" in caplog.text
+
+
+def test_the_log_followers_get_one_drain_budget_however_many_workers_run(monkeypatch) -> None:
+    """After SIGTERM the job must be deleted within the launcher pod's grace period; each follower of a
+    running container (whose stream never ends) used to get its own 2 s, so 15 workers took 30 s."""
+    import threading
+    import time
+
+    from components.launcher import runner as runner_mod
+    from components.launcher.pytorchjob import render_pytorchjob
+    from components.launcher.runner import JobRef, LaunchTerminated, PyTorchJobRunner, RunnerSettings
+
+    released, following = threading.Event(), []
+
+    class _RunningWorkers(_FakeJobsApi):
+        def list(self, resource: Any, **_: Any) -> list:
+            return [resource.from_dict({
+                "metadata": {"name": f"w{i}", "namespace": "team-a", "uid": f"uid-w{i}"},
+                "status": {"phase": "Running", "containerStatuses": [{
+                    "name": "pytorch", "image": "img", "imageID": "", "restartCount": 0, "ready": True,
+                    "state": {"running": {"startedAt": "2026-11-30T00:00:00Z"}}}]}}) for i in range(8)]
+
+        def log(self, *_: Any, **__: Any) -> Any:
+            following.append(1)
+            released.wait(30)  # a running container's stream: no line, no end
+            return iter(())
+
+    api = _RunningWorkers()
+    uid = api.add(render_pytorchjob(_job_spec()))
+    name = next(iter(api.jobs))
+    monkeypatch.setattr(runner_mod, "LOG_DRAIN_S", 0.3)
+    runner = PyTorchJobRunner(api, RunnerSettings(stream_logs=True, max_oom_kills=None))
+    runner.stop_requested.set()  # SIGTERM arrived: the first pause ends the wait
+    started = time.monotonic()
+    try:
+        with pytest.raises(LaunchTerminated):
+            runner.wait(JobRef("team-a", name, uid), created=True)
+        took = time.monotonic() - started
+    finally:
+        released.set()
+    assert len(following) == 8
+    assert took < 1.5, f"the wait's end took {took:.1f} s (8 followers x 0.3 s = 2.4 s would be one budget each)"
