@@ -269,10 +269,12 @@ def candidate_batches(world_size: int, *, base_batch: int, max_global_batch: int
     """Global batches in ``[B0, max_global_batch]`` divisible by ``world_size`` whose local batch is
     at most ``max_local_batch``, ascending. When even ``B0`` does not fit in ``max_local_batch`` per
     rank (too few ranks), the one batch that does: ``max_local_batch x world_size`` (below ``B0``;
-    memory wins over the base batch)."""
+    memory wins over the base batch). Empty when no multiple of ``world_size`` lies in the range
+    although ``B0`` fits (``max_global_batch`` = ``B0``, not a multiple): the callers then run ``B0``
+    itself, in local batches that differ by one sample, as a fixed-batch job does."""
     first = -(-base_batch // world_size) * world_size
     hi = max_global_batch if max_local_batch is None else min(max_global_batch, max_local_batch * world_size)
-    if first > hi and max_local_batch is not None:
+    if first > hi and max_local_batch is not None and max_local_batch * world_size < base_batch:
         return [max_local_batch * world_size]
     return list(range(first, hi + 1, world_size))
 
@@ -297,8 +299,8 @@ def best_batch(world_size: int, model: StepTimeModel, phi: float | None, *, base
     """The candidate of largest goodput under ``model`` (ties: the smaller batch) and that goodput.
 
     The model is not extrapolated past ``EXPLORE_FACTOR x`` its largest observed local batch (the
-    smallest batch that fits memory is always allowed). With no candidate at all (no memory bound and
-    ``B0`` above ``max_global_batch``: impossible after config validation), ``B0``.
+    smallest batch that fits memory is always allowed). With no candidate at all (no multiple of
+    ``world_size`` in ``[B0, max_global_batch]``, see :func:`candidate_batches`), ``B0``.
     """
     cap = EXPLORE_FACTOR * model.max_observed_local_batch
     fitting = candidate_batches(world_size, base_batch=base_batch, max_global_batch=max_global_batch,

@@ -81,6 +81,12 @@ def test_candidates_and_best_batch() -> None:
     assert gp.candidate_batches(2, base_batch=32, max_global_batch=256, max_local_batch=20) == list(range(32, 41, 2))
     # B0 does not fit 4 ranks x 4 samples: memory wins, the one batch that fits (below B0).
     assert gp.candidate_batches(4, base_batch=32, max_global_batch=256, max_local_batch=4) == [16]
+    # Review 2026-11-30: max_global_batch = B0 = 100 on 3 ranks has no multiple of 3 in range; memory
+    # is not the bound (34 x 3 >= 100), so B0 itself runs (local 34/33/33), never 64 x 3 = 192 > 100.
+    assert gp.candidate_batches(3, base_batch=100, max_global_batch=100, max_local_batch=64) == []
+    assert gp.choose_batch(gp.ThroughputObservations(), 3, None, base_batch=100, max_global_batch=100,
+                           max_local_batch=64) == 100
+    assert gp.candidate_batches(3, base_batch=100, max_global_batch=100, max_local_batch=33) == [99]
     overhead = gp.StepTimeModel(alpha_s=1.0, beta_s_per_sample=0.001, max_observed_local_batch=128)
     kw = {"base_batch": 32, "max_global_batch": 256, "max_local_batch": None}
     assert gp.best_batch(2, overhead, 1e4, **kw)[0] == 256  # noisy gradients + fixed overhead: largest
