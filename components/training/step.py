@@ -327,19 +327,45 @@ def worker_dataset(spec: TrainJobSpec, job_root: str) -> str:
 
 
 def _run_local(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path) -> None:
+    import torch
+
     from components.training.launch import AgentSpec, RendezvousStore, rdzv_id_for, run_agent
 
+    nproc = local_ranks(spec.nproc_per_node, torch.cuda.device_count())
     log_path = work_dir / "torchrun.log"
     with RendezvousStore() as store:  # outlives any agent, so agents may join and leave
         spec = AgentSpec(
             rdzv_id=rdzv_id_for(cfg.checkpoint.job_key), rdzv_endpoint=store.endpoint, rdzv_is_host=False,
-            nproc_per_node=spec.nproc_per_node, min_nodes=spec.min_workers, max_nodes=spec.max_workers,
+            nproc_per_node=nproc, min_nodes=spec.min_workers, max_nodes=spec.max_workers,
             max_restarts=spec.max_restarts, env=spec.extra_env,
         )
         rc = run_agent(spec, ["--config", str(work_dir / "train-config.json")], log_path=log_path,
                        on_line=lambda line: print(line, flush=True))
     if rc != 0:
         raise TrainStepError(f"training failed (torchrun exit code {rc}): {_last_error(log_path)}")
+
+
+def local_ranks(nproc_per_node: int, gpus: int) -> int:
+    """Training processes of the local backend on a machine where torch sees ``gpus`` GPUs: as
+    :func:`ranks_per_worker`, the default ``nproc_per_node`` follows the GPUs (one rank per GPU;
+    the default 2 on a one-GPU laptop put both ranks on ``cuda:0``, which NCCL refuses), and more
+    ranks than GPUs are refused; fewer are allowed (a shared workstation's GPUs need not all train).
+
+    Raises:
+        TrainStepError: ``nproc_per_node`` was set above ``gpus`` (> 0).
+    """
+    default = ROWS["nproc_per_node"].default
+    if gpus <= 0 or nproc_per_node == gpus:
+        return nproc_per_node
+    if nproc_per_node == default:
+        log.info("nproc_per_node follows this machine's GPUs: %d rank%s, one per GPU", gpus, "s" * (gpus > 1))
+        return gpus
+    if nproc_per_node < gpus:
+        return nproc_per_node
+    raise TrainStepError(f"nproc_per_node {nproc_per_node} exceeds the {gpus} GPU{'s' if gpus > 1 else ''} torch "
+                         f"sees on this machine: each rank drives one GPU and NCCL refuses two ranks on one; set "
+                         f"nproc_per_node to at most {gpus}, or leave it at its default ({default}), which "
+                         "follows the GPUs")
 
 
 def rendezvous_host(me: PodIdentity | None, environ: Mapping[str, str] | None = None) -> str | None:

@@ -51,3 +51,33 @@ def test_an_explicit_nproc_per_node_other_than_the_gpus_is_one_line(gpus: int, n
     assert str(refused.value) == (
         f"nproc_per_node {nproc} does not match gpus_per_worker {gpus}: each rank drives one GPU, so {why}; "
         f"set nproc_per_node to {gpus}, or leave it at its default (2), which follows gpus_per_worker")
+
+
+def test_the_local_backend_follows_the_gpus_torch_sees_too() -> None:
+    """Review 2026-11-30: the local backend passed nproc_per_node as given, so the default 2 put both
+    ranks on cuda:0 of a one-GPU laptop (NCCL refuses; the step failed after its retries)."""
+    from components.training.step import local_ranks
+
+    assert local_ranks(2, 0) == 2 and local_ranks(3, 0) == 3  # CPU: as asked
+    assert local_ranks(2, 1) == 1 and local_ranks(2, 4) == 4  # the default follows the GPUs
+    assert local_ranks(1, 4) == 1 and local_ranks(4, 4) == 4  # fewer ranks than GPUs: allowed locally
+    with pytest.raises(TrainStepError) as refused:
+        local_ranks(3, 1)
+    assert str(refused.value) == (
+        "nproc_per_node 3 exceeds the 1 GPU torch sees on this machine: each rank drives one GPU and NCCL "
+        "refuses two ranks on one; set nproc_per_node to at most 1, or leave it at its default (2), which "
+        "follows the GPUs")
+
+
+def test_the_local_backend_starts_its_agent_with_one_rank_per_gpu(monkeypatch, tmp_path) -> None:
+    import torch
+
+    from components.training import launch, step
+
+    seen = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(launch, "run_agent", lambda agent, *_, **__: seen.append(agent.nproc_per_node) or 0)
+    spec = TrainJobSpec.build(backend="local", checkpoint_uri=str(tmp_path / "ckpt"))
+    cfg = spec.train_config(dataset=str(tmp_path / "ds"), job_key="k", checkpoint_uri=str(tmp_path / "ckpt"))
+    step._run_local(spec, cfg, tmp_path)
+    assert seen == [1]
