@@ -386,7 +386,7 @@ def run(opts: RunOptions, *, console: Console | None = None) -> RunReport:
     except Exception as e:  # a failed task: kfp.local raises RuntimeError; the cause is in the log
         report.status = "failed"
         report.failed_task = display.failed_task
-        report.error = pipeline_log.last_error() or str(e).splitlines()[0]
+        report.error = pipeline_log.last_error() or (str(e).splitlines() or [type(e).__name__])[0]
     finally:
         pipeline_log.close()
         os.environ.pop("TRAINFLOW_LOG_DIR", None)

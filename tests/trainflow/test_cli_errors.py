@@ -47,6 +47,8 @@ def _run(args: list[str], tmp_path: Path, env: dict | None = None) -> subprocess
             "invalid hyper-parameter: max_global_batch_size must be >= global_batch_size (64) or 0, got 32",
         ),
         (["run", "--checkpoint-uri", "gs://bucket/x"], "no checkpoint storage accepts 'gs://bucket/x'"),
+        # a ValueError's traceback before (review 2026-11-30)
+        (["run", "--checkpoint-uri", "s3://"], "S3 URI 's3://' has no bucket (expected s3://BUCKET/PREFIX)"),
         (["run", "--backend", "slurm"], "invalid hyper-parameter: backend must be one of local, pytorchjob, got 'slurm'"),
         (["run", "--backend", "pytorchjob", "--image", "x:1"],
          "--backend pytorchjob needs --checkpoint-uri s3://BUCKET/PREFIX"),
@@ -127,6 +129,9 @@ def test_models_errors_are_one_line(tmp_path) -> None:
         ["models", "rollback", "mnist-classifier", "3", "--registry", str(tmp_path / "reg")], tmp_path
     )
     assert proc.returncode == 2 and "has no version 3" in proc.stderr and "Traceback" not in proc.stderr
+    proc = _run(["models", "list", "m", "--registry", "s3:///reg"], tmp_path)  # a traceback before
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == "trainflow: S3 URI 's3:///reg' has no bucket (expected s3://BUCKET/PREFIX)"
 
 
 def test_training_runtime_rejects_bad_config_before_starting(tmp_path) -> None:

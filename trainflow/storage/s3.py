@@ -152,7 +152,10 @@ class S3Storage:
         from botocore.config import Config
 
         self.uri = uri
-        self.bucket, self.prefix = parse_s3_uri(uri)
+        try:
+            self.bucket, self.prefix = parse_s3_uri(uri)
+        except ValueError as e:  # storage_for's callers catch its one-line storage error
+            raise CheckpointStorageError(str(e)) from None
         self.settings = settings or S3Settings.from_env()
         s = self.settings
         session = botocore.session.get_session()
