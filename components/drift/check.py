@@ -324,7 +324,11 @@ def run_drift_check(source: str, *, registry_uri: str, model_name: str, threshol
     if PROFILE_FILE not in current.files:
         return DriftReport(decision="no-reference", reasons=[f"version {current.version} of {model_name!r} has no "
                            "data profile (registered before drift checks)"], reference=ref_info, **base)
-    reference = DataProfile.from_json(json.loads(registry.read_file(model_name, current.version, PROFILE_FILE)))
+    try:
+        profile = registry.read_file(model_name, current.version, PROFILE_FILE)
+    except CheckpointStorageError as e:
+        raise RegistryError(f"model registry {registry_uri}: {e}") from e
+    reference = DataProfile.from_json(json.loads(profile))
     with tempfile.TemporaryDirectory(prefix="trainflow-drift-", dir=work_dir) as tmp:
         channels, height, _ = reference.image_shape
         # split as the current version's data was (keyed by path: its training images stay in training)
@@ -348,7 +352,10 @@ def run_drift_check(source: str, *, registry_uri: str, model_name: str, threshol
         accuracy = None
         recorded = current.lineage.get("metrics", {})
         if recorded.get("test_accuracy") is not None:
-            model_dir = registry.download(model_name, current.version, Path(tmp, "model"))
+            try:
+                model_dir = registry.download(model_name, current.version, Path(tmp, "model"))
+            except CheckpointStorageError as e:
+                raise RegistryError(f"model registry {registry_uri}: {e}") from e
             accuracy = observe_accuracy(model_dir, images[np.searchsorted(rows, held_out)], labels[held_out], info.classes,
                                         float(recorded["test_accuracy"]), int(recorded.get("test_samples", 0)))
     report = compare(reference, new, accuracy=accuracy, thresholds=th)

@@ -170,6 +170,8 @@ class _S3Reader:
         self._s3 = S3Storage(uri)
 
     def list(self) -> list[tuple[str, int, str]]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
         from trainflow.storage import CheckpointStorageError
 
         try:
@@ -181,6 +183,8 @@ class _S3Reader:
                 out.extend((o["Key"][len(root) :], int(o["Size"]), o.get("ETag", "")) for o in page.get("Contents", []))
         except CheckpointStorageError as e:
             raise DatasetError(str(e)) from e
+        except (BotoCoreError, ClientError) as e:  # a page that failed after the check (503, a reset, a deny)
+            raise DatasetError(str(self._s3._error("listing", e))) from e
         return sorted(out)
 
     def read(self, rel_path: str) -> bytes:

@@ -96,3 +96,11 @@ def test_an_unreadable_image_in_the_new_data_is_one_line(tmp_path) -> None:
     (tmp_path / "new" / "b" / "bad.png").write_bytes(b"not a png")
     _one_line_exit_2(_drift([str(tmp_path / "new"), *args], tmp_path),
                      f"{tmp_path / 'new' / 'b' / 'bad.png'} is not a readable image: not a format PIL can identify")
+    # Review 2026-11-30: a registry file that cannot be read (here a folder where the profile was; on
+    # S3 a 503 or a reset) was a CheckpointStorageError traceback.
+    (tmp_path / "new" / "b" / "bad.png").unlink()
+    profile = next((tmp_path / "models").rglob(PROFILE_FILE))
+    profile.unlink()
+    profile.mkdir()
+    _one_line_exit_2(_drift([str(tmp_path / "new"), *args], tmp_path),
+                     f"model registry {tmp_path / 'models'}: reading {profile} failed: [Errno 21] Is a directory")
