@@ -242,6 +242,9 @@ def _prepare_imagefolder(root: str, out: Path, *, test_fraction: float, seed: in
     classes = sorted({p.split("/", 1)[0] for p, _, _ in files})
     labels = np.array([classes.index(p.split("/", 1)[0]) for p, _, _ in files])
     h = hashlib.sha256()
+    # the decoding settings are part of the data: the same files at another size or channel count
+    # are another dataset (publish, the pods' cache and the resume check all key on the fingerprint)
+    h.update(f"{image_size}x{image_size}x{channels}\0".encode())
     sums = np.zeros(channels)
     sq = np.zeros(channels)
     count = 0
@@ -342,7 +345,7 @@ def prepare(
             info = DatasetInfo(
                 name=prefix, kind="synthetic", classes=[str(i) for i in range(classes)], channels=3,
                 image_size=(size, size), splits={"train": total - n_test, "test": n_test}, mean=[0.0] * 3,
-                std=[1.0] * 3, fingerprint=hashlib.sha256(f"{prefix}:{total}:{seed}".encode()).hexdigest(),
+                std=[1.0] * 3, fingerprint=hashlib.sha256(f"{prefix}:{total}:{n_test}:{seed}".encode()).hexdigest(),
                 extra={"source": source, "seed": seed},
             )
             out.mkdir(parents=True, exist_ok=True)
