@@ -399,6 +399,46 @@ def test_a_terminate_racing_with_the_runs_end_never_overwrites_it(tmp_path) -> N
         server.close()
 
 
+def test_a_terminate_between_a_runs_creation_and_its_start_stops_it(tmp_path) -> None:
+    """Review 2026-11-30: create_run stores the run, then submits it. A terminate in between (the run
+    id is already listed) found no run in the executor and was lost: the run went CANCELING, then
+    RUNNING again and ran to its end. Now it stops as it is submitted, and never goes RUNNING."""
+    server = KfpServer(tmp_path, max_concurrent_runs=1, auth_token=None, terminate_grace_s=1)
+    try:
+        submit = server.executor.submit
+
+        def terminated_first(run_id, spec, params):
+            server.terminate_run(run_id)
+            submit(run_id, spec, params)
+
+        server.executor.submit = terminated_first
+        run = server.create_run({"display_name": "x", "pipeline_spec": {"pipelineInfo": {"name": "p"}, "root": {}}})
+        server.executor.wait(run["run_id"], 30)
+        stored = server.store.get("runs", run["run_id"], label="Run")
+        assert stored["state"] == "CANCELED", stored
+        assert "RUNNING" not in [h["state"] for h in stored["state_history"]], stored["state_history"]
+    finally:
+        server.close()
+
+
+def test_a_run_the_executor_cannot_start_fails_instead_of_staying_pending(tmp_path) -> None:
+    server = KfpServer(tmp_path, max_concurrent_runs=1, auth_token=None, terminate_grace_s=1)
+    try:
+        def unwritable(run_id, spec, params):
+            raise OSError(28, "No space left on device")
+
+        server.executor.submit = unwritable
+        with pytest.raises(ApiError) as failed:
+            server.create_run({"display_name": "x", "pipeline_spec": {"pipelineInfo": {"name": "p"}, "root": {}}})
+        assert failed.value.http_status == 500
+        assert str(failed.value) == "kfp-server could not start the run: [Errno 28] No space left on device"
+        (stored,) = server.store.find("runs", lambda r: True)
+        assert (stored["state"], stored["error"]["message"]) == (
+            "FAILED", "kfp-server could not start the run: [Errno 28] No space left on device")
+    finally:
+        server.close()
+
+
 def test_a_finished_run_is_never_moved_back() -> None:
     run = {"run_id": "r", "state": "RUNNING"}
     set_state(run, "FAILED", error_message="boom")

@@ -332,7 +332,14 @@ class KfpServer:
                 lambda e: e.update(last_run_created_at=now),
                 label="Experiment",
             )
-        self.executor.submit(run_id, spec, params)
+        try:
+            self.executor.submit(run_id, spec, params)
+        except Exception as err:  # an unwritable run folder, a server shutting down: the run never starts
+            message = f"kfp-server could not start the run: {err}"
+            with contextlib.suppress(Exception):
+                self.store.update("runs", run_id, lambda r: set_state(r, "FAILED", error_message=message),
+                                  label="Run")
+            raise ApiError(GrpcCode.INTERNAL, message) from err
         return created  # as created (PENDING): the executor may already have moved the stored run on
 
     def unarchive_run(self, run_id: str) -> None:

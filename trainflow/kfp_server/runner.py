@@ -107,6 +107,8 @@ class RunExecutor:
         # leader pid -> the run's process tree when its termination began (see _kill_group)
         self._trees: dict[int, list[psutil.Process]] = {}
         self._cancel: dict[str, threading.Event] = {}
+        # runs terminated after they were stored, before they were submitted (create_run's window)
+        self._terminated_early: set[str] = set()
         self._threads: dict[str, threading.Thread] = {}
         self._closed = False
 
@@ -133,15 +135,21 @@ class RunExecutor:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the server is shutting down")
+            if run_id in self._terminated_early:
+                self._terminated_early.discard(run_id)
+                cancel.set()
             self._cancel[run_id] = cancel
             self._threads[run_id] = thread
         thread.start()
 
     def terminate(self, run_id: str) -> None:
-        """Ask a run to stop; returns at once (the run goes CANCELING, then CANCELED)."""
+        """Ask a run to stop; returns at once (the run goes CANCELING, then CANCELED). A run stored
+        but not submitted yet (``create_run`` stores it first) is stopped as it is submitted."""
         with self._lock:
             cancel = self._cancel.get(run_id)
             proc = self._procs.get(run_id)
+            if cancel is None and not self._closed:
+                self._terminated_early.add(run_id)
         if cancel is None:
             return
         cancel.set()
@@ -261,7 +269,13 @@ class RunExecutor:
         run_dir = self.run_dir(run_id)
         with self._lock:
             self._procs[run_id] = proc
-        self._update(run_id, lambda r: set_state(r, "RUNNING"))
+
+        def to_running(run: dict[str, Any]) -> None:
+            # only from PENDING: a terminate that landed meanwhile (CANCELING) is never overwritten
+            if run["state"] == "PENDING":
+                set_state(run, "RUNNING")
+
+        self._update(run_id, to_running)
         if cancel.is_set():  # terminate raced with the start
             self._kill_group(proc)
         returncode = proc.wait()
