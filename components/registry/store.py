@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,9 +43,14 @@ from trainflow.storage import (
     CheckpointStorage,
     ObjectExistsError,
     ObjectNotFoundError,
+    ObjectWriteConflict,
     read_bytes,
     write_bytes,
 )
+
+#: Pauses, in seconds, before each retry of a create-only write that collided with another write of
+#: the same key still under way (:class:`~trainflow.storage.ObjectWriteConflict`); then it fails.
+CONFLICT_RETRY_PAUSES_S = (0.1, 0.3, 1.0, 3.0)
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 _VERSION_RE = re.compile(r"^v(\d{6})/VERSION\.json$")
@@ -204,22 +210,38 @@ class ModelRegistry:
         except ObjectNotFoundError:
             pass
         version = self._claim(name)
-        try:
-            write_bytes(self.storage, key, json.dumps({"version": version}).encode(), create_only=True)
-        except ObjectExistsError:  # the same registration, running concurrently, recorded first
+        if not self._create(key, json.dumps({"version": version}).encode()):
+            # the same registration, running concurrently, recorded first
             version = int(json.loads(read_bytes(self.storage, key))["version"])
         return version
+
+    def _create(self, key: str, data: bytes) -> bool:
+        """Write ``key`` only if it does not exist: True if this call created it, False if it
+        existed. A write that collided with another one of the key still under way (S3's 409) is
+        retried after :data:`CONFLICT_RETRY_PAUSES_S`: the other one may or may not land.
+
+        Raises:
+            CheckpointStorageError: the storage failed, or the conflict outlasted the retries.
+        """
+        for pause_s in (*CONFLICT_RETRY_PAUSES_S, None):
+            try:
+                write_bytes(self.storage, key, data, create_only=True)
+                return True
+            except ObjectExistsError:
+                return False
+            except ObjectWriteConflict:
+                if pause_s is None:
+                    raise
+                time.sleep(pause_s)
+        raise AssertionError("unreachable")
 
     def _claim(self, name: str) -> int:
         existing = [int(m.group(1)) for k in self.storage.list(f"{_validate_name(name)}/v")
                     if (m := re.match(r"^v(\d{6})/", k[len(name) + 1 :]))]
         version = max(existing, default=0) + 1
-        while True:
-            try:
-                write_bytes(self.storage, f"{self._prefix(name, version)}/CLAIM", b"", create_only=True)
-                return version
-            except ObjectExistsError:
-                version += 1  # another writer took it first
+        while not self._create(f"{self._prefix(name, version)}/CLAIM", b""):
+            version += 1  # another writer took it first
+        return version
 
     def current(self, name: str) -> ModelVersion | None:
         """The version the newest pointer entry names, or ``None`` before the first promotion."""
@@ -290,12 +312,7 @@ class ModelRegistry:
     def _append_pointer(self, name: str, seq: int, version: int, *, reason: str) -> bool:
         """Create pointer entry ``seq``; ``False`` (nothing written) if it exists already."""
         entry = {"version": version, "at": datetime.now(UTC).isoformat(), "reason": reason}
-        try:
-            write_bytes(self.storage, f"{_validate_name(name)}/CURRENT/p{seq:010d}.json", json.dumps(entry).encode(),
-                        create_only=True)
-        except ObjectExistsError:
-            return False
-        return True
+        return self._create(f"{_validate_name(name)}/CURRENT/p{seq:010d}.json", json.dumps(entry).encode())
 
     def read_file(self, name: str, version: int, fname: str) -> bytes:
         """One file of a version, verified against its recorded SHA-256.

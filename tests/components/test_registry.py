@@ -11,7 +11,7 @@ import pytest
 
 from components.registry.promotion import Comparison, compare_with_current, promote_if_better
 from components.registry.store import MODEL_FILES, ModelRegistry, Pointer, RegistryError
-from trainflow.storage import write_bytes
+from trainflow.storage import ObjectWriteConflict, write_bytes
 from trainflow.storage.local import LocalStorage
 
 
@@ -352,3 +352,57 @@ def test_a_retried_register_step_that_no_longer_beats_current_returns_its_earlie
     assert _register_step(tmp_path, model_dir, monkeypatch, job_key="job-a", accuracy=0.91,
                           kfp_run_id="run-a2")[::2] == (0, False)
     assert registry.registered("m", model_dir, idempotency_key="job-a") is None
+
+
+class _ConflictingOnce(LocalStorage):
+    """A bucket where a create-only write of each key named in ``conflicts`` first collides with
+    another write of it still under way (S3's 409 ConditionalRequestConflict); ``lands`` says whether
+    that other write then lands (the key exists on the retry) or not."""
+
+    def __init__(self, root: str, conflicts: tuple[str, ...], *, lands: bool) -> None:
+        super().__init__(root)
+        self.conflicts, self.lands, self.seen = set(conflicts), lands, []
+
+    def open_write(self, key: str, *, create_only: bool = False):
+        suffix = next((c for c in self.conflicts if key.endswith(c)), None)
+        if create_only and suffix is not None:
+            self.conflicts.discard(suffix)
+            self.seen.append(key)
+            if self.lands:
+                other = b"" if key.endswith("CLAIM") else json.dumps(  # another writer's pointer entry
+                    {"version": 1, "at": "2026-11-30T00:00:00+00:00", "reason": "registered"}).encode()
+                write_bytes(LocalStorage(str(self.root)), key, other, create_only=True)
+            raise ObjectWriteConflict(f"writing {key} failed: ConditionalRequestConflict")
+        return super().open_write(key, create_only=create_only)
+
+
+@pytest.mark.parametrize("lands", [False, True])
+def test_a_registration_rides_out_a_conflicting_concurrent_write(monkeypatch, tmp_path, model_dir, lands) -> None:
+    """Review 2026-11-30: two create-only PUTs of one key racing on AWS S3 may give the loser 409
+    ConditionalRequestConflict ("retry"), not 412; the registry took it for a failure and the
+    register step failed. Now the write is retried: if the other write landed, the claim moves on
+    to the next version (as after a 412), else it takes the version itself."""
+    import components.registry.store as store
+
+    monkeypatch.setattr(store, "CONFLICT_RETRY_PAUSES_S", (0.0, 0.0))
+    storage = _ConflictingOnce(str(tmp_path / "reg"), ("v000001/CLAIM", "CURRENT/p0000000001.json"), lands=lands)
+    registry = ModelRegistry(storage)
+    v = registry.register("m", model_dir, {"metrics": {"test_accuracy": 0.9}})
+    assert v.version == (2 if lands else 1)
+    assert registry.current("m").version == v.version
+    assert [e["version"] for e in registry.history("m")][-1] == v.version
+    assert len(storage.seen) == 2
+
+
+def test_a_conflict_that_outlasts_the_retries_is_a_storage_error(monkeypatch, tmp_path, model_dir) -> None:
+    import components.registry.store as store
+
+    class _AlwaysConflicting(LocalStorage):
+        def open_write(self, key: str, *, create_only: bool = False):
+            if create_only:
+                raise ObjectWriteConflict(f"writing {key} failed: ConditionalRequestConflict")
+            return super().open_write(key, create_only=create_only)
+
+    monkeypatch.setattr(store, "CONFLICT_RETRY_PAUSES_S", (0.0, 0.0))
+    with pytest.raises(ObjectWriteConflict, match="v000001/CLAIM failed: ConditionalRequestConflict"):
+        ModelRegistry(_AlwaysConflicting(str(tmp_path / "reg"))).register("m", model_dir, {})

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 import trainflow.storage as storage
-from trainflow.storage import CheckpointStorageError, ObjectExistsError
+from trainflow.storage import CheckpointStorageError, ObjectExistsError, ObjectWriteConflict
 from trainflow.storage.local import LocalStorage
 
 
@@ -58,7 +58,8 @@ def test_a_local_store_does_not_import_boto3(tmp_path) -> None:
 
 @pytest.mark.parametrize(("status", "code", "error"), [
     (412, "PreconditionFailed", ObjectExistsError),
-    (409, "ConditionalRequestConflict", CheckpointStorageError),  # a write under way: retry, it may never exist
+    (409, "ConditionalRequestConflict", ObjectWriteConflict),  # a write under way: retry, it may never exist
+    (503, "SlowDown", CheckpointStorageError),
 ])
 def test_a_create_only_put_tells_an_existing_object_from_a_conflict(status: int, code: str, error: type) -> None:
     from botocore.exceptions import ClientError

@@ -3,7 +3,7 @@ S3 bucket prefix, used by the checkpoint manager, the model registry, the datase
 metrics segments and the CLI.
 
 * :mod:`trainflow.storage.base` — the protocol, its atomicity contract, ``read_bytes``/``write_bytes``;
-* :mod:`trainflow.storage.errors` — :class:`CheckpointStorageError` and its two subclasses, and
+* :mod:`trainflow.storage.errors` — :class:`CheckpointStorageError` and its subclasses, and
   :class:`ReadAbandoned` (a read the reader stopped: no failure);
 * :mod:`trainflow.storage.resolve` — :func:`storage_for` (URI → backend), :func:`join_uri`;
 * :mod:`trainflow.storage.local`, :mod:`trainflow.storage.s3` — the backends (boto3 only for s3://).
@@ -16,6 +16,7 @@ from trainflow.storage.errors import (
     CheckpointStorageError,
     ObjectExistsError,
     ObjectNotFoundError,
+    ObjectWriteConflict,
     ReadAbandoned,
 )
 from trainflow.storage.resolve import join_uri, storage_for
@@ -26,6 +27,7 @@ __all__ = [
     "ObjectExistsError",
     "ObjectNotFoundError",
     "ObjectStore",
+    "ObjectWriteConflict",
     "ReadAbandoned",
     "join_uri",
     "read_bytes",

@@ -15,6 +15,12 @@ class ObjectExistsError(CheckpointStorageError):
     """``open_write(..., create_only=True)`` found the key already present."""
 
 
+class ObjectWriteConflict(CheckpointStorageError):
+    """``open_write(..., create_only=True)`` collided with another write of the key still under way
+    (S3's 409 ``ConditionalRequestConflict``, AWS S3 PutObject "Conditional requests"): the key may or
+    may not come to exist, so nothing is known; the same write is worth retrying after a pause."""
+
+
 class ObjectNotFoundError(CheckpointStorageError):
     """``open_read`` asked for a key that does not exist."""
 

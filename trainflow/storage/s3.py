@@ -41,6 +41,7 @@ from trainflow.storage.errors import (
     CheckpointStorageError,
     ObjectExistsError,
     ObjectNotFoundError,
+    ObjectWriteConflict,
     ReadAbandoned,
 )
 
@@ -285,6 +286,8 @@ class S3Storage:
                 # retry (S3 PutObject, "Conditional requests"): a storage error, which writers retry.
                 if create_only and code in ("PreconditionFailed", "412"):
                     raise ObjectExistsError(f"s3://{self.bucket}/{full_key} already exists") from e
+                if create_only and code in ("ConditionalRequestConflict", "409"):
+                    raise ObjectWriteConflict(str(self._error(f"writing {key} to", e))) from e
                 raise self._error(f"writing {key} to", e) from e
             except (BotoCoreError, OSError) as e:
                 raise self._error(f"writing {key} to", e) from e
