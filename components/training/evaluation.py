@@ -54,15 +54,31 @@ def load_model(model_dir: str | Path, device: torch.device | str = "cpu") -> tup
 def evaluate(model_dir: str | Path, dataset_dir: str | Path, *, split: str = "test", batch_size: int = 512) -> EvalResult:
     """Accuracy, loss and confusion matrix of the model on ``split``.
 
+    The dataset's images are fed normalized as the model was trained (``model.json``'s ``mean`` and
+    ``std``, where it records them), not with the dataset's own statistics.
+
     Raises:
-        ModelFormatError, DatasetError: bad model or dataset folder; the model's classes differ from
-            the dataset's.
+        ModelFormatError, DatasetError: bad model or dataset folder; the model's classes, channels or
+            image size differ from the dataset's.
     """
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model, meta = load_model(model_dir, device)
     dataset = PreparedDataset(dataset_dir)
-    if meta["num_classes"] != dataset.info.num_classes:
-        raise DatasetError(f"model has {meta['num_classes']} classes, dataset {dataset.info.num_classes}")
+    info = dataset.info
+    if meta["num_classes"] != info.num_classes:
+        raise DatasetError(f"model has {meta['num_classes']} classes, dataset {info.num_classes}")
+    expects, has = (meta["channels"], *meta["image_size"]), (info.channels, *info.image_size)
+    if tuple(expects) != tuple(has):
+        raise DatasetError("model takes {}x{}x{} images (channels x height x width), dataset {} has {}x{}x{}; "
+                           "prepare it at the model's size and channels".format(*expects, dataset_dir, *has))
+    # The model's inputs are normalized as in its training (model.json's mean/std); the dataset
+    # normalizes with its own, which differ on another dataset (the current model scored on new data).
+    rescale = None
+    if meta.get("mean") is not None and meta.get("std") is not None and (
+            list(meta["mean"]) != list(info.mean) or list(meta["std"]) != list(info.std)):
+        m_mean, m_std = (torch.tensor(meta[k], dtype=torch.float32).view(-1, 1, 1) for k in ("mean", "std"))
+        d_mean, d_std = (torch.tensor(v, dtype=torch.float32).view(-1, 1, 1) for v in (info.mean, info.std))
+        rescale = (d_std / m_std, (d_mean - m_mean) / m_std)  # x_model = x_dataset * scale + shift
     data = dataset.split(split)
     n = len(data)
     k = dataset.info.num_classes
@@ -71,6 +87,8 @@ def evaluate(model_dir: str | Path, dataset_dir: str | Path, *, split: str = "te
     for start in range(0, n, batch_size):
         ids = torch.arange(start, min(n, start + batch_size))
         x, y = data.fetch(ids)
+        if rescale is not None:
+            x = x * rescale[0] + rescale[1]
         logits = model(x.to(device)).float().cpu()
         loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
         pred = logits.argmax(1)

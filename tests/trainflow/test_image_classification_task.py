@@ -178,3 +178,47 @@ def test_the_built_in_name_and_its_import_path_are_the_same_task(digits_dataset)
     by_name = load_task("image_classification", {"dataset": str(digits_dataset)})
     by_path = load_task("trainflow.tasks.image_classification:ImageClassification", {"dataset": str(digits_dataset)})
     assert type(by_name) is type(by_path) is ImageClassification
+
+
+def test_evaluate_feeds_the_model_its_own_normalization_and_refuses_another_shape(digits_dataset, tmp_path) -> None:
+    """Review 2026-11-30: ``evaluate`` normalized with the dataset's mean/std, not those the model was
+    trained with (model.json), which skews the current model's score on new data in the promotion
+    check; a model of another channel count or size ended in a RuntimeError traceback."""
+    import shutil
+
+    from components.training.data import DatasetError, PreparedDataset
+
+    task = load_task("image_classification", json.dumps({"dataset": str(digits_dataset)}))
+    rng.seed_all(0)
+    model = task.build_model()
+    info = PreparedDataset(digits_dataset).info
+    out = tmp_path / "model"
+    out.mkdir()
+    torch.save(model.state_dict(), out / "model.pt")
+    meta = {"format": "trainflow-model/1", "model": "small_cnn", "channels": info.channels,
+            "num_classes": info.num_classes, "image_size": list(info.image_size), "mean": info.mean, "std": info.std}
+    (out / "model.json").write_text(json.dumps(meta))
+    base = evaluate_exported(out, digits_dataset)
+
+    # The same images described by other statistics: the model must still see its own normalization.
+    other = tmp_path / "other"
+    shutil.copytree(digits_dataset, other)
+    described = json.loads((other / "dataset.json").read_text())
+    described["mean"] = [m + 0.25 for m in described["mean"]]
+    described["std"] = [s * 2 for s in described["std"]]
+    (other / "dataset.json").write_text(json.dumps(described))
+    moved = evaluate_exported(out, other)
+    assert moved.confusion == base.confusion
+    assert moved.loss == pytest.approx(base.loss, rel=1e-5)
+
+    from components.training.model import build_model
+
+    rgb = build_model("small_cnn", in_channels=3, num_classes=info.num_classes,
+                                 image_size=tuple(info.image_size))
+    torch.save(rgb.state_dict(), out / "model.pt")
+    (out / "model.json").write_text(json.dumps({**meta, "channels": 3}))
+    with pytest.raises(DatasetError) as refused:
+        evaluate_exported(out, digits_dataset)
+    h, w = info.image_size
+    assert str(refused.value) == (f"model takes 3x{h}x{w} images (channels x height x width), dataset "
+                                  f"{digits_dataset} has 1x{h}x{w}; prepare it at the model's size and channels")
