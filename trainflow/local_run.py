@@ -10,6 +10,7 @@ Output folder (default ``./runs/<YYYYmmdd-HHMMSS>``; ``./runs/latest`` points at
     run-report.json   status, test_accuracy, steps, checkpoints_committed, resumes, ... (see RunReport)
     pipeline.log      everything the pipeline and its components printed
     logs/             train-metrics.jsonl, torchrun.log, train-config.json, train-summary.json, eval.json
+                      (an earlier run's, in a re-used ``--output-dir``, are moved to logs.<YYYYmmdd-HHMMSS>/)
     checkpoints/      <job key>/step-*/ (the checkpoint store) and models/ (the model registry)
     kfp/              kfp.local's pipeline root (artifacts of every task), the steps' temporary
                       files (tmp/) and kfp.local's workspace (workspace/)
@@ -331,6 +332,30 @@ def _link_latest(out: Path) -> None:
         latest.symlink_to(out.name)
 
 
+def set_aside_earlier_logs(out: Path) -> Path | None:
+    """Move ``<out>/logs`` of an earlier run into the output folder (re-used ``--output-dir``) to
+    ``logs.<YYYYmmdd-HHMMSS>`` (``-N`` added if taken), so this run's report and progress display
+    never read the earlier run's summary, evaluation, config or metrics; return where it went, or
+    ``None`` when there was nothing to move.
+
+    Raises:
+        RunInputError: the folder cannot be moved (one line).
+    """
+    logs = out / "logs"
+    if not logs.is_dir() or not any(logs.iterdir()):
+        return None
+    stamp = datetime.fromtimestamp(logs.stat().st_mtime).strftime("%Y%m%d-%H%M%S")
+    target, n = out / f"logs.{stamp}", 1
+    while target.exists():
+        n += 1
+        target = out / f"logs.{stamp}-{n}"
+    try:
+        logs.rename(target)
+    except OSError as e:
+        raise RunInputError(f"cannot set aside the earlier run's logs in {logs}: {e.strerror or e}") from e
+    return target
+
+
 def run(opts: RunOptions, *, console: Console | None = None) -> RunReport:
     """Run the training pipeline locally and write ``run-report.json``.
 
@@ -352,6 +377,9 @@ def run(opts: RunOptions, *, console: Console | None = None) -> RunReport:
     except OSError as e:
         raise RunInputError(f"cannot use --output-dir {out}: {e.strerror or e}") from e
     _link_latest(out)
+    earlier = set_aside_earlier_logs(out)
+    if earlier is not None:
+        console.print(f"{out} held an earlier run's logs: kept in {earlier.name}/", style="dim", markup=False)
     logs = out / "logs"
     logs.mkdir(exist_ok=True)
     args = opts.pipeline_arguments(out)
