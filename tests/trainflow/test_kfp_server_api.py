@@ -345,6 +345,32 @@ def test_unknown_parameter_and_bad_filter_are_refused(http: httpx.Client, compil
     assert http.get(f"{API}/runs/does-not-exist").status_code == 404
 
 
+def test_every_error_has_the_real_servers_shape(http: httpx.Client) -> None:
+    """Review 2026-11-30: FastAPI's own 404/405 ({"detail": ...}) and plain-text 500s (a string
+    cron_schedule, a long_value that is no number) reached clients that read KFP's
+    {code, message, details}. Routing errors as grpc-gateway v2 maps them."""
+    answers = [
+        (http.get(f"{API}/no-such-collection"), 404, 5, "Not Found"),
+        (http.put(f"{API}/healthz"), 501, 12, "Method Not Allowed"),
+        (http.get(f"{API}/runs", params={"filter": json.dumps({"predicates": [
+            {"key": "created_at", "operation": "GREATER_THAN", "long_value": "soon"}]})}), 400, 3,
+         "filter predicate's long_value is not an integer"),
+        (http.post(f"{API}/recurringruns", json={
+            "display_name": "x", "mode": "ENABLE", "max_concurrency": "1", "trigger": {"cron_schedule": "0 0 * * * *"},
+            "pipeline_spec": {"pipelineInfo": {"name": "p"}, "root": {}}}), 400, 3,
+         "trigger.cron_schedule must be an object with a cron field, got '0 0 * * * *'"),
+        (http.post(f"{API}/recurringruns", json={
+            "display_name": "x", "mode": "ENABLE", "max_concurrency": "1", "trigger": {"periodic_schedule": 60},
+            "pipeline_spec": {"pipelineInfo": {"name": "p"}, "root": {}}}), 400, 3,
+         "trigger.periodic_schedule must be an object with interval_second, got 60"),
+    ]
+    for response, status, code, fragment in answers:
+        assert response.status_code == status, response.text
+        body = response.json()
+        assert body["code"] == code and fragment in body["message"] and body["details"] == [], body
+        assert_shape({k: v for k, v in body.items() if k != "error"}, "GoogleRpcStatus")
+
+
 def test_bearer_token_is_required_when_configured(tmp_path: Path) -> None:
     server = start_kfp_server(tmp_path, token="s3cret", name="kfp-auth")
     try:

@@ -34,11 +34,14 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request, UploadFile
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from trainflow.kfp_server import security
@@ -713,6 +716,28 @@ def create_app(
             return JSONResponse({"error_message": err.message, "error_details": err.message},
                                 status_code=err.http_status)
         return JSONResponse(err.body(), status_code=err.http_status)
+
+    # Every other error in the real API server's shape too ({code, message, details}; clients such
+    # as kfp's and the Airflow hook read "message"), not FastAPI's {"detail": ...} or a text 500.
+    # Routing errors as grpc-gateway v2's DefaultRoutingErrorHandler maps them (runtime/errors.go).
+    _routing = {404: GrpcCode.NOT_FOUND, 405: GrpcCode.UNIMPLEMENTED, 400: GrpcCode.INVALID_ARGUMENT}
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        code = _routing.get(err.status_code, GrpcCode.INTERNAL)
+        message = str(err.detail) if code is GrpcCode.INTERNAL else HTTPStatus(err.status_code).phrase
+        return await _api_error(request, ApiError(code, message))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, err: RequestValidationError) -> JSONResponse:
+        first = (err.errors() or [{}])[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return await _api_error(request, invalid_argument(f"{where}: {first.get('msg', 'invalid')}"))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, err: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=err)
+        return await _api_error(request, ApiError(GrpcCode.INTERNAL, f"internal error: {type(err).__name__}: {err}"))
 
     @app.middleware("http")
     async def _guard(request: Request, call_next: Any) -> Response:

@@ -85,8 +85,11 @@ def parse_filter(text: str | None) -> list[Predicate]:
             if len(present) != 1:
                 raise invalid_argument(f"filter predicate needs exactly one value: {pred!r}")
             value = _field(pred, present[0])
-            if present[0] == "long_value":
-                value = int(value)
+            if present[0] == "long_value":  # int64 as a JSON string (proto3 JSON) or a number
+                try:
+                    value = int(value)
+                except (TypeError, ValueError):
+                    raise invalid_argument(f"filter predicate's long_value is not an integer: {pred!r}") from None
         out.append(Predicate(key=str(pred["key"]), operation=op, value=value))
     return out
 

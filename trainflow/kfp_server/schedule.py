@@ -159,6 +159,8 @@ def parse_trigger(trigger: object) -> Schedule:
     if not isinstance(trigger, dict) or not (trigger.get("cron_schedule") or trigger.get("periodic_schedule")):
         raise invalid_argument("a recurring run needs trigger.cron_schedule or trigger.periodic_schedule")
     if cron := trigger.get("cron_schedule"):
+        if not isinstance(cron, dict):
+            raise invalid_argument(f"trigger.cron_schedule must be an object with a cron field, got {cron!r}")
         try:
             parsed = parse_cron(str(cron.get("cron") or ""))
         except CronError as err:
@@ -167,6 +169,8 @@ def parse_trigger(trigger: object) -> Schedule:
             ) from None
         return Schedule(parsed, 0, _time(cron.get("start_time"), "start_time"), _time(cron.get("end_time"), "end_time"))
     periodic = trigger["periodic_schedule"]
+    if not isinstance(periodic, dict):
+        raise invalid_argument(f"trigger.periodic_schedule must be an object with interval_second, got {periodic!r}")
     try:
         interval = int(periodic.get("interval_second") or 0)
     except (TypeError, ValueError) as err:
