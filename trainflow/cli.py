@@ -296,7 +296,7 @@ def models_show(name: str, version: Annotated[int | None, typer.Argument()] = No
 
 @models_app.command("rollback")
 def models_rollback(name: str, version: int, registry: RegistryOpt = "runs/latest/checkpoints/models") -> None:
-    """Make an earlier version the current one."""
+    """Make another version (usually an earlier one) the current one."""
     reg = _registry(registry)
     with _registry_errors():
         mv = reg.rollback(name, version)

@@ -1,9 +1,11 @@
 """Launch the training runtime under a local ``torchrun`` elastic agent (the ``local`` backend).
 
 One call starts one agent (one "node") with ``nproc_per_node`` workers. The agent joins a c10d
-rendezvous on ``rdzv_endpoint`` with ``--nnodes=MIN:MAX``, so more agents — on this machine or
-others — can join the same job up to ``max_nodes`` (elastic scale-up), and the job carries on with
-at least ``min_nodes`` when one leaves (scale-down).
+rendezvous on ``rdzv_endpoint`` with ``--nnodes=MIN:MAX``, so more agents can join the same job up
+to ``max_nodes`` (elastic scale-up), and the job carries on with at least ``min_nodes`` when one leaves
+(scale-down). The agents started here are on this machine (``--local-addr=127.0.0.1``, gloo on the
+loopback interface); a PyTorchJob's workers run the same runtime across nodes
+(:mod:`components.launcher.pytorchjob`).
 
 The c10d rendezvous store lives in whichever agent binds its port first, which makes that agent a
 single point of failure: if it dies, every other agent loses the rendezvous. :class:`RendezvousStore`
@@ -51,7 +53,8 @@ class AgentSpec:
 
     rdzv_id: str
     rdzv_endpoint: str
-    """``host:port`` of the c10d rendezvous store (the first agent to arrive hosts it)."""
+    """``host:port`` of the c10d rendezvous store: a :class:`RendezvousStore`'s with
+    ``rdzv_is_host=False`` (the local backend's), else the first agent to arrive hosts it."""
     nproc_per_node: int = 1
     min_nodes: int = 1
     max_nodes: int = 1

@@ -263,6 +263,8 @@ def test_last_exception_line_is_none_without_traceback() -> None:
     [
         (["--data-dir", "/proc/no-such-dir"], "trainflow: cannot use --data-dir /proc/no-such-dir"),
         (["--data-dir", "{bad_state}"], "is not a kfp-server state file"),
+        # valid JSON, but no object: an AttributeError traceback before (review 2026-11-30)
+        (["--data-dir", "{list_state}"], "is not a kfp-server state file (a JSON list, not an object)"),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args: list[str], expected: str) -> None:
@@ -271,6 +273,9 @@ def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, args: list[str], expecte
     from pathlib import Path
 
     (tmp_path / "state.json").write_text("{oops")
+    (tmp_path / "listed").mkdir()
+    (tmp_path / "listed" / "state.json").write_text("[]")
+    args = [a.replace("{list_state}", str(tmp_path / "listed")) for a in args]
     argv = [a.replace("{bad_state}", str(tmp_path)) for a in args]
     cli = str(Path(sys.executable).with_name("trainflow"))
     done = subprocess.run(

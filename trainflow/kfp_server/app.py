@@ -470,9 +470,10 @@ class KfpServer:
     def fire_due_recurring_runs(self, now: float) -> list[str]:
         """Create a run for every enabled recurring run that is due at ``now``; return the new run ids.
 
-        A recurring run with ``max_concurrency`` runs still active skips the firing time (as the
-        real controller does with ``no_catchup``). A run that cannot be created (its pipeline
-        version deleted, ...) is logged and skipped.
+        While a recurring run has ``max_concurrency`` runs active, nothing fires: a cron firing
+        time that passes meanwhile is skipped (as the real controller does with ``no_catchup``),
+        and a periodic one, whose interval counts from its last run, fires as soon as a run ends.
+        A run that cannot be created (its pipeline version deleted, ...) is logged and skipped.
         """
         created = []
         for job in self.store.find("recurring_runs", lambda j: j.get("status") == "ENABLED"):

@@ -2,7 +2,7 @@
 
 Every object is a plain dict exactly as the API returns it (snake_case field names, RFC 3339
 timestamps, enum names as strings). The store adds only an insertion sequence number (for stable
-ordering when timestamps tie) and the namespace of runs (taken from their experiment).
+ordering when timestamps tie).
 All methods are thread-safe; the run workers and the HTTP handlers share one store, and
 :meth:`Store.batch` makes several changes one step for every other thread (the SQL transactions
 of the real server's stores).
@@ -123,6 +123,9 @@ class Store:
             raise ValueError(
                 f"{path} is not a kfp-server state file ({err}); move it away to start empty"
             ) from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} is not a kfp-server state file (a JSON {type(data).__name__}, not an "
+                             "object); move it away to start empty")
         for kind in KINDS:
             self._objects[kind] = data.get(kind, {})
         self._seq = data.get("seq", {})
@@ -133,7 +136,10 @@ class Store:
             return
         tmp = self._state_path.with_suffix(".tmp")
         payload = {**self._objects, "seq": self._seq, "next_seq": self._next_seq}
-        tmp.write_text(json.dumps(payload))
+        with tmp.open("w") as f:
+            f.write(json.dumps(payload))
+            f.flush()
+            os.fsync(f.fileno())  # the rename must never publish an empty file after a power loss
         os.replace(tmp, self._state_path)
 
     @contextlib.contextmanager
