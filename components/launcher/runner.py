@@ -466,7 +466,10 @@ class PyTorchJobRunner:
                 log.info(
                     "PyTorchJob %s/%s failed in an earlier attempt: replacing it", spec.namespace, spec.name
                 )
-                self._delete_and_wait(existing)
+                # its workers too: under cleanPodPolicy Running the operator stops the ones left,
+                # which save a SIGTERM checkpoint for up to their grace period, while the new job's
+                # workers would start writing the same job key
+                self._delete_and_wait(existing, workers_too=True)
                 existing = None
         if existing is not None and terminal_condition(existing) is None and (
                 cause := stale_rendezvous(existing, manifest)):

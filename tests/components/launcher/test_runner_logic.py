@@ -171,6 +171,37 @@ def test_a_succeeded_job_is_reported_whatever_its_store() -> None:
     assert (created, ref.uid, api.deleted) == (False, uid, [])
 
 
+def test_a_failed_job_is_replaced_only_once_its_workers_are_gone_too() -> None:
+    """Review 2026-11-30: the operator stops a Failed job's remaining workers (cleanPodPolicy Running),
+    which save a SIGTERM checkpoint for up to their grace period; the replacement was created as soon
+    as the job object was gone, so two jobs' workers could write one job key."""
+    from components.launcher.pytorchjob import render_pytorchjob
+    from components.launcher.runner import PyTorchJobRunner
+
+    class _Saving(_FakeJobsApi):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pod_lists = 0
+
+        def list(self, resource: Any, **_: Any) -> list:
+            if resource.__name__ != "Pod" or not self.deleted or self.pod_lists >= 2:
+                return []
+            self.pod_lists += 1  # the old worker still saves for two polls
+            return [resource.from_dict({"metadata": {"name": "w0", "namespace": "team-a", "uid": "uid-w0"},
+                                        "status": {"phase": "Running"}})]
+
+        def create(self, obj: Any) -> Any:
+            assert self.pod_lists == 2, "created while the failed job's worker still ran"
+            return super().create(obj)
+
+    api = _Saving()
+    old_uid = api.add(render_pytorchjob(_job_spec()), conditions=[{"type": "Failed", "status": "True"}])
+    runner = PyTorchJobRunner(api)
+    runner._pause_deleting = lambda ref, s: None  # no real sleep
+    ref, created = runner.create_or_reattach(_job_spec())
+    assert created and api.deleted == [old_uid] and ref.uid != old_uid and api.pod_lists == 2
+
+
 # -- whose job it is: the same run, task name and KFP task id (a dsl.ParallelFor iteration's) ------
 
 
