@@ -17,6 +17,11 @@ runner calls :meth:`WorkerLogs.sync` with the worker pods on every poll; each co
   follows the instance again from its last printed line: after an outage the step's log goes on
   with the lines written meanwhile, none twice; logs never fail a launch.
 
+At most ``max_streams`` (32) instances are followed at once, the pods in name order (worker 0
+first), and a line says so once: each stream holds one of the API client's connections (httpx's
+pool: 100), which the launcher shares with its own reads, so a job of ~100 running workers left
+its status reads waiting for a free connection until they timed out as an API outage.
+
 The threads are daemons: the process does not wait for them, and :meth:`close` stops new output.
 """
 
@@ -63,12 +68,16 @@ class WorkerLogs:
             a re-attach (see :meth:`sync`).
         resume_after_s: seconds before a follower that gave up is started again by :meth:`sync`
             (doubled after each further give-up of the same instance, up to ``max_resume_after_s``).
+        max_streams: instances followed at once (see the module docstring); the others are
+            followed by a later :meth:`sync` once a stream ends.
     """
 
     def __init__(self, client: Any, namespace: str, *, container: str = "pytorch",
                  write: Callable[[str], None] | None = None, tail_lines: int = 50,
-                 resume_after_s: float = 10.0, max_resume_after_s: float = 60.0) -> None:
+                 resume_after_s: float = 10.0, max_resume_after_s: float = 60.0, max_streams: int = 32) -> None:
         self.client = client
+        self.max_streams = max_streams
+        self._capped_said = False
         self.namespace = namespace
         self.container = container
         self._write = write or _stdout
@@ -96,7 +105,8 @@ class WorkerLogs:
         instances that are already running."""
         if self._closed.is_set():
             return
-        for pod in pods:
+        streams = sum(t.is_alive() for t in self.threads)
+        for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
             meta, status = pod.get("metadata") or {}, pod.get("status") or {}
             name, uid = meta.get("name", ""), meta.get("uid", "")
             for cs in status.get("containerStatuses") or []:
@@ -109,6 +119,13 @@ class WorkerLogs:
                 with self._state:
                     if instance in self._started:
                         continue
+                if streams >= self.max_streams:
+                    if not self._capped_said:
+                        self._capped_said = True
+                        self.emit(f"(following the logs of {self.max_streams} workers at a time; the others "
+                                  f"when one ends: kubectl logs -n {self.namespace} <pod> for the rest)")
+                    return
+                with self._state:
                     paused = self._paused.get(instance)
                     if paused is not None and time.monotonic() < paused[0]:
                         continue
@@ -124,6 +141,7 @@ class WorkerLogs:
                                      name=f"logs-{name}-{instance[1]}")
                 self.threads.append(t)
                 t.start()
+                streams += 1
 
     def close(self) -> None:
         """Stop printing (followers end with their streams)."""

@@ -154,3 +154,46 @@ def test_split_timestamp() -> None:
     assert split_timestamp("2026-11-23T10:00:00.123456789Z hello world") == ("2026-11-23T10:00:00.123456789Z",
                                                                               "hello world")
     assert split_timestamp("no timestamp here") == ("", "no timestamp here")
+
+
+def test_at_most_max_streams_instances_are_followed_at_once_worker_0_first() -> None:
+    """Review 2026-11-30: each stream holds one of the API client's connections (httpx: 100), shared
+    with the launcher's own reads; ~100 running workers left the status reads without a connection."""
+    release = {name: threading.Event() for name in ("w-0", "w-1", "w-2")}
+
+    class Streams:
+        def __init__(self) -> None:
+            self.opened: list[str] = []
+
+        def log(self, name: str, **kw: object):
+            self.opened.append(name)
+            release[name].wait(10)
+            yield from ()
+
+        def get(self, _res: object, name: str, *, namespace: str) -> SimpleNamespace:
+            cs = SimpleNamespace(name="pytorch", restartCount=0, state=SimpleNamespace(running=None))
+            return SimpleNamespace(metadata=SimpleNamespace(uid=f"u{name[-1]}"), status=SimpleNamespace(containerStatuses=[cs]))
+
+    api, out = Streams(), []
+    logs = WorkerLogs(api, "ns", write=out.append, max_streams=2)
+    pods = [pod(f"w-{i}", f"u{i}", 0, "running") for i in (2, 0, 1)]
+    try:
+        logs.sync(pods)
+        logs.sync(pods)
+        deadline = time.monotonic() + 10
+        while len(api.opened) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(api.opened) == ["w-0", "w-1"] and len(logs.threads) == 2
+        assert out == ["(following the logs of 2 workers at a time; the others when one ends: "
+                       "kubectl logs -n ns <pod> for the rest)"]  # said once
+        release["w-0"].set()  # worker 0's container ended: its stream too
+        logs.threads[0].join(10)
+        logs.sync(pods)
+        while len(api.opened) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert api.opened[-1] == "w-2" and len(logs.threads) == 3
+    finally:
+        for event in release.values():
+            event.set()
+        for t in logs.threads:
+            t.join(10)
