@@ -256,6 +256,10 @@ def run_train_step(spec: TrainJobSpec, *, model_dir: Path, work_dir: Path) -> Tr
     work_dir.mkdir(parents=True, exist_ok=True)
     local_metrics = work_dir / "train-metrics.jsonl"
     if spec.backend == "local":
+        if spec.min_workers > 1:  # one agent can never make the rendezvous: it timed out after minutes
+            raise TrainStepError(f"min_workers {spec.min_workers} needs {spec.min_workers} agents, and the local "
+                                 "backend starts one (its ranks: nproc_per_node); use min_workers 1, or the "
+                                 "pytorchjob backend")
         # The workers are this pod's subprocesses: they read and write local paths.
         cfg = spec.train_config(dataset=spec.dataset_path, job_key=job_key, checkpoint_uri=checkpoint_uri,
                                 metrics_path=str(local_metrics), model_output=str(model_dir))

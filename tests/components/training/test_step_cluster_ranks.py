@@ -81,3 +81,16 @@ def test_the_local_backend_starts_its_agent_with_one_rank_per_gpu(monkeypatch, t
     cfg = spec.train_config(dataset=str(tmp_path / "ds"), job_key="k", checkpoint_uri=str(tmp_path / "ckpt"))
     step._run_local(spec, cfg, tmp_path)
     assert seen == [1]
+
+
+def test_the_local_backend_refuses_more_than_one_worker_as_its_minimum(tmp_path) -> None:
+    """Review 2026-11-30: one agent never makes a rendezvous of 2; the KFP step waited minutes, then
+    failed on a rendezvous timeout. ``trainflow run`` refused it already; the step now does too."""
+    from components.training.step import run_train_step
+
+    spec = TrainJobSpec.build(backend="local", checkpoint_uri=str(tmp_path / "ckpt"), job_key="k", min_workers=2,
+                              max_workers=2, dataset_path=str(tmp_path / "ds"))
+    with pytest.raises(TrainStepError) as refused:
+        run_train_step(spec, model_dir=tmp_path / "model", work_dir=tmp_path / "work")
+    assert str(refused.value) == ("min_workers 2 needs 2 agents, and the local backend starts one (its ranks: "
+                                  "nproc_per_node); use min_workers 1, or the pytorchjob backend")
