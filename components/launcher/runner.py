@@ -48,7 +48,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -745,7 +745,8 @@ class PyTorchJobRunner:
     def _worker_pods(self, ref: JobRef) -> list[dict[str, Any]]:
         from lightkube.resources.core_v1 import Pod
 
-        return [_as_dict(p) for p in self.client.list(Pod, namespace=ref.namespace, labels={JOB_NAME_LABEL: ref.name})]
+        pods = (_as_dict(p) for p in self.client.list(Pod, namespace=ref.namespace, labels={JOB_NAME_LABEL: ref.name}))
+        return [p for p in pods if _of_job(p, ref)]
 
     def _warning_events(self, namespace: str) -> list[dict[str, Any]]:
         from lightkube.resources.core_v1 import Event
@@ -797,6 +798,8 @@ class PyTorchJobRunner:
         out = []
         with contextlib.suppress(Exception):
             for pod in self.client.list(Pod, namespace=ref.namespace, labels={JOB_NAME_LABEL: ref.name}):
+                if not _of_job(_as_dict(pod), ref):
+                    continue
                 for status in (pod.status and pod.status.containerStatuses) or []:
                     term = status.state and status.state.terminated
                     if term and term.exitCode:
@@ -1110,6 +1113,15 @@ def summarize_workers(pods: list[dict[str, Any]]) -> str:
     text = ", ".join(f"{n} {phase}" for phase, n in sorted(counts.items())) or "none yet"
     return (f"workers: {text}" + (f" ({'; '.join(sorted(reasons))})" if reasons else "")
             + (f"; {'; '.join(sorted(restarts))}" if restarts else ""))
+
+
+def _of_job(pod: Mapping[str, Any], ref: JobRef) -> bool:
+    """Whether ``pod`` (a dict) belongs to the job ``ref``: its controller ``ownerReference`` has the
+    job's uid. A job replaced under the same name leaves pods with the same job-name label behind for
+    a while (the garbage collector deletes them); their exit codes, logs and phases are not this
+    job's. A pod without a controller reference (none the operator makes) is counted."""
+    controllers = [o for o in (pod.get("metadata") or {}).get("ownerReferences") or [] if o.get("controller")]
+    return not controllers or not ref.uid or any(o.get("uid") == ref.uid for o in controllers)
 
 
 def _as_dict(obj: Any) -> dict[str, Any]:

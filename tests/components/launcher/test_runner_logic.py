@@ -457,3 +457,28 @@ def test_the_log_followers_get_one_drain_budget_however_many_workers_run(monkeyp
         released.set()
     assert len(following) == 8
     assert took < 1.5, f"the wait's end took {took:.1f} s (8 followers x 0.3 s = 2.4 s would be one budget each)"
+
+
+def test_pods_a_replaced_job_left_under_the_name_are_not_this_jobs() -> None:
+    """Review 2026-11-30: pods were matched by the job-name label only, so a replaced job's pods (the
+    garbage collector deletes them a while later) put their exit codes, and a stale "permanent:" line,
+    into this job's failure text."""
+    from components.launcher.runner import JobRef, PyTorchJobRunner
+
+    def worker(name: str, owner: str | None, code: int) -> dict:
+        refs = [] if owner is None else [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "train-x",
+                                          "uid": owner, "controller": True}]
+        return {"metadata": {"name": name, "namespace": "team-a", "uid": f"pod-{name}", "ownerReferences": refs},
+                "status": {"phase": "Failed", "containerStatuses": [{
+                    "name": "pytorch", "image": "img", "imageID": "", "restartCount": 0, "ready": False,
+                    "state": {"terminated": {"exitCode": code, "reason": "Error"}}}]}}
+
+    class _Pods(_FakeJobsApi):
+        def list(self, resource: Any, **_: Any) -> list:
+            return [resource.from_dict(p) for p in (worker("old-0", "uid-old", 2), worker("w-0", "uid-job", 1),
+                                                    worker("bare-0", None, 3))]
+
+    runner = PyTorchJobRunner(_Pods())
+    ref = JobRef("team-a", "train-x", "uid-job")
+    assert runner.pod_failures(ref) == "bare-0=exit 3 (Error); w-0=exit 1 (Error)"
+    assert [p["metadata"]["name"] for p in runner._worker_pods(ref)] == ["w-0", "bare-0"]
