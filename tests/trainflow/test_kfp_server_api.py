@@ -115,6 +115,24 @@ def test_a_training_run_reports_the_trainers_last_step_as_plugin_output(
     }
 
 
+def test_a_runs_local_pipeline_root_is_honoured_and_a_remote_one_refused(
+        http: httpx.Client, compiled_pipelines, tmp_path: Path) -> None:
+    """Review 2026-11-30: the server reported the client's runtime_config.pipeline_root on the run
+    while kfp.local wrote every artifact into the run's own folder."""
+    root = tmp_path / "artifacts"
+    body = {"display_name": "rooted", "pipeline_spec": spec_of(compiled_pipelines["tiny"]),
+            "runtime_config": {"parameters": {"a": 1, "b": 2}, "pipeline_root": str(root)}}
+    created = http.post(f"{API}/runs", json=body).raise_for_status().json()
+    assert created["runtime_config"]["pipeline_root"] == str(root)
+    run = wait_state(http, created["run_id"], TERMINAL)
+    assert run["state"] == "SUCCEEDED", run.get("error")
+    assert any(p.is_file() for p in root.rglob("*")), "no artifact under the run's pipeline root"
+    for remote in ("s3://bucket/root", "minio://mlpipeline/v2/artifacts", "relative/root"):
+        refused = http.post(f"{API}/runs", json={**body, "runtime_config": {"pipeline_root": remote}})
+        assert refused.status_code == 400 and refused.json()["code"] == 3, refused.text
+        assert refused.json()["message"].startswith(f"Invalid input error: pipeline_root {remote!r}: this local KFP")
+
+
 def test_failed_run_carries_the_component_error(http: httpx.Client, compiled_pipelines) -> None:
     body = {"display_name": "failing", "pipeline_spec": spec_of(compiled_pipelines["failing"])}
     created = http.post(f"{API}/runs", json=body).raise_for_status().json()

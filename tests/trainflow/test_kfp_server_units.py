@@ -412,9 +412,9 @@ def test_a_terminate_between_a_runs_creation_and_its_start_stops_it(tmp_path) ->
     try:
         submit = server.executor.submit
 
-        def terminated_first(run_id, spec, params):
+        def terminated_first(run_id, spec, params, **kw):
             server.terminate_run(run_id)
-            submit(run_id, spec, params)
+            submit(run_id, spec, params, **kw)
 
         server.executor.submit = terminated_first
         run = server.create_run({"display_name": "x", "pipeline_spec": {"pipelineInfo": {"name": "p"}, "root": {}}})
@@ -429,7 +429,7 @@ def test_a_terminate_between_a_runs_creation_and_its_start_stops_it(tmp_path) ->
 def test_a_run_the_executor_cannot_start_fails_instead_of_staying_pending(tmp_path) -> None:
     server = KfpServer(tmp_path, max_concurrent_runs=1, auth_token=None, terminate_grace_s=1)
     try:
-        def unwritable(run_id, spec, params):
+        def unwritable(run_id, spec, params, **kw):
             raise OSError(28, "No space left on device")
 
         server.executor.submit = unwritable

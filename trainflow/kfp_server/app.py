@@ -285,6 +285,7 @@ class KfpServer:
         spec, _platform = specs.unwrap_run_spec(pipeline_spec)  # kfp.local ignores the platform spec
         runtime_config = body.get("runtime_config") or {}
         params = specs.coerce_parameters(spec, runtime_config.get("parameters"))
+        pipeline_root = local_pipeline_root(runtime_config)
 
         if body.get("experiment_id"):
             experiment = self.store.get("experiments", body["experiment_id"], label="Experiment")
@@ -301,8 +302,7 @@ class KfpServer:
             "description": body.get("description") or "",
             "runtime_config": {
                 "parameters": runtime_config.get("parameters") or {},
-                "pipeline_root": runtime_config.get("pipeline_root")
-                or str(self.executor.run_dir(run_id) / "pipeline_root"),
+                "pipeline_root": pipeline_root or str(self.executor.run_dir(run_id) / "pipeline_root"),
             },
             "service_account": body.get("service_account") or "",
             "created_at": now,
@@ -336,7 +336,7 @@ class KfpServer:
                 label="Experiment",
             )
         try:
-            self.executor.submit(run_id, spec, params)
+            self.executor.submit(run_id, spec, params, pipeline_root=pipeline_root)
         except Exception as err:  # an unwritable run folder, a server shutting down: the run never starts
             message = f"kfp-server could not start the run: {err}"
             with contextlib.suppress(Exception):
@@ -439,6 +439,7 @@ class KfpServer:
             "namespace": body.get("namespace") or "",
             "experiment_id": experiment["experiment_id"],
         }
+        local_pipeline_root(runtime_config)  # refused now, not at each firing
         if runtime_config.get("parameters") or runtime_config.get("pipeline_root"):
             job["runtime_config"] = {k: v for k, v in runtime_config.items() if k in ("parameters", "pipeline_root")}
         if ref is None:
@@ -557,6 +558,26 @@ class KfpServer:
                 ) from None
             return
         self.executor.terminate(run_id)
+
+
+def local_pipeline_root(runtime_config: dict[str, Any]) -> str | None:
+    """The run's ``runtime_config.pipeline_root`` as a local folder, or ``None`` (the run's own
+    ``<data_dir>/runs/<run_id>/pipeline_root``). kfp.local keeps artifacts in local folders only, so a
+    remote root (``s3://``, ``minio://``, ``gs://``) is refused rather than ignored while the run
+    object reports it.
+
+    Raises:
+        ApiError: INVALID_ARGUMENT for a remote or relative root.
+    """
+    root = str(runtime_config.get("pipeline_root") or "")
+    if not root:
+        return None
+    path = root.removeprefix("file://")
+    if "://" in path or not os.path.isabs(path):
+        raise invalid_argument(
+            f"pipeline_root {root!r}: this local KFP server runs pipelines with kfp.local, which keeps artifacts "
+            "in local folders; give an absolute path, or none for the run's own folder")
+    return path
 
 
 def _lock_data_dir(data_dir: Path) -> int:

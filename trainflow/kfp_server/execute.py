@@ -4,10 +4,11 @@ Usage (by the server, never by hand)::
 
     python -m trainflow.kfp_server.execute RUN_DIR
 
-``RUN_DIR`` holds ``spec.yaml`` (the pipeline spec) and ``params.json`` (coerced parameters).
+``RUN_DIR`` holds ``spec.yaml`` (the pipeline spec), ``params.json`` (coerced parameters) and, when
+the run asked for one, ``pipeline-root.txt`` (its ``runtime_config.pipeline_root``, a local folder).
 The child loads the spec as a component (``kfp.components.load_component_from_file`` accepts a
-compiled pipeline), runs it under ``local.init(SubprocessRunner(use_venv=False))`` with
-``pipeline_root=RUN_DIR/pipeline_root``, and writes:
+compiled pipeline), runs it under ``local.init(SubprocessRunner(use_venv=False))`` with that
+pipeline root (default ``RUN_DIR/pipeline_root``), and writes:
 
 * ``events.jsonl``: one line per task start/finish, parsed from kfp.local's log lines as they
   are printed (``Executing task 'x'`` / ``Task 'x' finished with status SUCCESS``);
@@ -37,6 +38,8 @@ from typing import Any, TextIO
 #: ANSI/VT100 control sequences: CSI (colours, cursor moves) and OSC (titles, hyperlinks).
 #: Environment variable naming the inherited lifeline fd (see :func:`watch_lifeline`).
 LIFELINE_FD_ENV = "TRAINFLOW_KFP_SERVER_LIFELINE_FD"
+#: File in the run folder naming the run's own pipeline root (a local folder), when it asked for one.
+PIPELINE_ROOT_FILE = "pipeline-root.txt"
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 _EXECUTING = re.compile(r"Executing task '([^']+)'")
 _FINISHED = re.compile(r"Task '([^']+)' finished with status (\w+)")
@@ -198,9 +201,10 @@ def main(argv: list[str] | None = None) -> int:
             # component, torchelastic's) go with it too.
             (run_dir / "tmp").mkdir(exist_ok=True)
             os.environ["TMPDIR"] = str(run_dir / "tmp")
+            asked = run_dir / PIPELINE_ROOT_FILE
             local.init(
                 runner=local.SubprocessRunner(use_venv=False),
-                pipeline_root=str(run_dir / "pipeline_root"),
+                pipeline_root=asked.read_text() if asked.is_file() else str(run_dir / "pipeline_root"),
                 workspace_root=str(workspace),
                 raise_on_error=True,
             )

@@ -39,7 +39,7 @@ from typing import Any
 import psutil
 import yaml
 
-from trainflow.kfp_server.execute import LIFELINE_FD_ENV
+from trainflow.kfp_server.execute import LIFELINE_FD_ENV, PIPELINE_ROOT_FILE
 from trainflow.kfp_server.store import Store, now_rfc3339
 
 log = logging.getLogger(__name__)
@@ -122,12 +122,19 @@ class RunExecutor:
         return self.run_dir(run_id) / "logs" / METRICS_FILE
 
     # -- lifecycle -------------------------------------------------------------------------
-    def submit(self, run_id: str, spec: dict[str, Any], params: dict[str, Any]) -> None:
-        """Prepare the run folder and start a worker thread; the run is PENDING until it starts."""
+    def submit(self, run_id: str, spec: dict[str, Any], params: dict[str, Any], *,
+               pipeline_root: str | None = None) -> None:
+        """Prepare the run folder and start a worker thread; the run is PENDING until it starts.
+
+        Args:
+            pipeline_root: a local folder for the run's artifacts (default ``<run folder>/pipeline_root``).
+        """
         run_dir = self.run_dir(run_id)
         (run_dir / "pipeline_root").mkdir(parents=True, exist_ok=True)
         (run_dir / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
         (run_dir / "params.json").write_text(json.dumps(params))
+        if pipeline_root:
+            (run_dir / PIPELINE_ROOT_FILE).write_text(pipeline_root)
         cancel = threading.Event()
         thread = threading.Thread(
             target=self._work, args=(run_id, cancel), name=f"run-{run_id[:8]}", daemon=True
