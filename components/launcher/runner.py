@@ -443,8 +443,10 @@ class PyTorchJobRunner:
 
     # -- steps ------------------------------------------------------------------------------------
 
-    def create_or_reattach(self, spec: PyTorchJobSpec) -> tuple[JobRef, bool]:
-        """Ensure the job exists; return ``(ref, created)``.
+    def create_or_reattach(self, spec: PyTorchJobSpec, *, _raced: bool = False) -> tuple[JobRef, bool]:
+        """Ensure the job exists; return ``(ref, created)``. A job being deleted under the name is
+        waited for (its workers too) and created anew; a create that loses a race (409) decides
+        once more about the job it lost to (reattach, replace, or refuse), as for one found first.
 
         Raises:
             LauncherError: a job of another run/task (or iteration of this task) holds the name,
@@ -460,6 +462,15 @@ class PyTorchJobRunner:
         self.evict_orphans(spec)
         with self._calling("reading", where, spec.namespace):
             existing = self._get(spec.namespace, spec.name)
+        if existing is not None and existing.metadata.deletionTimestamp:
+            # being deleted (a user, an earlier attempt's clean-up): reattaching would end the wait
+            # at once with "deleted while the launcher waited"; create anew once it and its workers
+            # are gone
+            self._check_owner(existing, spec)
+            log.info("PyTorchJob %s/%s is being deleted: waiting for it and its workers before creating it anew",
+                     spec.namespace, spec.name)
+            self._delete_and_wait(existing, workers_too=True)
+            existing = None
         if existing is not None:
             self._check_owner(existing, spec)
             if self.settings.recreate_failed and (terminal_condition(existing) or ("",))[0] == "Failed":
@@ -485,12 +496,9 @@ class PyTorchJobRunner:
         try:
             created = self.client.create(self._resource.from_dict(manifest))
         except ApiError as err:
-            if err.status.code == 409:  # created concurrently (e.g. two launcher attempts racing)
-                with self._calling("reading", where, spec.namespace):
-                    existing = self._get(spec.namespace, spec.name)
-                if existing is not None:
-                    self._check_owner(existing, spec)
-                    return self._ref(existing), False
+            if err.status.code == 409 and not _raced:  # created concurrently (two launcher attempts racing,
+                # or a job being deleted still holds the name): decide again about what is there now
+                return self.create_or_reattach(spec, _raced=True)
             raise LauncherError(api_refusal("creating", where, spec.namespace, err)) from err
         except API_CALL_ERRORS as err:  # no answer: the job may or may not exist (a retry reattaches)
             raise LauncherError(self._failure_line("creating", where, spec.namespace, err)) from err

@@ -202,6 +202,44 @@ def test_a_failed_job_is_replaced_only_once_its_workers_are_gone_too() -> None:
     assert created and api.deleted == [old_uid] and ref.uid != old_uid and api.pod_lists == 2
 
 
+def test_a_job_being_deleted_under_the_name_is_awaited_then_created_anew() -> None:
+    """Review 2026-11-30: a job with a deletionTimestamp (a user's delete, an earlier attempt's
+    clean-up) was reattached, and the wait ended at once: "deleted while the launcher waited"."""
+    from components.launcher.pytorchjob import render_pytorchjob
+    from components.launcher.runner import PyTorchJobRunner
+
+    api = _FakeJobsApi()
+    manifest = render_pytorchjob(_job_spec())
+    manifest["metadata"]["deletionTimestamp"] = "2026-11-30T00:00:00Z"
+    old_uid = api.add(manifest)
+    runner = PyTorchJobRunner(api)
+    runner._pause_deleting = lambda ref, s: None
+    ref, created = runner.create_or_reattach(_job_spec())
+    assert created and ref.uid != old_uid and api.deleted == [old_uid]
+
+
+def test_a_create_that_loses_a_race_decides_again_about_the_job_it_lost_to() -> None:
+    """Review 2026-11-30: the 409 path reattached to whatever held the name, skipping the checks
+    made for a job found first (here: a Failed job, which is replaced)."""
+    from components.launcher.runner import PyTorchJobRunner
+
+    class _Racing(_FakeJobsApi):
+        raced = False
+
+        def create(self, obj: Any) -> Any:
+            if not self.raced:  # another attempt's job, already Failed, lands first
+                self.raced = True
+                self.failed_uid = self.add(dict(obj), conditions=[{"type": "Failed", "status": "True"}])
+                raise _api_error(409)
+            return super().create(obj)
+
+    api = _Racing()
+    runner = PyTorchJobRunner(api)
+    runner._pause_deleting = lambda ref, s: None
+    ref, created = runner.create_or_reattach(_job_spec())
+    assert created and api.deleted == [api.failed_uid] and ref.uid != api.failed_uid
+
+
 # -- whose job it is: the same run, task name and KFP task id (a dsl.ParallelFor iteration's) ------
 
 
