@@ -85,6 +85,9 @@ OUTAGE_BACKOFF_MAX_S = 30.0
 #: ``terminationGracePeriodSeconds`` (the garbage collector deleting the pods, the kubelet's
 #: SIGKILL); the wait is never shorter than ``RunnerSettings.delete_timeout_s``.
 DELETE_GRACE_MARGIN_S = 60
+#: Failed calls in a row, each an outage (:func:`api_outage`), that deleting a job and waiting for
+#: it and its workers rides out (:meth:`PyTorchJobRunner._riding_out`).
+DELETE_OUTAGE_RETRIES = 6
 #: Kubernetes' ``terminationGracePeriodSeconds`` when a pod sets none.
 DEFAULT_POD_GRACE_S = 30
 #: Seconds, in all, the end of :meth:`PyTorchJobRunner.wait` gives the worker log followers to drain
@@ -939,10 +942,11 @@ class PyTorchJobRunner:
             LaunchTerminated: SIGTERM (:attr:`stop_requested`) meanwhile.
         """
         ref = self._ref(job)
-        self.delete(ref)
+        self._riding_out(ref, lambda: self.delete(ref))
         with self._calling("waiting for the deletion of", f"PyTorchJob {ref}", ref.namespace):
             deadline = self.clock() + self.settings.delete_timeout_s
-            while (found := self._get(ref.namespace, ref.name)) is not None and found.metadata.uid == ref.uid:
+            while ((found := self._riding_out(ref, lambda: self._get(ref.namespace, ref.name))) is not None
+                   and found.metadata.uid == ref.uid):
                 if self.clock() > deadline:
                     raise LauncherError(
                         f"PyTorchJob {ref} was not deleted within {self.settings.delete_timeout_s:.0f} s"
@@ -955,13 +959,32 @@ class PyTorchJobRunner:
             grace_s = worker_grace_period_s(job)
             limit_s = max(self.settings.delete_timeout_s, grace_s + DELETE_GRACE_MARGIN_S)
             deadline = self.clock() + limit_s
-            while [p for p in self._worker_pods(ref)
+            while [p for p in self._riding_out(ref, lambda: self._worker_pods(ref))
                    if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]:
                 if self.clock() > deadline:
                     raise LauncherError(
                         f"PyTorchJob {ref} was deleted but its workers still run after {limit_s:.0f} s "
                         f"(their grace period is {grace_s:.0f} s; is the garbage collector running?)")
                 self._pause_deleting(ref, 0.5)
+
+    def _riding_out(self, ref: JobRef, call: Callable[[], Any]) -> Any:
+        """``call()``, called again after a pause while it fails with an outage (:func:`api_outage`:
+        429 from API Priority and Fairness, 5xx, no answer), up to :data:`DELETE_OUTAGE_RETRIES`
+        times in a row (pauses from ``poll_interval_s``, doubling, up to :data:`OUTAGE_BACKOFF_MAX_S`):
+        one throttled read used to fail a replacement minutes into its wait, the old job already
+        deleted. Any other failure, and the last one, is raised as it is."""
+        for attempt in range(DELETE_OUTAGE_RETRIES + 1):
+            try:
+                return call()
+            except (LauncherError, *API_CALL_ERRORS) as err:
+                cause = err.__cause__ if isinstance(err, LauncherError) else err
+                if attempt == DELETE_OUTAGE_RETRIES or cause is None or not api_outage(cause):
+                    raise
+                pause_s = min(self.settings.poll_interval_s * 2**attempt, OUTAGE_BACKOFF_MAX_S)
+                log.info("PyTorchJob %s: the API server is unavailable (%s); reading again in %.0f s",
+                         ref, _said(cause), pause_s)
+                self._pause_deleting(ref, pause_s)
+        raise AssertionError("unreachable")
 
     def _pause_deleting(self, ref: JobRef, seconds: float) -> None:
         if self.stop_requested.wait(seconds):

@@ -304,3 +304,36 @@ def test_the_cli_takes_the_outage_tolerance_and_refuses_a_negative_one(tmp_path:
     spec.write_text(json.dumps({"run_id": "r", "task_name": "t", "namespace": "team-a", "image": "img"}))
     assert main(["--spec", str(spec), "--outage-tolerance-s", "-1"]) == 2
     assert "outage_tolerance_s must be >= 0, got -1.0" in capsys.readouterr().err
+
+
+def test_a_replacement_rides_out_throttled_reads_while_it_waits() -> None:
+    """Review 2026-11-30: one 429 (API Priority and Fairness) or 503 during the wait for a replaced
+    job and its workers failed the launch, minutes in, the old job already deleted."""
+    clock = _Clock()
+
+    class _Throttled(_ReplacedJobApi):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            self.refusals = [_status_error(429, "too many requests"), _status_error(503, "unavailable"),
+                             _connect_error(), _status_error(429, "too many requests")]
+
+        def get(self, resource: Any, name: str, *, namespace: str) -> Any:
+            if self.deleted_at is not None and len(self.refusals) == 4:
+                raise self.refusals.pop(0)
+            return super().get(resource, name, namespace=namespace)
+
+        def list(self, resource: Any, **kw: Any) -> list:
+            if self.deleted_at is not None and self.refusals:
+                raise self.refusals.pop(0)
+            return super().list(resource, **kw)
+
+    api = _Throttled(clock, render_pytorchjob(_job_spec(**OLD, termination_grace_period_s=30)), 40)
+    runner, _ = _runner(api, clock)
+    ref, created = runner.create_or_reattach(_job_spec(**NEW))
+    assert created and ref.uid == "uid-new" and api.refusals == []
+    # a refusal is not an outage: it still fails at once
+    api = _ReplacedJobApi(clock, render_pytorchjob(_job_spec(**OLD)), 40)
+    api.list = lambda *a, **k: (_ for _ in ()).throw(_status_error(403, "forbidden"))
+    runner, _ = _runner(api, clock)
+    with pytest.raises(LauncherError, match="forbidden"):
+        runner.create_or_reattach(_job_spec(**NEW))
