@@ -578,6 +578,8 @@ class DefaultPolicy:
             if not j.placement or want == 0:
                 continue
             cur = j.placement.workers
+            if not j.min_workers <= cur <= j.max_workers:
+                continue  # bounds changed under it (a user lowered max_workers): never kept out of them
             if j.name in cooling or cur / (1 + self.tolerance) < want < cur * (1 + self.tolerance):
                 targets[j.name] = cur
         used = sum(targets[j.name] * j.gpus_per_worker for j in jobs)

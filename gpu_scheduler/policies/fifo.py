@@ -107,13 +107,20 @@ class ElasticFifoPolicy:
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> Decision:
         free = snapshot.total_gpus
         targets: dict[str, int] = {}
+        # a job whose minimum exceeds the whole cluster can never start: it waits without blocking
+        # the queue behind it (it left every GPU idle, running jobs preempted, for good)
+        never = {j.name for j in snapshot.jobs if j.min_workers * j.gpus_per_worker > snapshot.total_gpus}
         for job in snapshot.jobs:
+            if job.name in never:
+                continue
             need = job.min_workers * job.gpus_per_worker
             if need > free:
                 break
             targets[job.name] = job.min_workers
             free -= need
         for job in snapshot.jobs:
+            if job.name in never:
+                continue
             if job.name not in targets:
                 break
             cap = job.requested_workers if self.grow_to == "requested" else job.max_workers

@@ -209,8 +209,7 @@ class _Problem:
         """The previous round's Pareto front (per-job annotations; jobs new since get zero rows),
         or the current allocation alone."""
         J, N = self.shape
-        rows = [None if s is None else [[(int(a), int(b)) for a, _, b in (p.partition(":") for p in m.split(",") if p)]
-                                        for m in s.split(";")] for s in self.annot_rows]
+        rows = [None if s is None else _population_row(s) for s in self.annot_rows]
         count = max((len(r) for r in rows if r is not None), default=0)
         if count == 0:
             return self.base[None].copy()
@@ -220,7 +219,7 @@ class _Problem:
                 continue
             for k, pairs in enumerate(members[:count]):
                 for n, c in pairs:
-                    if 0 <= n < N:
+                    if 0 <= n < N and 0 <= c <= np.iinfo(np.int16).max:
                         states[k, j, n] = c
         return states
 
@@ -525,3 +524,14 @@ def _nsga2(problem: _Problem, initial: np.ndarray, rng: np.random.Generator, pop
         pop, f, rank, crowd = merged[keep], mf[keep], rank_all[keep], crowd_all[keep]
     first = rank == 0
     return _Front(states=pop[first], f=f[first])
+
+
+def _population_row(text: str) -> list[list[tuple[int, int]]] | None:
+    """A job's population annotation (``"node:count,...;..."``, one member per ``;``) as pairs, or
+    ``None`` when it does not parse (an edited or truncated annotation): the job then starts from its
+    current allocation, as a new one does. A policy never raises over an annotation (base.py)."""
+    try:
+        return [[(int(a), int(b)) for a, _, b in (p.partition(":") for p in member.split(",") if p)]
+                for member in text.split(";")]
+    except ValueError:
+        return None

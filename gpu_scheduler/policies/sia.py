@@ -179,9 +179,16 @@ class SiaPolicy:
             res = milp(np.array(cost_rows), integrality=np.ones(n_var), bounds=Bounds(lb_x, np.ones(n_var)),
                        constraints=[LinearConstraint(a, -np.inf, ub)],
                        options={"mip_rel_gap": self.mip_rel_gap, "presolve": True})
-            if res.x is not None:
-                for k in np.flatnonzero(np.round(res.x) >= 1):
-                    chosen[jobs[var_job[k]].name] = var_cfg[k]
+            if res.x is None:
+                # No solution: the jobs still in their restart window, which must keep their
+                # configuration, hold more GPUs than the schedulable nodes have (a node went NotReady
+                # or was cordoned under them). Preempting every job would be the worst answer: keep them.
+                kept = {j.name: j.placement for j in jobs if j.running}
+                return Decision.from_placements(snapshot, kept, policy=self.name, now_s=now_s, reasons={
+                    j.name: ("keeps its GPUs" if j.name in kept else "waits") + ": the Sia ILP has no solution "
+                    "(jobs in their restart window hold more GPUs than the schedulable nodes have)" for j in jobs})
+            for k in np.flatnonzero(np.round(res.x) >= 1):
+                chosen[jobs[var_job[k]].name] = var_cfg[k]
         placements = self._place(snapshot, jobs, configs, chosen, currents, gpn)
         reasons = {j.name: (f"{configs[chosen[j.name]][1]} GPUs on {configs[chosen[j.name]][0]} node(s): Sia ILP"
                             if j.name in chosen else "waits: Sia ILP gave it no configuration") for j in jobs}

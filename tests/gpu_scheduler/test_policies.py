@@ -396,3 +396,28 @@ def test_every_policy_returns_a_valid_decision(name: str, gpw: int) -> None:
         assert d.policy == name and d.made_at_s == 1000.0
         # Pure: the same input gives the same decision.
         assert create(name).decide(snap, 1000.0).placements() == d.placements()
+
+
+def test_default_keeps_no_job_above_a_lowered_max_workers() -> None:
+    """Review 2026-11-30: a job running 4 workers (2 + 2 over two nodes) whose max_workers was lowered
+    to 3 was kept at 4 by the hysteresis; its move then failed Decision.validate ("outside [1, 3]")
+    on every tick, so the controller changed nothing for any job until that job ended."""
+    snap = ClusterSnapshot(nodes=cluster(), jobs=(
+        job("a", 0, req=3, max_w=3, on={"n0": 2, "n1": 2}, since=0),
+    ))
+    decision = DefaultPolicy().decide(snap, 600)
+    decision.validate(snap)
+    assert 1 <= workers(decision)["a"] <= 3
+
+
+def test_elastic_fifo_does_not_idle_the_cluster_behind_a_job_that_can_never_fit() -> None:
+    """Review 2026-11-30: a job whose minimum (8 GPUs) exceeds the cluster (4) blocked the queue for
+    good: the running job behind it was preempted and every GPU stayed idle."""
+    snap = ClusterSnapshot(nodes=cluster(1, 4), jobs=(
+        job("huge", 0, req=8, min_workers=8),
+        job("b", 10, req=2, on={"n0": 2}, since=0),
+        job("c", 20, req=4),
+    ))
+    d = create("elastic_fifo").decide(snap, 60)
+    d.validate(snap)
+    assert workers(d) == {"huge": 0, "b": 2, "c": 2}  # b keeps its request, c gets the rest

@@ -110,6 +110,13 @@ def test_pollux_allocates_validly_deterministically_and_keeps_its_population() -
     again = _snapshot([Job(**{**{f: getattr(j, f) for f in j.__dataclass_fields__ if not f.startswith("_")},
                               "annotations": d1[j.name].annotations}) for j in jobs])
     policy.decide(again, 3660.0).validate(again)
+    # an edited or truncated population annotation is ignored, never raised over (review 2026-11-30:
+    # a ValueError there made the controller change nothing for any job, as the annotation is only
+    # rewritten after a decision)
+    for bad in ("0:2;x", "0:2,1", "0:99999999"):
+        broken = _snapshot([Job(**{**{f: getattr(j, f) for f in j.__dataclass_fields__ if not f.startswith("_")},
+                                   "annotations": {**d1[j.name].annotations, POPULATION_KEY: bad}}) for j in jobs])
+        policy.decide(broken, 3660.0).validate(broken)
     with pytest.raises(UnknownPolicy, match="fairness_p must not be 0"):
         create("pollux", fairness_p=0.0)
 
@@ -155,6 +162,20 @@ def test_sia_keeps_a_job_inside_its_restart() -> None:
     job = _job("a", 0.0, on={"n0": 1}, model=_model(profiled=1), since=3590.0)
     snap = _snapshot([job], nodes=2)
     assert create("sia", restart_penalty_s=30.0).decide(snap, 3600.0)["a"].placement == job.placement
+
+
+def test_sia_keeps_every_job_when_its_ilp_has_no_solution() -> None:
+    """Review 2026-11-30: three jobs of 4 GPUs in their restart window must keep their configuration,
+    but node n2 went NotReady under one of them, so 12 forced GPUs meet 8 schedulable: the ILP had no
+    solution and Sia preempted every job."""
+    jobs = [_job(name, on={node: 4}, model=_model(profiled=4), since=3590.0)
+            for name, node in (("a", "n0"), ("b", "n1"), ("c", "n2"))]
+    nodes = (Node(name="n0", gpus=4), Node(name="n1", gpus=4), Node(name="n2", gpus=4, schedulable=False))
+    snap = ClusterSnapshot(nodes=nodes, jobs=tuple(jobs), taken_at_s=3600.0)
+    d = create("sia", restart_penalty_s=30.0).decide(snap, 3600.0)
+    d.validate(snap)
+    assert {j.job: j.placement for j in d} == {j.name: j.placement for j in jobs}
+    assert "the Sia ILP has no solution" in d["a"].reason
 
 
 def test_report_runs_pollux_sia_and_default_with_the_harness_restart_cost() -> None:
