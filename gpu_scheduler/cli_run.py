@@ -1,4 +1,5 @@
-"""The ``run`` subcommand: start the live controller (flags mirror :class:`ControllerSettings`);
+"""The ``run`` subcommand: start the live controller (flags mirror :class:`ControllerSettings`, except
+the leader election's timings, client-go's defaults, and identity, the pod name and a random suffix);
 ``release``: hand the PyTorchJobs back before the controller is removed."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Settings of the live controller and the policy ConfigMap format.
 
-:class:`ControllerSettings` is what ``python -m gpu_scheduler run`` builds from its flags (every
-flag also reads an environment variable, see ``--help``). The policy itself comes from a ConfigMap
+:class:`ControllerSettings` is what ``python -m gpu_scheduler run`` builds from its flags (``--help``;
+``--prometheus-url`` and the namespace also read ``PROMETHEUS_URL`` and ``POD_NAMESPACE``). The policy
+itself comes from a ConfigMap
 watched through the API, so changing it switches the policy at the next tick, without a restart::
 
     apiVersion: v1
@@ -13,7 +14,8 @@ watched through the API, so changing it switches the policy at the next tick, wi
         params: {}               # keyword parameters of that policy
         interval_s: 60           # seconds between ticks (optional)
 
-``data.policy`` / ``data.params`` / ``data.interval_s`` as separate keys are accepted too.
+``data.policy`` / ``data.params`` / ``data.interval_s`` as separate keys are accepted too (one form or
+the other; any other data key is refused). Parameters are checked against the policy's field types.
 """
 
 from __future__ import annotations
@@ -90,8 +92,17 @@ def parse_policy_config(data: Mapping[str, str]) -> PolicyConfig:
     """Parse the policy ConfigMap's ``data``.
 
     Raises:
-        ConfigError: no policy named, malformed YAML, params not a mapping, bad interval.
+        ConfigError: no policy named, malformed YAML, params not a mapping, bad interval, a data key
+            other than ``policy.yaml`` or ``policy``/``params``/``interval_s``, or both forms at once.
     """
+    separate = {"policy", "params", "interval_s"}
+    stray = sorted(set(data) - separate - {"policy.yaml"})
+    if stray:  # a key set beside the others was silently dropped (``interval`` for ``interval_s``)
+        raise ConfigError(f"policy ConfigMap has unknown data keys {stray}; allowed: policy.yaml, or "
+                          "policy, params, interval_s")
+    if "policy.yaml" in data and separate & set(data):
+        raise ConfigError(f"policy ConfigMap sets policy.yaml and {sorted(separate & set(data))}: use one form "
+                          "(the separate keys were ignored)")
     try:
         if "policy.yaml" in data:
             doc = yaml.safe_load(data["policy.yaml"]) or {}

@@ -130,12 +130,46 @@ def create(name: str, **params: Any) -> Policy:
     entry = _REGISTRY.get(name)
     if entry is None:
         raise UnknownPolicy(f"unknown policy {name!r}; choose one of: {', '.join(names())}")
+    _check_types(name, entry.factory, params)
     try:
         return entry.factory(**params)
     except TypeError as exc:
         raise UnknownPolicy(f"policy {name!r}: bad parameters {sorted(params)}: {exc}") from exc
     except ValueError as exc:
         raise UnknownPolicy(f"policy {name!r}: {exc}") from exc
+
+
+def _check_types(name: str, factory: Any, params: Mapping[str, Any]) -> None:
+    """Refuse a parameter whose value is not of its field's default's type (a YAML ``"false"`` for a
+    bool field was truthy; a string for a number failed later, mid-decision). Numbers of any kind are
+    numbers (an int for a float field; numpy scalars); a tuple field takes a list or tuple of numbers.
+    Parameters the policy does not take are left to its constructor (a TypeError, named)."""
+    import numbers
+
+    if not dataclasses.is_dataclass(factory):
+        return
+    defaults = {f.name: f.default for f in dataclasses.fields(factory) if f.init}
+    for key, value in params.items():
+        default = defaults.get(key, dataclasses.MISSING)
+        if default is dataclasses.MISSING or default is None:
+            continue
+        if isinstance(default, bool):
+            ok = isinstance(value, bool) or type(value).__name__ == "bool_"
+        elif isinstance(default, numbers.Integral):
+            ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        elif isinstance(default, numbers.Real):
+            ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        elif isinstance(default, tuple):
+            ok = isinstance(value, tuple | list) and all(
+                isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value)
+        elif isinstance(default, str):
+            ok = isinstance(value, str)
+        else:
+            ok = True
+        if not ok:
+            kind = "a list of numbers" if isinstance(default, tuple) else f"a {type(default).__name__}"
+            raise UnknownPolicy(f"policy {name!r}: parameter {key} must be {kind}, got {value!r} "
+                                f"({type(value).__name__})")
 
 
 def parse_params(name: str, pairs: list[str] | tuple[str, ...]) -> dict[str, Any]:

@@ -199,6 +199,10 @@ def test_policy_switch_through_the_configmap_takes_effect_at_the_next_tick() -> 
         ({"policy.yaml": "policy: test-keep\ninterval_s: .inf"}, "interval_s must be between 1 and 86400 s, got inf"),
         ({"policy.yaml": "policy: test-keep\ninterval_s: 1e10"}, "interval_s must be between 1 and 86400 s"),
         ({"policy.yaml": "policy: test-keep\ninterval_s: 0.01"}, "interval_s must be between 1 and 86400 s"),
+        # silently dropped before (review 2026-11-30): a key beside the others, both forms at once
+        ({"policy": "test-keep", "interval": "15"}, "unknown data keys ['interval']"),
+        ({"policy.yaml": "policy: test-keep", "interval_s": "15"},
+         "policy ConfigMap sets policy.yaml and ['interval_s']: use one form"),
     ],
 )
 def test_invalid_configmap_keeps_the_current_policy(data: dict, error: str) -> None:

@@ -48,6 +48,14 @@ def test_registry_errors_are_one_line_and_name_the_choices() -> None:
         create("fifo", quantum_s=3)
     with pytest.raises(UnknownPolicy, match="quantum_s must be > 0"):
         create("round_robin", quantum_s=0)
+    # a ConfigMap's YAML types are checked against the field (review 2026-11-30: "false" was truthy)
+    with pytest.raises(UnknownPolicy, match=r"parameter use_measured_throughput must be a bool, got 'false' \(str\)"):
+        create("default", use_measured_throughput="false")
+    with pytest.raises(UnknownPolicy, match="parameter quantum_s must be a float, got 'soon'"):
+        create("round_robin", quantum_s="soon")
+    with pytest.raises(UnknownPolicy, match="queue_thresholds_gpu_s must be a list of numbers"):
+        create("tiresias", queue_thresholds_gpu_s=["an hour"])
+    assert create("round_robin", quantum_s=300).quantum_s == 300  # an int for a float field is a number
 
 
 def test_parse_params_converts_to_the_field_types() -> None:
