@@ -648,6 +648,12 @@ def plan_decision(
         restart = False
         if not job.suspended and _between_worker_generations(view):
             continue  # finishing, or its pods are being replaced: the next tick sees which
+        if (bound > job.spec_workers and not job.suspended) or (job.suspended and bound):
+            # A scale-down or a suspension the operator has not carried out yet (its surplus pods
+            # are not terminating yet): the policy sees the old width and would undo the change
+            # (replicas back up, labelled a trim; a RESUME of the job just preempted). The next
+            # tick sees the job as it is.
+            continue
         if target == 0:
             if not job.suspended:
                 kind = ActionKind.PREEMPT if bound else ActionKind.QUEUE

@@ -172,6 +172,17 @@ def test_a_pending_worker_below_the_target_is_not_trimmed_by_deleting_running_on
     assert a.patches[0].body["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
 
 
+def test_a_change_the_operator_has_not_carried_out_yet_is_not_undone() -> None:
+    """Review 2026-11-30: right after a scale-down (replicas 2) the operator had not yet stopped the
+    surplus workers, so the policy saw the 4 still bound and kept them: the planner set replicas back
+    to 4 (labelled a trim). A job just suspended with its pods still live was resumed the same way."""
+    views = {"ns/a": jview(bound={"n0": 4}, replicas=2, started_at=T0 - 50),
+             "ns/b": jview("b", bound={"n1": 2}, replicas=2, suspend=True, started_at=T0 - 50,
+                           annotations={SUSPENDED_BY: FIELD_MANAGER})}
+    decision, snap = decide(views, {"ns/a": {"n0": 4}, "ns/b": {"n1": 2}})
+    assert plan_decision(decision, snap, views, T0, SETTINGS) == ()
+
+
 def test_policy_annotations_are_prefixed_and_deleted_with_empty_values() -> None:
     views = {"ns/a": jview(bound={"n0": 2}, replicas=2, annotations={POLICY_ANNOTATION_PREFIX + "old": "1"})}
     decision, snap = decide(views, {"ns/a": {"n0": 2}}, annotations={"ns/a": {"queue": "2", "old": ""}})
