@@ -48,6 +48,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal
 
 from gpu_scheduler.kube import (
@@ -588,9 +589,14 @@ def _reshape_step(view: JobView, memo: JobMemo, now_s: float, settings: PlanSett
     ops.append({"op": "add", "path": f"{base}/{job.gpu_container}/resources", "value": resources})
     if _nproc_follows_gpus(job):
         ops.append({"op": "replace", "path": "/spec/nprocPerNode", "value": str(gpw)})
+    # Worker counts change meaning with the GPUs per worker: the user's request is carried over in
+    # GPUs (8 x 1 GPU -> 2 x 4), and throughput measured per worker count at the old size is dropped
+    # (a rigid policy asked for 8 workers x 4 GPUs, default fitted its curve to 1-GPU workers).
+    requested_gpus = (memo.requested_workers or job.spec_workers) * job.gpus_per_worker
     new = memo.but(reshape=None, suspended_by_scheduler=False,
                    scale_up=ScaleUpWatch(from_workers=0, to_workers=workers, at_s=now_s),
-                   restarts=memo.restarts + 1)
+                   restarts=memo.restarts + 1, requested_workers=max(1, -(-requested_gpus // gpw)),
+                   throughput=MappingProxyType({}))
     template = Patch(namespace=job.namespace, name=job.name, body=ops, patch_type="json")
     resume = Patch(namespace=job.namespace, name=job.name, body={
         "metadata": {"annotations": new.changed_annotations(job.annotations)},

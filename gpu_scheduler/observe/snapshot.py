@@ -279,6 +279,7 @@ class _JobLedger:
     at_s: float
     book: ThroughputBook
     uid: str = ""  # the job's metadata.uid: a job recreated under the same name starts afresh
+    gpus_per_worker: int = 0  # the book's worker counts are of workers this size
 
 
 class Ledger:
@@ -300,13 +301,16 @@ class Ledger:
             from_memo = memo.attained_service_gpu_s + view.placement.gpus(gpw) * max(0.0, now_s - memo.attained_at_s)
         unit = memo.throughput_unit if memo.throughput_unit in _UNITS else UNIT_SAMPLES_PER_S
         book = ThroughputBook(unit=unit, by_workers=memo.throughput)
-        return _JobLedger(attained_gpu_s=max(from_memo, from_pods), at_s=now_s, book=book, uid=view.job.uid)
+        return _JobLedger(attained_gpu_s=max(from_memo, from_pods), at_s=now_s, book=book, uid=view.job.uid,
+                          gpus_per_worker=gpw)
 
     def advance(self, view: ClusterView, now_s: float) -> None:
         """Integrate attained service up to ``now_s`` (GPUs held x seconds since the last call);
         seed new jobs; forget jobs that are gone. A job deleted and created again under the same
         name between two calls (another ``metadata.uid``) is a new job: seeded afresh, inheriting
-        neither the old one's attained service nor its throughput."""
+        neither the old one's attained service nor its throughput. A job whose GPUs per worker
+        changed keeps its attained service and starts a new throughput book (its worker counts
+        now mean other workers)."""
         for key in self._jobs.keys() - view.jobs.keys():
             del self._jobs[key]
         for key, jv in view.jobs.items():
@@ -317,6 +321,9 @@ class Ledger:
             dt_s = max(0.0, now_s - entry.at_s)
             entry.attained_gpu_s += jv.placement.gpus(jv.job.gpus_per_worker) * dt_s
             entry.at_s = now_s
+            if entry.gpus_per_worker != jv.job.gpus_per_worker:  # reshaped: its counts mean other workers
+                entry.book = ThroughputBook()
+                entry.gpus_per_worker = jv.job.gpus_per_worker
 
     def record(self, view: ClusterView, metrics: MetricsSample, now_s: float) -> dict[str, tuple[str, int, float]]:
         """Record throughput for every running job whose configuration was stable over the

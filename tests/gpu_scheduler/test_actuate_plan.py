@@ -263,7 +263,9 @@ def test_gpus_per_worker_change_goes_suspend_then_patch_then_resume() -> None:
     waiting = {"ns/a": JobView(job=pytorchjob_state(pytorchjob("ns", "a", replicas=4, gpus=1, suspend=True,
                                                                annotations=memo)), terminating_workers=2)}
     assert plan_safety(waiting, T0 + 5, SETTINGS) == ()
+    memo[ANNOTATION_PREFIX + "throughput"] = json.dumps({"unit": "samples/s", "by_workers": {"4": 400.0}})
     gone = {"ns/a": jview(replicas=4, gpus=1, suspend=True, rv="9", annotations=memo)}
+    assert dict(gone["ns/a"].job.memo.throughput) == {4: 400.0}
     a = only(plan_safety(gone, T0 + 10, SETTINGS), ActionKind.RESHAPE_RESUME)
     template, resume = a.patches
     assert template.patch_type == "json"
@@ -277,6 +279,11 @@ def test_gpus_per_worker_change_goes_suspend_then_patch_then_resume() -> None:
     assert ops[3] == {"op": "replace", "path": "/spec/nprocPerNode", "value": "2"}
     assert resume.body["spec"] == {"runPolicy": {"suspend": False}, "pytorchReplicaSpecs": {"Worker": {"replicas": 2}}}
     assert resume.body["metadata"]["annotations"][ANNOTATION_PREFIX + "reshape"] is None
+    # review 2026-11-30: the request is carried over in GPUs (4 x 1 -> 2 x 2), not left as 4 workers
+    # (of 2 GPUs now), and throughput measured per worker count of 1-GPU workers is dropped
+    changed = resume.body["metadata"]["annotations"]
+    after = JobMemo.parse({k: v for k, v in {**memo, **changed}.items() if v is not None})
+    assert after.requested_workers == 2 and dict(after.throughput) == {}
 
 
 def test_gpus_per_worker_change_is_refused_when_ranks_are_set_in_the_deprecated_field() -> None:

@@ -84,6 +84,23 @@ def test_snapshot_builds_jobs_with_bounds_throughput_and_policy_state() -> None:
     assert [(n.name, n.gpus, n.gpus_unavailable) for n in build.snapshot.nodes] == [("n0", 8, 0), ("n1", 8, 0)]
 
 
+def test_a_reshaped_job_keeps_its_attained_service_and_starts_a_new_throughput_book() -> None:
+    """Review 2026-11-30: after 4 workers x 1 GPU became 2 x 2, the book still said what 1-GPU
+    workers did per count (2 workers: 200 samples/s), which default fits its speedup curve to."""
+    job, pods = running_job("ns", "a", ["n0", "n0"], gpus=1, started=T0 - 600)
+    view = view_of([node("n0")], pods, [job])
+    ledger = Ledger()
+    ledger.advance(view, T0)
+    ledger.record(view, metrics(dcgm_for(view), {"ns/a": JobThroughput(samples_per_s=200.0, world_size=2)}), T0)
+    assert dict(ledger.book("ns/a").by_workers) == {2: 200.0}
+    job2, pods2 = running_job("ns", "a", ["n0", "n0"], gpus=2, started=T0 - 600)
+    reshaped = view_of([node("n0")], pods2, [job2])
+    before = ledger.attained_gpu_s("ns/a")
+    ledger.advance(reshaped, T0 + 60)
+    assert dict(ledger.book("ns/a").by_workers) == {}
+    assert ledger.attained_gpu_s("ns/a") == pytest.approx(before + 2 * 2 * 60)
+
+
 def test_adaptive_batch_job_throughput_is_its_latest_goodput_curve_and_work_left_is_reported() -> None:
     job_a, pods_a = running_job("ns", "a", ["n0", "n1"], started=T0 - 600)
     view = view_of([node("n0"), node("n1")], pods_a, [job_a])
