@@ -294,24 +294,21 @@ def epoch_permutation(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
 
 
 def steps_per_epoch(num_samples: int, global_batch_size: int) -> int:
-    """Steps in one epoch; the last batch may be smaller (every sample is used once), and a last
-    batch of one sample joins the one before it (:func:`global_batch`)."""
-    steps = math.ceil(num_samples / global_batch_size)
-    if global_batch_size > 1 and steps > 1 and num_samples % global_batch_size == 1:
-        steps -= 1
-    return steps
+    """Steps in one epoch; the last batch may be smaller (every sample is used once)."""
+    return math.ceil(num_samples / global_batch_size)
 
 
 def global_batch(perm: torch.Tensor, samples_in_epoch: int, global_batch_size: int) -> torch.Tensor:
     """Sample ids of the next global batch: ``perm[pos : pos + B]``, shorter at the epoch's end, and
-    ``B + 1`` long when it would leave exactly one sample for a last batch (``B > 1``): a batch of one
-    sample is one rank's batch of one (:func:`shard`), which a BatchNorm layer in training mode
-    refuses when its feature map is 1x1 (ResNet-18 on 8x8 images), at the same step after every
-    restart. A pure function of the position and ``B``, so a resume (and an adaptive batch re-picked
-    mid-epoch) sees the same batches."""
+    ``B - 1`` long when it would leave exactly one sample for a last batch (``B >= 3``), so that the
+    last one has two: a batch of one sample is one rank's batch of one (:func:`shard`), which a
+    BatchNorm layer in training mode refuses when its feature map is 1x1 (ResNet-18 on 8x8 images),
+    at the same step after every restart. No batch exceeds ``B`` (a memory bound) and the epoch keeps
+    its :func:`steps_per_epoch`. A pure function of the position and ``B``, so a resume (and an
+    adaptive batch re-picked mid-epoch) sees the same batches."""
     end = samples_in_epoch + global_batch_size
-    if global_batch_size > 1 and len(perm) - end == 1:
-        end += 1
+    if global_batch_size >= 3 and len(perm) - end == 1:
+        end -= 1
     return perm[samples_in_epoch:end]
 
 

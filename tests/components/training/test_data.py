@@ -42,8 +42,8 @@ def test_every_sample_once_per_epoch_across_resizes(world_sizes) -> None:
 
 
 @pytest.mark.parametrize(("n", "batch", "sizes"), [
-    (17, 8, [8, 9]),  # review 2026-11-30: a last batch of one sample joins the one before
-    (16, 8, [8, 8]), (18, 8, [8, 8, 2]), (1, 8, [1]), (3, 1, [1, 1, 1]), (9, 8, [9]),
+    (17, 8, [8, 7, 2]),  # review 2026-11-30: never a last batch of one sample, never one above B
+    (16, 8, [8, 8]), (18, 8, [8, 8, 2]), (1, 8, [1]), (3, 1, [1, 1, 1]), (9, 8, [7, 2]), (5, 2, [2, 2, 1]),
 ])
 def test_no_epoch_ends_in_a_batch_of_one_sample(n: int, batch: int, sizes: list[int]) -> None:
     perm = d.epoch_permutation(n, seed=0, epoch=0)

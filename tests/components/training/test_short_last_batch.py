@@ -17,8 +17,8 @@ GLOBAL_BATCH = 287
 @pytest.mark.parametrize(("global_batch", "steps"), [
     (GLOBAL_BATCH, 6),
     # 1,438 = 3 x 479 + 1: a last global batch of one sample was one rank's batch of one (review
-    # 2026-11-30); it joins the third batch (480 samples)
-    (479, 3),
+    # 2026-11-30); the third batch gives it one (478, then 2)
+    (479, 4),
 ])
 def test_a_short_last_batch_over_two_ranks_trains_with_batchnorm(digits_dataset, make_job, global_batch,
                                                                  steps) -> None:

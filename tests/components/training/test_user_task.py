@@ -8,7 +8,7 @@ on CPU), as ``test_resume.py`` and ``test_elastic_resize.py`` do for the built-i
   (``float.hex``) and final weights as an uninterrupted job, and the task's own state
   (``state_dict``) is restored, not restarted;
 * the job resizes 2 → 1 → 2 ranks with every training sample seen exactly once in the epoch, the
-  last global batch being a single sample (one rank holds none: its weight-0 placeholder);
+  last global batch being two samples, one rank's pair (the other holds none: its weight-0 placeholder);
 * ``trainflow run --task`` trains it through the pipeline (kfp.local) with a fault, and the
   evaluate step reports the task's own metric.
 """
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
 TASK = "my_pkg.tasks:NoisyRegression"
-N_TRAIN = 225  # 14 global batches of 16, then one of a single sample
+N_TRAIN = 225  # 13 global batches of 16, one of 15, then one of 2 (never a batch of one sample)
 
 TASK_CODE = '''
 import time
@@ -237,9 +237,9 @@ def test_a_user_task_resizes_2_1_2_with_every_sample_once(user_pkg, tmp_path) ->
     by_step = collections.defaultdict(list)
     for r in lineage:
         by_step[r["step"]].append(len(r["ids"]))
-    # The epoch's last global batch is one sample: at world size 2 one rank has none (its
-    # placeholder, weight 0), and the job goes on.
-    assert any(sorted(by_step[15 * e]) == [0, 1] for e in range(1, 5))
+    # The epoch's last global batch is two samples, one rank's pair (data.shard): at world size 2
+    # the other rank has none (its placeholder, weight 0), and the job goes on.
+    assert any(sorted(by_step[15 * e]) == [0, 2] for e in range(1, 5))
 
     sizes = [r["world_size"] for r in sorted(lineage, key=lambda r: r["step"]) if r["rank"] == 0]
     assert [s for i, s in enumerate(sizes) if i == 0 or sizes[i - 1] != s] == [2, 1, 2]
