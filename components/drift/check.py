@@ -32,8 +32,10 @@ and nothing is downloaded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -307,11 +309,17 @@ def run_drift_check(source: str, *, registry_uri: str, model_name: str, threshol
     if listing is not None and not listing:
         raise DatasetError(f"{source} holds no objects (a prefix or folder that does not exist, or an empty dataset)")
     new_listing_fp = listing_fingerprint(listing) if listing is not None else ""
-    try:
+
+    @contextlib.contextmanager
+    def reading_registry() -> Iterator[None]:  # a storage failure reading it is one RegistryError line
+        try:
+            yield
+        except CheckpointStorageError as e:
+            raise RegistryError(f"model registry {registry_uri}: {e}") from e
+
+    with reading_registry():
         registry = ModelRegistry(storage_for(registry_uri))
         current = registry.current(model_name)
-    except CheckpointStorageError as e:
-        raise RegistryError(f"model registry {registry_uri}: {e}") from e
     base = {"thresholds": asdict(th), "new": {"source": source, "listing_fingerprint": new_listing_fp}}
     if current is None:
         return DriftReport(decision="no-reference", reasons=[f"model {model_name!r} has no current version"], **base)
@@ -324,10 +332,8 @@ def run_drift_check(source: str, *, registry_uri: str, model_name: str, threshol
     if PROFILE_FILE not in current.files:
         return DriftReport(decision="no-reference", reasons=[f"version {current.version} of {model_name!r} has no "
                            "data profile (registered before drift checks)"], reference=ref_info, **base)
-    try:
+    with reading_registry():
         profile = registry.read_file(model_name, current.version, PROFILE_FILE)
-    except CheckpointStorageError as e:
-        raise RegistryError(f"model registry {registry_uri}: {e}") from e
     reference = DataProfile.from_json(json.loads(profile))
     with tempfile.TemporaryDirectory(prefix="trainflow-drift-", dir=work_dir) as tmp:
         channels, height, _ = reference.image_shape
@@ -352,10 +358,8 @@ def run_drift_check(source: str, *, registry_uri: str, model_name: str, threshol
         accuracy = None
         recorded = current.lineage.get("metrics", {})
         if recorded.get("test_accuracy") is not None:
-            try:
+            with reading_registry():
                 model_dir = registry.download(model_name, current.version, Path(tmp, "model"))
-            except CheckpointStorageError as e:
-                raise RegistryError(f"model registry {registry_uri}: {e}") from e
             accuracy = observe_accuracy(model_dir, images[np.searchsorted(rows, held_out)], labels[held_out], info.classes,
                                         float(recorded["test_accuracy"]), int(recorded.get("test_samples", 0)))
     report = compare(reference, new, accuracy=accuracy, thresholds=th)

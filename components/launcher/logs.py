@@ -119,13 +119,12 @@ class WorkerLogs:
                 with self._state:
                     if instance in self._started:
                         continue
-                if streams >= self.max_streams:
-                    if not self._capped_said:
-                        self._capped_said = True
-                        self.emit(f"(following the logs of {self.max_streams} workers at a time; the others "
-                                  f"when one ends: kubectl logs -n {self.namespace} <pod> for the rest)")
-                    return
-                with self._state:
+                    if streams >= self.max_streams:
+                        if not self._capped_said:
+                            self._capped_said = True
+                            self.emit(f"(following the logs of {self.max_streams} workers at a time; the others "
+                                      f"when one ends: kubectl logs -n {self.namespace} <pod> for the rest)")
+                        return
                     paused = self._paused.get(instance)
                     if paused is not None and time.monotonic() < paused[0]:
                         continue
