@@ -19,7 +19,8 @@ reason (where)                    cause                                         
 ``ErrImagePull``,                 the kubelet cannot pull the image (missing, no access, no   30
 ``ImagePullBackOff`` (waiting)    registry); the kubelet retries, so a registry hiccup passes
 ``CreateContainerConfigError``    a Secret/ConfigMap (or a key in it) named by the pod is     0
-(waiting)                         missing
+(waiting)                         missing; the kubelet's own cache not yet synced            30
+                                  (``failed to sync secret cache``) passes on a retry
 ``CreateContainerError``,         the runtime cannot create or start the container           0-30
 ``RunContainerError`` (waiting),
 ``StartError``,
@@ -39,7 +40,8 @@ the PyTorchJob)                   ServiceAccount or PriorityClass, an exceeded q
 ================================  ==========================================================  =======
 
 Sources: kubelet ``pkg/kubelet/images/types.go`` (image reasons), ``pkg/kubelet/kuberuntime/
-kuberuntime_container.go`` (``CreateContainerConfigError``, ``CreateContainerError``), kube-scheduler
+kuberuntime_container.go`` (``CreateContainerConfigError``, ``CreateContainerError``), ``pkg/kubelet/
+util/manager/watch_based_manager.go`` (``failed to sync <resource> cache``), kube-scheduler
 ``Unschedulable`` condition, training-operator v1.9 ``pkg/controller.v1/control/pod_control.go``
 (``FailedCreatePod``, "Error creating: ...").
 """
@@ -63,6 +65,12 @@ WAITING_REASONS: Mapping[str, tuple[float, str]] = {
     "CreateContainerError": (30.0, "cannot create the container"),
     "RunContainerError": (0.0, "cannot start the container"),
 }
+#: A ``CreateContainerConfigError`` message that says nothing about the Secret or ConfigMap: the
+#: kubelet's watch-based cache of it did not sync within its one-second wait (a busy node or API
+#: server) and the kubelet tries again on its next pod sync, where a missing object then reads
+#: ``secret "x" not found``. Grace in seconds; the definitive message, same problem, fails at once.
+UNSYNCED_CACHE = re.compile(r"\bfailed to sync \S+ cache\b")
+UNSYNCED_CACHE_GRACE_S = 30.0
 #: Reasons the kubelet alternates for one problem, mapped to the reason that identifies it.
 SAME_PROBLEM: Mapping[str, str] = {"ImagePullBackOff": "ErrImagePull"}
 #: Terminated-container reasons that mean the command could never run (exit 128 from the runtime:
@@ -220,6 +228,8 @@ def pod_problems(pod: Mapping[str, Any], events: Iterable[Mapping[str, Any]] = (
                           and (e.get("message") or "").startswith("Failed to pull image")]
                 if failed:
                     message = failed[-1].get("message") or message
+            elif reason == "CreateContainerConfigError" and UNSYNCED_CACHE.search(message):
+                grace = UNSYNCED_CACHE_GRACE_S
             out.append(Problem(subject, reason, what, one_line(message), grace))
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and cond.get("reason") == "Unschedulable":

@@ -12,6 +12,7 @@ import pytest
 
 from components.launcher.diagnose import (
     UNSCHEDULABLE_GRACE_S,
+    UNSYNCED_CACHE_GRACE_S,
     OomKill,
     Problem,
     job_problems,
@@ -106,6 +107,20 @@ def test_events_of_an_earlier_pod_with_the_same_name_are_not_used() -> None:
 def test_waiting_reasons(waiting: dict, expected: str, grace: float) -> None:
     (problem,) = pod_problems(pod(waiting=waiting))
     assert expected in problem.line() and problem.grace_s == grace
+
+
+def test_a_kubelet_cache_not_yet_synced_is_waited_for_and_the_missing_secret_then_fails_at_once() -> None:
+    """On a busy real node the kubelet first said ``failed to sync secret cache: timed out waiting for
+    the condition`` (its watch-based cache's one-second wait), which is no verdict on the Secret: an
+    existing one is read on the kubelet's next try. The launch waits; the later ``not found`` is the
+    same problem (its first sighting kept) and ends the launch at once."""
+    unsynced = pod(waiting={"reason": "CreateContainerConfigError",
+                            "message": "failed to sync secret cache: timed out waiting for the condition"})
+    (waiting,) = pod_problems(unsynced)
+    assert waiting.grace_s == UNSYNCED_CACHE_GRACE_S > 0
+    (missing,) = pod_problems(pod(waiting={"reason": "CreateContainerConfigError",
+                                           "message": 'secret "no-such-secret" not found'}))
+    assert missing.grace_s == 0 and missing.key == waiting.key
 
 
 START_ERROR = {"exitCode": 128, "reason": "StartError", "startedAt": "1970-01-01T00:00:00Z",
