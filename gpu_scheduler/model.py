@@ -414,6 +414,24 @@ class ClusterSnapshot:
         """GPUs managed jobs may use, summed over schedulable nodes."""
         return sum(n.gpus_for_jobs for n in self.nodes)
 
+    def capacity_by_node(self) -> dict[str, int]:
+        """GPUs managed jobs may hold after a decision, per node name: ``Node.gpus_for_jobs`` on a
+        schedulable node; on a cordoned or NotReady one, what jobs already hold there (they may keep
+        it, nothing new goes there), at most its GPUs less ``gpus_unavailable``."""
+        held = self.used_gpus_by_node() if not all(n.schedulable for n in self.nodes) else {}
+        return {n.name: n.gpus_for_jobs if n.schedulable else min(held[n.name], n.gpus - n.gpus_unavailable)
+                for n in self.nodes}
+
+    @property
+    def budget_gpus(self) -> int:
+        """GPUs a decision may hand out: :attr:`total_gpus` plus what running jobs hold on cordoned or
+        NotReady nodes (the sum of :meth:`capacity_by_node`). Policies budget with this: with
+        ``total_gpus`` a job kept on a cordoned node counted against the schedulable nodes' GPUs,
+        and the jobs there were shrunk or kept waiting while those GPUs stood idle."""
+        if all(n.schedulable for n in self.nodes):
+            return self.total_gpus
+        return sum(self.capacity_by_node().values())
+
     def used_gpus_by_node(self) -> dict[str, int]:
         """GPUs held by the jobs' current placements, per node name (every node listed)."""
         used = {n.name: 0 for n in self.nodes}
@@ -645,12 +663,9 @@ class Decision:
             if d.outcome is not expected:
                 problems.append(f"job {d.job}: outcome {d.outcome} but the move is {expected}")
         used = self.gpus_by_node(snapshot)
-        held_now = snapshot.used_gpus_by_node()
-        for node in snapshot.nodes:
-            limit = node.gpus_for_jobs if node.schedulable else min(held_now[node.name],
-                                                                    node.gpus - node.gpus_unavailable)
-            if used[node.name] > limit:
-                problems.append(f"node {node.name}: {used[node.name]} GPUs placed, capacity {limit}")
+        for node, limit in snapshot.capacity_by_node().items():
+            if used[node] > limit:
+                problems.append(f"node {node}: {used[node]} GPUs placed, capacity {limit}")
         if problems:
             raise InvalidDecision(problems)
 

@@ -399,7 +399,7 @@ class DefaultPolicy:
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> Decision:
         jobs = snapshot.jobs
-        total = snapshot.total_gpus
+        total = snapshot.budget_gpus
         gpn = node_size(snapshot)
         fair = max(1, math.ceil(total / max(len(jobs), 1)))
         index = {j.name: i for i, j in enumerate(jobs)}
@@ -500,7 +500,7 @@ class DefaultPolicy:
 
         out: dict[str, Placement] = {}
         for _ in range(3):
-            widths = self._drain_widths(jobs, cap, snapshot.total_gpus, per_node, left_s)
+            widths = self._drain_widths(jobs, cap, snapshot.budget_gpus, per_node, left_s)
             out, _ledger = self._place(snapshot, jobs, widths, keep, weight, per_node, gpn)
             short = {j.name: out[j.name].workers if j.name in out else 0 for j in jobs
                      if (out[j.name].workers if j.name in out else 0) < widths[j.name]}

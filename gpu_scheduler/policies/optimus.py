@@ -48,7 +48,7 @@ class OptimusPolicy:
         Strategy.parse(self.placement)
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> Decision:
-        free = snapshot.total_gpus
+        free = snapshot.budget_gpus
         workers: dict[str, int] = {}
         heap: list[tuple[float, int, str]] = []
         jobs = {job.name: job for job in snapshot.jobs}

@@ -149,7 +149,7 @@ class SiaPolicy:
         gpn = node_size(snapshot)
         nodes_usable = sum(1 for n in snapshot.nodes if n.gpus_for_jobs > 0)
         configs = configurations(gpn, max(nodes_usable, 1), self.max_nodes_per_job)
-        total = snapshot.total_gpus
+        total = snapshot.budget_gpus
         p = self.fairness_p
         cost_rows, var_job, var_cfg, forced = [], [], [], []
         currents = {}
@@ -181,12 +181,13 @@ class SiaPolicy:
                        options={"mip_rel_gap": self.mip_rel_gap, "presolve": True})
             if res.x is None:
                 # No solution: the jobs still in their restart window, which must keep their
-                # configuration, hold more GPUs than the schedulable nodes have (a node went NotReady
-                # or was cordoned under them). Preempting every job would be the worst answer: keep them.
+                # configuration, hold more GPUs than the nodes offer (a node's allocatable GPUs shrank
+                # under them; GPUs kept on a cordoned or NotReady node are in the budget). Preempting
+                # every job would be the worst answer: keep them.
                 kept = {j.name: j.placement for j in jobs if j.running}
                 return Decision.from_placements(snapshot, kept, policy=self.name, now_s=now_s, reasons={
                     j.name: ("keeps its GPUs" if j.name in kept else "waits") + ": the Sia ILP has no solution "
-                    "(jobs in their restart window hold more GPUs than the schedulable nodes have)" for j in jobs})
+                    "(jobs in their restart window hold more GPUs than the nodes offer)" for j in jobs})
             for k in np.flatnonzero(np.round(res.x) >= 1):
                 chosen[jobs[var_job[k]].name] = var_cfg[k]
         placements = self._place(snapshot, jobs, configs, chosen, currents, gpn)

@@ -71,7 +71,7 @@ class TiresiasPolicy:
             entered = annotation_float(since, job.submit_time_s) if queue else job.submit_time_s
             keyed.append(((queue, entered, index), job))
         order = [job for _, job in sorted(keyed, key=lambda kv: kv[0])]
-        free = snapshot.total_gpus
+        free = snapshot.budget_gpus
         targets: dict[str, int] = {}
         reasons: dict[str, str] = {}
         for job in order:

@@ -429,3 +429,20 @@ def test_elastic_fifo_does_not_idle_the_cluster_behind_a_job_that_can_never_fit(
     d = create("elastic_fifo").decide(snap, 60)
     d.validate(snap)
     assert workers(d) == {"huge": 0, "b": 2, "c": 2}  # b keeps its request, c gets the rest
+
+
+@pytest.mark.parametrize("name", ["elastic_fifo", "tiresias", "optimus", "default"])
+def test_a_job_kept_on_a_cordoned_node_does_not_use_up_the_schedulable_nodes_gpus(name: str) -> None:
+    """Review 2026-11-30 (left alone then): policies budgeted with the schedulable nodes' GPUs alone
+    while a job kept on a cordoned node counted against them; the queued job then got 1 of n1's 4
+    GPUs (elastic_fifo), or none (tiresias), and the rest stood idle."""
+    tp = {n: 100.0 * n for n in range(1, 5)}
+    nodes = (Node(name="n0", gpus=4, schedulable=False), Node(name="n1", gpus=4))
+    a = job("a", 0, req=4, on={"n0": 4}, since=0, tp=tp, remaining_samples=1e6)
+    b = job("b", 10, req=4, tp=tp, remaining_samples=1e6)
+    snap = ClusterSnapshot(nodes=nodes, jobs=(a, b))
+    assert snap.total_gpus == 4 and snap.budget_gpus == 8
+    d = create(name).decide(snap, 600)
+    d.validate(snap)
+    assert d["a"].placement == a.placement  # kept: nothing may move onto the cordoned node, nothing must
+    assert d["b"].placement == Placement.of({"n1": 4})

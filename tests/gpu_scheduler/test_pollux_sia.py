@@ -175,6 +175,12 @@ def test_sia_keeps_every_job_when_its_ilp_has_no_solution() -> None:
     d = create("sia", restart_penalty_s=30.0).decide(snap, 3600.0)
     d.validate(snap)
     assert {j.job: j.placement for j in d} == {j.name: j.placement for j in jobs}
+    # Since the GPUs kept on a NotReady node are budgeted (ClusterSnapshot.budget_gpus) that ILP has a
+    # solution; one without any is left where a node's allocatable GPUs shrank under its jobs.
+    shrunk = (*nodes[:2], Node(name="n2", gpus=2))
+    snap = ClusterSnapshot(nodes=shrunk, jobs=tuple(jobs), taken_at_s=3600.0)
+    d = create("sia", restart_penalty_s=30.0).decide(snap, 3600.0)
+    assert {j.job: j.placement for j in d} == {j.name: j.placement for j in jobs}
     assert "the Sia ILP has no solution" in d["a"].reason
 
 
@@ -295,3 +301,15 @@ def test_pollux_fronts_are_those_of_pairwise_dominance_counting() -> None:
         want, got = reference(f, stop), _fronts(f, stop)
         assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
     assert _fronts(np.zeros((0, 2))) == []
+
+
+def test_sia_budgets_the_gpus_a_job_keeps_on_a_cordoned_node_apart() -> None:
+    """Review 2026-11-30 (left alone then): the ILP's GPU budget was the schedulable nodes' alone, so a
+    job kept on a cordoned node counted against them and the queued job behind it got fewer GPUs."""
+    a = _job("a", 0.0, on={"n1": 4}, model=_model(profiled=4), since=0.0)
+    b = _job("b", 10.0, model=_model(profiled=4))
+    nodes = (Node(name="n0", gpus=4), Node(name="n1", gpus=4, schedulable=False))
+    snap = ClusterSnapshot(nodes=nodes, jobs=(a, b), taken_at_s=3600.0)
+    d = create("sia").decide(snap, 3600.0)
+    d.validate(snap)
+    assert d["a"].placement == a.placement and d["b"].workers * b.gpus_per_worker == 4
