@@ -804,18 +804,14 @@ class PyTorchJobRunner:
         """``pod=exit N (reason)`` for every terminated container with a non-zero exit code, followed
         by the first line of its termination message if it left one (a worker's permanent failure:
         ``components.training.torchrun``)."""
-        from lightkube.resources.core_v1 import Pod
-
         out = []
         with contextlib.suppress(Exception):
-            for pod in self.client.list(Pod, namespace=ref.namespace, labels={JOB_NAME_LABEL: ref.name}):
-                if not _of_job(_as_dict(pod), ref):
-                    continue
-                for status in (pod.status and pod.status.containerStatuses) or []:
-                    term = status.state and status.state.terminated
-                    if term and term.exitCode:
-                        said = (term.message or "").strip().splitlines()
-                        out.append(f"{pod.metadata.name}=exit {term.exitCode} ({term.reason or 'Error'})"
+            for pod in self._worker_pods(ref):
+                for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                    term = (status.get("state") or {}).get("terminated") or {}
+                    if term.get("exitCode"):
+                        said = (term.get("message") or "").strip().splitlines()
+                        out.append(f"{pod['metadata']['name']}=exit {term['exitCode']} ({term.get('reason') or 'Error'})"
                                    + (f": {said[0][:400]}" if said else ""))
         return "; ".join(sorted(out))
 
