@@ -18,31 +18,28 @@ def evaluate(
 
     A model of a user's task (``task``) is evaluated by the task itself on its own held-out data
     (``dataset`` and ``split`` are not read): every metric is logged as ``test_<name>``, no
-    confusion matrix; returns its ``accuracy`` or 0.0 when it reports none."""
+    confusion matrix; returns its ``accuracy`` or 0.0 when it reports none. Non-finite values (a
+    diverged model's loss) are left out of ``metrics``: a KFP backend refuses them."""
     import json
     import os
     from pathlib import Path
 
     from components.training.evaluation import evaluate as run_evaluation
     from components.training.evaluation import evaluate_task, task_of
-    from components.training.step import use_s3_endpoint
+    from components.training.step import kfp_metrics, use_s3_endpoint
 
     use_s3_endpoint(s3_endpoint_url)
 
     log_dir = os.environ.get("TRAINFLOW_LOG_DIR")
     if task_of(model.path) is not None:
-        scores = evaluate_task(model.path)
-        for name, value in scores.items():
-            metrics.log_metric(f"test_{name}", value)
-        if log_dir:
-            Path(log_dir, "eval.json").write_text(json.dumps({f"test_{k}": v for k, v in scores.items()}))
-        return scores.get("accuracy", 0.0)
-    result = run_evaluation(model.path, dataset.path, split=split)
-    metrics.log_metric("test_accuracy", result.accuracy)
-    metrics.log_metric("test_loss", result.loss)
-    metrics.log_metric("test_samples", result.num_samples)
-    confusion.log_confusion_matrix(result.classes, result.confusion)
+        scores = kfp_metrics({f"test_{k}": v for k, v in evaluate_task(model.path).items()})
+    else:
+        result = run_evaluation(model.path, dataset.path, split=split)
+        scores = kfp_metrics({"test_accuracy": result.accuracy, "test_loss": result.loss,
+                              "test_samples": result.num_samples})
+        confusion.log_confusion_matrix(result.classes, result.confusion)
+    for name, value in scores.items():
+        metrics.log_metric(name, value)
     if log_dir:
-        Path(log_dir, "eval.json").write_text(json.dumps(
-            {"test_accuracy": result.accuracy, "test_loss": result.loss, "test_samples": result.num_samples}))
-    return result.accuracy
+        Path(log_dir, "eval.json").write_text(json.dumps(scores))
+    return scores.get("test_accuracy", 0.0)

@@ -635,11 +635,30 @@ def env_work_dir() -> Path:
     return Path(value) if value else Path(tempfile.mkdtemp(prefix="trainflow-train-"))
 
 
-def as_metrics(result: TrainStepResult) -> dict[str, Any]:
-    """Scalar metrics for the KFP ``Output[Metrics]`` of the train step."""
+def kfp_metrics(values: Mapping[str, Any]) -> dict[str, float]:
+    """``values`` that an ``Output[Metrics]`` (or a float output) can carry: finite numbers. KFP's
+    executor writes them with ``json.dumps`` (a bare ``NaN``/``Infinity``) and the launcher of a
+    real KFP backend reads the file with ``protojson.Unmarshal``, which refuses those, so one
+    non-finite value failed the finished step (``kfp.local`` reads it with Python and accepts it).
+    ``None`` and non-finite values are left out, with a warning naming them."""
+    out, left_out = {}, []
+    for key, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            left_out.append(f"{key}={value!r}")
+        else:
+            out[key] = value
+    if left_out:
+        log.warning("metrics left out (a KFP backend accepts finite numbers only): %s", ", ".join(left_out))
+    return out
+
+
+def as_metrics(result: TrainStepResult) -> dict[str, float]:
+    """Scalar metrics for the KFP ``Output[Metrics]`` of the train step (:func:`kfp_metrics`:
+    ``final_loss`` is absent when no step ran, e.g. a retry resuming a finished checkpoint, or the
+    loss diverged to NaN)."""
     s = result.summary
-    return {
-        "steps": s.steps, "final_loss": s.final_loss if s.final_loss is not None else float("nan"),
+    return kfp_metrics({
+        "steps": s.steps, "final_loss": s.final_loss,
         "train_seconds": round(result.train_seconds, 3), "checkpoints_committed": s.checkpoints_committed,
         "checkpoint_stall_seconds_total": s.checkpoint_stall_seconds_total, "resumes": len(s.resumes),
-    }
+    })

@@ -125,9 +125,14 @@ def test_adaptive_batch_is_declared_off_and_reaches_the_train_config(tmp_path, m
     monkeypatch.setenv("TRAINFLOW_LOG_DIR", str(tmp_path / "logs"))
     (tmp_path / "logs").mkdir()
     model = SimpleNamespace(path=str(tmp_path / "model"), uri="", metadata={}, framework="")  # an Output[Model]
+    metrics = Metrics()
     train.python_func(dataset=SimpleNamespace(path="/data", uri="minio://mlpipeline/v2/artifacts/r/dataset"),
-                      model=model, metrics=Metrics(),
+                      model=model, metrics=metrics,
                       global_batch_size=32, adaptive_batch=True, max_global_batch_size=512)
+    # No step ran (a retry resuming a finished checkpoint): no final loss. A NaN in its place failed the
+    # step on a real KFP backend, whose launcher reads the executor output with protojson.
+    assert "final_loss" not in metrics.logged and metrics.logged["steps"] == 0
+    json.dumps(metrics.logged, allow_nan=False)
     assert (seen[0].adaptive_batch, seen[0].max_global_batch_size) == (True, 512)
     assert seen[0].dataset_uri == "minio://mlpipeline/v2/artifacts/r/dataset"  # what workers read on a cluster
     assert model.metadata["train_config"]["adaptive_batch"] is True

@@ -64,3 +64,16 @@ def test_a_sigterm_save_in_the_last_step_loses_nothing() -> None:
     ]
     (r,) = summarize(records).resumes
     assert (r.killed_at_step, r.resumed_from_step, r.lost_steps, r.restart_seconds) == (26, 26, 0, 10.0)
+
+
+def test_kfp_metrics_keeps_finite_numbers_only() -> None:
+    """A real KFP backend's launcher reads the executor output with protojson, which refuses the bare
+    NaN that KFP's executor writes for a float('nan') metric (a diverged loss, a step that ran none)."""
+    import json
+
+    from components.training.step import kfp_metrics
+
+    values = {"steps": 0, "final_loss": None, "test_loss": float("nan"), "big": float("inf"), "acc": 0.5,
+              "flag": True, "name": "x"}
+    assert kfp_metrics(values) == {"steps": 0, "acc": 0.5}
+    json.dumps(kfp_metrics(values), allow_nan=False)
