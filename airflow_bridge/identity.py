@@ -20,7 +20,11 @@ from typing import Any
 
 KEY_PREFIX = "af-"
 KEY_HEX_DIGITS = 16
-MAX_DISPLAY_NAME_CHARS = 256
+#: KFP stores a run's display name in ``run_details.DisplayName``, a ``varchar(255)`` on MySQL (the
+#: column has no size of its own: the ORM's default string size; ``backend/src/apiserver/model/run.go``).
+#: A longer name is refused by the database *after* the API server created the run's workflow (HTTP
+#: 500 with a workflow training), and a truncated one loses the marker that finds the run again.
+MAX_DISPLAY_NAME_CHARS = 255
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +61,7 @@ class TaskIdentity:
         return f"{self.dag_id}.{self.task_id}{mapped} {self.run_id}"
 
     def run_display_name(self, run_name: str | None = None) -> str:
-        """The KFP run display name: ``<run_name or default> [<key>]`` (at most 256 characters)."""
+        """The KFP run display name: ``<run_name or default> [<key>]`` (at most :data:`MAX_DISPLAY_NAME_CHARS`)."""
         base = (run_name or "").strip() or self.default_run_name()
         room = MAX_DISPLAY_NAME_CHARS - len(self.marker) - 1
         return f"{base[:room]} {self.marker}"

@@ -37,3 +37,4 @@ def test_display_name_ends_with_the_marker_and_is_bounded() -> None:
     assert ident.run_display_name("nightly") == f"nightly {ident.marker}"
     long = ident.run_display_name("x" * 1000)
     assert len(long) == MAX_DISPLAY_NAME_CHARS and long.endswith(ident.marker)
+    assert MAX_DISPLAY_NAME_CHARS <= 255  # KFP's run_details.DisplayName is a varchar(255) on MySQL
