@@ -5,7 +5,8 @@ The rule (documented in docs/airflow.md, "No duplicate runs"):
 * A task instance is identified by ``(dag_id, run_id, task_id, map_index)`` -- the same for every
   try, retry or restart of it. Its **key** is ``af-`` + the first 16 hex digits of the SHA-256
   of that tuple: short, stable, and a valid Kubernetes name, so it doubles as the pipeline's
-  ``job_key`` (training checkpoints survive a retry that has to create a new KFP run).
+  ``job_key`` (training checkpoints survive a retry that has to create a new KFP run); after a
+  success the job key gets a generation suffix (:meth:`TaskIdentity.job_key`).
 * Every KFP run the operator creates carries ``[<key>]`` at the end of its display name, so the
   operator can find the runs of a task instance with one ``IS_SUBSTRING`` filter even when the
   Airflow task state store lost the run id (a worker killed between submit and persist).
@@ -50,6 +51,13 @@ class TaskIdentity:
         """``af-<16 hex>``: stable across tries, DNS-1123 label-safe (used as the job key too)."""
         blob = json.dumps([self.dag_id, self.run_id, self.task_id, self.map_index], separators=(",", ":"))
         return KEY_PREFIX + hashlib.sha256(blob.encode()).hexdigest()[:KEY_HEX_DIGITS]
+
+    def job_key(self, generation: int = 0) -> str:
+        """The pipeline's job key (training checkpoints live under it): :attr:`key` until the task
+        instance has succeeded, then ``<key>-<generation>`` for the ``generation`` successes so far,
+        so a clear after a success trains anew instead of resuming the finished checkpoint. Retries
+        and clears before a success keep the key and resume."""
+        return self.key if generation <= 0 else f"{self.key}-{generation}"
 
     @property
     def marker(self) -> str:

@@ -57,7 +57,9 @@ while the old one still writes would give the key two writers. If ``POST /runs``
 looks the run up by its marker before failing the try, and never posts it a second time.
 
 A successful try removes the run id from the state store, so clearing a successful task runs the
-pipeline again.
+pipeline again, and counts the success (``GENERATION_KEY``): the next run's job key is
+``<key>-<successes>`` (:meth:`TaskIdentity.job_key`), so it trains anew instead of resuming the
+finished checkpoint (which would run no step and re-register the same weights).
 
 Asset events: when the run SUCCEEDED and the task has outlets (Airflow Assets), each outlet's
 asset event carries :func:`~airflow_bridge.events.asset_event_extra` as its ``extra`` (Airflow 3's
@@ -261,6 +263,9 @@ class KfpRunPipelineOperator(BaseOperator):
     #: id knows that try ended while deferred (a clear, or mark failed/success), whose trigger's
     #: ``on_kill`` terminates that run: it stops the run itself and never reattaches to it.
     DEFERRED_BY_KEY = "kfp_deferred_by"
+    #: task state store key counting this task instance's successful tries: the job key's generation
+    #: (:meth:`TaskIdentity.job_key`), so a clear after a success trains anew.
+    GENERATION_KEY = "kfp_job_key_generation"
     #: XCom key with the run id, pushed right after submission.
     RUN_ID_XCOM_KEY = "kfp_run_id"
 
@@ -539,6 +544,7 @@ class KfpRunPipelineOperator(BaseOperator):
             self._annotate_outlet_events(context, payload, run)
             store = context.get("task_state_store")
             if store is not None:
+                store.set(self.GENERATION_KEY, self._generation(store) + 1)
                 store.delete(self.STATE_STORE_KEY)
             self.log.info("KFP run %s succeeded: %s", payload["run_id"], payload["url"])
             return {"run_id": payload["run_id"], "state": payload["state"], "url": payload["url"]}
@@ -642,6 +648,17 @@ class KfpRunPipelineOperator(BaseOperator):
             store.delete(self.STATE_STORE_KEY)
         store.delete(self.DEFERRED_BY_KEY)
         return run_id
+
+    def _generation(self, store: Any) -> int:
+        """How many tries of this task instance succeeded (:attr:`GENERATION_KEY`; 0 without a store
+        or with an unreadable value, which is logged)."""
+        value = store.get(self.GENERATION_KEY) if store is not None else None
+        if value is None:
+            return 0
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        self.log.warning("ignoring unreadable %s in the task state store: %r", self.GENERATION_KEY, value)
+        return 0
 
     def _note_canceling(self, run: dict[str, Any]) -> None:
         if RunState.parse(run.get("state")) is RunState.CANCELING:
@@ -752,7 +769,8 @@ class KfpRunPipelineOperator(BaseOperator):
             # version, so a version uploaded meanwhile does not get arguments typed for another
             version_id, declared = self.hook.pipeline_version_package(self.pipeline_id, self.pipeline_version_id)
         arguments = pipeline_arguments(
-            self.parameters, declared, job_key_parameter=self.job_key_parameter, job_key=identity.key
+            self.parameters, declared, job_key_parameter=self.job_key_parameter,
+            job_key=identity.job_key(self._generation(store)),
         )
         experiment = self.hook.get_or_create_experiment(self.experiment_name, namespace=self._namespace)
         if store is not None:  # removed once the new run's id is persisted (_execute)

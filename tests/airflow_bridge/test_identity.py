@@ -38,3 +38,9 @@ def test_display_name_ends_with_the_marker_and_is_bounded() -> None:
     long = ident.run_display_name("x" * 1000)
     assert len(long) == MAX_DISPLAY_NAME_CHARS and long.endswith(ident.marker)
     assert MAX_DISPLAY_NAME_CHARS <= 255  # KFP's run_details.DisplayName is a varchar(255) on MySQL
+
+
+def test_the_job_key_gets_a_generation_after_each_success() -> None:
+    ident = TaskIdentity("d", "r", "t")
+    assert ident.job_key() == ident.job_key(0) == ident.key
+    assert ident.job_key(2) == f"{ident.key}-2"

@@ -177,7 +177,7 @@ def test_sync_success_returns_small_dict_pushes_xcoms_and_clears_the_store(
     url = f"{kfp_server.url}/#/runs/details/{run['run_id']}"
     assert result == {"run_id": run["run_id"], "state": "SUCCEEDED", "url": url}
     assert ctx["ti"].xcoms == {"kfp_run_id": run["run_id"], KfpRunLink.XCOM_KEY: url}
-    assert ctx["task_state_store"].data == {}
+    assert ctx["task_state_store"].data == {KfpRunPipelineOperator.GENERATION_KEY: 1}  # the run id removed
     key = TaskIdentity.from_context(ctx).key
     assert (
         run["runtime_config"]["parameters"]["job_key"] == key
@@ -674,7 +674,7 @@ def test_a_token_rotated_during_a_sync_wait_is_read_again_from_the_connection(
     worker.join(120)
     assert not worker.is_alive() and outcome == [], outcome
     assert gateway.refused >= 1  # the wait did meet the rotation
-    assert ctx["task_state_store"].data == {}  # succeeded
+    assert ctx["task_state_store"].data == {KfpRunPipelineOperator.GENERATION_KEY: 1}  # succeeded
     assert [r["run_id"] for r in runs_of(kfp_server, ctx)] == [run_id]
 
 
@@ -750,12 +750,30 @@ def test_a_lost_submission_whose_run_succeeded_is_returned_and_a_clear_after_suc
     retry = operator(kfp_server, compiled_pipelines["tiny"], poll_interval_s=0.3)
     assert retry.execute(context_for("lost-succeeded", retry_store))["run_id"] == run["run_id"]
     assert len(runs_of(kfp_server, ctx)) == 1  # not submitted twice
-    assert retry_store.data == {}
+    assert retry_store.data == {KfpRunPipelineOperator.GENERATION_KEY: 1}
 
     # clearing the successful task runs the pipeline again
     cleared = operator(kfp_server, compiled_pipelines["tiny"], poll_interval_s=0.3)
     assert cleared.execute(context_for("lost-succeeded", retry_store))["run_id"] != run["run_id"]
     assert len(runs_of(kfp_server, ctx)) == 2
+
+
+@slow
+def test_a_clear_after_success_trains_under_a_new_job_key_and_a_retry_keeps_it(kfp_server, compiled_pipelines) -> None:
+    """Review 2026-11-30: a clear after a success passed the same job key, so the new run resumed the
+    finished checkpoint, ran no step and re-registered the same weights. A retry (no success yet)
+    keeps the key and resumes."""
+    store = StateStore()
+    ctx = context_for("clear-after-success", store)
+    params = {"epochs": 1, "step_s": 0.05}
+    first = operator(kfp_server, compiled_pipelines["training_pipeline"], poll_interval_s=0.3, parameters=params)
+    first.execute(ctx)
+    again = operator(kfp_server, compiled_pipelines["training_pipeline"], poll_interval_s=0.3, parameters=params)
+    again.execute(context_for("clear-after-success", store))
+    key = TaskIdentity.from_context(ctx).key
+    keys = sorted(r["runtime_config"]["parameters"]["job_key"] for r in runs_of(kfp_server, ctx))
+    assert keys == [key, f"{key}-1"]
+    assert store.data == {KfpRunPipelineOperator.GENERATION_KEY: 2}
 
 
 @pytest.mark.parametrize(
