@@ -709,6 +709,18 @@ class KfpAsyncHook(_HookBase):
         self._sleep = sleep
         self._clock = clock
         self._client: httpx.AsyncClient | None = None  # set inside _session()
+        self._reads_connection = config is None
+
+    async def reload_config(self) -> KfpConnectionConfig:
+        """As :meth:`KfpHook.reload_config`: read the connection again (a hook given ``config``
+        keeps it); calls made after it, and sessions opened after it, use the new settings.
+
+        Raises:
+            KfpConfigError: when the connection is now missing or invalid.
+        """
+        if self._reads_connection:
+            self._config = None
+        return await self.get_config()
 
     async def get_config(self) -> KfpConnectionConfig:
         if self._config is None:

@@ -29,6 +29,7 @@ from typing import Any
 from airflow_bridge.events import EventStatus, RunState, lost_track_message, parse_payload, payload_for_run
 from airflow_bridge.exceptions import (
     KfpApiError,
+    KfpAuthError,
     KfpRunCanceledError,
     KfpRunError,
     KfpRunFailedError,
@@ -47,6 +48,10 @@ from airflow_bridge.version_compat import (
     Context,
     default_deferrable,
 )
+
+#: The deferred wait's shortest poll interval in seconds (Airflow allows ``poke_interval=0``, which
+#: the trigger refuses; a KFP API read per second is as fast as a run's state is worth reading).
+MIN_DEFERRED_POLL_S = 1.0
 
 
 class KfpRunSensor(BaseSensorOperator):
@@ -107,7 +112,7 @@ class KfpRunSensor(BaseSensorOperator):
         """
         read_s = self.hook._clock()
         try:
-            run = self.hook.get_run(self.run_id)
+            run = self._read_run()
         except KfpApiError as err:
             if not api_outage(err, get_run_call(self.run_id)):
                 raise
@@ -125,6 +130,18 @@ class KfpRunSensor(BaseSensorOperator):
             return False
         self._outcome(payload_for_run(run, url=self._run_url()))
         return True
+
+    def _read_run(self) -> dict[str, Any]:
+        """The run, read once; credentials refused (a token rotated in the connection while the
+        sensor pokes) make it read the connection again and the run once more, as the operator's
+        wait does. Raises as :meth:`KfpHook.get_run` (:class:`KfpAuthError` refused again)."""
+        try:
+            return self.hook.get_run(self.run_id)
+        except KfpAuthError as err:
+            self.log.warning("KFP run %s: credentials refused, reading connection %r again: %s",
+                             self.run_id, self.kfp_conn_id, err)
+            self.hook.reload_config()
+            return self.hook.get_run(self.run_id)
 
     def _ride_out_outage(self, context: Context, err: KfpApiError, *, read_s: float) -> None:
         """Log a poke whose read the KFP API could not answer (the poke then returns ``False``),
@@ -286,7 +303,8 @@ class KfpRunSensor(BaseSensorOperator):
             trigger=KfpRunTrigger(
                 run_id=self.run_id,
                 kfp_conn_id=self.kfp_conn_id,
-                poll_interval_s=float(self.poke_interval),
+                # Airflow allows poke_interval=0; the trigger polls at most once a second
+                poll_interval_s=max(float(self.poke_interval), MIN_DEFERRED_POLL_S),
                 deadline_s=time.time() + timeout_s,
                 run_url=url,
                 not_before_s=time.time() + DEFER_SETTLE_S,

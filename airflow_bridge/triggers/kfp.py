@@ -46,7 +46,7 @@ from airflow_bridge.events import (
     payload_for_run,
     progress_lines,
 )
-from airflow_bridge.exceptions import KfpApiError, KfpRunTimeoutError
+from airflow_bridge.exceptions import KfpApiError, KfpAuthError, KfpRunTimeoutError
 from airflow_bridge.hooks.api import get_run as get_run_call
 from airflow_bridge.hooks.config import DEFAULT_CONN_ID
 from airflow_bridge.hooks.kfp import KfpAsyncHook, api_outage
@@ -185,9 +185,11 @@ class KfpRunTrigger(BaseTrigger):
         url = self.run_url
         last: list[RunProgress] = []
         canceling_seen = False  # a terminated run ends FAILED on KFP 2.14 (events.terminated_while_failed)
+        reloaded = False  # the connection was read again and no read has worked since
 
         def log_progress(run: dict[str, Any]) -> None:
-            nonlocal canceling_seen
+            nonlocal canceling_seen, reloaded
+            reloaded = False
             current = RunProgress.of(run)
             canceling_seen = canceling_seen or current.state is RunState.CANCELING
             for line in progress_lines(self.run_id, last[-1] if last else None, current):
@@ -196,12 +198,24 @@ class KfpRunTrigger(BaseTrigger):
 
         try:
             url = url or await hook.run_url(self.run_id)
-            run = await hook.wait_for_run(
-                self.run_id,
-                poll_interval_s=self.poll_interval_s,
-                deadline_s=self.deadline_s,
-                on_poll=log_progress,
-            )
+            while True:
+                try:
+                    run = await hook.wait_for_run(
+                        self.run_id,
+                        poll_interval_s=self.poll_interval_s,
+                        deadline_s=self.deadline_s,
+                        on_poll=log_progress,
+                    )
+                    break
+                except KfpAuthError as err:
+                    # a token rotated or expired in the connection during a long wait: read it again
+                    # once per refusal that follows a read that worked, as the sync mode does
+                    if reloaded:
+                        raise
+                    self.log.warning("KFP run %s: credentials refused, reading connection %r again: %s",
+                                     self.run_id, self.kfp_conn_id, err)
+                    await hook.reload_config()
+                    reloaded = True
             payload = payload_for_run(run, url=url, canceling_seen=canceling_seen)
         except KfpRunTimeoutError as err:
             payload = payload_for_problem(

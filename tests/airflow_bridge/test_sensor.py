@@ -321,3 +321,43 @@ def test_an_error_event_meets_soft_fail_and_never_fail_as_in_poke_mode(options: 
     assert skips or "lacks status" in str(malformed.value)
     with pytest.raises(AirflowSkipException if skips else KfpApiError, match="API down"):
         s.execute_complete({}, error_event)  # as Airflow's resume_execution calls it
+
+
+def test_poke_mode_reads_the_connection_again_when_a_rotated_token_is_refused(monkeypatch) -> None:
+    """Review 2026-11-30: in poke mode the sensor kept the connection it read first, so a token
+    rotated in it during the wait failed the task (a KfpAuthError). Now a refusal rereads the
+    connection and the run once more; a refusal after that still fails the poke."""
+    gateway = {"token": "tok-1", "refused": 0}
+    states = ["RUNNING", "SUCCEEDED"]
+
+    def set_token(token: str) -> None:
+        conn = {"conn_type": "kubeflow_pipelines", "host": "http://kfp.test", "password": token}
+        monkeypatch.setenv("AIRFLOW_CONN_KFP_ROTATED", json.dumps(conn))
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.headers.get("authorization") != f"Bearer {gateway['token']}":
+            gateway["refused"] += 1
+            return httpx.Response(401, json={"message": "token expired"}, request=request)
+        state = states.pop(0)
+        if state == "RUNNING":  # rotated after the first poke: the connection, then the gateway
+            set_token("tok-2")
+            gateway["token"] = "tok-2"
+        return httpx.Response(200, json={"run_id": "run-1", "state": state}, request=request)
+
+    set_token("tok-1")
+    s = KfpRunSensor(task_id="wait", run_id="run-1", kfp_conn_id="kfp_rotated", deferrable=False, poke_interval=0.01)
+    s.__dict__["hook"] = KfpHook("kfp_rotated", transport=httpx.MockTransport(answer))
+    s.execute({"ti": TI()})
+    assert gateway["refused"] == 1 and not states
+
+
+def test_a_deferrable_sensor_with_poke_interval_0_defers_with_a_one_second_poll() -> None:
+    """Airflow allows poke_interval=0; the trigger refuses a poll interval of 0 (a ValueError at
+    deferral, retried uselessly)."""
+    from airflow_bridge.sensors.kfp import MIN_DEFERRED_POLL_S
+
+    s = KfpRunSensor(task_id="wait", run_id="run-1", deferrable=True, poke_interval=0)
+    s.__dict__["hook"] = scripted_hook([RUNNING], clock=[1000.0])
+    with pytest.raises(TaskDeferred) as deferred:
+        s.execute({"ti": TI()})
+    assert deferred.value.trigger.serialize()[1]["poll_interval_s"] == MIN_DEFERRED_POLL_S == 1.0

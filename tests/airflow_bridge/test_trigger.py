@@ -11,6 +11,7 @@ Airflow Kubernetes job trigger dropped its poll interval on the floor; see resea
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import signal
@@ -244,6 +245,62 @@ async def test_the_retries_of_a_failing_read_end_at_the_deadline() -> None:
     assert (event["status"], event["state"]) == ("timeout", "RUNNING"), event
     assert now_s[0] == pytest.approx(1015.0), sleeps  # the last attempt is at the deadline, none after it
     assert sleeps[0] == 10.0 and len(sleeps) == 3, sleeps
+
+
+async def test_a_token_rotated_during_the_deferred_wait_is_read_again_from_the_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review 2026-11-30: the trigger kept the connection it read first, so the 401 after a token
+    rotation ended the deferral with an error event (with retries=0 the task failed, the run kept
+    training). Pure: a scripted gateway takes one token at a time; the run succeeds on its fourth
+    read. A second refusal right after the reread is an error event."""
+    answers = ["RUNNING", "RUNNING", "RUNNING", "SUCCEEDED"]
+    gateway = {"token": "tok-1", "refused": 0}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.headers.get("authorization") != f"Bearer {gateway['token']}":
+            gateway["refused"] += 1
+            return httpx.Response(401, json={"message": "token expired"}, request=request)
+        state = answers.pop(0)
+        if len(answers) == 2:  # after the second read: the token rotates, the connection first
+            set_token(gateway["rotate_to"])
+            gateway["token"] = gateway["rotate_to"]
+        return httpx.Response(200, json={"run_id": "run-1", "state": state}, request=request)
+
+    def set_token(token: str) -> None:
+        conn = {"conn_type": "kubeflow_pipelines", "host": "http://kfp.test", "password": token}
+        monkeypatch.setenv("AIRFLOW_CONN_KFP_ROTATED", json.dumps(conn))
+
+    async def asleep(seconds: float) -> None:
+        return None
+
+    set_token("tok-1")
+    gateway["rotate_to"] = "tok-2"
+    trigger = make(kfp_conn_id="kfp_rotated", poll_interval_s=1.0, deadline_s=None, run_url="http://ui/x")
+    trigger.hook = lambda: KfpAsyncHook("kfp_rotated", transport=httpx.MockTransport(answer), sleep=asleep)
+    (event,) = await collect(trigger)
+    assert (event["status"], event["state"]) == ("success", "SUCCEEDED"), event
+    assert gateway["refused"] == 1
+
+    # the connection was not updated: refused again after the reread, an error event
+    answers[:] = ["RUNNING", "RUNNING", "RUNNING"]
+    set_token("tok-2")
+    gateway.update(token="tok-2", rotate_to="tok-3", refused=0)
+    monkeypatch.setattr(KfpAsyncHook, "reload_config", _reload_without_the_new_token(set_token))
+    (event,) = await collect(trigger)
+    assert event["status"] == "error" and "HTTP 401" in event["message"], event
+    assert gateway["refused"] == 2
+
+
+def _reload_without_the_new_token(set_token):
+    """``KfpAsyncHook.reload_config`` that rereads a connection nobody updated (tok-2 still)."""
+    original = KfpAsyncHook.reload_config
+
+    async def reload_config(self):
+        set_token("tok-2")
+        return await original(self)
+
+    return reload_config
 
 
 @pytest.mark.parametrize(
