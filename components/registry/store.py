@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from trainflow.common.training_spec import MODEL_NAME_PATTERN
 from trainflow.storage import (
     CheckpointStorage,
     ObjectExistsError,
@@ -52,7 +53,7 @@ from trainflow.storage import (
 #: the same key still under way (:class:`~trainflow.storage.ObjectWriteConflict`); then it fails.
 CONFLICT_RETRY_PAUSES_S = (0.1, 0.3, 1.0, 3.0)
 
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+_NAME_RE = re.compile(MODEL_NAME_PATTERN)
 _VERSION_RE = re.compile(r"^v(\d{6})/VERSION\.json$")
 _FILE_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 _POINTER_RE = re.compile(r"^CURRENT/p(\d{10})\.json$")

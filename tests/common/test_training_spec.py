@@ -188,3 +188,17 @@ def test_worker_pod_settings_with_the_local_backend_are_refused_not_ignored() ->
     spec = TrainJobSpec.from_kwargs({"backend": "pytorchjob", "gpus_per_worker": 1, "image": "registry/trainflow:1",
                                      "checkpoint_uri": "s3://bucket/ckpt"})
     assert spec.gpus_per_worker == 1
+
+
+def test_a_registered_model_name_the_registry_refuses_is_refused_before_any_run() -> None:
+    """Review 2026-11-30: any non-empty name passed the row, and the registry refused it in the register
+    step, after training. The pattern is the registry's own (one home) and reaches the Airflow form."""
+    from components.registry.store import RegistryError, _validate_name
+
+    row = ts.ROWS["registered_model_name"]
+    with pytest.raises(ts.ConfigError, match=r"^registered_model_name must match .*got 'MNIST Classifier'$"):
+        row.check("MNIST Classifier")
+    with pytest.raises(RegistryError):
+        _validate_name("MNIST Classifier")
+    assert row.check("mnist-classifier") == "mnist-classifier"
+    assert row.json_schema()["pattern"] == ts.MODEL_NAME_PATTERN

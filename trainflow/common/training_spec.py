@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, get_type_hints
@@ -58,6 +59,9 @@ MODELS = ("small_cnn", "resnet18", "wide_resnet101_2")
 BUILTIN_TASK = "image_classification"
 """The default task (``trainflow.task.BUILTIN_TASKS``): today's image classifiers."""
 BACKENDS = ("local", "pytorchjob")
+#: A registered model's name (``registered_model_name``): a folder of the model registry
+#: (``components.registry.store``), so lowercase letters, digits, ``.``, ``_``, ``-``, at most 100.
+MODEL_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,99}$"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +80,9 @@ class Row:
     exclusive_maximum: float | None = None
     choices: tuple[str, ...] = ()
     non_empty: bool = False
+    pattern: str = ""
+    """A regular expression a ``str`` value must match (checked before a run starts, not after
+    training; the Airflow form's JSON Schema ``pattern``)."""
     surfaces: frozenset[str] = frozenset()
     section: str = ""
     """The Airflow form's section of a P row (empty: an ops setting or not in the form)."""
@@ -118,6 +125,8 @@ class Row:
             raise ConfigError(f"{self.name} must be one of {', '.join(self.choices)}, got {value!r}")
         if self.non_empty and not value:
             raise ConfigError(f"{self.name} must not be empty ({self.flag})")
+        if self.pattern and not re.match(self.pattern, value):
+            raise ConfigError(f"{self.name} must match {self.pattern}, got {value!r}")
         return value
 
     def describe(self) -> str:
@@ -140,6 +149,8 @@ class Row:
             out["enum"] = list(self.choices)
         if self.non_empty:
             out["minLength"] = 1
+        if self.pattern:
+            out["pattern"] = self.pattern
         return out
 
 
@@ -151,13 +162,13 @@ def param(name: str, surfaces: str, help: str, default: Any = dataclasses.MISSIN
           section: str = "", ops_variable: str | None = None, ops: bool = False, zero: str = "",
           minimum: float | None = None, maximum: float | None = None,
           exclusive_minimum: float | None = None, exclusive_maximum: float | None = None,
-          choices: Iterable[str] = (), non_empty: bool = False) -> Any:
+          choices: Iterable[str] = (), non_empty: bool = False, pattern: str = "") -> Any:
     """A dataclass field that is a row of the table (its metadata carries the row, less its type)."""
     if not set(surfaces) <= SURFACES:
         raise ValueError(f"{name}: unknown surfaces {surfaces!r}")
     meta = {"row": dict(name=name, default=default, help=help, unit=unit, minimum=minimum, maximum=maximum,
                         exclusive_minimum=exclusive_minimum, exclusive_maximum=exclusive_maximum,
-                        choices=tuple(choices), non_empty=non_empty, surfaces=frozenset(surfaces),
+                        choices=tuple(choices), non_empty=non_empty, pattern=pattern, surfaces=frozenset(surfaces),
                         section=section, ops_variable=ops_variable, ops=ops or ops_variable is not None,
                         zero=zero)}
     return field(default=default, metadata=meta)
@@ -209,7 +220,7 @@ class PipelineConfig(_Section):
         unit="URI", ops_variable="trainflow_registry_uri")
     registered_model_name: str = param(
         "registered_model_name", "PC", "name the model is registered under in the registry", "mnist-classifier",
-        ops_variable="trainflow_registered_model_name", non_empty=True)
+        ops_variable="trainflow_registered_model_name", non_empty=True, pattern=MODEL_NAME_PATTERN)
     promotion_threshold: float = param(
         "promotion_threshold", "PC", "make the new version CURRENT only at or above this test accuracy "
         "(0 = always)", 0.0, unit="accuracy", minimum=0, maximum=1,
