@@ -476,7 +476,13 @@ class PyTorchJobRunner:
             existing = None
         if existing is not None:
             self._check_owner(existing, spec)
-            if self.settings.recreate_failed and (terminal_condition(existing) or ("",))[0] == "Failed":
+            failed = (terminal_condition(existing) or ("",))[0] == "Failed"
+            if failed and not self.settings.recreate_failed:
+                log.warning("PyTorchJob %s/%s failed in an earlier attempt and is kept for inspection "
+                            "(recreate_failed off: keep_failed_job): this attempt reports its failure; delete "
+                            "it (kubectl delete pytorchjobs -n %s %s) to train again", spec.namespace, spec.name,
+                            spec.namespace, spec.name)
+            if self.settings.recreate_failed and failed:
                 log.info(
                     "PyTorchJob %s/%s failed in an earlier attempt: replacing it", spec.namespace, spec.name
                 )

@@ -52,6 +52,7 @@ from trainflow.storage import CheckpointStorageError, join_uri, storage_for
 if TYPE_CHECKING:
     from components.launcher.incluster import PodIdentity
     from components.launcher.pytorchjob import PyTorchJobSpec
+    from components.launcher.runner import RunnerSettings
 
 log = logging.getLogger("trainflow.step")
 
@@ -410,6 +411,17 @@ def _host_rendezvous(me: PodIdentity | None, job_key: str, stack: contextlib.Exi
             "rdzv_id": f"{rdzv_id_for(job_key)}-{secrets.token_hex(4)}"}
 
 
+def runner_settings(spec: TrainJobSpec) -> RunnerSettings:
+    """How the train step runs its PyTorchJob: deleted at the end, or kept when it failed and
+    ``keep_failed_job`` is set; a kept job is not replaced by the step's own retry either (it was,
+    5 s later): the retry reports the kept job's failure, and deleting it lets a retry train anew."""
+    from components.launcher.runner import RunnerSettings
+
+    return RunnerSettings(poll_interval_s=spec.poll_interval_s,
+                          cleanup="on-success" if spec.keep_failed_job else "always",
+                          recreate_failed=not spec.keep_failed_job, stream_logs=True)
+
+
 def _run_pytorchjob(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path) -> str:
     with contextlib.ExitStack() as stack:  # the rendezvous store outlives the job, its deletion included
         return _run_pytorchjob_in(spec, cfg, work_dir, stack)
@@ -419,7 +431,7 @@ def _run_pytorchjob_in(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path, sta
     from lightkube import Client
 
     from components.launcher.incluster import own_pod
-    from components.launcher.runner import LauncherError, PyTorchJobRunner, RunnerSettings
+    from components.launcher.runner import LauncherError, PyTorchJobRunner
 
     try:
         client = Client(field_manager="trainflow-launcher")
@@ -449,9 +461,7 @@ def _run_pytorchjob_in(spec: TrainJobSpec, cfg: TrainConfig, work_dir: Path, sta
     cfg = dataclasses.replace(cfg, metrics_port=TRAINER_METRICS_PORT, metrics_addr="0.0.0.0")
     job_spec = worker_job_spec(spec, cfg, namespace=namespace, image=image, owner_references=owners,
                                default_image_pull_secrets=pull_secrets, **rdzv)
-    runner = PyTorchJobRunner(client, RunnerSettings(
-        poll_interval_s=spec.poll_interval_s, cleanup="on-success" if spec.keep_failed_job else "always",
-        stream_logs=True))
+    runner = PyTorchJobRunner(client, runner_settings(spec))
     mirror = _MetricsMirror(cfg.metrics_path or "", work_dir / "train-metrics.jsonl")
     try:
         with runner.terminate_on_sigterm(), mirror:

@@ -495,7 +495,8 @@ class LaunchConfig(_Section):
                                  "Secret's endpoint key, s3_endpoint_key, or the SDK's default)", "", unit="URL",
                                  ops_variable="trainflow_s3_endpoint_url")
     keep_failed_job: bool = param("keep_failed_job", "SPC", "keep a failed PyTorchJob and its pods for inspection "
-                                  "instead of deleting them", False, ops_variable="trainflow_keep_failed_job")
+                                  "instead of deleting them (the step's retries then report its failure instead of "
+                                  "replacing it)", False, ops_variable="trainflow_keep_failed_job")
 
     def __post_init__(self) -> None:
         self._check_rows()

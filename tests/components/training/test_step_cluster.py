@@ -20,7 +20,7 @@ from components.training.step import (
     rendezvous_host,
     worker_grace_period_s,
 )
-from trainflow.common.training_spec import CheckpointConfig
+from trainflow.common.training_spec import CheckpointConfig, TrainJobSpec
 
 
 def test_worker_grace_period_covers_the_sigterm_save() -> None:
@@ -177,3 +177,14 @@ def test_workers_without_an_s3_secret_are_warned_about(
     (record,) = caplog.records
     assert record.getMessage().startswith("s3_secret_name is empty: the worker pods get no S3 keys")
     assert record.getMessage().endswith("this step's own AWS_ACCESS_KEY_ID does not reach them")
+
+
+def test_a_kept_failed_job_is_not_replaced_by_the_steps_own_retry() -> None:
+    """Review 2026-11-30: with keep_failed_job the step's retry (set_retry) deleted the failed job
+    the attempt before had kept, about 5 s later; only the last attempt's job was left to inspect."""
+    from components.training.step import runner_settings
+
+    kept = runner_settings(TrainJobSpec.from_kwargs({"keep_failed_job": True}))
+    assert (kept.cleanup, kept.recreate_failed) == ("on-success", False)
+    default = runner_settings(TrainJobSpec.from_kwargs({}))
+    assert (default.cleanup, default.recreate_failed) == ("always", True)
