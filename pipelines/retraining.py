@@ -120,7 +120,8 @@ def build_retraining_pipeline(platform: PlatformSettings) -> object:
     ) -> RetrainingOutputs:
         check = drift_check(source=dataset_source, registry_uri=registry_uri, model_name=registered_model_name,
                             alpha=drift_alpha, max_accuracy_drop=max_accuracy_drop,
-                            retrain_policy=retrain_policy, s3_endpoint_url=s3_endpoint_url).set_display_name("drift check")
+                            retrain_policy=retrain_policy, s3_endpoint_url=s3_endpoint_url,
+                            seed=seed, test_fraction=test_fraction).set_display_name("drift check")
         check.set_caching_options(False)
         platform.apply(check, s3_secret_name)
         with dsl.If(check.outputs["Output"] == True, name="retrain"):  # noqa: E712

@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -287,17 +287,37 @@ def observe_accuracy(model_dir: str | Path, images: np.ndarray, labels: np.ndarr
                                reference_accuracy=float(reference_accuracy), reference_total=int(reference_total))
 
 
+def split_mismatch(reference_split: Mapping[str, Any], *, seed: int,
+                   test_fraction: float) -> dict[str, tuple[float, float]]:
+    """The split settings in which a retraining that splits with ``seed`` and ``test_fraction``
+    differs from a model whose data was split as ``reference_split`` (a profile's
+    ``extra[SPLIT_KEY]``): ``{name: (retraining's, reference's)}``, empty when they agree or none
+    were recorded. The held-out split depends on both: another seed or fraction puts images the
+    current model trained on into the new test split, and the "beats the current version" check
+    would score it on them."""
+    wanted = {"seed": float(seed), "test_fraction": float(test_fraction)}
+    return {k: (wanted[k], float(reference_split[k])) for k in wanted
+            if k in reference_split and float(reference_split[k]) != wanted[k]}
+
+
 def run_drift_check(source: str, *, registry_uri: str, model_name: str, thresholds: DriftThresholds | None = None,
-                    work_dir: str | Path | None = None, seed: int = 0) -> DriftReport:
+                    work_dir: str | Path | None = None, seed: int = 0,
+                    retraining_split: Mapping[str, float] | None = None) -> DriftReport:
     """Check the data under ``source`` against the current version of ``model_name``.
 
     Steps: the current version and its data profile (registry) ▶ the source's listing fingerprint
     (unchanged → done) ▶ prepare the new data at the reference's image shape ▶ profile it ▶ score the
     current model on its held-out split ▶ :func:`compare`.
 
+    Args:
+        retraining_split: ``{"seed", "test_fraction"}`` the retraining after this check will split
+            the data with (``None``: no check); refused before any training when the current
+            version's data was split otherwise (:func:`split_mismatch`).
+
     Raises:
         DatasetError: one line — the source does not exist or holds no images, bad credentials or
-            endpoint, an unreadable image or profile.
+            endpoint, an unreadable image or profile; a ``retraining_split`` that differs from the
+            current version's.
         components.registry.store.RegistryError: bad model name or unreadable registry.
     """
     from components.registry.store import ModelRegistry, RegistryError
@@ -323,18 +343,28 @@ def run_drift_check(source: str, *, registry_uri: str, model_name: str, threshol
     base = {"thresholds": asdict(th), "new": {"source": source, "listing_fingerprint": new_listing_fp}}
     if current is None:
         return DriftReport(decision="no-reference", reasons=[f"model {model_name!r} has no current version"], **base)
+    reference: DataProfile | None = None
+    if PROFILE_FILE in current.files:
+        with reading_registry():
+            profile = registry.read_file(model_name, current.version, PROFILE_FILE)
+        reference = DataProfile.from_json(json.loads(profile))
+    if reference is not None and retraining_split is not None and (differs := split_mismatch(
+            reference.extra.get(SPLIT_KEY) or {}, seed=int(retraining_split["seed"]),
+            test_fraction=float(retraining_split["test_fraction"]))):
+        ours = ", ".join(f"{k} {new:g}" for k, (new, _) in differs.items())
+        theirs = ", ".join(f"{k} {old:g}" for k, (_, old) in differs.items())
+        raise DatasetError(f"the retraining splits the data with {ours}, version {current.version} of {model_name!r} "
+                           f"was trained on a split with {theirs}: the new model would be compared with it on images "
+                           "it trained on; retrain with its split settings")
     ref_info = {"model": model_name, "version": current.version,
                 "listing_fingerprint": current.lineage.get("dataset", {}).get("listing_fingerprint", ""),
                 "dataset_fingerprint": current.lineage.get("dataset_fingerprint", "")}
     if new_listing_fp and new_listing_fp == ref_info["listing_fingerprint"]:
         return DriftReport(decision="unchanged", reasons=[f"{source} lists exactly as when version "
                            f"{current.version} was trained"], reference=ref_info, **base)
-    if PROFILE_FILE not in current.files:
+    if reference is None:
         return DriftReport(decision="no-reference", reasons=[f"version {current.version} of {model_name!r} has no "
                            "data profile (registered before drift checks)"], reference=ref_info, **base)
-    with reading_registry():
-        profile = registry.read_file(model_name, current.version, PROFILE_FILE)
-    reference = DataProfile.from_json(json.loads(profile))
     with tempfile.TemporaryDirectory(prefix="trainflow-drift-", dir=work_dir) as tmp:
         channels, height, _ = reference.image_shape
         # split as the current version's data was (keyed by path: its training images stay in training)

@@ -16,6 +16,8 @@ def drift_check(
     max_accuracy_drop: float = 0.05,
     retrain_policy: str = "on-drift",
     s3_endpoint_url: str = "",
+    seed: int = -1,
+    test_fraction: float = 0.0,
 ) -> bool:
     """Compare the data under ``source`` (a folder, s3://bucket/prefix, mnist | digits) with the
     current version of ``model_name`` in ``registry_uri``: label counts (chi-square), per-image
@@ -25,7 +27,12 @@ def drift_check(
     unchanged | no-reference — and the source's listing fingerprint also in its metadata) to ``verdict``. Returns whether to retrain: as
     the verdict says (``retrain_policy`` on-drift), or always (``always``; the verdict is still
     computed and kept). One plain output, because kfp.local resolves a ``dsl.If`` condition only on
-    a task's single ``Output``, not on a named output (kfp 2.17 enhanced_dag_orchestrator)."""
+    a task's single ``Output``, not on a named output (kfp 2.17 enhanced_dag_orchestrator).
+
+    ``seed`` and ``test_fraction``: the split the retraining after this check will use (``-1`` and
+    ``0``: not checked); when the current version's data was split otherwise the check fails (one
+    line) before anything trains, since the new model would be compared with it on images it
+    trained on."""
     import json
     from pathlib import Path
 
@@ -36,8 +43,10 @@ def drift_check(
 
     if retrain_policy not in ("on-drift", "always"):
         raise ValueError(f"retrain_policy must be on-drift or always, got {retrain_policy!r}")
+    split = {"seed": seed, "test_fraction": test_fraction} if seed >= 0 and test_fraction > 0 else None
     report = run_drift_check(source, registry_uri=registry_uri, model_name=model_name,
-                             thresholds=DriftThresholds(alpha=alpha, max_accuracy_drop=max_accuracy_drop))
+                             thresholds=DriftThresholds(alpha=alpha, max_accuracy_drop=max_accuracy_drop),
+                             retraining_split=split)
     for key, value in report.metrics().items():
         metrics.log_metric(key, value)
     retrain = report.retrain or retrain_policy == "always"

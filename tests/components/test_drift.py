@@ -190,6 +190,14 @@ def test_run_drift_check_against_the_registry(mnist, trained_model, tmp_path) ->
 
     same = run_drift_check(str(train_dir), **check)
     assert same.decision == "unchanged" and not same.retrain and same.reference["version"] == 1
+    # A retraining that would split the data otherwise is refused before it trains (review
+    # 2026-11-30: the new model was compared with the current one on images that one trained on).
+    assert run_drift_check(str(train_dir), **check, retraining_split={"seed": 0, "test_fraction": 0.2}).decision \
+        == "unchanged"
+    with pytest.raises(DatasetError, match=r"^the retraining splits the data with seed 7, test_fraction 0\.3, "
+                                           r"version 1 of 'digits' was trained on a split with seed 0, "
+                                           r"test_fraction 0\.2: .*retrain with its split settings$"):
+        run_drift_check(str(train_dir), **check, retraining_split={"seed": 7, "test_fraction": 0.3})
 
     fresh = run_drift_check(str(_write_folder(tmp_path / "fresh", images[new[:600]], labels[new[:600]])), **check)
     assert fresh.decision == "no-drift", fresh.reasons
