@@ -327,6 +327,8 @@ class Controller:
         self.ledger = Ledger()
         self._views = IncrementalView()
         self._snapshot_cache: dict[str, Any] = {}
+        self._led_last_tick = False  # whether the tick before this one ran as the leader
+        self._term: int | None = None  # the leader's term (LeaderElector.terms) the ledger belongs to
         self.manage_gc = manage_gc
         self._unfrozen_at = time.monotonic()
         self._view_revision: tuple[int, ...] | None = None
@@ -400,7 +402,17 @@ class Controller:
         rollbacks, GPUs-per-worker steps) are applied whatever a later step raised; a step that
         cannot go on raises :class:`_NoChange` with the reason."""
         if not self._leading():
+            self._led_last_tick = False
             raise _NoChange("not the leader", logging.DEBUG)
+        term = getattr(self._leader, "terms", None)
+        if not self._led_last_tick or term != self._term:
+            # Leading again after another replica may have led (or for the first time): what this
+            # replica remembered is stale. Its ledger would add the whole gap to attained service
+            # and write its old throughput back over what the other leader measured and persisted,
+            # so it is rebuilt from the jobs' annotations (Ledger._seed), as after a restart.
+            self.ledger = Ledger()
+            self._snapshot_cache = {}
+            self._led_last_tick, self._term = True, term
         policy = self._policy_in_force(report)
         readings = self._background.submit(_timed, self._prometheus, now_s)  # overlaps the Kubernetes read
         phase = _Phases(report, self._api_requests)

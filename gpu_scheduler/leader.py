@@ -92,6 +92,9 @@ class LeaderElector:
         self._observed_at = 0.0  # our clock (s), when _observed was first seen
         self._observed_duration_s: float = lease_duration_s  # _observed's duration, or ours if it has none
         self._leader = False
+        #: how many times this candidate became the leader (a holder of state from an earlier term
+        #: tells a lease lost and won back between two of its checks from one held throughout)
+        self.terms = 0
         # Guards _renewed_at and _leader together: is_leader() runs in the controller's thread while
         # the election thread renews; without it a check that read the renewal time just before a
         # renewal could store its stale "not leader" just after it (tests/gpu_scheduler/test_leader_log.py).
@@ -115,6 +118,7 @@ class LeaderElector:
         """Record the state; call with ``_state_lock`` held (``on_change`` runs under it)."""
         if leader != self._leader:
             self._leader = leader
+            self.terms += leader
             log.info(
                 "leadership changed",
                 extra={

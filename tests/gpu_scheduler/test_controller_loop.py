@@ -7,6 +7,7 @@ tests/integration/test_controller_k8s.py; here the fakes make every branch cheap
 from __future__ import annotations
 
 import copy
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -522,3 +523,36 @@ def test_a_gpus_per_worker_request_above_every_nodes_gpus_is_refused_by_the_cont
     assert action.kind == ActionKind.RESHAPE_REFUSED and "the most any node has is 4" in action.reason
     assert GPUS_PER_WORKER_REQUEST not in cluster.annotations("a") and not cluster.jobs["a"]["spec"]["runPolicy"].get(
         "suspend")
+
+
+@pytest.mark.parametrize("unnoticed", [False, True], ids=["a-follower-tick-between", "lost-and-won-between-ticks"])
+def test_a_replica_leading_again_rebuilds_its_ledger_from_the_annotations(unnoticed: bool) -> None:
+    """Review 2026-11-30: a replica that led, lost the Lease for two hours and won it back kept its
+    in-memory ledger: it added the whole gap to attained service and would write its old throughput
+    back over what the other leader measured and persisted. Also when the Lease was lost and won
+    back between two of its ticks (a new term of the elector)."""
+    cluster = two_nodes()
+    cluster.add_job("a", ["n0", "n0"])
+    leader = Leader(leader=True)
+    ctl, _, _, clock, _, _ = make(cluster, "test-keep", leader=leader)
+    ctl.tick()
+    first = ctl.ledger
+    if unnoticed:
+        leader.terms = 2  # type: ignore[attr-defined]  # a LeaderElector counts them
+    else:
+        leader.leader = False
+        clock.now = T0 + 60
+        assert ctl.tick().skipped == "not the leader"
+        leader.leader = True
+    # meanwhile the other leader measured the job at 2 and 4 workers and persisted its service
+    other = {"unit": "samples/s", "by_workers": {"2": 100.0, "4": 190.0}}
+    cluster.annotations("a").update({
+        ANNOTATION_PREFIX + "throughput": json.dumps(other),
+        ANNOTATION_PREFIX + "attained-service": json.dumps({"gpu_s": 3000.0, "at": T0 + 7100}),
+    })
+    cluster.jobs["a"]["metadata"]["annotations"] = cluster.annotations("a")
+    clock.now = T0 + 7200
+    ctl.tick()
+    assert ctl.ledger is not first
+    entry = ctl.ledger._jobs["ns/a"]
+    assert dict(entry.book.by_workers) == {2: 100.0, 4: 190.0}
