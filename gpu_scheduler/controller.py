@@ -730,7 +730,8 @@ def build_runtime(settings: ControllerSettings, *, clock: Callable[[], float] = 
     leader = None
     if settings.leader_election:
         leader = LeaderElector(
-            connector.client(), namespace=settings.namespace, name=settings.lease_name, identity=settings.identity,
+            connector.client(), namespace=settings.namespace, name=settings.election_lease_name,
+            identity=settings.identity,
             lease_duration_s=settings.lease_duration_s, renew_deadline_s=settings.renew_deadline_s,
             retry_period_s=settings.retry_period_s, on_change=lambda _leader: wake.set(),
         )

@@ -253,6 +253,13 @@ class ControllerSettings:
         object.__setattr__(self, "plugins", tuple(self.plugins))
 
     @property
+    def election_lease_name(self) -> str:
+        """The Lease this replica competes for: ``lease_name``, or ``<lease_name>-dry-run`` with
+        ``dry_run``, so that a preview never wins the real controller's Lease (it did: the real
+        controller then stood still while the preview persisted nothing)."""
+        return f"{self.lease_name}-dry-run" if self.dry_run else self.lease_name
+
+    @property
     def metrics_on_loopback(self) -> bool:
         """``metrics_addr`` is reachable from this host only."""
         import ipaddress

@@ -68,3 +68,17 @@ def test_the_recording_rules_record_the_controllers_queries() -> None:
     (group,) = [g for g in rule["spec"]["groups"] if g["name"] == "trainflow-gpu-scheduler-inputs"]
     assert {r["record"]: r["expr"] for r in group["rules"]} == {
         RECORDED[key]: query.format(window=RULES_WINDOW) for key, query in QUERIES.items()}
+
+
+def test_the_role_grants_the_lease_of_the_controller_and_of_a_dry_run_preview() -> None:
+    """Review 2026-11-30: ``run --dry-run`` competed for the real Lease and could win it (the real
+    controller then stood still); a preview holds a Lease of its own, which the Role must grant."""
+    from gpu_scheduler.settings import ControllerSettings
+
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs("base/scheduler/rbac.yaml")}
+    granted = {name for rule in by_name[("Role", "trainflow-gpu-scheduler")]["rules"]
+               if "leases" in rule["resources"] for name in rule.get("resourceNames", ())}
+    url = "http://prometheus:9090"
+    real, preview = ControllerSettings(prometheus_url=url), ControllerSettings(prometheus_url=url, dry_run=True)
+    assert real.election_lease_name == real.lease_name != preview.election_lease_name
+    assert granted == {real.election_lease_name, preview.election_lease_name}
