@@ -313,6 +313,9 @@ class JobMemo:
             suspended by anyone else is left alone.
         reshape: a GPUs-per-worker change in progress: ``{"gpus_per_worker", "workers"}``; the
             controller suspends the job, patches the template once its pods are gone, resumes it.
+        reshape_requested_workers: the user's request carried over to the new GPUs per worker,
+            worked out when the change started (``"requested_workers"`` in the same annotation; a
+            retry after the template patch landed no longer knows the old size).
     """
 
     requested_workers: int | None = None
@@ -326,6 +329,7 @@ class JobMemo:
     hold_max_workers: int | None = None
     suspended_by_scheduler: bool = False
     reshape: tuple[int, int] | None = None
+    reshape_requested_workers: int | None = None
 
     # Annotation names (after the prefix).
     REQUESTED = "requested-workers"
@@ -392,6 +396,8 @@ class JobMemo:
             if (v := get(cls.RESHAPE)) is not None:
                 raw = json.loads(v)
                 out["reshape"] = (max(1, _num(raw["gpus_per_worker"], int)), max(1, _num(raw["workers"], int)))
+                if raw.get("requested_workers") is not None:  # absent in a change started before 2026-11-30
+                    out["reshape_requested_workers"] = max(1, _num(raw["requested_workers"], int))
         except (ValueError, TypeError, KeyError):
             pass
         return cls(**out)
@@ -431,9 +437,10 @@ class JobMemo:
         if self.suspended_by_scheduler:
             out[p + self.SUSPENDED_BY] = FIELD_MANAGER
         if self.reshape is not None:
-            out[p + self.RESHAPE] = json.dumps(
-                {"gpus_per_worker": self.reshape[0], "workers": self.reshape[1]}, separators=(",", ":")
-            )
+            record: dict[str, int] = {"gpus_per_worker": self.reshape[0], "workers": self.reshape[1]}
+            if self.reshape_requested_workers is not None:
+                record["requested_workers"] = self.reshape_requested_workers
+            out[p + self.RESHAPE] = json.dumps(record, separators=(",", ":"))
         return out
 
     def changed_annotations(self, before: Mapping[str, str]) -> dict[str, str | None]:

@@ -524,7 +524,11 @@ def _reshape_start(view: JobView, memo: JobMemo, gpus_per_worker: int, settings:
     job = view.job
     total = view.placement.gpus(job.gpus_per_worker) or job.spec_workers * max(job.gpus_per_worker, 1)
     workers = max(job.min_workers, min(job.max_workers, math.ceil(total / gpus_per_worker)))
-    new = memo.but(reshape=(gpus_per_worker, workers), suspended_by_scheduler=True, scale_up=None)
+    # Worker counts change meaning with the GPUs per worker: the user's request is carried over in
+    # GPUs (8 x 1 GPU -> 2 x 4), worked out now, while the template still holds the old size.
+    requested_gpus = (memo.requested_workers or job.spec_workers) * job.gpus_per_worker
+    new = memo.but(reshape=(gpus_per_worker, workers), suspended_by_scheduler=True, scale_up=None,
+                   reshape_requested_workers=max(1, -(-requested_gpus // gpus_per_worker)))
     annotations = new.changed_annotations(job.annotations)
     annotations[GPUS_PER_WORKER_REQUEST] = None
     message = (f"changing GPUs per worker {job.gpus_per_worker}->{gpus_per_worker}: suspending; "
@@ -590,12 +594,16 @@ def _reshape_step(view: JobView, memo: JobMemo, now_s: float, settings: PlanSett
     if _nproc_follows_gpus(job):
         ops.append({"op": "replace", "path": "/spec/nprocPerNode", "value": str(gpw)})
     # Worker counts change meaning with the GPUs per worker: the user's request is carried over in
-    # GPUs (8 x 1 GPU -> 2 x 4), and throughput measured per worker count at the old size is dropped
-    # (a rigid policy asked for 8 workers x 4 GPUs, default fitted its curve to 1-GPU workers).
-    requested_gpus = (memo.requested_workers or job.spec_workers) * job.gpus_per_worker
-    new = memo.but(reshape=None, suspended_by_scheduler=False,
+    # GPUs (8 x 1 GPU -> 2 x 4; worked out when the change started: a retry after the template
+    # patch landed and the resume failed reads the new size here), and throughput measured per
+    # worker count at the old size is dropped (a rigid policy asked for 8 workers x 4 GPUs,
+    # default fitted its curve to 1-GPU workers).
+    requested = memo.reshape_requested_workers
+    if requested is None:  # a change started by a controller before 2026-11-30
+        requested = max(1, -(-(memo.requested_workers or job.spec_workers) * job.gpus_per_worker // gpw))
+    new = memo.but(reshape=None, reshape_requested_workers=None, suspended_by_scheduler=False,
                    scale_up=ScaleUpWatch(from_workers=0, to_workers=workers, at_s=now_s),
-                   restarts=memo.restarts + 1, requested_workers=max(1, -(-requested_gpus // gpw)),
+                   restarts=memo.restarts + 1, requested_workers=requested,
                    throughput=MappingProxyType({}))
     template = Patch(namespace=job.namespace, name=job.name, body=ops, patch_type="json")
     resume = Patch(namespace=job.namespace, name=job.name, body={

@@ -256,7 +256,8 @@ def test_gpus_per_worker_change_goes_suspend_then_patch_then_resume() -> None:
     body = a.patches[0].body
     assert body["spec"] == {"runPolicy": {"suspend": True}}
     ann = body["metadata"]["annotations"]
-    assert json.loads(ann[ANNOTATION_PREFIX + "reshape"]) == {"gpus_per_worker": 2, "workers": 2}
+    assert json.loads(ann[ANNOTATION_PREFIX + "reshape"]) == {"gpus_per_worker": 2, "workers": 2,
+                                                              "requested_workers": 2}
     assert ann[GPUS_PER_WORKER_REQUEST] is None and ann[SUSPENDED_BY] == FIELD_MANAGER
     memo = {k: v for k, v in ann.items() if v is not None}
     # pods still terminating: wait
@@ -284,6 +285,13 @@ def test_gpus_per_worker_change_goes_suspend_then_patch_then_resume() -> None:
     changed = resume.body["metadata"]["annotations"]
     after = JobMemo.parse({k: v for k, v in {**memo, **changed}.items() if v is not None})
     assert after.requested_workers == 2 and dict(after.throughput) == {}
+    # The template patch landed and the resume failed (an error, a lost Lease): the retry reads the new
+    # size from the template, and still carries the request over from the old one (review 2026-11-30:
+    # it kept 4 workers, of 2 GPUs now).
+    patched = {"ns/a": jview(replicas=4, gpus=2, suspend=True, rv="10", annotations=memo)}
+    retry = only(plan_safety(patched, T0 + 20, SETTINGS), ActionKind.RESHAPE_RESUME)
+    changed = retry.patches[1].body["metadata"]["annotations"]
+    assert JobMemo.parse({k: v for k, v in {**memo, **changed}.items() if v is not None}).requested_workers == 2
 
 
 def test_gpus_per_worker_change_is_refused_when_ranks_are_set_in_the_deprecated_field() -> None:
