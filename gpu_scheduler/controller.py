@@ -66,6 +66,9 @@ __all__ = [
 
 log = logging.getLogger("gpu_scheduler.controller")
 
+#: ``TickReport.skipped`` of a replica that does not hold the Lease.
+NOT_LEADER = "not the leader"
+
 
 # ------------------------------------------------------------------------------------------ ports
 
@@ -403,7 +406,7 @@ class Controller:
         cannot go on raises :class:`_NoChange` with the reason."""
         if not self._leading():
             self._led_last_tick = False
-            raise _NoChange("not the leader", logging.DEBUG)
+            raise _NoChange(NOT_LEADER, logging.DEBUG)
         term = getattr(self._leader, "terms", None)
         if not self._led_last_tick or term != self._term:
             # Leading again after another replica may have led (or for the first time): what this
@@ -592,10 +595,16 @@ class Controller:
                 m.decisions.labels(policy=report.decision.policy, outcome=outcome.value).inc(count)
         for result in report.results:
             m.actions.labels(kind=result.action.kind.value, status=result.status).inc()
-            m.patches.labels(status=result.status).inc(len(result.action.patches))
+            if result.requests_sent:  # what went out: none after a lost Lease, re-sends after a 409 too
+                m.patches.labels(status=result.status).inc(result.requests_sent)
         if not report.skipped:
             m.jobs.labels(state="managed").set(report.jobs)
             m.jobs.labels(state="left_out").set(len(report.excluded))
+        elif report.skipped == NOT_LEADER:
+            # a follower reports no jobs: summed over the replicas, the leader's count stands alone
+            # (a former leader kept exporting its last values)
+            m.jobs.labels(state="managed").set(0)
+            m.jobs.labels(state="left_out").set(0)
         # Last: a scrape that sees a tick counted sees everything that tick recorded (the leader
         # gauge included; a scrape between the two once read ticks_total 1 with leader 0).
         m.ticks.labels(result="skipped" if report.skipped else "ok").inc()

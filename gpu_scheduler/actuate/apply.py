@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import httpx2
@@ -65,12 +65,15 @@ class ApplyResult:
         status: ``applied`` / ``dry_run`` when every patch went through, else the first failure.
         message: the API's message for a failure ("" on success).
         event_recorded: the Event was created (or dry-run created).
+        requests_sent: PATCH requests sent for it, re-sends after a 409 included (0: none went out,
+            e.g. the Lease was lost first; fewer than its patches: it stopped at a failure).
     """
 
     action: Action
     status: Status
     message: str = ""
     event_recorded: bool = False
+    requests_sent: int = 0
 
     @property
     def ok(self) -> bool:
@@ -150,6 +153,7 @@ class Actuator:
         self.reporting_instance = reporting_instance or socket.gethostname()
         self._recorder = EventRecorder(self.event) if async_events else None
         self._proceed = proceed
+        self._requests = threading.local()  # .sent: PATCHes of the action this thread sends
 
     def flush_events(self, timeout_s: float = 30.0) -> bool:
         """Wait until every queued Event was sent; True if the queue emptied in time."""
@@ -179,6 +183,7 @@ class Actuator:
     def _send(self, patch: Patch, body: Any | None = None) -> str | None:
         """PATCH; returns the ``resourceVersion`` of the answer (None if it has none)."""
         resource = PyTorchJob.Scale if patch.subresource == "scale" else PyTorchJob
+        self._requests.sent = getattr(self._requests, "sent", 0) + 1
         answer = self._client.patch(
             resource,
             patch.name,
@@ -219,11 +224,13 @@ class Actuator:
         """Send one action; never raises: an exception of an unexpected type (e.g. lightkube's
         ``KeyError: 'Content-Type'`` on a proxy's bare 503) becomes its ``error`` result, so the
         other actions still go out and every result is reported."""
+        self._requests.sent = 0  # PATCHes of this action (each action is sent from one thread)
         try:
-            return self._send_action(action)
+            return replace(self._send_action(action), requests_sent=self._requests.sent)
         except Exception as exc:
             log.debug("action failed", exc_info=exc, extra={"job": action.job, "action": action.kind.value})
-            return ApplyResult(action=action, status="error", message=_one_line(exc))
+            return ApplyResult(action=action, status="error", message=_one_line(exc),
+                               requests_sent=self._requests.sent)
 
     def _check_lease(self, when: str) -> None:
         """Raise :class:`_LeaseLost` unless this process may still write (``proceed``)."""

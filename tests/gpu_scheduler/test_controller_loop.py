@@ -359,6 +359,20 @@ class LeaseLostWhileObserving(FakePrometheus):
         return super().observe(now_s)
 
 
+def test_a_follower_reports_no_jobs() -> None:
+    """Review 2026-11-30: a former leader kept exporting its last job counts, so sum() over the
+    replicas counted the jobs twice."""
+    cluster = two_nodes()
+    cluster.add_job("a", ["n0", "n0"])
+    leader = Leader(leader=True)
+    ctl, _, _, _, _, metrics = make(cluster, "test-keep", leader=leader)
+    ctl.tick()
+    assert b'trainflow_scheduler_jobs{state="managed"} 1.0' in generate_latest(metrics.registry)
+    leader.leader = False
+    ctl.tick()
+    assert b'trainflow_scheduler_jobs{state="managed"} 0.0' in generate_latest(metrics.registry)
+
+
 def test_leadership_lost_during_a_tick_writes_nothing() -> None:
     """Review finding 11: leadership is checked again before anything is written."""
     cluster = two_nodes()

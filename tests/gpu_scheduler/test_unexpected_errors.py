@@ -77,6 +77,15 @@ def test_an_unexpected_exception_ends_only_its_own_action(max_concurrency: int) 
     assert by_job == {"ns/a": ("error", "KeyError: 'Content-Type'"), "ns/b": ("applied", ""),
                       "ns/c": ("error", "RuntimeError: boom second line"), "ns/d": ("applied", "")}
     assert [r.action.job for r in results][:2] in (["ns/a", "ns/b"], ["ns/b", "ns/a"])  # releases first
+    # what went out, for trainflow_scheduler_patches_total (review 2026-11-30: it counted the action's
+    # patches whether sent or not)
+    assert {r.action.job: r.requests_sent for r in results} == {"ns/a": 1, "ns/b": 1, "ns/c": 1, "ns/d": 1}
+    lost = Actuator(client, record_events=False, proceed=lambda: False)  # type: ignore[arg-type]
+    try:
+        (result,) = lost.apply([action("ns/e", ActionKind.SCALE_UP)])
+    finally:
+        lost.close()
+    assert (result.status, result.requests_sent) == ("not_leader", 0)
 
 
 def test_an_event_that_fails_unexpectedly_leaves_its_applied_action_applied(caplog: pytest.LogCaptureFixture) -> None:
