@@ -40,6 +40,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -541,6 +542,18 @@ class _SeededBatches(torch.utils.data.Dataset):
         return self.collate(read_samples(self.dataset, self.reads[i]))
 
 
+def ignore_sigterm(worker_id: int) -> None:
+    """``worker_init_fn`` of the DataLoader workers: they ignore SIGTERM. torchrun stops a worker
+    group with ``killpg(SIGTERM)``, which reaches the loader's worker processes too; one that died of
+    it made the trainer's SIGCHLD handler raise ``DataLoader worker ... killed by signal`` at any
+    line, before or inside the preemption save, which was lost (3 runs of 5). The trainer shuts its
+    workers down itself, and a worker whose parent is gone exits (torch's worker watchdog). The
+    workers are started with SIGTERM blocked (:func:`iter_task_batches`): one sent before this ran
+    is pending, and ignoring it discards it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
 def _as_is(batch: Any) -> Any:
     """A DataLoader ``collate_fn`` that hands a whole batch on unchanged (module level: picklable)."""
     return batch
@@ -591,6 +604,13 @@ def iter_task_batches(
     g = torch.Generator()
     g.manual_seed(loader_seed)
     loader = torch.utils.data.DataLoader(batches, batch_size=None, collate_fn=_as_is, num_workers=loader_workers,
-                                         generator=g, persistent_workers=False)
-    for (ids, n, _), batch in zip(plan, loader, strict=True):
+                                         generator=g, persistent_workers=False, worker_init_fn=ignore_sigterm)
+    # The workers start (fork) here, with SIGTERM blocked: one arriving before a worker's
+    # ignore_sigterm ran stays pending and is then discarded, instead of killing it.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        batches_read = iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    for (ids, n, _), batch in zip(plan, batches_read, strict=True):
         yield batch, ids, n

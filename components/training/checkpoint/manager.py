@@ -69,6 +69,7 @@ import io
 import json
 import logging
 import os
+import pickle
 import socket
 import threading
 import time
@@ -598,7 +599,9 @@ class CheckpointManager:
         buf.seek(0)
         try:
             torch.load(buf, weights_only=True)
-        except Exception as e:
+        except pickle.UnpicklingError as e:  # the weights-only unpickler's refusal, and only it: anything
+            # else raised meanwhile (a DataLoader worker's death, surfacing here through SIGCHLD) is
+            # not this checkpoint's fault, and made a permanent failure (exit 2) of a preemption
             raise CheckpointRefusedError(
                 f"this checkpoint could never be loaded back ({_weights_only_reason(e)}): keep the state to "
                 "tensors, numbers, strings and dicts/lists/tuples of them, or allow its types with "

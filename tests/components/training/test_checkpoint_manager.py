@@ -216,3 +216,21 @@ def test_a_refused_type_is_found_in_dict_keys_and_sets_after_an_earlier_save_pas
         with pytest.raises(CheckpointRefusedError, match=r"^this checkpoint could never be loaded back \(.*numpy"):
             mgr.save(20, {**_state(20), "task_state": bad}, blocking=True)
     assert mgr.committed_steps() == [10]
+
+
+def test_an_error_raised_while_checking_loadability_is_not_a_refusal(storage, monkeypatch) -> None:
+    """Review 2026-11-30: any exception of the round trip read as "could never be loaded back", a
+    permanent failure (exit 2). A DataLoader worker killed meanwhile surfaced there (SIGCHLD) and
+    ended a preempted job for good; only the weights-only unpickler's refusal is one."""
+    import torch
+
+    mgr = CheckpointManager(storage)
+    mgr.claim()
+
+    def dying_worker(*args, **kwargs):
+        raise RuntimeError("DataLoader worker (pid 7) is killed by signal: Terminated.")
+
+    monkeypatch.setattr(torch, "load", dying_worker)
+    with pytest.raises(RuntimeError, match="killed by signal"):
+        mgr.save(10, _state(10), blocking=True)
+    mgr.close()

@@ -204,3 +204,25 @@ def test_without_loader_workers_the_draws_are_this_processs_restored_stream() ->
     torch.manual_seed(11)
     np.random.seed(11)
     assert [draws[1:3] for draws in _draws(rank=0, start=0, workers=0)] == expected
+
+
+def test_loader_workers_outlive_the_sigterm_torchrun_sends_to_the_whole_group() -> None:
+    """Review 2026-11-30: torchrun stops a worker group with killpg(SIGTERM), which reached the
+    DataLoader's worker processes too; their death raised "DataLoader worker ... killed by signal"
+    in the trainer at any line, before or inside its preemption save (lost in 3 runs of 5). The
+    workers ignore SIGTERM: the epoch reads on (the trainer, not the signal, ends them)."""
+    import multiprocessing
+    import os
+    import signal
+
+    perm = d.epoch_permutation(64, seed=0, epoch=0)
+    batches = d.iter_task_batches(list(range(64)), _random_collate, perm=perm, start=0, global_batch_size=8,
+                                  rank=0, world_size=1, loader_workers=2, loader_seed=5)
+    first = next(batches)  # the workers have started (maybe not yet run their worker_init_fn)
+    workers = multiprocessing.active_children()
+    assert len(workers) == 2
+    for worker in workers:
+        os.kill(worker.pid, signal.SIGTERM)
+    rest = list(batches)
+    assert len([first, *rest]) == 8 and all(w.exitcode in (None, 0) for w in workers)
+    assert not signal.pthread_sigmask(signal.SIG_BLOCK, set()) & {signal.SIGTERM}  # this process's mask as it was
