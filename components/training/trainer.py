@@ -322,8 +322,15 @@ class Trainer:
                             "task_args": self.task_args, "torch_version": torch.__version__},
             on_event=lambda event: self.metrics.record(event),
         )
+        # A run for another model or dataset under this key is refused (in _load) without claiming it:
+        # a claim first made a new writer generation, which fenced the job that owns the key (its
+        # next save failed for good) and aborted its upload in flight.
+        self._foreign_key: str | None = None
         if env.is_main:
-            self.ckpt.claim()  # the newest writer generation owns the key; older ones stop writing
+            latest = self.ckpt.latest_manifest()
+            self._foreign_key = self._identity_mismatch(latest) if latest is not None else None
+            if self._foreign_key is None:
+                self.ckpt.claim()  # the newest writer generation owns the key; older ones stop writing
         self.schedule = SaveSchedule(interval_steps=cfg.checkpoint.interval_steps or None,
                                      interval_s=cfg.checkpoint.interval_s or None, clock=clock)
         self.faults = FaultInjector(at_step=cfg.fault_at_step or None, storage=self.storage, rank=env.rank,
@@ -711,8 +718,10 @@ class Trainer:
         loaded: LoadedCheckpoint | None = None
         mismatch = None
         if self.env.is_main:
-            loaded = self.ckpt.load_latest()
-            mismatch = self._identity_mismatch(loaded.manifest) if loaded else None
+            mismatch = self._foreign_key
+            if mismatch is None:
+                loaded = self.ckpt.load_latest()
+                mismatch = self._identity_mismatch(loaded.manifest) if loaded else None
         # One id and start time per worker group ("incarnation"), shared by its ranks: audits use it to
         # tell a step's final execution from executions rolled back by a restart.
         step, self.incarnation, mismatch = dist_utils.broadcast_object(

@@ -78,6 +78,10 @@ def test_another_data_size_under_the_same_job_key_is_refused(tmp_path, torch_glo
     with pytest.raises(ConfigError, match=r"written for another training set of 16 \(this run: 24\)"):
         again.train()
     again.ckpt.close()
+    # Refused without claiming the key (review 2026-11-30): a claim made a newer writer generation,
+    # which fenced the job owning the key (its next save failed for good).
+    assert again.ckpt.generation is None and first.ckpt._newest_generation() == first.ckpt.generation
+    first.ckpt.check_fence()
 
 
 def test_another_global_batch_size_under_the_same_job_key_is_refused(tmp_path, torch_globals) -> None:
