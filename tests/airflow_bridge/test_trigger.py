@@ -542,10 +542,13 @@ async def test_on_kill_tells_a_clear_from_a_moved_trigger_by_the_try(
     trigger.task_instance = TryOfTask("0190-try-1")
     trigger.hook = lambda: hook
     waiter = asyncio.ensure_future(collect(trigger))
-    until = time.monotonic() + 5
-    while not airflow.xcoms and time.monotonic() < until:  # the trigger records its try as it starts
+    # The trigger records its try as it starts; wait for it (a 5 s wait ran out on a busy machine, and
+    # the test then exercised "no record" instead, run 92): the cases below all start from a record.
+    until = time.monotonic() + 60
+    while not airflow.xcoms and time.monotonic() < until:
         await asyncio.sleep(0.01)
     recorded = dict(airflow.xcoms)
+    assert recorded == {"kfp_trigger_ti_id": "0190-try-1"}, recorded
 
     if after_the_kill.startswith("new try"):
         airflow.xcoms.clear()  # a new try's start deletes the task instance's XComs
