@@ -50,7 +50,9 @@ class LocalStorage:
 
     def check(self) -> None:
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            # fsynced into their parents, as every folder a commit needs (the job folder included):
+            # mkdir -p alone left the entries of a new root and job folder to the kernel's writeback
+            self._makedirs(self.root)
             probe = self.root / f".probe{_TMP_MARK}{uuid.uuid4().hex}"
             probe.write_bytes(b"")
             probe.unlink(missing_ok=True)  # a claim's cleanup_incomplete on another rank may have removed it

@@ -194,6 +194,11 @@ def test_local_commit_makes_new_folders_durable(tmp_path, monkeypatch) -> None:
     write_bytes(storage, "step-0000000001/MANIFEST.json", b"{}")
     # the parents of every created folder, then the folder holding the committed file
     assert synced == [tmp_path, tmp_path / "ckpt", tmp_path / "ckpt" / "job", tmp_path / "ckpt" / "job" / "step-0000000001"]
+    # The trainer's first call, on every rank, is check(): the folders it creates are fsynced into
+    # their parents too (review 2026-11-30: its mkdir -p was not, and _makedirs later found them there).
+    synced.clear()
+    LocalStorage(str(tmp_path / "other" / "run1" / "train")).check()
+    assert synced[:3] == [tmp_path, tmp_path / "other", tmp_path / "other" / "run1"]
 
 
 def test_claims_are_create_only_and_numbered(tmp_path) -> None:
