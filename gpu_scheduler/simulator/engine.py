@@ -343,7 +343,9 @@ class _SimJob:
                     self._measure()
                 return
             # The epoch ends inside this interval (resolved to whole seconds).
-            delta = round((target - self.progress) / rate)
+            # (never past the interval: a fraction above .5 left by a restart cost such as 4.4 s
+            # rounded up gave the job free training and the round a completion after its end)
+            delta = min(round((target - self.progress) / rate), seconds)
             self.epoch += 1
             self.progress = target
             self.attained += delta * gpus
@@ -440,7 +442,11 @@ class _SimJob:
         if not self.adaptive:
             if self.trained_here_s < self.measurement_window_s - 1e-9:
                 return  # the controller's readings average a window with one world size throughout
-            measured = cfg.batch_size / self.step_s
+            # the trainer exports optimizer steps/s x its global batch (trainflow_global_batch_size),
+            # the workload's B; cfg.batch_size is what the placement processes after the per-GPU
+            # rounding (bert 384 on 3 GPUs: 363), while remaining_samples counts steps x B: with it
+            # the time left read as remaining / throughput was off by B / cfg.B (review 2026-11-30)
+            measured = self.spec.batch_size / self.step_s
             if self.throughput.get(workers) != measured:
                 self.throughput[workers] = measured
                 self.throughput_view = MappingProxyType(dict(self.throughput))
@@ -463,17 +469,19 @@ class _SimJob:
             return
         if self.measured_at.get(workers) == self.per_node and self.measured_epoch == self.epoch:
             return
-        self.measured_at[workers] = self.per_node
-        self.measured_epoch = self.epoch
         if self.pollux:  # the agent's goodput model, per width run at (samples at B0 per second)
             perf = self.fitted_perf_params()
             if perf is None or self.grad_params is None:
-                return
+                return  # no model yet (the first round): marking the width measured hid it all epoch
+            self.measured_at[workers] = self.per_node
+            self.measured_epoch = self.epoch
             gf = GoodputFunction(perf, self.grad_params[0], self.grad_params[1], app.init_batch_size)
             self.throughput = {n: gf.optimize(len(pn), n, app.max_batch_size, (app.min_local_bsz, app.max_local_bsz))[0]
                                for n, pn in self.measured_at.items()}
             self.throughput_view = MappingProxyType(dict(self.throughput))
             return
+        self.measured_at[workers] = self.per_node
+        self.measured_epoch = self.epoch
         self.throughput = {n: app.goodput(pn, app.best_step_config(pn, self.epoch), self.epoch) * app.init_batch_size
                            for n, pn in self.measured_at.items()}
         self.throughput_view = MappingProxyType(dict(self.throughput))
@@ -553,8 +561,9 @@ class _SimJob:
                 if self.adaptive:
                     best = app.best_step_config(per_node, self.epoch)
                     curve[n] = app.goodput(per_node, best, self.epoch) * app.init_batch_size
-                else:
-                    curve[n] = app.throughput(per_node, app.step_config(self.spec.batch_size, n))
+                else:  # samples/s as the trainer reports them: steps/s x the job's batch (see _measure)
+                    b = self.spec.batch_size
+                    curve[n] = b / app.optimizer_step_time(per_node, app.step_config(b, n))
             self.oracle_tp = MappingProxyType(curve)
             self.oracle_epoch = self.epoch
         return self.oracle_tp
