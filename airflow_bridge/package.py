@@ -117,7 +117,30 @@ class PipelinePackage:
         missing = [p.name for p in declared.values() if not p.optional and p.name not in arguments]
         if missing:
             raise KfpPackageError(f"pipeline '{self.name}' needs parameter(s) {', '.join(missing)}")
-        return {name: convert_argument(declared[name], value) for name, value in arguments.items()}
+        converted = {name: convert_argument(declared[name], value) for name, value in arguments.items()}
+        for name in sorted(self.secret_name_parameters() & set(declared)):
+            if converted.get(name, declared[name].default) == "":
+                raise KfpPackageError(
+                    f"pipeline '{self.name}': parameter {name!r} names the Kubernetes Secret its tasks read "
+                    "(compiled with kfp-kubernetes) and cannot be empty: Kubernetes refuses a pod whose "
+                    "secretKeyRef has no name, so every task would fail before it starts; give the Secret's "
+                    "name, or use a package compiled without the Secret"
+                )
+        return converted
+
+    def secret_name_parameters(self) -> set[str]:
+        """Input parameters that name a Kubernetes Secret a task reads
+        (``secretAsEnv[].secretNameParameter.componentInputParameter`` of the kfp-kubernetes
+        platform document, ``use_secret_as_env(secret_name=<a pipeline parameter>)``)."""
+        executors = (((self.platform_spec or {}).get("platforms") or {}).get("kubernetes") or {}).get(
+            "deploymentSpec", {}).get("executors") or {}
+        names = set()
+        for config in executors.values():
+            for secret in (config or {}).get("secretAsEnv") or []:
+                ref = (secret.get("secretNameParameter") or {}).get("componentInputParameter")
+                if ref:
+                    names.add(str(ref))
+        return names
 
     def uncached_tasks(self) -> list[str]:
         """Names of the step tasks compiled not to cache (``cachingOptions.enableCache`` false or

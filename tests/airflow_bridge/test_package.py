@@ -139,3 +139,27 @@ def test_unusable_packages_are_refused(tmp_path: Path, name: str, content: str |
         (tmp_path / name).write_text(content)
     with pytest.raises(KfpPackageError, match=message):
         load_pipeline_package(tmp_path / name)
+
+
+def test_an_empty_secret_name_for_a_package_compiled_with_the_secret_is_refused() -> None:
+    """Review 2026-11-30: a package compiled with TRAINFLOW_S3_SECRET wires s3_secret_name into every
+    task's secretKeyRef; an empty value (an Airflow Variable set to "") gave pods that Kubernetes
+    refuses (secretKeyRef.name required), every task failing before it started, with an opaque error."""
+    from airflow_bridge.package import PipelinePackage
+
+    spec = {"pipelineInfo": {"name": "training-pipeline"},
+            "root": {"inputDefinitions": {"parameters": {
+                "s3_secret_name": {"parameterType": "STRING", "defaultValue": "s3creds", "isOptional": True},
+                "epochs": {"parameterType": "NUMBER_INTEGER", "defaultValue": 2, "isOptional": True}}}}}
+    platform = {"platforms": {"kubernetes": {"deploymentSpec": {"executors": {"exec-train": {"secretAsEnv": [
+        {"keyToEnv": [{"envVar": "AWS_ACCESS_KEY_ID", "secretKey": "AWS_ACCESS_KEY_ID"}], "optional": True,
+         "secretNameParameter": {"componentInputParameter": "s3_secret_name"}}]}}}}}}
+    package = PipelinePackage(spec, platform)
+    assert package.secret_name_parameters() == {"s3_secret_name"}
+    assert package.prepare_arguments({"epochs": "3"}) == {"epochs": 3}  # the compiled default stands
+    assert package.prepare_arguments({"s3_secret_name": "team-a-s3"}) == {"s3_secret_name": "team-a-s3"}
+    with pytest.raises(KfpPackageError, match=r"^pipeline 'training-pipeline': parameter 's3_secret_name' names "
+                                              r"the Kubernetes Secret .* cannot be empty") as info:
+        package.prepare_arguments({"s3_secret_name": ""})
+    assert "\n" not in str(info.value)
+    assert PipelinePackage(spec).prepare_arguments({"s3_secret_name": ""}) == {"s3_secret_name": ""}  # no Secret wired
