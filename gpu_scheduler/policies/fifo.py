@@ -105,11 +105,12 @@ class ElasticFifoPolicy:
         Strategy.parse(self.placement)
 
     def decide(self, snapshot: ClusterSnapshot, now_s: float) -> Decision:
-        free = snapshot.budget_gpus
+        budget = snapshot.budget_gpus  # once: a sum over the nodes
+        free = budget
         targets: dict[str, int] = {}
         # a job whose minimum exceeds the whole cluster can never start: it waits without blocking
         # the queue behind it (it left every GPU idle, running jobs preempted, for good)
-        never = {j.name for j in snapshot.jobs if j.min_workers * j.gpus_per_worker > snapshot.budget_gpus}
+        never = {j.name for j in snapshot.jobs if j.min_workers * j.gpus_per_worker > budget}
         for job in snapshot.jobs:
             if job.name in never:
                 continue
